@@ -1,0 +1,218 @@
+//! Conformance of the PRM layouts with independent headers: the kernel's
+//! `mlx5_ifc.h`/`device.h` (Debian `linux-headers-*-common`, both the 6.1
+//! and the 6.12 trees) and rdma-core's `mlx5dv.h` (Debian `libibverbs-dev`).
+//!
+//! In CI (`ERPC_CI=1`) missing headers fail the test; on a developer
+//! machine the test skips and names the packages to install.
+
+mod cexpr;
+mod compare;
+mod headers;
+
+use compare::{Mismatch, compare};
+use headers::{Facts, Headers, dv_facts, kernel_facts};
+use mlx5::prm::{ConstHeader, Kind, LayoutInfo, all_consts, all_layouts};
+
+fn ci() -> bool {
+    std::env::var_os("ERPC_CI").is_some_and(|v| v == "1")
+}
+
+/// The header facts, or None (after printing why) when they are missing on
+/// a developer machine. Panics in CI.
+fn gather() -> Option<&'static [Facts]> {
+    static FACTS: std::sync::OnceLock<Option<Vec<Facts>>> = std::sync::OnceLock::new();
+    FACTS.get_or_init(gather_uncached).as_deref()
+}
+
+fn gather_uncached() -> Option<Vec<Facts>> {
+    let h = Headers::discover();
+    let has = |prefix: &str| h.kernels.iter().any(|(v, _)| v.starts_with(prefix));
+    let mut missing = Vec::new();
+    if !has("6.1.") {
+        missing.push("linux-headers-6.1.0-<abi>-common");
+    }
+    if !has("6.12.") {
+        missing.push("linux-headers-6.12.<n>+deb12-common");
+    }
+    if h.dv.is_none() {
+        missing.push("libibverbs-dev");
+    }
+    if !missing.is_empty() {
+        let msg = format!(
+            "PRM conformance needs {} (apt-get install --no-install-recommends ...)",
+            missing.join(", ")
+        );
+        if ci() {
+            panic!("{msg}; ERPC_CI=1 forbids skipping");
+        }
+        eprintln!("SKIPPED {msg}");
+        return None;
+    }
+    let layouts = all_layouts();
+    let consts: Vec<(&'static str, bool)> = all_consts()
+        .iter()
+        .map(|c| (c.c_name, matches!(c.header, ConstHeader::Kernel)))
+        .collect();
+    let mut all = Vec::new();
+    // Newest of each series we test against: 6.1 and 6.12.
+    for prefix in ["6.1.", "6.12."] {
+        let (ver, dir) = h
+            .kernels
+            .iter()
+            .rfind(|(v, _)| v.starts_with(prefix))
+            .unwrap();
+        all.push(kernel_facts(ver, dir, &layouts, &consts));
+    }
+    all.push(dv_facts(h.dv.as_ref().unwrap(), &layouts, &consts));
+    Some(all)
+}
+
+fn report(label: &str, mism: &[Mismatch]) -> String {
+    let mut s = format!("{} mismatches against {label}:\n", mism.len());
+    for m in mism {
+        s.push_str(&format!("  {}: {}\n", m.what, m.why));
+    }
+    s
+}
+
+#[test]
+fn layouts_and_constants_match_independent_headers() {
+    let Some(all) = gather() else { return };
+    let layouts = all_layouts();
+    let consts = all_consts();
+    let mut failures = String::new();
+    let mut total_fields = 0;
+    for facts in all {
+        let (n, mism) = compare(&layouts, &consts, facts);
+        println!(
+            "PRM conformance vs {}: {} structs, {} fields, {} constants checked, {} mismatches",
+            facts.label,
+            n.layouts,
+            n.members,
+            n.consts,
+            mism.len()
+        );
+        total_fields += n.members;
+        if !mism.is_empty() {
+            failures.push_str(&report(&facts.label, &mism));
+        }
+    }
+    // Every layout and constant is covered by some header.
+    let covered_layouts: usize = layouts.len();
+    println!(
+        "PRM conformance total: {covered_layouts} layouts, {total_fields} field checks across {} header trees",
+        all.len()
+    );
+    for l in &layouts {
+        if let Some(note) = l.note {
+            println!("  note {}: {note}", l.rust);
+        }
+    }
+    assert!(failures.is_empty(), "{failures}");
+}
+
+/// A copy of our table with one member moved or resized.
+fn mutated(
+    layouts: &[LayoutInfo],
+    li: usize,
+    fi: usize,
+    bit_delta: i64,
+    width_delta: i64,
+) -> Vec<LayoutInfo> {
+    let mut copy = layouts.to_vec();
+    let mut fields = copy[li].fields.to_vec();
+    fields[fi].bit = (fields[fi].bit as i64 + bit_delta) as u32;
+    fields[fi].width = (fields[fi].width as i64 + width_delta) as u32;
+    copy[li].fields = Box::leak(fields.into_boxed_slice());
+    copy
+}
+
+/// A one-bit change to any checked member makes the comparison fail: its
+/// offset moved by one bit either way, or (for integer fields and array
+/// elements) its width grown by one bit. Uses the real headers when they
+/// are installed, otherwise facts derived from our own table (which still
+/// shows the rules catch every change).
+#[test]
+fn one_bit_change_to_any_field_is_caught() {
+    let layouts = all_layouts();
+    let consts = all_consts();
+    let own;
+    let facts: &[Facts] = match gather() {
+        Some(f) => f,
+        None => {
+            own = [
+                self_facts(&layouts, "linux (self)"),
+                self_facts(&layouts, "mlx5dv (self)"),
+            ];
+            &own
+        }
+    };
+    let mut mutations = 0;
+    for facts in facts {
+        let (_, base) = compare(&layouts, &consts, facts);
+        assert!(
+            base.is_empty(),
+            "baseline must be clean: {}",
+            report(&facts.label, &base)
+        );
+        for (li, l) in layouts.iter().enumerate() {
+            let applies = compare(&[*l], &[], facts).0.layouts == 1;
+            if !applies {
+                continue;
+            }
+            for (fi, f) in l.fields.iter().enumerate() {
+                let mut changes = vec![(1, 0)];
+                if f.bit > 0 {
+                    changes.push((-1, 0));
+                }
+                if matches!(f.kind, Kind::Field) {
+                    changes.push((0, 1));
+                }
+                for (db, dw) in changes {
+                    let m = mutated(&layouts, li, fi, db, dw);
+                    let (_, mism) = compare(&m, &[], facts);
+                    mutations += 1;
+                    assert!(
+                        mism.iter()
+                            .any(|x| x.what == format!("{}.{}", l.rust, f.rust)),
+                        "{}.{} with bit {:+} width {:+} went unnoticed against {}",
+                        l.rust,
+                        f.rust,
+                        db,
+                        dw,
+                        facts.label
+                    );
+                }
+            }
+        }
+    }
+    // And a wrong constant.
+    let mut bad = consts.clone();
+    bad[0].value ^= 1;
+    let kernel = facts.iter().find(|f| !f.label.contains("mlx5dv")).unwrap();
+    if !kernel.consts.is_empty() {
+        assert!(
+            !compare(&[], &bad, kernel).1.is_empty(),
+            "a flipped constant went unnoticed"
+        );
+    }
+    println!("{mutations} single-bit mutations, all caught");
+}
+
+/// Facts that say exactly what our table says (for machines without headers).
+fn self_facts(layouts: &[LayoutInfo], label: &str) -> Facts {
+    let mut f = Facts {
+        label: label.into(),
+        ..Default::default()
+    };
+    for l in layouts {
+        f.sizes.insert(l.rust, Ok(l.bits));
+        for m in l.fields {
+            f.members.insert(
+                (l.rust, m.rust),
+                (m.names[0].to_string(), Ok((m.bit, m.width))),
+            );
+        }
+    }
+    f
+}
