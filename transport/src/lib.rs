@@ -1,5 +1,208 @@
-//! eRPC transports.
+//! Packet transports for eRPC.
 //!
-//! Will hold: the `Transport` trait, the mlx5 raw-Ethernet transport on the
-//! driver, and the kernel-UDP transport.
-#![forbid(unsafe_code)]
+//! eRPC sits on an unreliable, bursty packet interface: [`Transport`].
+//! Two implementations (each in its own module):
+//!
+//! * `mlx5`: raw Ethernet/IPv4/UDP frames on the `mlx5` driver's queue set
+//!   (striding RQ, overrunning RX CQ, unsignaled TX, doorbell batching),
+//!   generic over the hardware backend (VFIO or the device model).
+//! * `udp`: kernel UDP sockets with `sendmmsg`/`recvmmsg`, so the same
+//!   application runs on any Linux machine.
+//!
+//! The wire format (Ethernet/IPv4/UDP in front of the 14-byte eRPC header,
+//! frames of at most 1024 bytes) and the routing info exchanged in session
+//! management are in [`wire`]; they are shared by every transport.
+//!
+//! # Zero copy
+//! A message buffer reserves [`PKTHDR_BYTES`] bytes in front of every
+//! packet's data: [`HEADROOM_BYTES`] for the Ethernet/IPv4/UDP header and
+//! then the eRPC header. eRPC asks the transport to fill the headroom
+//! ([`Transport::fill_headroom`]) and hands it [`TxItem`]s that point into
+//! the message buffer; the mlx5 transport gathers them by IOVA, the UDP
+//! transport by virtual address. Received packets stay in the transport's
+//! RX ring until eRPC gives their slots back with [`Transport::post_recvs`];
+//! [`RxRing`] reads them without borrowing the transport, so a dispatch
+//! handler can look at its request in the ring while the event loop keeps
+//! sending.
+
+use std::fmt;
+
+pub mod wire;
+
+pub use wire::{
+    ERPC_HDR_BYTES, FrameError, HEADROOM_BYTES, MAX_DATA_PER_PKT, MTU, PKTHDR_BYTES,
+    ROUTING_INFO_BYTES, RoutingInfo,
+};
+
+/// One packet to send: where its bytes are, and to whom.
+///
+/// `pkt` starts at the packet header slot (headroom + eRPC header, already
+/// filled) and either covers the data too (packet 0 of a message, whose
+/// header sits right before the data; `data` is then empty) or covers only
+/// the [`PKTHDR_BYTES`] header (later packets, whose headers sit after the
+/// message data; `data` is the packet's slice of the message).
+///
+/// The memory must stay unchanged until the transport has sent it: until a
+/// later [`Transport::tx_flush`], or until the response to a request
+/// arrives (which implies the request left the NIC).
+#[derive(Debug, Clone, Copy)]
+pub struct TxItem<'a, R> {
+    /// Resolved destination.
+    pub route: &'a R,
+    /// Header slot (and, for packet 0, the data that follows it).
+    pub pkt: &'a [u8],
+    /// IOVA of `pkt[0]` (for DMA-based transports).
+    pub pkt_iova: u64,
+    /// Data that is not contiguous with the header (empty otherwise).
+    pub data: &'a [u8],
+    /// IOVA of `data[0]`.
+    pub data_iova: u64,
+    /// Memory key covering both ranges.
+    pub lkey: u32,
+    /// Fault injection: account for the packet as sent but do not send it.
+    pub drop: bool,
+}
+
+impl<R> TxItem<'_, R> {
+    /// Bytes on the wire after the Ethernet/IP/UDP headers (eRPC header + data).
+    #[inline]
+    pub fn payload_len(&self) -> usize {
+        self.pkt.len() - HEADROOM_BYTES + self.data.len()
+    }
+
+    /// Whole frame length (headroom + eRPC header + data).
+    #[inline]
+    pub fn frame_len(&self) -> usize {
+        self.pkt.len() + self.data.len()
+    }
+}
+
+/// Read access to a transport's RX ring, independent of the transport's
+/// borrow (a cheap handle, cloned once by eRPC).
+pub trait RxRing: Clone {
+    /// Number of slots.
+    fn entries(&self) -> usize;
+
+    /// The packet in ring slot `idx`, from the eRPC header to the end of the
+    /// data, or `None` if the frame in that slot is malformed (the transport
+    /// has counted the reason). Valid until the slot is given back with
+    /// [`Transport::post_recvs`].
+    fn packet(&self, idx: usize) -> Option<&[u8]>;
+}
+
+/// Why a transport could not be created or a route resolved.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// Routing info from a peer cannot be used.
+    #[error("cannot resolve routing info {info}: {why}")]
+    Resolve {
+        /// The peer's routing info.
+        info: RoutingInfo,
+        /// Why.
+        why: String,
+    },
+    /// An OS call failed (socket, bind, ...).
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done, with addresses.
+        what: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The driver or device refused.
+    #[error("{0}")]
+    Device(String),
+}
+
+/// Drop and error counters every transport keeps (each drop by reason).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransportStats {
+    /// Packets handed to the NIC / kernel.
+    pub tx_pkts: u64,
+    /// Bytes handed to the NIC / kernel (whole frames).
+    pub tx_bytes: u64,
+    /// Packets dropped on purpose (`TxItem::drop`).
+    pub tx_dropped_on_purpose: u64,
+    /// Packets the kernel or NIC refused to send.
+    pub tx_errors: u64,
+    /// Doorbells rung / send syscalls made.
+    pub tx_doorbells: u64,
+    /// Packets received (including malformed ones).
+    pub rx_pkts: u64,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Frames shorter than the headers they claim.
+    pub rx_short: u64,
+    /// Frames that are not IPv4.
+    pub rx_bad_ethertype: u64,
+    /// IPv4 header invalid (version, IHL, total length, checksum, fragments).
+    pub rx_bad_ip: u64,
+    /// Not UDP, or UDP length inconsistent with the IP length.
+    pub rx_bad_udp: u64,
+    /// Frames for another MAC / port that reached us anyway.
+    pub rx_not_for_us: u64,
+    /// Frames larger than the MTU.
+    pub rx_oversize: u64,
+    /// Receive calls that failed.
+    pub rx_errors: u64,
+}
+
+/// An unreliable packet transport with bursty, zero-copy TX and RX.
+///
+/// eRPC is generic over it (static dispatch). All methods are called from
+/// the owning Rpc's thread; none blocks.
+pub trait Transport {
+    /// A peer's routing info, resolved into what TX needs (a prebuilt
+    /// header, a socket address).
+    type Route: Clone + fmt::Debug;
+    /// Handle for reading the RX ring.
+    type Ring: RxRing;
+
+    /// Largest frame, all headers included ([`MTU`] for both transports).
+    fn mtu(&self) -> usize {
+        MTU
+    }
+
+    /// Largest data per packet ([`MAX_DATA_PER_PKT`]).
+    fn max_data_per_pkt(&self) -> usize {
+        MAX_DATA_PER_PKT
+    }
+
+    /// The routing info peers need to reach this transport.
+    fn local_routing_info(&self) -> RoutingInfo;
+
+    /// Turns a peer's routing info into a route.
+    fn resolve(&self, info: &RoutingInfo) -> Result<Self::Route, TransportError>;
+
+    /// Writes the Ethernet/IPv4/UDP header for a frame of `frame_len` bytes
+    /// to `route` into `headroom` (exactly [`HEADROOM_BYTES`] long). A
+    /// transport that does not send raw frames leaves it alone.
+    fn fill_headroom(&self, route: &Self::Route, headroom: &mut [u8], frame_len: usize);
+
+    /// Sends a burst of packets (at most [`Transport::tx_burst_max`]). Never
+    /// blocks; returns how many were accepted (all, unless the transport's
+    /// queue is full, which the caller must treat as a transient drop).
+    fn tx_burst(&mut self, items: &[TxItem<'_, Self::Route>]) -> usize;
+
+    /// Largest burst `tx_burst` takes at once (the postlist, 16 for mlx5).
+    fn tx_burst_max(&self) -> usize;
+
+    /// Returns once every packet handed to `tx_burst` has left host memory,
+    /// so the buffers may be reused. The rare path.
+    fn tx_flush(&mut self);
+
+    /// Checks for new packets: returns how many arrived. They are in ring
+    /// slots `head, head+1, ...` (mod [`RxRing::entries`]) where `head` is
+    /// the sum of all previous `rx_burst` results.
+    fn rx_burst(&mut self) -> usize;
+
+    /// Gives `n` more ring slots back (in ring order) for reuse.
+    fn post_recvs(&mut self, n: usize);
+
+    /// The RX ring reader.
+    fn rx_ring(&self) -> Self::Ring;
+
+    /// Counters.
+    fn stats(&self) -> TransportStats;
+}

@@ -1,0 +1,348 @@
+//! Ethernet/IPv4/UDP framing and the routing info of session management,
+//! exactly as the C++ eRPC puts them on the wire.
+//!
+//! `build_headroom` writes the 42 bytes in front of an eRPC header;
+//! `parse_frame` validates a received frame without ever reading past its
+//! end, and says why it rejects one.
+
+use std::fmt;
+use std::net::Ipv4Addr;
+
+/// Largest frame eRPC sends, all headers included.
+pub const MTU: usize = 1024;
+/// Ethernet header bytes.
+pub const ETH_HDR_BYTES: usize = 14;
+/// IPv4 header bytes (no options).
+pub const IPV4_HDR_BYTES: usize = 20;
+/// UDP header bytes.
+pub const UDP_HDR_BYTES: usize = 8;
+/// Bytes in front of the eRPC header.
+pub const HEADROOM_BYTES: usize = ETH_HDR_BYTES + IPV4_HDR_BYTES + UDP_HDR_BYTES;
+/// The eRPC packet header.
+pub const ERPC_HDR_BYTES: usize = 14;
+/// A packet header slot in a message buffer: headroom + eRPC header.
+pub const PKTHDR_BYTES: usize = HEADROOM_BYTES + ERPC_HDR_BYTES;
+/// Data bytes per packet.
+pub const MAX_DATA_PER_PKT: usize = MTU - PKTHDR_BYTES;
+/// Bytes of routing info in an SM endpoint.
+pub const ROUTING_INFO_BYTES: usize = 48;
+
+const _: () = assert!(HEADROOM_BYTES == 42 && PKTHDR_BYTES == 56 && MAX_DATA_PER_PKT == 968);
+
+/// EtherType of IPv4.
+pub const ETHERTYPE_IPV4: u16 = 0x0800;
+/// IP protocol number of UDP.
+pub const IPPROTO_UDP: u8 = 17;
+/// IPv4 TOS eRPC sends.
+pub const IPV4_TOS: u8 = 0x01;
+/// IPv4 TTL eRPC sends.
+pub const IPV4_TTL: u8 = 128;
+
+/// Ethernet routing info (the first 20 of 48 bytes; the rest zero): MAC at
+/// 0, IPv4 (host order, little-endian on x86) at 8, UDP port at 12, RX queue
+/// id at 14, RSS indirection-table size at 16.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RoutingInfo {
+    /// MAC address (zero for the UDP transport).
+    pub mac: [u8; 6],
+    /// IPv4 address.
+    pub ipv4: Ipv4Addr,
+    /// UDP port of the Rpc's RX queue.
+    pub udp_port: u16,
+    /// RX queue id.
+    pub rxq_id: u16,
+    /// RSS indirection table size.
+    pub rss_table_size: u16,
+}
+
+impl Default for RoutingInfo {
+    fn default() -> Self {
+        RoutingInfo {
+            mac: [0; 6],
+            ipv4: Ipv4Addr::UNSPECIFIED,
+            udp_port: 0,
+            rxq_id: 0,
+            rss_table_size: 0,
+        }
+    }
+}
+
+impl RoutingInfo {
+    /// The 48-byte wire form (little-endian, as the C++ code on x86 lays it out).
+    pub fn to_bytes(&self) -> [u8; ROUTING_INFO_BYTES] {
+        let mut b = [0u8; ROUTING_INFO_BYTES];
+        b[0..6].copy_from_slice(&self.mac);
+        b[8..12].copy_from_slice(&u32::from(self.ipv4).to_le_bytes());
+        b[12..14].copy_from_slice(&self.udp_port.to_le_bytes());
+        b[14..16].copy_from_slice(&self.rxq_id.to_le_bytes());
+        b[16..18].copy_from_slice(&self.rss_table_size.to_le_bytes());
+        b
+    }
+
+    /// Parses the wire form. Bytes past the 20 used ones are ignored.
+    pub fn from_bytes(b: &[u8; ROUTING_INFO_BYTES]) -> RoutingInfo {
+        let u16le = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+        RoutingInfo {
+            mac: [b[0], b[1], b[2], b[3], b[4], b[5]],
+            ipv4: Ipv4Addr::from(u32::from_le_bytes([b[8], b[9], b[10], b[11]])),
+            udp_port: u16le(12),
+            rxq_id: u16le(14),
+            rss_table_size: u16le(16),
+        }
+    }
+}
+
+impl fmt::Display for RoutingInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let m = self.mac;
+        write!(
+            f,
+            "[MAC {:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}, IP {}, UDP port {}, RX queue {}]",
+            m[0], m[1], m[2], m[3], m[4], m[5], self.ipv4, self.udp_port, self.rxq_id
+        )
+    }
+}
+
+impl fmt::Debug for RoutingInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// The fixed parts of a frame between two endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameTemplate {
+    /// Destination MAC.
+    pub dst_mac: [u8; 6],
+    /// Source MAC.
+    pub src_mac: [u8; 6],
+    /// Source IPv4.
+    pub src_ip: Ipv4Addr,
+    /// Destination IPv4.
+    pub dst_ip: Ipv4Addr,
+    /// Source UDP port.
+    pub src_port: u16,
+    /// Destination UDP port.
+    pub dst_port: u16,
+}
+
+/// RFC 1071 checksum of a header.
+pub fn ipv4_checksum(hdr: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    for pair in hdr.chunks(2) {
+        let word = u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]);
+        sum += u32::from(word);
+    }
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// Writes Ethernet + IPv4 + UDP headers for a frame of `frame_len` bytes
+/// into `out[..42]`: IPv4 TOS 1, ID 0, no fragmentation, TTL 128, header
+/// checksum computed; UDP checksum 0.
+pub fn build_headroom(t: &FrameTemplate, out: &mut [u8], frame_len: usize) {
+    let out = &mut out[..HEADROOM_BYTES];
+    out[0..6].copy_from_slice(&t.dst_mac);
+    out[6..12].copy_from_slice(&t.src_mac);
+    out[12..14].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
+    let ip_len = (frame_len - ETH_HDR_BYTES) as u16;
+    let ip = &mut out[ETH_HDR_BYTES..ETH_HDR_BYTES + IPV4_HDR_BYTES];
+    ip[0] = 0x45;
+    ip[1] = IPV4_TOS;
+    ip[2..4].copy_from_slice(&ip_len.to_be_bytes());
+    ip[4..8].fill(0); // id 0, flags 0, fragment offset 0
+    ip[8] = IPV4_TTL;
+    ip[9] = IPPROTO_UDP;
+    ip[10..12].fill(0);
+    ip[12..16].copy_from_slice(&t.src_ip.octets());
+    ip[16..20].copy_from_slice(&t.dst_ip.octets());
+    let csum = ipv4_checksum(ip);
+    ip[10..12].copy_from_slice(&csum.to_be_bytes());
+    let udp = &mut out[ETH_HDR_BYTES + IPV4_HDR_BYTES..];
+    udp[0..2].copy_from_slice(&t.src_port.to_be_bytes());
+    udp[2..4].copy_from_slice(&t.dst_port.to_be_bytes());
+    udp[4..6].copy_from_slice(&(ip_len - IPV4_HDR_BYTES as u16).to_be_bytes());
+    udp[6..8].fill(0);
+}
+
+/// Why a received frame was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameError {
+    /// Shorter than the headers.
+    Short,
+    /// Longer than the MTU.
+    Oversize,
+    /// Not IPv4.
+    BadEthertype,
+    /// IPv4 header invalid: version, IHL, length, checksum or fragmentation.
+    BadIp,
+    /// Not UDP, or UDP length inconsistent.
+    BadUdp,
+}
+
+/// A validated frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParsedFrame<'a> {
+    /// Destination MAC.
+    pub dst_mac: [u8; 6],
+    /// Source MAC.
+    pub src_mac: [u8; 6],
+    /// Source address.
+    pub src_ip: Ipv4Addr,
+    /// Destination address.
+    pub dst_ip: Ipv4Addr,
+    /// Source port.
+    pub src_port: u16,
+    /// Destination port.
+    pub dst_port: u16,
+    /// UDP payload (eRPC header + data), exactly as long as UDP says.
+    pub payload: &'a [u8],
+}
+
+/// Validates an Ethernet/IPv4/UDP frame. `frame` may be longer than the
+/// frame itself (a ring slot): lengths come from the IPv4 header and are
+/// checked against `frame.len()`. IPv4 options are rejected (eRPC never
+/// sends them), as are fragments. A zero UDP checksum is accepted; a
+/// non-zero one is not verified (eRPC sends zero).
+pub fn parse_frame(frame: &[u8]) -> Result<ParsedFrame<'_>, FrameError> {
+    if frame.len() < HEADROOM_BYTES {
+        return Err(FrameError::Short);
+    }
+    if u16::from_be_bytes([frame[12], frame[13]]) != ETHERTYPE_IPV4 {
+        return Err(FrameError::BadEthertype);
+    }
+    let ip = &frame[ETH_HDR_BYTES..ETH_HDR_BYTES + IPV4_HDR_BYTES];
+    if ip[0] != 0x45 {
+        return Err(FrameError::BadIp);
+    }
+    let ip_len = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+    if ip_len < IPV4_HDR_BYTES + UDP_HDR_BYTES {
+        return Err(FrameError::BadIp);
+    }
+    if ETH_HDR_BYTES + ip_len > MTU {
+        return Err(FrameError::Oversize);
+    }
+    if ETH_HDR_BYTES + ip_len > frame.len() {
+        return Err(FrameError::Short);
+    }
+    // More-fragments flag or a fragment offset.
+    if u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0 {
+        return Err(FrameError::BadIp);
+    }
+    if ipv4_checksum(ip) != 0 {
+        return Err(FrameError::BadIp);
+    }
+    if ip[9] != IPPROTO_UDP {
+        return Err(FrameError::BadUdp);
+    }
+    let udp = &frame[ETH_HDR_BYTES + IPV4_HDR_BYTES..ETH_HDR_BYTES + ip_len];
+    let udp_len = usize::from(u16::from_be_bytes([udp[4], udp[5]]));
+    if udp_len != ip_len - IPV4_HDR_BYTES {
+        return Err(FrameError::BadUdp);
+    }
+    let mac = |o: usize| {
+        [
+            frame[o],
+            frame[o + 1],
+            frame[o + 2],
+            frame[o + 3],
+            frame[o + 4],
+            frame[o + 5],
+        ]
+    };
+    Ok(ParsedFrame {
+        dst_mac: mac(0),
+        src_mac: mac(6),
+        src_ip: Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]),
+        dst_ip: Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]),
+        src_port: u16::from_be_bytes([udp[0], udp[1]]),
+        dst_port: u16::from_be_bytes([udp[2], udp[3]]),
+        payload: &udp[UDP_HDR_BYTES..],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn template() -> FrameTemplate {
+        FrameTemplate {
+            dst_mac: [2, 0, 0, 0, 0, 2],
+            src_mac: [2, 0, 0, 0, 0, 1],
+            src_ip: Ipv4Addr::new(10, 0, 0, 1),
+            dst_ip: Ipv4Addr::new(10, 0, 0, 2),
+            src_port: 31851,
+            dst_port: 31852,
+        }
+    }
+
+    #[test]
+    fn build_then_parse_round_trips() {
+        let mut f = vec![0u8; 100];
+        build_headroom(&template(), &mut f, 100);
+        f[HEADROOM_BYTES..].fill(0xab);
+        let p = parse_frame(&f).unwrap();
+        assert_eq!(p.dst_port, 31852);
+        assert_eq!(p.src_ip, Ipv4Addr::new(10, 0, 0, 1));
+        assert_eq!(p.payload.len(), 100 - HEADROOM_BYTES);
+        // TOS 1, TTL 128, ID 0, UDP checksum 0.
+        assert_eq!(f[15], 0x01);
+        assert_eq!(f[22], 128);
+        assert_eq!(&f[18..20], &[0, 0]);
+        assert_eq!(&f[40..42], &[0, 0]);
+        // A ring slot longer than the frame parses the same.
+        let mut slot = f.clone();
+        slot.resize(1024, 0xee);
+        assert_eq!(
+            parse_frame(&slot).unwrap().payload.len(),
+            100 - HEADROOM_BYTES
+        );
+    }
+
+    #[test]
+    fn rejects_malformed_frames_by_reason() {
+        let mut f = vec![0u8; 100];
+        build_headroom(&template(), &mut f, 100);
+        assert_eq!(parse_frame(&f[..41]), Err(FrameError::Short));
+        assert_eq!(parse_frame(&f[..99]), Err(FrameError::Short));
+        let mut g = f.clone();
+        g[12] = 0x86;
+        assert_eq!(parse_frame(&g), Err(FrameError::BadEthertype));
+        let mut g = f.clone();
+        g[14] = 0x46;
+        assert_eq!(parse_frame(&g), Err(FrameError::BadIp));
+        let mut g = f.clone();
+        g[24] ^= 1; // checksum
+        assert_eq!(parse_frame(&g), Err(FrameError::BadIp));
+        let mut g = f.clone();
+        g[39] ^= 1; // UDP length
+        assert_eq!(parse_frame(&g), Err(FrameError::BadUdp));
+        let mut g = vec![0u8; 1100];
+        build_headroom(&template(), &mut g, 1100);
+        assert_eq!(parse_frame(&g), Err(FrameError::Oversize));
+    }
+
+    #[test]
+    fn routing_info_layout_matches_cpp() {
+        let ri = RoutingInfo {
+            mac: [1, 2, 3, 4, 5, 6],
+            ipv4: Ipv4Addr::new(10, 1, 2, 3),
+            udp_port: 31850,
+            rxq_id: 7,
+            rss_table_size: 0,
+        };
+        let b = ri.to_bytes();
+        assert_eq!(&b[0..6], &[1, 2, 3, 4, 5, 6]);
+        assert_eq!(&b[6..8], &[0, 0]);
+        assert_eq!(
+            u32::from_le_bytes(b[8..12].try_into().unwrap()),
+            u32::from(Ipv4Addr::new(10, 1, 2, 3))
+        );
+        assert_eq!(&b[12..14], &31850u16.to_le_bytes());
+        assert_eq!(&b[14..16], &7u16.to_le_bytes());
+        assert!(b[20..].iter().all(|&x| x == 0));
+        assert_eq!(RoutingInfo::from_bytes(&b), ri);
+    }
+}
