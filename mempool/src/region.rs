@@ -229,7 +229,12 @@ impl Drop for HugepageRegion {
     fn drop(&mut self) {
         if let Some((mapper, m)) = self.dma.take() {
             if let Err(err) = mapper.unmap(self.va(), &m) {
-                tracing::error!(%err, "DMA unmap of a hugepage region failed; releasing the memory anyway");
+                // The device may still reach these pages through the IOMMU:
+                // giving them back to the kernel could let a later DMA
+                // scribble over someone else's memory. Leak them instead.
+                tracing::error!(%err, "DMA unmap of a hugepage region failed; leaking the region");
+                let mapping = std::mem::replace(&mut self.mapping, Mapping::empty());
+                std::mem::forget(mapping);
             }
         }
     }

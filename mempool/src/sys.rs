@@ -99,6 +99,16 @@ impl Mapping {
         Ok(mapping)
     }
 
+    /// A placeholder that owns nothing (used to leak a mapping on purpose).
+    pub(crate) fn empty() -> Mapping {
+        Mapping {
+            ptr: NonNull::dangling(),
+            len: 0,
+            raw_ptr: NonNull::dangling(),
+            raw_len: 0,
+        }
+    }
+
     /// Start of the usable window.
     pub fn ptr(&self) -> NonNull<u8> {
         self.ptr
@@ -112,6 +122,9 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        if self.raw_len == 0 {
+            return;
+        }
         // SAFETY: this object created the mapping and nothing borrows it any
         // more (regions hand out raw buffers only while they are alive and
         // leak themselves if buffers are still out, see `Allocator::drop`).

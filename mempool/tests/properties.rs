@@ -182,3 +182,56 @@ fn buffer_is_send() {
     fn assert_send<T: Send>() {}
     assert_send::<Buffer>();
 }
+
+/// A mapper whose unmap always fails: the region must not be handed back to
+/// the kernel while the device may still reach it.
+#[derive(Debug)]
+struct FailingUnmap;
+
+impl mempool::DmaMapper for FailingUnmap {
+    fn map(&self, va: usize, len: usize) -> Result<mempool::DmaMapping, mempool::DmaError> {
+        Ok(mempool::DmaMapping {
+            iova: va as u64,
+            len,
+            lkey: 0,
+        })
+    }
+
+    fn unmap(&self, va: usize, m: &mempool::DmaMapping) -> Result<(), mempool::DmaError> {
+        Err(mempool::DmaError {
+            op: "unmap",
+            va,
+            iova: m.iova,
+            len: m.len,
+            source: "injected failure".into(),
+        })
+    }
+}
+
+#[test]
+fn failed_unmap_leaks_instead_of_freeing() {
+    let opts = RegionOptions {
+        fallback: Fallback::SmallPages,
+        ..Default::default()
+    };
+    let mut r = mempool::HugepageRegion::reserve(HUGE_2M, opts).unwrap();
+    r.register(Arc::new(FailingUnmap)).unwrap();
+    let (va, len) = (r.va(), r.len());
+    drop(r);
+    // Still mapped: the page is readable (munmap would make this fault). The
+    // kernel's view is checked through /proc/self/maps.
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let still = maps.lines().any(|l| {
+        let range = l.split_whitespace().next().unwrap();
+        let (a, b) = range.split_once('-').unwrap();
+        let (a, b) = (
+            usize::from_str_radix(a, 16).unwrap(),
+            usize::from_str_radix(b, 16).unwrap(),
+        );
+        a <= va && va + len <= b
+    });
+    assert!(
+        still,
+        "region at {va:#x} was unmapped although its DMA unmap failed"
+    );
+}
