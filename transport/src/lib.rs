@@ -27,6 +27,9 @@
 
 use std::fmt;
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
+pub mod udp;
 pub mod wire;
 
 pub use wire::{

@@ -1,0 +1,29 @@
+//! Fuzzes the RX frame parser: `wire::parse_frame` must never panic, never
+//! need bytes past the frame's end, and every verdict must be consistent
+//! with the bytes (the checks of `conformance::parse_frame_checked`, which
+//! the proptests in `transport/tests/parse_frame.rs` share).
+//!
+//! Each input is parsed twice: as it is, and with its IPv4 header checksum
+//! made valid, so that the fuzzer reaches the checks behind the checksum
+//! (protocol, UDP length, payload bounds) instead of stopping at it.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use transport::MTU;
+use transport::conformance::parse_frame_checked;
+use transport::wire::{ETH_HDR_BYTES, IPV4_HDR_BYTES, ipv4_checksum};
+
+fuzz_target!(|frame: &[u8]| {
+    let _ = parse_frame_checked(frame);
+
+    let ip = ETH_HDR_BYTES..ETH_HDR_BYTES + IPV4_HDR_BYTES;
+    if frame.len() >= ip.end && frame.len() <= 2 * MTU {
+        let mut fixed = [0u8; 2 * MTU];
+        let fixed = &mut fixed[..frame.len()];
+        fixed.copy_from_slice(frame);
+        fixed[ip.start + 10..ip.start + 12].fill(0);
+        let csum = ipv4_checksum(&fixed[ip.clone()]);
+        fixed[ip.start + 10..ip.start + 12].copy_from_slice(&csum.to_be_bytes());
+        let _ = parse_frame_checked(fixed);
+    }
+});

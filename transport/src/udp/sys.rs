@@ -1,0 +1,457 @@
+//! Everything unsafe in the UDP transport, in one place: the RX ring memory
+//! the kernel writes into (with the accounting that decides which slots it
+//! may write), the batched `sendmmsg`/`recvmmsg` calls, and `setsockopt`.
+//!
+//! The safety argument rests on one invariant, kept by [`Ring`]: the kernel
+//! only ever writes into *free* slots (posted, not yet delivered), and
+//! [`Ring::packet`] only hands out *held* slots (delivered, not yet given
+//! back). A slot moves from held to free only through [`Ring::release`].
+#![allow(unsafe_code)]
+
+use std::cell::{Cell, UnsafeCell};
+use std::io;
+use std::marker::PhantomData;
+use std::mem;
+use std::net::SocketAddrV4;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::rc::Rc;
+
+use crate::MTU;
+
+/// Bytes per RX ring slot: a whole MTU, so that every datagram eRPC can
+/// legally send (at most `MTU - HEADROOM_BYTES`) fits with room to spare.
+pub(crate) const SLOT_BYTES: usize = MTU;
+
+const _: () = assert!(SLOT_BYTES <= u16::MAX as usize);
+
+/// An IPv4 socket address in the kernel's layout, built once per route so
+/// that `tx_burst` hands the kernel a pointer to it instead of converting.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub(crate) struct SockAddr(libc::sockaddr_in);
+
+impl SockAddr {
+    pub(crate) fn new(addr: SocketAddrV4) -> SockAddr {
+        SockAddr(libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: addr.port().to_be(),
+            sin_addr: libc::in_addr {
+                // Network byte order: the octets as they are in memory.
+                s_addr: u32::from_ne_bytes(addr.ip().octets()),
+            },
+            sin_zero: [0; 8],
+        })
+    }
+}
+
+/// An all-zero `mmsghdr`: null pointers and zero lengths.
+fn zeroed_mmsghdr() -> libc::mmsghdr {
+    // SAFETY: `mmsghdr` is a C struct of integers and raw pointers (plus
+    // padding on some targets); all-zero bytes are a valid value of each.
+    unsafe { mem::zeroed() }
+}
+
+/// The RX ring: `entries` slots of [`SLOT_BYTES`], shared (through `Rc`)
+/// by the transport, which fills free slots, and the ring handles, which
+/// read held ones.
+///
+/// Counters are totals since creation, like a NIC's producer/consumer
+/// indexes: the `k`-th datagram ever received lands in slot
+/// `k mod entries`. Slots `released..delivered` (mod `entries`) are held by
+/// the application; the other `entries - held` are free.
+pub(crate) struct Ring {
+    /// Slot memory. `UnsafeCell` because the kernel writes into it while
+    /// handles hold `&Ring`.
+    mem: Box<[UnsafeCell<u8>]>,
+    /// Payload length of the datagram in each slot; 0 when it was rejected
+    /// (a valid payload is never empty: it starts with the eRPC header).
+    lens: Box<[Cell<u16>]>,
+    mask: u64,
+    /// Datagrams handed to the application (the sum of `rx_burst` results).
+    delivered: Cell<u64>,
+    /// Slots the application gave back (the sum of `post_recvs` arguments).
+    released: Cell<u64>,
+}
+
+impl Ring {
+    /// A ring of `entries` slots (a power of two), all free.
+    pub(crate) fn new(entries: usize) -> Ring {
+        assert!(
+            entries.is_power_of_two(),
+            "ring entries must be a power of two"
+        );
+        Ring {
+            mem: (0..entries * SLOT_BYTES)
+                .map(|_| UnsafeCell::new(0))
+                .collect(),
+            lens: (0..entries).map(|_| Cell::new(0)).collect(),
+            mask: entries as u64 - 1,
+            delivered: Cell::new(0),
+            released: Cell::new(0),
+        }
+    }
+
+    pub(crate) fn entries(&self) -> usize {
+        self.lens.len()
+    }
+
+    /// Slots the application holds (delivered, not yet given back).
+    pub(crate) fn held(&self) -> usize {
+        (self.delivered.get() - self.released.get()) as usize
+    }
+
+    /// Slots the kernel may write into.
+    pub(crate) fn free(&self) -> usize {
+        self.entries() - self.held()
+    }
+
+    /// True if slot `idx` is held by the application.
+    fn is_held(&self, idx: usize) -> bool {
+        let age = (idx as u64).wrapping_sub(self.released.get()) & self.mask;
+        idx < self.entries() && age < self.held() as u64
+    }
+
+    /// The payload in slot `idx`, if that slot is held and its datagram was
+    /// accepted.
+    pub(crate) fn packet(&self, idx: usize) -> Option<&[u8]> {
+        if !self.is_held(idx) {
+            return None;
+        }
+        let len = usize::from(self.lens[idx].get());
+        if len == 0 {
+            return None;
+        }
+        debug_assert!(len <= SLOT_BYTES);
+        let start = self.mem.as_ptr().wrapping_add(idx * SLOT_BYTES) as *const u8;
+        // SAFETY: `start..start + len` lies inside `mem` (idx < entries,
+        // len <= SLOT_BYTES) and was initialised at creation. The slot is
+        // held, so no write reaches it until `release` frees it: the kernel
+        // writes only free slots (`RxQueue::recv`). The reference can
+        // outlive that only if the caller breaks the documented contract of
+        // `RxRing::packet` (valid until `post_recvs` gives the slot back),
+        // which the trait's signatures cannot enforce: the borrow is tied
+        // to the ring handle, not to the transport that reposts slots.
+        Some(unsafe { std::slice::from_raw_parts(start, len) })
+    }
+
+    /// Gives the `n` oldest held slots back to the kernel.
+    ///
+    /// # Panics
+    /// If `n` exceeds the number of held slots: the application would be
+    /// handing back slots it does not own, and the kernel could then
+    /// overwrite packets it is still reading.
+    pub(crate) fn release(&self, n: usize) {
+        let held = self.held();
+        assert!(
+            n <= held,
+            "post_recvs({n}): only {held} RX ring slots are held by the application"
+        );
+        self.released.set(self.released.get() + n as u64);
+    }
+}
+
+/// The receive side: the ring plus the preallocated `recvmmsg` vectors.
+pub(crate) struct RxQueue {
+    ring: Rc<Ring>,
+    /// One fixed iovec per ring slot, pointing at the slot.
+    iovs: Box<[libc::iovec]>,
+    /// One message header per datagram of a burst.
+    msgs: Box<[libc::mmsghdr]>,
+    /// `(first slot total, count)` the headers in `msgs` are set up for:
+    /// an empty poll (the common case when busy polling) reuses them.
+    prepared: (u64, usize),
+}
+
+impl RxQueue {
+    /// A ring of `entries` slots, received into at most `burst` at a time.
+    pub(crate) fn new(entries: usize, burst: usize) -> RxQueue {
+        let ring = Rc::new(Ring::new(entries));
+        let base = ring.mem.as_ptr() as *mut u8;
+        let iovs = (0..entries)
+            .map(|i| libc::iovec {
+                iov_base: base.wrapping_add(i * SLOT_BYTES).cast(),
+                iov_len: SLOT_BYTES,
+            })
+            .collect();
+        let msgs = (0..burst).map(|_| zeroed_mmsghdr()).collect();
+        RxQueue {
+            ring,
+            iovs,
+            msgs,
+            prepared: (0, 0),
+        }
+    }
+
+    pub(crate) fn ring(&self) -> &Rc<Ring> {
+        &self.ring
+    }
+
+    /// Receives up to one burst of datagrams into the free slots that come
+    /// next in ring order, with one `recvmmsg`, and delivers them to the
+    /// application. `classify(len, truncated)` sees each datagram's real
+    /// length and returns the payload length to record, or 0 to mark the
+    /// slot rejected. Returns how many datagrams were delivered; `Ok(0)`
+    /// without a syscall when no slot is free.
+    pub(crate) fn recv(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        mut classify: impl FnMut(usize, bool) -> usize,
+    ) -> io::Result<usize> {
+        let n = self.ring.free().min(self.msgs.len());
+        if n == 0 {
+            return Ok(0);
+        }
+        let first = self.ring.delivered.get();
+        if self.prepared != (first, n) {
+            // The kernel writes a header only for a datagram it delivers,
+            // and then `delivered` moves: headers left from a poll that got
+            // nothing are still right.
+            let iov_base = self.iovs.as_mut_ptr();
+            for (k, msg) in self.msgs[..n].iter_mut().enumerate() {
+                let slot = ((first + k as u64) & self.ring.mask) as usize;
+                msg.msg_hdr.msg_name = std::ptr::null_mut();
+                msg.msg_hdr.msg_namelen = 0;
+                msg.msg_hdr.msg_iov = iov_base.wrapping_add(slot);
+                msg.msg_hdr.msg_iovlen = 1;
+                msg.msg_hdr.msg_control = std::ptr::null_mut();
+                msg.msg_hdr.msg_controllen = 0;
+                msg.msg_hdr.msg_flags = 0;
+                msg.msg_len = 0;
+            }
+            self.prepared = (first, n);
+        }
+        // SAFETY: `msgs[..n]` are initialised headers; each points at one
+        // iovec of `iovs`, which covers exactly one slot of `ring.mem`
+        // (kept alive by the `Rc` we hold). Those slots are the next `n` in
+        // ring order after `delivered`, and `n <= free`, so they are all
+        // free: no reference handed out by `Ring::packet` covers them. The
+        // memory is `UnsafeCell`, so writing it through a pointer derived
+        // from a shared reference is allowed. With MSG_TRUNC the kernel
+        // reports each datagram's real length in `msg_len` but still writes
+        // at most `iov_len` bytes.
+        let r = unsafe {
+            libc::recvmmsg(
+                fd.as_raw_fd(),
+                self.msgs.as_mut_ptr(),
+                n as libc::c_uint,
+                libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+                std::ptr::null_mut(),
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let got = r as usize;
+        debug_assert!(got <= n);
+        for (k, msg) in self.msgs[..got].iter().enumerate() {
+            let slot = ((first + k as u64) & self.ring.mask) as usize;
+            let truncated = msg.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+            let len = classify(msg.msg_len as usize, truncated).min(SLOT_BYTES);
+            self.ring.lens[slot].set(len as u16);
+        }
+        self.ring.delivered.set(first + got as u64);
+        Ok(got)
+    }
+}
+
+/// The send side: preallocated `sendmmsg` vectors for one burst.
+pub(crate) struct TxQueue {
+    msgs: Box<[libc::mmsghdr]>,
+    /// Two iovecs per message: eRPC header (+ data for packet 0), data.
+    iovs: Box<[libc::iovec]>,
+}
+
+impl TxQueue {
+    pub(crate) fn new(burst: usize) -> TxQueue {
+        TxQueue {
+            msgs: (0..burst).map(|_| zeroed_mmsghdr()).collect(),
+            iovs: (0..2 * burst)
+                .map(|_| libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                })
+                .collect(),
+        }
+    }
+
+    /// Starts a burst whose datagrams borrow buffers for `'a`.
+    pub(crate) fn batch<'a>(&mut self) -> TxBatch<'_, 'a> {
+        TxBatch {
+            q: self,
+            len: 0,
+            _bufs: PhantomData,
+        }
+    }
+}
+
+/// One burst being assembled: the message headers point into the caller's
+/// buffers (zero copy up to the kernel), which `'a` keeps alive and
+/// unchanged for as long as the batch exists.
+pub(crate) struct TxBatch<'q, 'a> {
+    q: &'q mut TxQueue,
+    len: usize,
+    _bufs: PhantomData<&'a [u8]>,
+}
+
+impl<'a> TxBatch<'_, 'a> {
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Adds one datagram to `dst` whose payload is `head` followed by
+    /// `tail` (which may be empty).
+    ///
+    /// # Panics
+    /// If the batch is full.
+    pub(crate) fn push(&mut self, dst: &'a SockAddr, head: &'a [u8], tail: &'a [u8]) {
+        let i = self.len;
+        assert!(i < self.q.msgs.len(), "UDP TX batch overflow");
+        self.q.iovs[2 * i] = libc::iovec {
+            iov_base: head.as_ptr() as *mut libc::c_void,
+            iov_len: head.len(),
+        };
+        self.q.iovs[2 * i + 1] = libc::iovec {
+            iov_base: tail.as_ptr() as *mut libc::c_void,
+            iov_len: tail.len(),
+        };
+        let hdr = &mut self.q.msgs[i].msg_hdr;
+        hdr.msg_name = (dst as *const SockAddr).cast_mut().cast();
+        hdr.msg_namelen = mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        hdr.msg_iovlen = if tail.is_empty() { 1 } else { 2 };
+        hdr.msg_control = std::ptr::null_mut();
+        hdr.msg_controllen = 0;
+        hdr.msg_flags = 0;
+        self.len += 1;
+    }
+
+    /// Sends messages `from..len` with one non-blocking `sendmmsg`; returns
+    /// how many the kernel took (at least one), or the error that stopped
+    /// the first of them.
+    pub(crate) fn send(&mut self, fd: BorrowedFd<'_>, from: usize) -> io::Result<usize> {
+        debug_assert!(from < self.len);
+        let iov_base = self.q.iovs.as_mut_ptr();
+        for (i, msg) in self.q.msgs[..self.len].iter_mut().enumerate() {
+            msg.msg_hdr.msg_iov = iov_base.wrapping_add(2 * i);
+            msg.msg_len = 0;
+        }
+        let msgs = self.q.msgs[from..self.len].as_mut_ptr();
+        // SAFETY: messages `from..len` were filled by `push` in this batch:
+        // their names point at `SockAddr`s and their iovecs at byte slices,
+        // all borrowed for `'a`, which outlives `self`; each `msg_iov` points
+        // at that message's iovec pair inside `iovs` (derived just above,
+        // nothing touches `iovs` before the call). The kernel only reads the
+        // buffers and writes `msg_len`.
+        let r = unsafe {
+            libc::sendmmsg(
+                fd.as_raw_fd(),
+                msgs,
+                (self.len - from) as libc::c_uint,
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(r as usize)
+    }
+}
+
+/// Asks for kernel socket buffers of `bytes` in each direction; returns
+/// the receive buffer the kernel granted. Above `net.core.rmem_max` /
+/// `wmem_max` the request is capped, unless the process may force it
+/// (CAP_NET_ADMIN), which is tried second.
+pub(crate) fn set_socket_buffers(fd: BorrowedFd<'_>, bytes: usize) -> io::Result<usize> {
+    let want = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    for (plain, forced) in [
+        (libc::SO_SNDBUF, libc::SO_SNDBUFFORCE),
+        (libc::SO_RCVBUF, libc::SO_RCVBUFFORCE),
+    ] {
+        setsockopt_int(fd, plain, want)?;
+        // The kernel doubles the value it stores (bookkeeping overhead).
+        if getsockopt_int(fd, plain)? / 2 < want {
+            // Not permitted without CAP_NET_ADMIN: keep the capped size.
+            let _ = setsockopt_int(fd, forced, want);
+        }
+    }
+    Ok(getsockopt_int(fd, libc::SO_RCVBUF)? as usize / 2)
+}
+
+fn setsockopt_int(fd: BorrowedFd<'_>, opt: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    // SAFETY: passes a pointer to a live c_int and its exact size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            opt,
+            (&value as *const libc::c_int).cast(),
+            mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn getsockopt_int(fd: BorrowedFd<'_>, opt: libc::c_int) -> io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `value`, a live
+    // c_int, and updates `len`, a live socklen_t.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            opt,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_accounting_tracks_held_and_free_slots() {
+        let ring = Ring::new(8);
+        assert_eq!((ring.held(), ring.free()), (0, 8));
+        // Nothing is held: no slot is readable.
+        assert!((0..8).all(|i| ring.packet(i).is_none()));
+        ring.delivered.set(6);
+        for i in 0..6 {
+            ring.lens[i].set(20);
+        }
+        assert_eq!((ring.held(), ring.free()), (6, 2));
+        assert!(ring.packet(5).is_some());
+        assert!(ring.packet(6).is_none(), "slot 6 was never delivered");
+        assert!(ring.packet(8).is_none(), "out of range");
+        ring.release(4);
+        assert!(ring.packet(3).is_none(), "slot 3 was given back");
+        assert_eq!(ring.packet(4).map(<[u8]>::len), Some(20));
+        // Wrap around: slots 6, 7, 0, 1 delivered next.
+        ring.delivered.set(10);
+        for i in [6, 7, 0, 1] {
+            ring.lens[i].set(14);
+        }
+        assert_eq!(ring.held(), 6);
+        assert!(ring.packet(1).is_some() && ring.packet(0).is_some());
+        assert!(ring.packet(2).is_none() && ring.packet(3).is_none());
+        // A rejected datagram holds its slot but reads as None.
+        ring.lens[7].set(0);
+        assert!(ring.packet(7).is_none());
+    }
+
+    #[test]
+    #[should_panic(expected = "only 2 RX ring slots are held")]
+    fn releasing_more_than_held_panics() {
+        let ring = Ring::new(4);
+        ring.delivered.set(2);
+        ring.release(3);
+    }
+}
