@@ -1,0 +1,71 @@
+//! Protocol constants and defaults, with the relationships between them
+//! checked at compile time.
+
+use transport::{MAX_DATA_PER_PKT, MTU, PKTHDR_BYTES};
+
+/// Slots (concurrent requests) per session.
+pub const SESSION_REQ_WINDOW: usize = 8;
+/// Default packet credits per session.
+pub const SESSION_CREDITS: usize = 32;
+/// Magic nibble in every packet header.
+pub const PKT_MAGIC: u8 = 11;
+/// Bits of the packet number.
+pub const PKT_NUM_BITS: u32 = 14;
+/// Bits of the request number.
+pub const REQ_NUM_BITS: u32 = 44;
+/// Bits of the message size.
+pub const MSG_SIZE_BITS: u32 = 24;
+/// Largest message (request or response) in bytes, as the C++ eRPC allows:
+/// an 8 MiB block holds the data plus the headers of all packets but the
+/// first, and a request and its response together number their packets in
+/// 14 bits.
+pub const MAX_MSG_BYTES: usize = (8 << 20) - ((8 << 20) / MAX_DATA_PER_PKT) * PKTHDR_BYTES;
+/// Packets in the largest message.
+pub const MAX_MSG_PKTS: usize = MAX_MSG_BYTES.div_ceil(MAX_DATA_PER_PKT);
+/// Largest Rpc id (255 is reserved as invalid).
+pub const MAX_RPC_ID: u8 = 254;
+/// Session number that means "none" on the wire.
+pub const INVALID_SESSION_NUM: u16 = u16::MAX;
+/// Largest number of sessions an Rpc can ever number (client and server).
+pub const MAX_SESSIONS: usize = INVALID_SESSION_NUM as usize;
+/// Default base UDP port of session management (process i uses base + i).
+pub const SM_UDP_PORT_BASE: u16 = 31850;
+/// Session-management request retry interval.
+pub const SM_RETRY_MS: u64 = 100;
+/// Default RX ring entries the Rpc assumes per transport (the transport
+/// reports its own; sessions reserve credits' worth each).
+pub const RX_RING_ENTRIES_DEFAULT: usize = 4096;
+/// Control-packet header slots (credit returns, requests for response):
+/// twice the 128-entry TX ring, so a slot is rewritten only after at least
+/// a full ring of later sends.
+pub const CTRL_BUFS: usize = 256;
+/// Largest TX batch eRPC accumulates before calling the transport.
+pub const TX_BATCH_MAX: usize = 64;
+/// A freed session number is reused only after it has been free this long,
+/// so that stray packets for the old session cannot reach a new one.
+pub const SESSION_NUM_QUARANTINE_MS: u64 = 1000;
+/// Most SM packets queued for one Rpc before the Nexus drops (and counts) more.
+pub const SM_QUEUE_MAX: usize = 1024;
+/// Default retransmission timeout (used by loss recovery, next issue).
+pub const RTO_US: u64 = 5000;
+/// Default interval of the packet-loss scan (next issue).
+pub const PKT_LOSS_SCAN_US: u64 = 500;
+
+const _: () = assert!(MTU == 1024 && PKTHDR_BYTES == 56 && MAX_DATA_PER_PKT == 968);
+const _: () = assert!(MAX_MSG_BYTES == 7_903_368, "the C++ eRPC's kMaxMsgSize");
+const _: () = assert!(MAX_MSG_BYTES < (1 << MSG_SIZE_BITS));
+// A request and its response share one packet-number space:
+// response packet i carries number (request packets - 1) + i.
+const _: () = assert!(2 * MAX_MSG_PKTS - 1 <= (1 << PKT_NUM_BITS));
+// Slot = request number mod window: the window must be a power of two.
+const _: () = assert!(SESSION_REQ_WINDOW.is_power_of_two());
+// A msgbuf of the largest message (first header, data, later headers) fits
+// the 8 MiB size class.
+const _: () = assert!(
+    PKTHDR_BYTES + MAX_MSG_BYTES.next_multiple_of(8) + (MAX_MSG_PKTS - 1) * PKTHDR_BYTES
+        <= (8 << 20)
+);
+const _: () = assert!((8 << 20) <= mempool::MAX_ALLOC);
+const _: () = assert!(SESSION_CREDITS <= RX_RING_ENTRIES_DEFAULT);
+const _: () = assert!(TX_BATCH_MAX <= CTRL_BUFS);
+const _: () = assert!(MAX_RPC_ID < u8::MAX);

@@ -1,0 +1,362 @@
+//! Message buffers in hugepage memory, laid out as in the paper (Figure 2):
+//!
+//! ```text
+//! | pkthdr 0 | data (max_data_bytes, rounded up to 8) | pkthdr 1 | ... | pkthdr N-1 |
+//! ```
+//!
+//! Packet 0's header sits right before the data, so a single-packet
+//! message is one contiguous frame (one gather entry); the headers of later
+//! packets follow the data, so the data itself stays contiguous for the
+//! application. The whole thing is one DMA-registered [`mempool::Buffer`].
+//! A header slot is [`PKTHDR_BYTES`] long: the transport's headroom
+//! (Ethernet/IPv4/UDP) followed by the 14-byte eRPC header.
+//!
+//! Header positions depend only on the capacity, so resizing never moves
+//! them.
+
+use std::fmt;
+
+use mempool::Buffer;
+use transport::{MAX_DATA_PER_PKT, PKTHDR_BYTES};
+
+use crate::consts::MAX_MSG_BYTES;
+
+/// Packets needed for `data_bytes` of data (a message always has at least one).
+#[inline]
+pub const fn data_size_to_num_pkts(data_bytes: usize) -> usize {
+    if data_bytes == 0 {
+        1
+    } else {
+        data_bytes.div_ceil(MAX_DATA_PER_PKT)
+    }
+}
+
+/// Bytes of memory a msgbuf of capacity `max_data_bytes` occupies.
+#[inline]
+pub const fn msgbuf_bytes(max_data_bytes: usize) -> usize {
+    PKTHDR_BYTES
+        + max_data_bytes.next_multiple_of(8)
+        + (data_size_to_num_pkts(max_data_bytes) - 1) * PKTHDR_BYTES
+}
+
+/// Data bytes in packet `pkt_idx` of a `data_bytes` message.
+#[inline]
+pub const fn pkt_data_bytes(data_bytes: usize, pkt_idx: usize) -> usize {
+    let start = pkt_idx * MAX_DATA_PER_PKT;
+    let rest = data_bytes.saturating_sub(start);
+    if rest < MAX_DATA_PER_PKT {
+        rest
+    } else {
+        MAX_DATA_PER_PKT
+    }
+}
+
+/// Where a msgbuf's memory came from, so the Rpc knows how to recycle it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// Allocated for the application or for a large message.
+    Dynamic,
+    /// A server slot's preallocated MTU-size response buffer.
+    PreallocResp {
+        /// Server session.
+        session: u16,
+        /// Slot index.
+        slot: u8,
+    },
+}
+
+/// A message buffer: contiguous data in DMA memory with packet-header
+/// slots around it. Move-only; freed with [`crate::Rpc::free_msg_buffer`]
+/// or handed to the Rpc (`enqueue_request`, `enqueue_response`), which
+/// gives request buffers back in the continuation.
+pub struct MsgBuf {
+    buf: Buffer,
+    max_data_bytes: u32,
+    data_bytes: u32,
+    max_pkts: u32,
+    num_pkts: u32,
+    pub(crate) origin: Origin,
+}
+
+impl fmt::Debug for MsgBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "MsgBuf {{ va {:#x}, data {} of {} bytes, {} of {} pkts, {:?} }}",
+            self.buf.va(),
+            self.data_bytes,
+            self.max_data_bytes,
+            self.num_pkts,
+            self.max_pkts,
+            self.origin
+        )
+    }
+}
+
+/// A msgbuf could not be made or resized.
+#[derive(Debug, thiserror::Error)]
+pub enum MsgBufError {
+    /// Larger than the protocol allows.
+    #[error("message of {size} bytes exceeds the maximum of {MAX_MSG_BYTES} bytes")]
+    TooLarge {
+        /// Requested size.
+        size: usize,
+    },
+    /// Resize beyond the capacity the buffer was allocated with.
+    #[error("cannot resize a msgbuf of capacity {max} bytes to {size} bytes")]
+    BeyondCapacity {
+        /// Requested size.
+        size: usize,
+        /// Capacity.
+        max: usize,
+    },
+    /// The hugepage allocator failed.
+    #[error(transparent)]
+    Alloc(#[from] mempool::AllocError),
+}
+
+impl MsgBuf {
+    /// Wraps `buf` as a msgbuf of capacity `max_data_bytes`.
+    pub(crate) fn from_buffer(buf: Buffer, max_data_bytes: usize, origin: Origin) -> MsgBuf {
+        assert!(max_data_bytes <= MAX_MSG_BYTES);
+        assert!(buf.capacity() >= msgbuf_bytes(max_data_bytes));
+        let pkts = data_size_to_num_pkts(max_data_bytes) as u32;
+        MsgBuf {
+            buf,
+            max_data_bytes: max_data_bytes as u32,
+            data_bytes: max_data_bytes as u32,
+            max_pkts: pkts,
+            num_pkts: pkts,
+            origin,
+        }
+    }
+
+    /// Allocates a msgbuf of capacity `max_data_bytes` from `alloc`.
+    pub(crate) fn alloc(
+        alloc: &mut mempool::Allocator,
+        max_data_bytes: usize,
+        origin: Origin,
+    ) -> Result<MsgBuf, MsgBufError> {
+        if max_data_bytes > MAX_MSG_BYTES {
+            return Err(MsgBufError::TooLarge {
+                size: max_data_bytes,
+            });
+        }
+        let buf = alloc.alloc(msgbuf_bytes(max_data_bytes))?;
+        Ok(MsgBuf::from_buffer(buf, max_data_bytes, origin))
+    }
+
+    /// Gives the memory back.
+    pub(crate) fn into_buffer(self) -> Buffer {
+        self.buf
+    }
+
+    /// Current data size in bytes.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.data_bytes as usize
+    }
+
+    /// True if the current data size is zero.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.data_bytes == 0
+    }
+
+    /// Capacity in data bytes.
+    #[inline]
+    pub fn max_len(&self) -> usize {
+        self.max_data_bytes as usize
+    }
+
+    /// Packets the current data size needs.
+    #[inline]
+    pub fn num_pkts(&self) -> usize {
+        self.num_pkts as usize
+    }
+
+    /// The data (current size).
+    #[inline]
+    pub fn data(&self) -> &[u8] {
+        &self.buf.as_slice()[PKTHDR_BYTES..PKTHDR_BYTES + self.data_bytes as usize]
+    }
+
+    /// The data (current size), writable.
+    #[inline]
+    pub fn data_mut(&mut self) -> &mut [u8] {
+        let n = self.data_bytes as usize;
+        &mut self.buf.as_mut_slice()[PKTHDR_BYTES..PKTHDR_BYTES + n]
+    }
+
+    /// Changes the data size without moving anything (the C++
+    /// `resize_msg_buffer`). Bytes past the old size keep whatever they held.
+    pub fn resize(&mut self, new_data_bytes: usize) -> Result<(), MsgBufError> {
+        if new_data_bytes > self.max_data_bytes as usize {
+            return Err(MsgBufError::BeyondCapacity {
+                size: new_data_bytes,
+                max: self.max_data_bytes as usize,
+            });
+        }
+        self.data_bytes = new_data_bytes as u32;
+        self.num_pkts = data_size_to_num_pkts(new_data_bytes) as u32;
+        Ok(())
+    }
+
+    /// Byte offset of packet `i`'s header slot in the buffer.
+    #[inline]
+    pub(crate) fn pkthdr_offset(&self, i: usize) -> usize {
+        debug_assert!(i < self.max_pkts as usize);
+        if i == 0 {
+            0
+        } else {
+            PKTHDR_BYTES
+                + (self.max_data_bytes as usize).next_multiple_of(8)
+                + (i - 1) * PKTHDR_BYTES
+        }
+    }
+
+    /// Packet `i`'s header slot (headroom + eRPC header), as last written
+    /// for transmission.
+    #[inline]
+    pub fn pkthdr(&self, i: usize) -> &[u8] {
+        let o = self.pkthdr_offset(i);
+        &self.buf.as_slice()[o..o + PKTHDR_BYTES]
+    }
+
+    /// Packet `i`'s header slot, writable.
+    #[inline]
+    pub(crate) fn pkthdr_mut(&mut self, i: usize) -> &mut [u8] {
+        let o = self.pkthdr_offset(i);
+        &mut self.buf.as_mut_slice()[o..o + PKTHDR_BYTES]
+    }
+
+    /// Data range of packet `i` (offsets into the buffer).
+    #[inline]
+    pub(crate) fn pkt_data_range(&self, i: usize) -> std::ops::Range<usize> {
+        let start = PKTHDR_BYTES + i * MAX_DATA_PER_PKT;
+        start..start + pkt_data_bytes(self.data_bytes as usize, i)
+    }
+
+    /// Writes `data` as packet `i`'s payload (reassembly).
+    #[inline]
+    pub(crate) fn write_pkt_data(&mut self, i: usize, data: &[u8]) {
+        let r = self.pkt_data_range(i);
+        debug_assert_eq!(r.len(), data.len());
+        self.buf.as_mut_slice()[r].copy_from_slice(data);
+    }
+
+    /// The bytes and IOVAs the transport needs for packet `i`:
+    /// `(pkt, pkt_iova, data, data_iova)` as in [`transport::TxItem`].
+    #[inline]
+    pub(crate) fn tx_parts(&self, i: usize) -> (&[u8], u64, &[u8], u64) {
+        let all = self.buf.as_slice();
+        if i == 0 {
+            let end = PKTHDR_BYTES + pkt_data_bytes(self.data_bytes as usize, 0);
+            (&all[..end], self.buf.iova(), &[], 0)
+        } else {
+            let h = self.pkthdr_offset(i);
+            let d = self.pkt_data_range(i);
+            let data_iova = self.buf.iova_at(d.start);
+            (
+                &all[h..h + PKTHDR_BYTES],
+                self.buf.iova_at(h),
+                &all[d],
+                data_iova,
+            )
+        }
+    }
+
+    /// Memory key of the buffer.
+    #[inline]
+    pub(crate) fn lkey(&self) -> u32 {
+        self.buf.lkey()
+    }
+
+    /// Virtual address of the first header slot (for tests of the layout).
+    pub fn buffer_va(&self) -> usize {
+        self.buf.va()
+    }
+
+    /// Virtual address of the first data byte.
+    pub fn data_va(&self) -> usize {
+        self.buf.va() + PKTHDR_BYTES
+    }
+
+    /// Virtual address of packet `i`'s header slot.
+    pub fn pkthdr_va(&self, i: usize) -> usize {
+        self.buf.va() + self.pkthdr_offset(i)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consts::MAX_MSG_PKTS;
+
+    #[cfg(feature = "sim")]
+    #[test]
+    fn layout_matches_figure_2() {
+        let mut a = crate::sim::test_allocator(16 << 20);
+        for &max in &[0usize, 1, 968, 969, 5000, MAX_MSG_BYTES] {
+            let mut m = MsgBuf::alloc(&mut a, max, Origin::Dynamic).unwrap();
+            let n = m.num_pkts();
+            assert_eq!(n, data_size_to_num_pkts(max));
+            // Packet 0's header immediately precedes the data.
+            assert_eq!(m.data_va(), m.buffer_va() + PKTHDR_BYTES);
+            assert_eq!(m.pkthdr_va(0), m.buffer_va());
+            // Later headers follow the data (rounded up to 8), back to back.
+            for i in 1..n.min(50) {
+                assert_eq!(
+                    m.pkthdr_va(i),
+                    m.data_va() + max.next_multiple_of(8) + (i - 1) * PKTHDR_BYTES
+                );
+                assert_eq!(m.pkthdr_va(i) % 8, 0);
+            }
+            if n > 1 {
+                assert_eq!(
+                    m.pkthdr_va(n - 1) + PKTHDR_BYTES,
+                    m.buffer_va() + msgbuf_bytes(max)
+                );
+            }
+            // Writing headers never touches data, and vice versa.
+            m.data_mut().fill(0xaa);
+            for i in 0..n {
+                m.pkthdr_mut(i).fill(0x55);
+            }
+            assert!(m.data().iter().all(|&b| b == 0xaa));
+            // Packet 0 is one contiguous frame; later packets are header + data.
+            let (p0, _, d0, _) = m.tx_parts(0);
+            assert_eq!(p0.len(), PKTHDR_BYTES + pkt_data_bytes(max, 0));
+            assert!(d0.is_empty());
+            if n > 1 {
+                let (p, _, d, _) = m.tx_parts(n - 1);
+                assert_eq!(p.len(), PKTHDR_BYTES);
+                assert_eq!(d.len(), pkt_data_bytes(max, n - 1));
+            }
+            // Resizing keeps the headers where they were.
+            let h = m.pkthdr_va(n - 1);
+            m.resize(max / 2).unwrap();
+            assert_eq!(m.pkthdr_va(n - 1), h);
+            assert!(m.resize(max + 1).is_err());
+            a.free(m.into_buffer());
+        }
+        assert!(MsgBuf::alloc(&mut a, MAX_MSG_BYTES + 1, Origin::Dynamic).is_err());
+    }
+
+    #[test]
+    fn sizes_and_packet_counts() {
+        assert_eq!(data_size_to_num_pkts(0), 1);
+        assert_eq!(data_size_to_num_pkts(1), 1);
+        assert_eq!(data_size_to_num_pkts(968), 1);
+        assert_eq!(data_size_to_num_pkts(969), 2);
+        assert_eq!(data_size_to_num_pkts(MAX_MSG_BYTES), MAX_MSG_PKTS);
+        assert_eq!(msgbuf_bytes(0), 56);
+        assert_eq!(msgbuf_bytes(968), 56 + 968);
+        assert_eq!(msgbuf_bytes(969), 56 + 976 + 56);
+        assert!(msgbuf_bytes(MAX_MSG_BYTES) <= 8 << 20);
+        assert_eq!(pkt_data_bytes(2000, 0), 968);
+        assert_eq!(pkt_data_bytes(2000, 1), 968);
+        assert_eq!(pkt_data_bytes(2000, 2), 64);
+        assert_eq!(pkt_data_bytes(2000, 3), 0);
+    }
+}

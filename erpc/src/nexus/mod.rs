@@ -1,0 +1,359 @@
+//! The Nexus: one per process. It owns the process's session-management
+//! endpoint (its URI: host + SM UDP port), the request-handler table, the
+//! worker threads for background handlers, and the SM link that carries
+//! 392-byte SM packets between Nexuses.
+//!
+//! The SM link is pluggable ([`SmLink`]): in production a kernel-UDP
+//! socket served by the Nexus's SM thread ([`UdpSmLink`]); in simulation an
+//! in-memory hub stepped by the virtual clock (`sim::SimSmHub`), with no
+//! thread and no socket. Either way packets reach an Rpc through the same
+//! router ([`SmRouter`]) and the same handlers in the Rpc's event loop.
+//!
+//! Handlers are registered on a [`NexusBuilder`], so by construction the
+//! table is complete before any Rpc exists (each Rpc copies it).
+
+mod sm_link;
+mod workers;
+
+use std::any::Any;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+pub use sm_link::{SmLink, SmQueue, SmRouter, SmRouterStats, UdpSmLink};
+pub(crate) use workers::{BG_REPLY_QUEUE, BgDone, Job, WorkerPool, run_job as workers_run_job};
+pub use workers::{BgHandler, BgResponse};
+
+use crate::clock::Clock;
+use crate::consts::{MAX_RPC_ID, SM_UDP_PORT_BASE};
+use crate::rng::Rng;
+use crate::sm_types::SM_PKT_BYTES;
+
+/// Where a Nexus listens for session management: host and SM UDP port.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Uri {
+    /// Hostname or IPv4 address.
+    pub host: String,
+    /// SM UDP port.
+    pub port: u16,
+}
+
+impl Uri {
+    /// A URI from parts.
+    pub fn new(host: &str, port: u16) -> Uri {
+        Uri {
+            host: host.to_owned(),
+            port,
+        }
+    }
+
+    /// Parses `host:port`, or `host` alone for the default port 31850.
+    pub fn parse(s: &str) -> Result<Uri, NexusError> {
+        let bad = || NexusError::BadUri(s.to_owned());
+        let (host, port) = match s.rsplit_once(':') {
+            Some((h, p)) => (h, p.parse::<u16>().map_err(|_| bad())?),
+            None => (s, SM_UDP_PORT_BASE),
+        };
+        if host.is_empty() || host.len() >= crate::sm_types::HOSTNAME_BYTES || host.contains('\0') {
+            return Err(bad());
+        }
+        Ok(Uri::new(host, port))
+    }
+}
+
+impl fmt::Display for Uri {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
+/// Errors of Nexus setup.
+#[derive(Debug, thiserror::Error)]
+pub enum NexusError {
+    /// Not `host:port` (host at most 127 bytes).
+    #[error("bad URI {0:?}: expected host:port with a host of at most 127 bytes")]
+    BadUri(String),
+    /// A request type got two handlers.
+    #[error("request type {0} has two handlers")]
+    DuplicateHandler(u8),
+    /// The SM link could not start (e.g. the UDP port is taken).
+    #[error("session management on {uri}: {what}: {source}")]
+    SmIo {
+        /// Our URI.
+        uri: Uri,
+        /// What failed.
+        what: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The SM link refused to bind the URI.
+    #[error("session management on {uri}: {why}")]
+    SmBind {
+        /// Our URI.
+        uri: Uri,
+        /// Why.
+        why: String,
+    },
+    /// A worker thread could not be spawned.
+    #[error("cannot spawn worker thread {index}: {source}")]
+    Spawn {
+        /// Worker index.
+        index: usize,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A registered handler, type-erased until an Rpc of the matching
+/// transport and context types copies it.
+pub(crate) enum HandlerEntry {
+    /// Runs in the dispatch thread: a `crate::ReqHandler<T, C>` fn pointer.
+    Dispatch {
+        func: Box<dyn Any + Send + Sync>,
+        type_name: &'static str,
+    },
+    /// Runs on a worker thread.
+    Background(BgHandler),
+}
+
+impl fmt::Debug for HandlerEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HandlerEntry::Dispatch { type_name, .. } => write!(f, "Dispatch({type_name})"),
+            HandlerEntry::Background(_) => write!(f, "Background"),
+        }
+    }
+}
+
+/// Builds a [`Nexus`]: URI, handlers, workers, SM link, clock.
+#[derive(Debug)]
+pub struct NexusBuilder {
+    uri: Uri,
+    handlers: Vec<(u8, HandlerEntry)>,
+    workers: Option<usize>,
+    link: Option<Arc<dyn SmLink>>,
+    clock: Option<Clock>,
+    seed: Option<u64>,
+    error: Option<NexusError>,
+}
+
+impl NexusBuilder {
+    /// Registers a dispatch-mode handler for `req_type`: it runs in the
+    /// Rpc's event loop and may read its request in place (zero copy).
+    pub fn handler<T, C>(mut self, req_type: u8, func: crate::ReqHandler<T, C>) -> Self
+    where
+        T: transport::Transport + 'static,
+        C: 'static,
+    {
+        self.add(
+            req_type,
+            HandlerEntry::Dispatch {
+                func: Box::new(func),
+                type_name: std::any::type_name::<crate::ReqHandler<T, C>>(),
+            },
+        );
+        self
+    }
+
+    /// Registers a background handler for `req_type`: it runs on a worker
+    /// thread with a copy of the request and writes its response into a
+    /// [`BgResponse`].
+    pub fn bg_handler<F>(mut self, req_type: u8, func: F) -> Self
+    where
+        F: Fn(&[u8], &mut BgResponse<'_>) + Send + Sync + 'static,
+    {
+        self.add(req_type, HandlerEntry::Background(Arc::new(func)));
+        self
+    }
+
+    fn add(&mut self, req_type: u8, e: HandlerEntry) {
+        if self.handlers.iter().any(|(t, _)| *t == req_type) {
+            self.error
+                .get_or_insert(NexusError::DuplicateHandler(req_type));
+        }
+        self.handlers.push((req_type, e));
+    }
+
+    /// Number of worker threads for background handlers (default 1 with
+    /// the TSC clock). 0 (the default with a virtual clock) runs background
+    /// handlers inline in the owning Rpc's next event-loop iteration,
+    /// through the same queues, deterministically.
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = Some(n);
+        self
+    }
+
+    /// The SM link (default: kernel UDP on the URI's port).
+    pub fn sm_link(mut self, link: Arc<dyn SmLink>) -> Self {
+        self.link = Some(link);
+        self
+    }
+
+    /// The clock (default: the calibrated TSC).
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Seed for session tokens (default: OS randomness). Simulations set it
+    /// so that a run replays exactly.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Starts the Nexus: spawns workers and starts the SM link.
+    pub fn build(self) -> Result<Arc<Nexus>, NexusError> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        let mut handlers: Vec<Option<HandlerEntry>> = (0..256).map(|_| None).collect();
+        let mut bg: Vec<Option<BgHandler>> = (0..256).map(|_| None).collect();
+        for (t, e) in self.handlers {
+            if let HandlerEntry::Background(f) = &e {
+                bg[usize::from(t)] = Some(f.clone());
+            }
+            handlers[usize::from(t)] = Some(e);
+        }
+        let clock = self.clock.unwrap_or_else(Clock::tsc);
+        let n_workers = self
+            .workers
+            .unwrap_or(if clock.is_virtual() { 0 } else { 1 });
+        let workers = WorkerPool::new(n_workers, bg)?;
+        let link: Arc<dyn SmLink> = match self.link {
+            Some(l) => l,
+            None => Arc::new(UdpSmLink::new()),
+        };
+        let router = Arc::new(SmRouter::new(self.uri.clone()));
+        link.start(&self.uri, router.clone())?;
+        let rng = match self.seed {
+            Some(s) => Rng::new(s),
+            None => Rng::from_entropy(),
+        };
+        Ok(Arc::new(Nexus {
+            uri: self.uri,
+            handlers,
+            workers,
+            router,
+            link,
+            clock,
+            rng: Mutex::new(rng),
+        }))
+    }
+}
+
+/// The per-process eRPC object. Shared (`Arc`) by the process's Rpcs.
+pub struct Nexus {
+    uri: Uri,
+    handlers: Vec<Option<HandlerEntry>>,
+    workers: WorkerPool,
+    router: Arc<SmRouter>,
+    link: Arc<dyn SmLink>,
+    clock: Clock,
+    rng: Mutex<Rng>,
+}
+
+impl fmt::Debug for Nexus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Nexus")
+            .field("uri", &self.uri)
+            .field("workers", &self.workers.threads())
+            .field("link", &self.link)
+            .finish()
+    }
+}
+
+impl Nexus {
+    /// Starts building a Nexus listening on `uri` (`host:port`).
+    pub fn builder(uri: &str) -> NexusBuilder {
+        let (uri, error) = match Uri::parse(uri) {
+            Ok(u) => (u, None),
+            Err(e) => (Uri::new("invalid", 0), Some(e)),
+        };
+        NexusBuilder {
+            uri,
+            handlers: Vec::new(),
+            workers: None,
+            link: None,
+            clock: None,
+            seed: None,
+            error,
+        }
+    }
+
+    /// This Nexus's URI.
+    pub fn uri(&self) -> &Uri {
+        &self.uri
+    }
+
+    /// The clock every Rpc of this Nexus uses.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// SM routing counters.
+    pub fn sm_stats(&self) -> SmRouterStats {
+        self.router.stats()
+    }
+
+    /// Number of worker threads (0: background handlers run inline).
+    pub fn worker_threads(&self) -> usize {
+        self.workers.threads()
+    }
+
+    pub(crate) fn handler(&self, req_type: u8) -> Option<&HandlerEntry> {
+        self.handlers[usize::from(req_type)].as_ref()
+    }
+
+    pub(crate) fn workers(&self) -> &WorkerPool {
+        &self.workers
+    }
+
+    pub(crate) fn register_rpc(&self, rpc_id: u8) -> Option<Arc<SmQueue>> {
+        if rpc_id > MAX_RPC_ID {
+            return None;
+        }
+        self.router.register(rpc_id)
+    }
+
+    pub(crate) fn unregister_rpc(&self, rpc_id: u8) {
+        self.router.unregister(rpc_id);
+    }
+
+    pub(crate) fn sm_send(&self, to: &Uri, pkt: &[u8; SM_PKT_BYTES]) {
+        self.link.send(&self.uri, to, pkt);
+    }
+
+    pub(crate) fn random_u64(&self) -> u64 {
+        self.rng
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .next_u64()
+    }
+}
+
+impl Drop for Nexus {
+    fn drop(&mut self) {
+        self.link.stop(&self.uri);
+        self.workers.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uri_parsing() {
+        assert_eq!(
+            Uri::parse("10.0.0.1:31851").unwrap(),
+            Uri::new("10.0.0.1", 31851)
+        );
+        assert_eq!(Uri::parse("host").unwrap(), Uri::new("host", 31850));
+        assert!(Uri::parse("host:99999").is_err());
+        assert!(Uri::parse(":1").is_err());
+        assert!(Uri::parse(&"h".repeat(128)).is_err());
+        assert_eq!(Uri::new("a", 1).to_string(), "a:1");
+    }
+}

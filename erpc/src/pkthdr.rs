@@ -1,0 +1,253 @@
+//! The 14-byte eRPC packet header, exactly as the C++ eRPC lays it out on
+//! x86 (little-endian bitfields), encoded with explicit shifts and masks.
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 0 | request type |
+//! | 1–3 | message size (24 bits, LE) |
+//! | 4–5 | destination session number (LE) |
+//! | 6–13 | LE u64: packet type (2 bits), packet number (14), request number (44), magic (4) |
+//!
+//! [`PktHdr::decode`] never reads past its input and rejects a bad magic;
+//! everything else is checked by the Rpc against its own state.
+
+use std::fmt;
+
+use transport::ERPC_HDR_BYTES;
+
+use crate::consts::{MSG_SIZE_BITS, PKT_MAGIC, PKT_NUM_BITS, REQ_NUM_BITS};
+
+/// Packet type (2 bits on the wire).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum PktType {
+    /// Request data.
+    Req = 0,
+    /// Request for response: the client pulls the next response packet.
+    Rfr = 1,
+    /// Explicit credit return for a request packet other than the last.
+    ExplCr = 2,
+    /// Response data.
+    Resp = 3,
+}
+
+impl PktType {
+    /// From the 2-bit wire value.
+    #[inline]
+    pub const fn from_bits(b: u64) -> PktType {
+        match b & 3 {
+            0 => PktType::Req,
+            1 => PktType::Rfr,
+            2 => PktType::ExplCr,
+            _ => PktType::Resp,
+        }
+    }
+
+    /// Short name for dumps.
+    pub const fn name(self) -> &'static str {
+        match self {
+            PktType::Req => "REQ",
+            PktType::Rfr => "RFR",
+            PktType::ExplCr => "CR",
+            PktType::Resp => "RESP",
+        }
+    }
+}
+
+/// Largest packet number.
+pub const MAX_PKT_NUM: u16 = (1 << PKT_NUM_BITS) - 1;
+/// Largest request number.
+pub const MAX_REQ_NUM: u64 = (1 << REQ_NUM_BITS) - 1;
+/// Largest message size the header can carry.
+pub const MAX_HDR_MSG_SIZE: u32 = (1 << MSG_SIZE_BITS) - 1;
+
+const PKT_TYPE_SHIFT: u32 = 0;
+const PKT_NUM_SHIFT: u32 = 2;
+const REQ_NUM_SHIFT: u32 = PKT_NUM_SHIFT + PKT_NUM_BITS;
+const MAGIC_SHIFT: u32 = REQ_NUM_SHIFT + REQ_NUM_BITS;
+const _: () = assert!(MAGIC_SHIFT + 4 == 64);
+const _: () = assert!(ERPC_HDR_BYTES == 14);
+
+/// A decoded packet header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PktHdr {
+    /// Request type (selects the handler).
+    pub req_type: u8,
+    /// Message size in bytes (24 bits).
+    pub msg_size: u32,
+    /// Session number at the receiver.
+    pub dest_session_num: u16,
+    /// Packet type.
+    pub pkt_type: PktType,
+    /// Packet number within the request/response exchange (14 bits).
+    pub pkt_num: u16,
+    /// Request number (44 bits).
+    pub req_num: u64,
+}
+
+/// Why a header was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum HdrError {
+    /// Fewer than 14 bytes.
+    #[error("packet of {len} bytes is shorter than the 14-byte eRPC header")]
+    Short {
+        /// Bytes available.
+        len: usize,
+    },
+    /// The magic nibble is not 11.
+    #[error("bad magic {magic} (expected {PKT_MAGIC})")]
+    BadMagic {
+        /// The nibble found.
+        magic: u8,
+    },
+}
+
+impl PktHdr {
+    /// Encodes into the 14 wire bytes. Fields wider than their wire width
+    /// are a programming error (debug assertion) and are masked.
+    #[inline]
+    pub fn encode(&self) -> [u8; ERPC_HDR_BYTES] {
+        debug_assert!(self.msg_size <= MAX_HDR_MSG_SIZE);
+        debug_assert!(self.pkt_num <= MAX_PKT_NUM);
+        debug_assert!(self.req_num <= MAX_REQ_NUM);
+        let mut b = [0u8; ERPC_HDR_BYTES];
+        b[0] = self.req_type;
+        let size = self.msg_size & MAX_HDR_MSG_SIZE;
+        b[1] = size as u8;
+        b[2] = (size >> 8) as u8;
+        b[3] = (size >> 16) as u8;
+        b[4..6].copy_from_slice(&self.dest_session_num.to_le_bytes());
+        let word = ((self.pkt_type as u64) << PKT_TYPE_SHIFT)
+            | (u64::from(self.pkt_num & MAX_PKT_NUM) << PKT_NUM_SHIFT)
+            | ((self.req_num & MAX_REQ_NUM) << REQ_NUM_SHIFT)
+            | (u64::from(PKT_MAGIC) << MAGIC_SHIFT);
+        b[6..14].copy_from_slice(&word.to_le_bytes());
+        b
+    }
+
+    /// Writes the header into the first 14 bytes of `out`.
+    #[inline]
+    pub fn write_to(&self, out: &mut [u8]) {
+        out[..ERPC_HDR_BYTES].copy_from_slice(&self.encode());
+    }
+
+    /// Decodes the first 14 bytes of `b`; checks length and magic only.
+    #[inline]
+    pub fn decode(b: &[u8]) -> Result<PktHdr, HdrError> {
+        let Some(h) = b.first_chunk::<ERPC_HDR_BYTES>() else {
+            return Err(HdrError::Short { len: b.len() });
+        };
+        let word = u64::from_le_bytes([h[6], h[7], h[8], h[9], h[10], h[11], h[12], h[13]]);
+        let magic = (word >> MAGIC_SHIFT) as u8;
+        if magic != PKT_MAGIC {
+            return Err(HdrError::BadMagic { magic });
+        }
+        Ok(PktHdr {
+            req_type: h[0],
+            msg_size: u32::from(h[1]) | (u32::from(h[2]) << 8) | (u32::from(h[3]) << 16),
+            dest_session_num: u16::from_le_bytes([h[4], h[5]]),
+            pkt_type: PktType::from_bits(word >> PKT_TYPE_SHIFT),
+            pkt_num: ((word >> PKT_NUM_SHIFT) & u64::from(MAX_PKT_NUM)) as u16,
+            req_num: (word >> REQ_NUM_SHIFT) & MAX_REQ_NUM,
+        })
+    }
+}
+
+impl fmt::Display for PktHdr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "[type {}, dsn {}, reqn {}, pktn {}, msz {}, req_type {}]",
+            self.pkt_type.name(),
+            self.dest_session_num,
+            self.req_num,
+            self.pkt_num,
+            self.msg_size,
+            self.req_type
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_vector_from_the_cpp_reference() {
+        let h = PktHdr {
+            req_type: 0xAB,
+            msg_size: 0x12_3456,
+            dest_session_num: 0xBEEF,
+            pkt_type: PktType::Resp,
+            pkt_num: 0x1555,
+            req_num: 0xABC_DEF0_1234,
+        };
+        let want = [
+            0xab, 0x56, 0x34, 0x12, 0xef, 0xbe, 0x57, 0x55, 0x34, 0x12, 0xf0, 0xde, 0xbc, 0xba,
+        ];
+        assert_eq!(h.encode(), want);
+        assert_eq!(PktHdr::decode(&want), Ok(h));
+    }
+
+    #[test]
+    fn rejects_short_and_bad_magic() {
+        let h = PktHdr {
+            req_type: 1,
+            msg_size: 5,
+            dest_session_num: 2,
+            pkt_type: PktType::Req,
+            pkt_num: 0,
+            req_num: 8,
+        };
+        let b = h.encode();
+        assert_eq!(PktHdr::decode(&b[..13]), Err(HdrError::Short { len: 13 }));
+        for magic in 0..16u8 {
+            let mut c = b;
+            c[13] = (c[13] & 0x0f) | (magic << 4);
+            let r = PktHdr::decode(&c);
+            if magic == PKT_MAGIC {
+                assert_eq!(r, Ok(h));
+            } else {
+                assert_eq!(r, Err(HdrError::BadMagic { magic }));
+            }
+        }
+    }
+
+    #[test]
+    fn every_field_at_its_extremes_round_trips() {
+        for pkt_type in [PktType::Req, PktType::Rfr, PktType::ExplCr, PktType::Resp] {
+            for &(msg_size, pkt_num, req_num) in &[
+                (0, 0, 0),
+                (MAX_HDR_MSG_SIZE, MAX_PKT_NUM, MAX_REQ_NUM),
+                (1, 1, 1),
+                (0x80_0000, 0x2000, 1 << 43),
+            ] {
+                let h = PktHdr {
+                    req_type: 0xff,
+                    msg_size,
+                    dest_session_num: 0xffff,
+                    pkt_type,
+                    pkt_num,
+                    req_num,
+                };
+                assert_eq!(PktHdr::decode(&h.encode()), Ok(h), "{h}");
+            }
+        }
+    }
+
+    #[test]
+    fn display_is_one_line() {
+        let h = PktHdr {
+            req_type: 3,
+            msg_size: 32,
+            dest_session_num: 1,
+            pkt_type: PktType::Rfr,
+            pkt_num: 2,
+            req_num: 16,
+        };
+        assert_eq!(
+            h.to_string(),
+            "[type RFR, dsn 1, reqn 16, pktn 2, msz 32, req_type 3]"
+        );
+    }
+}

@@ -1,0 +1,170 @@
+//! Background (worker-thread) handlers. The request goes to a worker as a
+//! msgbuf (copied out of the RX ring if it was handled in place), with the
+//! slot's preallocated response buffer; the finished response comes back
+//! through this Rpc's bounded reply queue, polled by the event loop, which
+//! never waits for a worker.
+
+use transport::Transport;
+
+use super::{ReqHandle, Rpc, SessionNum};
+use crate::msgbuf::{MsgBuf, Origin};
+use crate::nexus::{BgDone, Job};
+use crate::session::SrvState;
+use crate::stats::DropReason;
+
+/// Jobs handled per event-loop iteration (inline mode and completions).
+const BG_PER_LOOP_MAX: usize = 64;
+
+impl<T: Transport, C> Rpc<T, C> {
+    /// Hands the request on slot `i` to a worker.
+    pub(crate) fn submit_bg(
+        &mut self,
+        sn: SessionNum,
+        i: usize,
+        req_type: u8,
+        req: Result<MsgBuf, &[u8]>,
+    ) {
+        let req = match req {
+            Ok(m) => m,
+            Err(d) => match MsgBuf::alloc(&mut self.alloc, d.len(), Origin::Dynamic) {
+                Ok(mut m) => {
+                    m.data_mut().copy_from_slice(d);
+                    m
+                }
+                Err(_) => return self.bg_oom(sn, i),
+            },
+        };
+        let s = self.session_mut(sn).expect("caller checked");
+        let slot = &mut s.slots[i];
+        let pre = slot.server.pre_resp.take();
+        let req_num = slot.cur_req_num;
+        slot.server.state = SrvState::Background;
+        let resp = match pre {
+            Some(m) => m,
+            None => match MsgBuf::alloc(
+                &mut self.alloc,
+                transport::MAX_DATA_PER_PKT,
+                Origin::Dynamic,
+            ) {
+                Ok(m) => m,
+                Err(_) => {
+                    self.alloc.free(req.into_buffer());
+                    return self.bg_oom(sn, i);
+                }
+            },
+        };
+        let job = Job {
+            req_type,
+            req,
+            resp,
+            session: sn,
+            slot: i as u8,
+            req_num,
+            reply: Some(self.bg.reply_tx.clone()),
+            large: self.bg.scratch.pop().unwrap_or_default(),
+        };
+        self.stats.bg_jobs += 1;
+        if self.nexus.worker_threads() == 0 || !self.bg.backlog.is_empty() {
+            self.bg.backlog.push_back(job);
+            return;
+        }
+        match self.nexus.workers().submit(job) {
+            Ok(()) => self.bg.outstanding += 1,
+            Err(job) => {
+                self.stats.bg_backlogged += 1;
+                self.bg.backlog.push_back(job);
+            }
+        }
+    }
+
+    fn bg_oom(&mut self, sn: SessionNum, i: usize) {
+        // Undo the slot's claim so that a retransmission can retry.
+        if let Some(s) = self.session_mut(sn) {
+            s.slots[i].cur_req_num -= crate::consts::SESSION_REQ_WINDOW as u64;
+            s.slots[i].server.state = SrvState::Idle;
+        }
+        self.stats.drop(DropReason::OutOfMemory);
+    }
+
+    /// Runs inline jobs, resubmits backlogged ones, and turns finished
+    /// jobs into responses. Bounded per call.
+    pub(crate) fn process_bg(&mut self) {
+        if self.nexus.worker_threads() == 0 {
+            for _ in 0..BG_PER_LOOP_MAX {
+                let Some(mut job) = self.bg.backlog.pop_front() else {
+                    break;
+                };
+                job.reply = None;
+                let (done, _) = crate::nexus::workers_run_job(job, self.nexus.workers().handlers());
+                self.finish_bg(done);
+            }
+            return;
+        }
+        for _ in 0..BG_PER_LOOP_MAX {
+            let Some(job) = self.bg.backlog.pop_front() else {
+                break;
+            };
+            match self.nexus.workers().submit(job) {
+                Ok(()) => self.bg.outstanding += 1,
+                Err(job) => {
+                    self.bg.backlog.push_front(job);
+                    break;
+                }
+            }
+        }
+        for _ in 0..BG_PER_LOOP_MAX {
+            if self.bg.outstanding == 0 {
+                break;
+            }
+            let Ok(done) = self.bg.reply_rx.try_recv() else {
+                break;
+            };
+            self.bg.outstanding -= 1;
+            self.finish_bg(done);
+        }
+    }
+
+    fn finish_bg(&mut self, done: BgDone) {
+        let BgDone {
+            session,
+            slot,
+            req_num,
+            req,
+            mut resp,
+            mut large,
+            use_large,
+            len,
+        } = done;
+        self.alloc.free(req.into_buffer());
+        let live = self.session(session).is_some_and(|s| {
+            let sl = &s.slots[usize::from(slot)];
+            sl.cur_req_num == req_num && sl.server.state == SrvState::Background
+        });
+        if !live {
+            self.recycle(resp);
+            self.bg.scratch.push(large);
+            return;
+        }
+        if use_large {
+            match MsgBuf::alloc(&mut self.alloc, len, Origin::Dynamic) {
+                Ok(mut m) => {
+                    m.data_mut().copy_from_slice(&large[..len]);
+                    large.clear();
+                    self.recycle(resp);
+                    resp = m;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, len, "no memory for a background response; sending it empty");
+                    resp.resize(0).expect("0 fits");
+                }
+            }
+        }
+        self.bg.scratch.push(large);
+        let h = ReqHandle {
+            session,
+            slot,
+            req_num,
+        };
+        let _ = self.enqueue_response(h, resp);
+    }
+}

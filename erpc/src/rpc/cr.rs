@@ -1,0 +1,79 @@
+//! Explicit credit returns. The server sends one for every request packet
+//! but the last (same request and packet number, size 0); the client
+//! regains one credit per CR and may send more request packets.
+
+use transport::Transport;
+
+use super::Rpc;
+use crate::consts::SESSION_REQ_WINDOW;
+use crate::pkthdr::{PktHdr, PktType};
+use crate::stats::DropReason;
+
+impl<T: Transport, C> Rpc<T, C> {
+    /// Server: queues a credit return for request packet `req_hdr`.
+    pub(crate) fn enqueue_cr(&mut self, sn: u16, slot: u8, req_hdr: &PktHdr) {
+        let Some(remote) = self.session(sn).map(|s| s.remote_num) else {
+            return;
+        };
+        self.enqueue_ctrl(
+            sn,
+            slot,
+            PktHdr {
+                req_type: req_hdr.req_type,
+                msg_size: 0,
+                dest_session_num: remote,
+                pkt_type: PktType::ExplCr,
+                pkt_num: req_hdr.pkt_num,
+                req_num: req_hdr.req_num,
+            },
+        );
+    }
+
+    /// Client: a credit return arrived.
+    pub(crate) fn process_expl_cr(&mut self, hdr: &PktHdr, data: &[u8]) {
+        if hdr.msg_size != 0 || !data.is_empty() {
+            return self.stats.drop(DropReason::CtrlHasData);
+        }
+        let sn = hdr.dest_session_num;
+        let i = (hdr.req_num % SESSION_REQ_WINDOW as u64) as usize;
+        let now = self.now_ns;
+        let max_credits = self.config.session_credits as u32;
+        let s = self.sessions[usize::from(sn)]
+            .as_deref_mut()
+            .expect("dispatch checked the session");
+        let slot = &mut s.slots[i];
+        if slot.tx_msgbuf.is_none() {
+            return self.stats.drop(DropReason::NoRequestInFlight);
+        }
+        if hdr.req_num != slot.cur_req_num {
+            return self.stats.drop(DropReason::StaleReqNum);
+        }
+        let c = &mut slot.client;
+        let pkt_num = u32::from(hdr.pkt_num);
+        if pkt_num + 1 >= c.req_pkts || pkt_num >= c.num_tx {
+            return self.stats.drop(DropReason::PktNumOutOfRange);
+        }
+        if pkt_num != c.num_rx {
+            return self.stats.drop(DropReason::OutOfOrder);
+        }
+        c.num_rx += 1;
+        c.progress_ns = now;
+        self.stats.rx_accepted += 1;
+        debug_assert!(s.credits < max_credits);
+        s.credits = (s.credits + 1).min(max_credits);
+        let more = slot_has_more(&s.slots[i].client);
+        if more {
+            self.kick(sn, i as u8);
+        }
+    }
+}
+
+#[inline]
+pub(crate) fn slot_has_more<T: Transport, C>(c: &crate::session::ClientInfo<T, C>) -> bool {
+    let wire = if c.resp_pkts == 0 {
+        c.req_pkts
+    } else {
+        c.wire_pkts()
+    };
+    c.num_tx < wire
+}

@@ -1,0 +1,65 @@
+//! The event loop: RX, credit-stall queue, background completions, TX
+//! flush, session management. Continuations and dispatch handlers run
+//! inside it.
+
+use std::time::Duration;
+
+use transport::Transport;
+
+use super::Rpc;
+
+/// Stall-queue entries examined per iteration (bounded work).
+const STALLQ_PER_LOOP_MAX: usize = 1024;
+
+impl<T: Transport, C> Rpc<T, C> {
+    /// One iteration of the event loop. Handlers and continuations run in
+    /// it and receive `ctx`.
+    ///
+    /// # Panics
+    /// If called from a handler or continuation (re-entrance).
+    pub fn run_event_loop_once(&mut self, ctx: &mut C) {
+        assert!(
+            !self.in_event_loop,
+            "run_event_loop_once must not be called from a handler or continuation"
+        );
+        self.in_event_loop = true;
+        self.now_ns = self.clock.now_ns();
+        self.process_rx(ctx);
+        self.process_stallq();
+        self.process_bg();
+        if !self.sm_queue.is_empty() || !self.sm_pending.is_empty() {
+            self.process_sm(ctx);
+        }
+        self.flush_tx();
+        self.in_event_loop = false;
+    }
+
+    /// Runs the event loop for `dur` on this Rpc's clock. With a virtual
+    /// clock this returns only once something else advances the clock.
+    pub fn run_event_loop(&mut self, ctx: &mut C, dur: Duration) {
+        let deadline = self.clock.now_ns() + dur.as_nanos() as u64;
+        while self.clock.now_ns() < deadline {
+            self.run_event_loop_once(ctx);
+        }
+    }
+
+    /// Gives stalled slots the credits that came back.
+    fn process_stallq(&mut self) {
+        if self.stallq.is_empty() {
+            return;
+        }
+        let n = self.stallq.len().min(STALLQ_PER_LOOP_MAX);
+        let mut kept = 0;
+        for idx in 0..n {
+            let (sn, i) = self.stallq[idx];
+            if let Some(s) = self.session_mut(sn) {
+                s.slots[usize::from(i)].client.in_stallq = false;
+            }
+            // `kick` re-queues the slot at the back if it still stalls;
+            // those re-queued entries are past `n` and wait for next time.
+            let _ = self.kick(sn, i);
+            kept += 1;
+        }
+        self.stallq.drain(..kept);
+    }
+}

@@ -1,0 +1,627 @@
+//! The Rpc endpoint: one per thread, generic over the transport `T` and
+//! the application context `C`.
+//!
+//! One file per mechanism, as in the C++ eRPC: `req` (requests, both
+//! sides), `resp` (responses), `cr` (explicit credit returns), `rfr`
+//! (requests for response), `tx` (the single TX path), `rx` (packet
+//! dispatch and validation), `ev_loop`, `sm_handlers` (session
+//! management), `bg` (worker-thread handlers).
+
+mod bg;
+mod cr;
+mod ev_loop;
+mod req;
+mod resp;
+mod rfr;
+mod rx;
+mod sm_handlers;
+mod tx;
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+
+use mempool::{Allocator, Buffer};
+use transport::{MAX_DATA_PER_PKT, RxRing, Transport};
+
+use crate::clock::Clock;
+use crate::consts::{CTRL_BUFS, MAX_RPC_ID, SESSION_CREDITS, SM_RETRY_MS};
+use crate::msgbuf::{MsgBuf, MsgBufError, Origin};
+use crate::nexus::{BgDone, HandlerEntry, Job, Nexus, SmQueue};
+use crate::session::Session;
+use crate::sm_types::{SmErr, TransportType};
+use crate::stats::RpcStats;
+
+pub(crate) use tx::TxBatch;
+
+/// A dispatch-mode request handler. Runs in the event loop; `req.data`
+/// is the request (in the RX ring for single-packet requests: zero copy).
+/// Respond now with [`Rpc::enqueue_response`], or keep `req.handle` and
+/// respond later (e.g. from a continuation of a nested RPC).
+pub type ReqHandler<T, C> = fn(&mut Rpc<T, C>, &mut C, Request<'_>);
+
+/// A continuation: invoked from the event loop when a request completes,
+/// with the request and response buffers moved back to the application.
+pub type Continuation<T, C> = fn(&mut Rpc<T, C>, &mut C, Completion);
+
+/// Session-event callback.
+pub type SessionHandler<T, C> = fn(&mut Rpc<T, C>, &mut C, SessionEvent);
+
+/// Session number at this Rpc.
+pub type SessionNum = u16;
+
+/// A request given to a dispatch handler.
+#[derive(Debug)]
+pub struct Request<'a> {
+    /// The handle to respond with (move-only: one response per request).
+    pub handle: ReqHandle,
+    /// Request type.
+    pub req_type: u8,
+    /// The request data. For a deferred response, read it again later with
+    /// [`Rpc::request_data`].
+    pub data: &'a [u8],
+}
+
+/// Identifies a request being handled at the server. Not `Clone`: it is
+/// consumed by the response.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ReqHandle {
+    session: u16,
+    slot: u8,
+    req_num: u64,
+}
+
+impl ReqHandle {
+    /// Server session the request arrived on.
+    pub fn session(&self) -> SessionNum {
+        self.session
+    }
+
+    /// Request number (for logs).
+    pub fn req_num(&self) -> u64 {
+        self.req_num
+    }
+}
+
+/// Why a request did not complete normally.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RpcError {
+    /// The response is larger than the response buffer given with the request.
+    #[error("response of {size} bytes does not fit the {capacity}-byte response buffer")]
+    ResponseTooLarge {
+        /// Response size.
+        size: usize,
+        /// Response buffer capacity.
+        capacity: usize,
+    },
+    /// The session never connected (the request was waiting for it).
+    #[error("session {session} failed to connect: {err}")]
+    ConnectFailed {
+        /// Session number.
+        session: SessionNum,
+        /// The SM error.
+        err: SmErr,
+    },
+}
+
+/// A finished request, handed to its continuation.
+#[derive(Debug)]
+pub struct Completion {
+    /// The tag given to `enqueue_request`.
+    pub tag: usize,
+    /// Session the request was sent on.
+    pub session: SessionNum,
+    /// The request buffer, back to the application.
+    pub req: MsgBuf,
+    /// The response buffer; its data is the response if `result` is `Ok`.
+    pub resp: MsgBuf,
+    /// Outcome.
+    pub result: Result<(), RpcError>,
+}
+
+/// What happened to a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionEventKind {
+    /// The server accepted the session.
+    Connected,
+    /// The session could not be connected (and is gone).
+    ConnectFailed(SmErr),
+    /// The session was disconnected (and is gone).
+    Disconnected,
+}
+
+/// A session event for the application's callback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionEvent {
+    /// Session number.
+    pub session: SessionNum,
+    /// What happened.
+    pub kind: SessionEventKind,
+}
+
+/// Rpc settings.
+#[derive(Debug, Clone, Copy)]
+pub struct RpcConfig {
+    /// Packet credits per session (default 32).
+    pub session_credits: usize,
+    /// Transport type announced in session management (default Raw, the
+    /// C++ raw-Ethernet transport's; both ends must agree).
+    pub transport_type: TransportType,
+    /// SM request retry interval (default 100 ms).
+    pub sm_retry_ms: u64,
+}
+
+impl Default for RpcConfig {
+    fn default() -> Self {
+        RpcConfig {
+            session_credits: SESSION_CREDITS,
+            transport_type: TransportType::Raw,
+            sm_retry_ms: SM_RETRY_MS,
+        }
+    }
+}
+
+/// Rpc creation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    /// Rpc id above 254, or already used in this Nexus.
+    #[error("Rpc id {0} is invalid (max {MAX_RPC_ID}) or already in use in this Nexus")]
+    RpcId(u8),
+    /// A dispatch handler was registered for another transport/context type.
+    #[error(
+        "the handler for request type {req_type} was registered as {registered}, \
+         but this Rpc needs {expected}"
+    )]
+    HandlerType {
+        /// Request type.
+        req_type: u8,
+        /// Type the handler was registered with.
+        registered: &'static str,
+        /// Type this Rpc needs.
+        expected: &'static str,
+    },
+    /// Credits outside `1..=ring entries`.
+    #[error("session credits {credits} must be in 1..={ring_entries} (RX ring entries)")]
+    Credits {
+        /// Configured credits.
+        credits: usize,
+        /// RX ring entries.
+        ring_entries: usize,
+    },
+    /// The transport's TX burst limit is zero or too large.
+    #[error("transport tx_burst_max {0} must be in 1..={max}", max = crate::consts::TX_BATCH_MAX)]
+    TxBurst(usize),
+    /// Hugepage memory for control packets.
+    #[error(transparent)]
+    Alloc(#[from] mempool::AllocError),
+}
+
+/// `enqueue_request` refused; the buffers come back.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot enqueue request on session {session}: {kind}")]
+pub struct EnqueueError {
+    /// Why.
+    pub kind: EnqueueErrorKind,
+    /// The session number given.
+    pub session: SessionNum,
+    /// The request buffer, returned.
+    pub req: MsgBuf,
+    /// The response buffer, returned.
+    pub resp: MsgBuf,
+}
+
+/// Why `enqueue_request` refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum EnqueueErrorKind {
+    /// No such session.
+    #[error("no such session")]
+    NoSuchSession,
+    /// A server session (requests go out on client sessions).
+    #[error("it is a server session")]
+    NotClient,
+    /// The session is being disconnected.
+    #[error("the session is disconnecting")]
+    Disconnecting,
+}
+
+/// `enqueue_response` refused (the response buffer is recycled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RespondError {
+    /// The session is gone or the slot moved on to another request.
+    #[error("request {req_num} on session {session} is no longer awaiting a response")]
+    Stale {
+        /// Session.
+        session: SessionNum,
+        /// Request number.
+        req_num: u64,
+    },
+    /// No memory for the response.
+    #[error("no memory for a {0}-byte response")]
+    OutOfMemory(usize),
+}
+
+/// Session creation or destruction failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// Bad URI.
+    #[error(transparent)]
+    Uri(#[from] crate::nexus::NexusError),
+    /// A session to ourselves.
+    #[error("cannot create a session from Rpc {rpc_id} at {uri} to itself")]
+    SelfConnect {
+        /// Our URI.
+        uri: crate::Uri,
+        /// Our Rpc id.
+        rpc_id: u8,
+    },
+    /// Remote Rpc id out of range.
+    #[error("remote Rpc id {0} is invalid (max {MAX_RPC_ID})")]
+    RemoteRpcId(u8),
+    /// Each session reserves credits' worth of RX ring entries.
+    #[error(
+        "RX ring exhausted: {ring_entries} entries, {available} unreserved, a session needs \
+         {credits} ({sessions} sessions open); at most ring entries / credits sessions per Rpc"
+    )]
+    RingExhausted {
+        /// Ring entries.
+        ring_entries: usize,
+        /// Entries not reserved.
+        available: usize,
+        /// Credits per session.
+        credits: usize,
+        /// Open sessions.
+        sessions: usize,
+    },
+    /// All 65535 session numbers are in use.
+    #[error("no free session number")]
+    NoSessionNum,
+    /// No such client session.
+    #[error("no client session {0}")]
+    NoSuchSession(SessionNum),
+    /// The session is not connected.
+    #[error("session {session} is {state:?}, not connected")]
+    NotConnected {
+        /// Session.
+        session: SessionNum,
+        /// Its state.
+        state: crate::SessionState,
+    },
+    /// Requests are still in flight or queued.
+    #[error("session {session} has {outstanding} requests outstanding")]
+    Busy {
+        /// Session.
+        session: SessionNum,
+        /// Requests in flight or queued.
+        outstanding: usize,
+    },
+}
+
+enum HandlerSlot<T: Transport, C> {
+    None,
+    Dispatch(ReqHandler<T, C>),
+    Background,
+}
+
+// Manual impls: a fn pointer is `Copy` whatever `T` and `C` are.
+impl<T: Transport, C> Clone for HandlerSlot<T, C> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T: Transport, C> Copy for HandlerSlot<T, C> {}
+
+/// State for background handlers.
+struct BgState {
+    reply_tx: SyncSender<BgDone>,
+    reply_rx: Receiver<BgDone>,
+    /// Jobs at workers whose completion has not come back.
+    outstanding: usize,
+    /// Jobs no worker queue could take yet (or inline jobs to run).
+    backlog: VecDeque<Job>,
+    /// Recycled heap buffers for large background responses.
+    scratch: Vec<Vec<u8>>,
+}
+
+/// An eRPC endpoint. See the crate documentation.
+pub struct Rpc<T: Transport, C> {
+    transport: T,
+    /// The RX ring reader; taken out while the RX loop runs.
+    ring: Option<T::Ring>,
+    ring_entries: usize,
+    rx_head: usize,
+    alloc: Allocator,
+    nexus: Arc<Nexus>,
+    rpc_id: u8,
+    clock: Clock,
+    now_ns: u64,
+    config: RpcConfig,
+    sessions: Vec<Option<Box<Session<T, C>>>>,
+    free_session_nums: VecDeque<(u16, u64)>,
+    open_sessions: usize,
+    ring_entries_available: usize,
+    handlers: Vec<HandlerSlot<T, C>>,
+    sm_handler: Option<SessionHandler<T, C>>,
+    sm_queue: Arc<SmQueue>,
+    /// Client sessions with an SM request outstanding.
+    sm_pending: Vec<u16>,
+    /// Server sessions by the client's unique token.
+    token_map: HashMap<u64, u16>,
+    tx: TxBatch,
+    /// Header slots of control packets (always `Some` until drop).
+    ctrl: Option<Buffer>,
+    ctrl_next: usize,
+    tx_burst_max: usize,
+    /// Client slots waiting for credits: (session, slot).
+    stallq: Vec<(u16, u8)>,
+    bg: BgState,
+    in_event_loop: bool,
+    stats: RpcStats,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl<T: Transport, C> fmt::Debug for Rpc<T, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Rpc {{ id {}, uri {}, {} sessions, {} }}",
+            self.rpc_id,
+            self.nexus.uri(),
+            self.open_sessions,
+            self.stats
+        )
+    }
+}
+
+/// Bytes per control-packet header slot in the control buffer.
+const CTRL_SLOT_BYTES: usize = 64;
+const _: () = assert!(CTRL_SLOT_BYTES >= transport::PKTHDR_BYTES);
+
+impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
+    /// Creates an Rpc with id `rpc_id` on `nexus`, owning `transport` and
+    /// the hugepage allocator `alloc` (registered with the transport's DMA
+    /// mapper). Copies the Nexus's handler table.
+    pub fn new(
+        nexus: &Arc<Nexus>,
+        rpc_id: u8,
+        transport: T,
+        mut alloc: Allocator,
+        config: RpcConfig,
+        sm_handler: Option<SessionHandler<T, C>>,
+    ) -> Result<Rpc<T, C>, CreateError> {
+        let ring = transport.rx_ring();
+        let ring_entries = ring.entries();
+        if config.session_credits == 0 || config.session_credits > ring_entries {
+            return Err(CreateError::Credits {
+                credits: config.session_credits,
+                ring_entries,
+            });
+        }
+        let tx_burst_max = transport.tx_burst_max();
+        if tx_burst_max == 0 || tx_burst_max > crate::consts::TX_BATCH_MAX {
+            return Err(CreateError::TxBurst(tx_burst_max));
+        }
+        let mut handlers = vec![HandlerSlot::None; 256];
+        for (t, slot) in handlers.iter_mut().enumerate() {
+            match nexus.handler(t as u8) {
+                None => {}
+                Some(HandlerEntry::Background(_)) => *slot = HandlerSlot::Background,
+                Some(HandlerEntry::Dispatch { func, type_name }) => {
+                    match func.downcast_ref::<ReqHandler<T, C>>() {
+                        Some(f) => *slot = HandlerSlot::Dispatch(*f),
+                        None => {
+                            return Err(CreateError::HandlerType {
+                                req_type: t as u8,
+                                registered: type_name,
+                                expected: std::any::type_name::<ReqHandler<T, C>>(),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        let sm_queue = nexus
+            .register_rpc(rpc_id)
+            .ok_or(CreateError::RpcId(rpc_id))?;
+        let ctrl = match alloc.alloc(CTRL_BUFS * CTRL_SLOT_BYTES) {
+            Ok(c) => c,
+            Err(e) => {
+                nexus.unregister_rpc(rpc_id);
+                return Err(e.into());
+            }
+        };
+        let (reply_tx, reply_rx) = sync_channel(crate::nexus::BG_REPLY_QUEUE);
+        let clock = nexus.clock().clone();
+        let now_ns = clock.now_ns();
+        Ok(Rpc {
+            transport,
+            ring: Some(ring),
+            ring_entries,
+            rx_head: 0,
+            alloc,
+            nexus: nexus.clone(),
+            rpc_id,
+            clock,
+            now_ns,
+            config,
+            sessions: Vec::new(),
+            free_session_nums: VecDeque::new(),
+            open_sessions: 0,
+            ring_entries_available: ring_entries,
+            handlers,
+            sm_handler,
+            sm_queue,
+            sm_pending: Vec::new(),
+            token_map: HashMap::new(),
+            tx: TxBatch::new(),
+            ctrl: Some(ctrl),
+            ctrl_next: 0,
+            tx_burst_max,
+            stallq: Vec::with_capacity(64),
+            bg: BgState {
+                reply_tx,
+                reply_rx,
+                outstanding: 0,
+                backlog: VecDeque::new(),
+                scratch: Vec::new(),
+            },
+            in_event_loop: false,
+            stats: RpcStats::default(),
+            _not_send: PhantomData,
+        })
+    }
+}
+
+impl<T: Transport, C> Rpc<T, C> {
+    /// This Rpc's id in its Nexus.
+    pub fn rpc_id(&self) -> u8 {
+        self.rpc_id
+    }
+
+    /// The Nexus.
+    pub fn nexus(&self) -> &Arc<Nexus> {
+        &self.nexus
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &RpcStats {
+        &self.stats
+    }
+
+    /// The transport (for its counters).
+    pub fn transport(&self) -> &T {
+        &self.transport
+    }
+
+    /// The hugepage allocator's counters.
+    pub fn alloc_stats(&self) -> mempool::AllocStats {
+        self.alloc.stats()
+    }
+
+    /// Current time on this Rpc's clock.
+    pub fn now_ns(&self) -> u64 {
+        self.clock.now_ns()
+    }
+
+    /// Sessions open (client and server).
+    pub fn num_sessions(&self) -> usize {
+        self.open_sessions
+    }
+
+    /// Largest data per packet.
+    pub fn max_data_per_pkt(&self) -> usize {
+        MAX_DATA_PER_PKT
+    }
+
+    /// State of a session, if it exists.
+    pub fn session_state(&self, sn: SessionNum) -> Option<crate::SessionState> {
+        self.session(sn).map(|s| s.state)
+    }
+
+    /// True if the client session is connected.
+    pub fn is_connected(&self, sn: SessionNum) -> bool {
+        self.session_state(sn) == Some(crate::SessionState::Connected)
+    }
+
+    /// Credits the client session has right now.
+    pub fn session_credits(&self, sn: SessionNum) -> Option<usize> {
+        self.session(sn).map(|s| s.credits as usize)
+    }
+
+    /// Requests in flight (in slots) plus queued in the backlog.
+    pub fn outstanding_requests(&self, sn: SessionNum) -> Option<usize> {
+        self.session(sn).map(|s| s.busy_slots() + s.backlog.len())
+    }
+
+    /// Allocates a msgbuf of capacity `max_data_bytes` (up to
+    /// [`crate::MAX_MSG_BYTES`]); its size starts at the capacity.
+    pub fn alloc_msg_buffer(&mut self, max_data_bytes: usize) -> Result<MsgBuf, MsgBufError> {
+        MsgBuf::alloc(&mut self.alloc, max_data_bytes, Origin::Dynamic)
+    }
+
+    /// Changes a msgbuf's data size (at most its capacity).
+    pub fn resize_msg_buffer(
+        &mut self,
+        m: &mut MsgBuf,
+        data_bytes: usize,
+    ) -> Result<(), MsgBufError> {
+        m.resize(data_bytes)
+    }
+
+    /// Frees a msgbuf. A server slot's preallocated response buffer goes
+    /// back to its slot.
+    pub fn free_msg_buffer(&mut self, m: MsgBuf) {
+        self.recycle(m);
+    }
+
+    pub(crate) fn recycle(&mut self, m: MsgBuf) {
+        if let Origin::PreallocResp { session, slot } = m.origin
+            && let Some(s) = self
+                .sessions
+                .get_mut(usize::from(session))
+                .and_then(|s| s.as_mut())
+        {
+            let pre = &mut s.slots[usize::from(slot)].server.pre_resp;
+            if pre.is_none() {
+                *pre = Some(m);
+                return;
+            }
+        }
+        self.alloc.free(m.into_buffer());
+    }
+
+    #[inline]
+    pub(crate) fn session(&self, sn: SessionNum) -> Option<&Session<T, C>> {
+        self.sessions
+            .get(usize::from(sn))
+            .and_then(|s| s.as_deref())
+    }
+
+    #[inline]
+    pub(crate) fn session_mut(&mut self, sn: SessionNum) -> Option<&mut Session<T, C>> {
+        self.sessions
+            .get_mut(usize::from(sn))
+            .and_then(|s| s.as_deref_mut())
+    }
+}
+
+impl<T: Transport, C> Drop for Rpc<T, C> {
+    fn drop(&mut self) {
+        self.nexus.unregister_rpc(self.rpc_id);
+        // Give every buffer back so the allocator can release its regions.
+        let sessions = std::mem::take(&mut self.sessions);
+        for s in sessions.into_iter().flatten() {
+            let s = *s;
+            for slot in s.slots {
+                for m in [
+                    slot.tx_msgbuf,
+                    slot.client.resp_msgbuf,
+                    slot.server.req_msgbuf,
+                    slot.server.pre_resp,
+                ]
+                .into_iter()
+                .flatten()
+                {
+                    self.alloc.free(m.into_buffer());
+                }
+            }
+            for p in s.backlog {
+                self.alloc.free(p.req.into_buffer());
+                self.alloc.free(p.resp.into_buffer());
+            }
+        }
+        for j in std::mem::take(&mut self.bg.backlog) {
+            self.alloc.free(j.req.into_buffer());
+            self.alloc.free(j.resp.into_buffer());
+        }
+        while let Ok(d) = self.bg.reply_rx.try_recv() {
+            self.alloc.free(d.req.into_buffer());
+            self.alloc.free(d.resp.into_buffer());
+        }
+        if let Some(ctrl) = self.ctrl.take() {
+            self.alloc.free(ctrl);
+        }
+    }
+}

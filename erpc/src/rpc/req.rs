@@ -1,0 +1,428 @@
+//! Requests. Client: `enqueue_request`, slot assignment and backlog,
+//! sending request packets within session credits. Server: receiving
+//! request packets (single-packet requests handled in place in the RX
+//! ring; multi-packet requests reassembled into a msgbuf with an explicit
+//! credit return per packet but the last), at-most-once execution, and
+//! invoking handlers.
+
+use transport::{HEADROOM_BYTES, PKTHDR_BYTES, Transport};
+
+use super::{
+    Continuation, EnqueueError, EnqueueErrorKind, HandlerSlot, ReqHandle, Request, Rpc, SessionNum,
+};
+use crate::consts::{MAX_MSG_BYTES, SESSION_REQ_WINDOW};
+use crate::msgbuf::{MsgBuf, Origin, data_size_to_num_pkts, pkt_data_bytes};
+use crate::pkthdr::{PktHdr, PktType};
+use crate::session::{PendingReq, Role, SessionState, SrvState};
+use crate::stats::DropReason;
+
+impl<T: Transport, C> Rpc<T, C> {
+    /// Sends `req` on client session `session` with request type
+    /// `req_type`; the response goes into `resp`. When the request
+    /// completes, `cont` runs in the event loop with both buffers and
+    /// `tag`. Requests beyond the session's 8 slots, or enqueued before the
+    /// session is connected, wait in the session's backlog.
+    ///
+    /// Packets leave at the next event-loop iteration (or earlier, when a
+    /// TX batch fills up).
+    pub fn enqueue_request(
+        &mut self,
+        session: SessionNum,
+        req_type: u8,
+        req: MsgBuf,
+        resp: MsgBuf,
+        cont: Continuation<T, C>,
+        tag: usize,
+    ) -> Result<(), EnqueueError> {
+        let err = |kind, req, resp| {
+            Err(EnqueueError {
+                kind,
+                session,
+                req,
+                resp,
+            })
+        };
+        let Some(s) = self.session_mut(session) else {
+            return err(EnqueueErrorKind::NoSuchSession, req, resp);
+        };
+        if s.role != Role::Client {
+            return err(EnqueueErrorKind::NotClient, req, resp);
+        }
+        let slot = match s.state {
+            SessionState::DisconnectInProgress => {
+                return err(EnqueueErrorKind::Disconnecting, req, resp);
+            }
+            SessionState::ConnectInProgress => None,
+            SessionState::Connected if !s.backlog.is_empty() => None,
+            SessionState::Connected => s.free_slot(),
+        };
+        self.stats.reqs_enqueued += 1;
+        match slot {
+            Some(i) => self.start_request(session, i, req_type, req, resp, cont, tag),
+            None => {
+                self.stats.reqs_backlogged += 1;
+                let s = self.session_mut(session).expect("checked above");
+                s.backlog.push_back(PendingReq {
+                    req_type,
+                    req,
+                    resp,
+                    cont,
+                    tag,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts a request into free slot `i` of a connected client session and
+    /// sends what credits allow.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn start_request(
+        &mut self,
+        session: SessionNum,
+        i: usize,
+        req_type: u8,
+        mut req: MsgBuf,
+        resp: MsgBuf,
+        cont: Continuation<T, C>,
+        tag: usize,
+    ) {
+        let now = self.now_ns;
+        let Some(s) = self
+            .sessions
+            .get_mut(usize::from(session))
+            .and_then(|s| s.as_deref_mut())
+        else {
+            unreachable!("caller checked the session");
+        };
+        let route = s.route.as_ref().expect("connected session has a route");
+        let slot = &mut s.slots[i];
+        debug_assert!(slot.tx_msgbuf.is_none());
+        slot.cur_req_num += SESSION_REQ_WINDOW as u64;
+        let req_num = slot.cur_req_num;
+        let msg_size = req.len();
+        let num_pkts = req.num_pkts();
+        for p in 0..num_pkts {
+            let h = PktHdr {
+                req_type,
+                msg_size: msg_size as u32,
+                dest_session_num: s.remote_num,
+                pkt_type: PktType::Req,
+                pkt_num: p as u16,
+                req_num,
+            };
+            let slot_bytes = req.pkthdr_mut(p);
+            h.write_to(&mut slot_bytes[HEADROOM_BYTES..]);
+            self.transport.fill_headroom(
+                route,
+                &mut slot_bytes[..HEADROOM_BYTES],
+                PKTHDR_BYTES + pkt_data_bytes(msg_size, p),
+            );
+        }
+        let c = &mut slot.client;
+        c.resp_msgbuf = Some(resp);
+        c.cont = Some(cont);
+        c.tag = tag;
+        c.req_type = req_type;
+        c.req_pkts = num_pkts as u32;
+        c.resp_pkts = 0;
+        c.resp_bytes = 0;
+        c.num_tx = 0;
+        c.num_rx = 0;
+        c.progress_ns = now;
+        c.enqueue_ns = now;
+        slot.tx_msgbuf = Some(req);
+        self.kick(session, i as u8);
+    }
+
+    /// Sends what the slot may send now (request packets, then RFRs) and
+    /// parks it in the credit-stall queue if more remains. Returns true if
+    /// the slot still has packets to send.
+    pub(crate) fn kick(&mut self, session: SessionNum, i: u8) -> bool {
+        loop {
+            self.tx_make_room();
+            let room = self.tx.room();
+            let Some(s) = self
+                .sessions
+                .get_mut(usize::from(session))
+                .and_then(|s| s.as_deref_mut())
+            else {
+                return false;
+            };
+            let remote = s.remote_num;
+            let slot = &mut s.slots[usize::from(i)];
+            if slot.tx_msgbuf.is_none() {
+                return false;
+            }
+            let req_num = slot.cur_req_num;
+            let c = &mut slot.client;
+            let wire = if c.resp_pkts == 0 {
+                c.req_pkts
+            } else {
+                c.wire_pkts()
+            };
+            if c.num_tx >= wire {
+                return false;
+            }
+            let n = (wire - c.num_tx).min(s.credits).min(room as u32);
+            if n == 0 {
+                if !c.in_stallq {
+                    c.in_stallq = true;
+                    self.stallq.push((session, i));
+                }
+                return true;
+            }
+            let first = c.num_tx;
+            c.num_tx += n;
+            s.credits -= n;
+            let req_pkts = c.req_pkts;
+            let req_type = c.req_type;
+            for pkt in first..first + n {
+                if pkt < req_pkts {
+                    self.enqueue_msg_pkt(session, i, pkt, req_num);
+                } else {
+                    self.enqueue_ctrl(
+                        session,
+                        i,
+                        PktHdr {
+                            req_type,
+                            msg_size: 0,
+                            dest_session_num: remote,
+                            pkt_type: PktType::Rfr,
+                            pkt_num: pkt as u16,
+                            req_num,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    /// Moves backlogged requests of a connected session into free slots.
+    pub(crate) fn drain_backlog(&mut self, session: SessionNum) {
+        for _ in 0..SESSION_REQ_WINDOW {
+            let Some(s) = self.session_mut(session) else {
+                return;
+            };
+            if s.state != SessionState::Connected || s.backlog.is_empty() {
+                return;
+            }
+            let Some(i) = s.free_slot() else { return };
+            let p = s.backlog.pop_front().expect("non-empty");
+            self.start_request(session, i, p.req_type, p.req, p.resp, p.cont, p.tag);
+        }
+    }
+
+    /// A request packet at a server session.
+    pub(crate) fn process_req_pkt(&mut self, ctx: &mut C, hdr: &PktHdr, data: &[u8]) {
+        let msg_size = hdr.msg_size as usize;
+        if msg_size > MAX_MSG_BYTES {
+            return self.stats.drop(DropReason::MsgTooLarge);
+        }
+        let req_pkts = data_size_to_num_pkts(msg_size);
+        let pkt_num = usize::from(hdr.pkt_num);
+        if pkt_num >= req_pkts {
+            return self.stats.drop(DropReason::PktNumOutOfRange);
+        }
+        if data.len() != pkt_data_bytes(msg_size, pkt_num) {
+            return self.stats.drop(DropReason::SizeMismatch);
+        }
+        if matches!(self.handlers[usize::from(hdr.req_type)], HandlerSlot::None) {
+            return self.stats.drop(DropReason::NoHandler);
+        }
+        let sn = hdr.dest_session_num;
+        let i = (hdr.req_num % SESSION_REQ_WINDOW as u64) as usize;
+        let now = self.now_ns;
+        let s = self.sessions[usize::from(sn)]
+            .as_deref_mut()
+            .expect("dispatch checked the session");
+        let slot = &mut s.slots[i];
+        if hdr.req_num < slot.cur_req_num {
+            return self.stats.drop(DropReason::StaleReqNum);
+        }
+        if hdr.req_num == slot.cur_req_num {
+            return self.process_req_same_num(ctx, hdr, data, i);
+        }
+        // A new request on this slot.
+        match slot.server.state {
+            SrvState::InHandler | SrvState::Deferred | SrvState::Background => {
+                // The client sends the next request on a slot only after
+                // the response to the previous one.
+                return self.stats.drop(DropReason::ServerSlotBusy);
+            }
+            SrvState::Idle | SrvState::Receiving | SrvState::Responded => {}
+        }
+        // A client moves a slot exactly one window ahead per request; a
+        // first packet of anything else is out of order (or forged).
+        if pkt_num != 0 || hdr.req_num != slot.cur_req_num + SESSION_REQ_WINDOW as u64 {
+            return self.stats.drop(DropReason::OutOfOrder);
+        }
+        // Bury the previous request: its response was received by the
+        // client, which is why it sent this one.
+        let old_resp = slot.tx_msgbuf.take();
+        let old_req = slot.server.req_msgbuf.take();
+        slot.cur_req_num = hdr.req_num;
+        let sv = &mut slot.server;
+        sv.req_type = hdr.req_type;
+        sv.req_bytes = hdr.msg_size;
+        sv.req_pkts = req_pkts as u32;
+        sv.num_rx = 1;
+        sv.next_rfr = req_pkts as u32;
+        sv.progress_ns = now;
+        sv.state = SrvState::Idle;
+        for m in [old_resp, old_req].into_iter().flatten() {
+            self.recycle(m);
+        }
+        if req_pkts == 1 {
+            self.stats.rx_accepted += 1;
+            return self.invoke_handler(ctx, sn, i, hdr.req_type, Err(data));
+        }
+        let mut m = match MsgBuf::alloc(&mut self.alloc, msg_size, Origin::Dynamic) {
+            Ok(m) => m,
+            Err(_) => {
+                // Roll back so a retransmission can try again.
+                let s = self.session_mut(sn).expect("exists");
+                s.slots[i].cur_req_num -= SESSION_REQ_WINDOW as u64;
+                return self.stats.drop(DropReason::OutOfMemory);
+            }
+        };
+        m.write_pkt_data(0, data);
+        self.stats.rx_accepted += 1;
+        let s = self.session_mut(sn).expect("exists");
+        let slot = &mut s.slots[i];
+        slot.server.req_msgbuf = Some(m);
+        slot.server.state = SrvState::Receiving;
+        self.enqueue_cr(sn, i as u8, hdr);
+    }
+
+    /// A request packet whose request number is the slot's current one:
+    /// the next packet of a multi-packet request, or a duplicate.
+    fn process_req_same_num(&mut self, ctx: &mut C, hdr: &PktHdr, data: &[u8], i: usize) {
+        let sn = hdr.dest_session_num;
+        let now = self.now_ns;
+        let s = self.sessions[usize::from(sn)]
+            .as_deref_mut()
+            .expect("dispatch checked the session");
+        let slot = &mut s.slots[i];
+        let sv = &mut slot.server;
+        if hdr.msg_size != sv.req_bytes || hdr.req_type != sv.req_type {
+            return self.stats.drop(DropReason::SizeMismatch);
+        }
+        let pkt_num = u32::from(hdr.pkt_num);
+        let last = sv.req_pkts - 1;
+        if pkt_num < sv.num_rx {
+            // Duplicate (or a go-back-N retransmission). Never run the
+            // handler again: re-send what the client may have missed.
+            if pkt_num < last {
+                self.stats.rx_accepted += 1;
+                self.stats.dup_req_cr_resent += 1;
+                return self.enqueue_cr(sn, i as u8, hdr);
+            }
+            if sv.state == SrvState::Responded {
+                self.stats.rx_accepted += 1;
+                self.stats.dup_req_resp_resent += 1;
+                return self.enqueue_msg_pkt(sn, i as u8, 0, hdr.req_num);
+            }
+            return self.stats.drop(DropReason::DupReqInProgress);
+        }
+        if pkt_num > sv.num_rx || sv.state != SrvState::Receiving {
+            return self.stats.drop(DropReason::OutOfOrder);
+        }
+        let m = sv
+            .req_msgbuf
+            .as_mut()
+            .expect("receiving implies a reassembly buffer");
+        m.write_pkt_data(pkt_num as usize, data);
+        sv.num_rx += 1;
+        sv.progress_ns = now;
+        self.stats.rx_accepted += 1;
+        if pkt_num < last {
+            return self.enqueue_cr(sn, i as u8, hdr);
+        }
+        let m = sv.req_msgbuf.take().expect("checked above");
+        self.invoke_handler(ctx, sn, i, hdr.req_type, Ok(m));
+    }
+
+    /// Runs the handler for the complete request on slot `i`: `req` is the
+    /// reassembled msgbuf, or (`Err`) the data in the RX ring.
+    fn invoke_handler(
+        &mut self,
+        ctx: &mut C,
+        sn: SessionNum,
+        i: usize,
+        req_type: u8,
+        req: Result<MsgBuf, &[u8]>,
+    ) {
+        self.stats.reqs_handled += 1;
+        let req_num = self.session(sn).expect("exists").slots[i].cur_req_num;
+        let handle = ReqHandle {
+            session: sn,
+            slot: i as u8,
+            req_num,
+        };
+        let func = match self.handlers[usize::from(req_type)] {
+            HandlerSlot::Dispatch(f) => f,
+            HandlerSlot::Background => return self.submit_bg(sn, i, req_type, req),
+            HandlerSlot::None => unreachable!("checked before"),
+        };
+        self.session_mut(sn).expect("exists").slots[i].server.state = SrvState::InHandler;
+        let data: &[u8] = match &req {
+            Ok(m) => m.data(),
+            Err(d) => d,
+        };
+        func(
+            self,
+            ctx,
+            Request {
+                handle,
+                req_type,
+                data,
+            },
+        );
+        // The handler either responded or kept the handle for later.
+        let Some(s) = self.session_mut(sn) else {
+            if let Ok(m) = req {
+                self.recycle(m);
+            }
+            return;
+        };
+        let slot = &mut s.slots[i];
+        let deferred = slot.cur_req_num == req_num && slot.server.state == SrvState::InHandler;
+        if !deferred {
+            if let Ok(m) = req {
+                self.recycle(m);
+            }
+            return;
+        }
+        slot.server.state = SrvState::Deferred;
+        match req {
+            Ok(m) => slot.server.req_msgbuf = Some(m),
+            Err(d) => {
+                // The ring slot is reposted after this burst: keep a copy
+                // until the response (the nested-RPC path).
+                self.stats.deferred_copies += 1;
+                match MsgBuf::alloc(&mut self.alloc, d.len(), Origin::Dynamic) {
+                    Ok(mut m) => {
+                        m.data_mut().copy_from_slice(d);
+                        let s = self.session_mut(sn).expect("exists");
+                        s.slots[i].server.req_msgbuf = Some(m);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no memory to keep a deferred request");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The request data of a request whose handler returned without
+    /// responding; valid until [`Rpc::enqueue_response`].
+    pub fn request_data(&self, h: &ReqHandle) -> Option<&[u8]> {
+        let s = self.session(h.session)?;
+        let slot = &s.slots[usize::from(h.slot)];
+        if slot.cur_req_num != h.req_num {
+            return None;
+        }
+        slot.server.req_msgbuf.as_ref().map(|m| m.data())
+    }
+}

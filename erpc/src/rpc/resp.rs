@@ -1,0 +1,213 @@
+//! Responses. Server: `enqueue_response` writes every packet header of the
+//! response (packet k is numbered request packets - 1 + k) and sends the
+//! first packet, which also returns the request's last credit; later
+//! packets go out when RFRs ask for them. Client: response packets are
+//! copied into the response msgbuf in order; the last one completes the
+//! request and runs the continuation.
+
+use transport::{HEADROOM_BYTES, MAX_DATA_PER_PKT, PKTHDR_BYTES, Transport};
+
+use super::{Completion, ReqHandle, RespondError, Rpc, RpcError, SessionNum};
+use crate::consts::{MAX_MSG_BYTES, SESSION_REQ_WINDOW};
+use crate::msgbuf::{MsgBuf, MsgBufError, Origin, data_size_to_num_pkts, pkt_data_bytes};
+use crate::pkthdr::{PktHdr, PktType};
+use crate::session::{Role, SrvState};
+use crate::stats::DropReason;
+
+impl<T: Transport, C> Rpc<T, C> {
+    /// A buffer for the response to `h` of `len` bytes: the slot's
+    /// preallocated MTU-size buffer when `len` fits one packet (no
+    /// allocation), a new msgbuf otherwise.
+    pub fn response_buffer(&mut self, h: &ReqHandle, len: usize) -> Result<MsgBuf, MsgBufError> {
+        if len <= MAX_DATA_PER_PKT
+            && let Some(s) = self.session_mut(h.session)
+            && let Some(mut m) = s.slots[usize::from(h.slot)].server.pre_resp.take()
+        {
+            m.resize(len).expect("an MTU-size buffer holds one packet");
+            return Ok(m);
+        }
+        MsgBuf::alloc(&mut self.alloc, len, Origin::Dynamic)
+    }
+
+    /// Responds to `h` with a copy of `data` (through
+    /// [`Rpc::response_buffer`], so small responses use the preallocated
+    /// buffer).
+    pub fn respond(&mut self, h: ReqHandle, data: &[u8]) -> Result<(), RespondError> {
+        let mut m = self
+            .response_buffer(&h, data.len())
+            .map_err(|_| RespondError::OutOfMemory(data.len()))?;
+        m.data_mut().copy_from_slice(data);
+        self.enqueue_response(h, m)
+    }
+
+    /// Sends `resp` as the response to the request `h`. The request
+    /// buffer of `h` is released. The Rpc keeps `resp` until the client's
+    /// next request on the slot proves it arrived, then recycles it.
+    pub fn enqueue_response(&mut self, h: ReqHandle, mut resp: MsgBuf) -> Result<(), RespondError> {
+        let stale = RespondError::Stale {
+            session: h.session,
+            req_num: h.req_num,
+        };
+        let Some(s) = self
+            .sessions
+            .get_mut(usize::from(h.session))
+            .and_then(|s| s.as_deref_mut())
+        else {
+            self.recycle(resp);
+            return Err(stale);
+        };
+        let slot = &mut s.slots[usize::from(h.slot)];
+        let awaiting = matches!(
+            slot.server.state,
+            SrvState::InHandler | SrvState::Deferred | SrvState::Background
+        );
+        if s.role != Role::Server || slot.cur_req_num != h.req_num || !awaiting {
+            self.recycle(resp);
+            return Err(stale);
+        }
+        let route = s.route.as_ref().expect("server session has a route");
+        let sv = &mut slot.server;
+        let base = sv.req_pkts - 1;
+        let msg_size = resp.len();
+        for k in 0..resp.num_pkts() {
+            let hdr = PktHdr {
+                req_type: sv.req_type,
+                msg_size: msg_size as u32,
+                dest_session_num: s.remote_num,
+                pkt_type: PktType::Resp,
+                pkt_num: (base as usize + k) as u16,
+                req_num: h.req_num,
+            };
+            let b = resp.pkthdr_mut(k);
+            hdr.write_to(&mut b[HEADROOM_BYTES..]);
+            self.transport.fill_headroom(
+                route,
+                &mut b[..HEADROOM_BYTES],
+                PKTHDR_BYTES + pkt_data_bytes(msg_size, k),
+            );
+        }
+        sv.state = SrvState::Responded;
+        let req = sv.req_msgbuf.take();
+        slot.tx_msgbuf = Some(resp);
+        if let Some(m) = req {
+            self.recycle(m);
+        }
+        self.stats.resps_enqueued += 1;
+        self.enqueue_msg_pkt(h.session, h.slot, 0, h.req_num);
+        Ok(())
+    }
+
+    /// Client: a response packet arrived.
+    pub(crate) fn process_resp_pkt(&mut self, ctx: &mut C, hdr: &PktHdr, data: &[u8]) {
+        let sn = hdr.dest_session_num;
+        let i = (hdr.req_num % SESSION_REQ_WINDOW as u64) as usize;
+        let now = self.now_ns;
+        let max_credits = self.config.session_credits as u32;
+        let msg_size = hdr.msg_size as usize;
+        let s = self.sessions[usize::from(sn)]
+            .as_deref_mut()
+            .expect("dispatch checked the session");
+        let slot = &mut s.slots[i];
+        if slot.tx_msgbuf.is_none() {
+            return self.stats.drop(DropReason::NoRequestInFlight);
+        }
+        if hdr.req_num != slot.cur_req_num {
+            return self.stats.drop(DropReason::StaleReqNum);
+        }
+        let c = &mut slot.client;
+        let pkt_num = u32::from(hdr.pkt_num);
+        if pkt_num + 1 < c.req_pkts || pkt_num >= c.num_tx {
+            return self.stats.drop(DropReason::PktNumOutOfRange);
+        }
+        if pkt_num != c.num_rx {
+            return self.stats.drop(DropReason::OutOfOrder);
+        }
+        if msg_size > MAX_MSG_BYTES {
+            return self.stats.drop(DropReason::MsgTooLarge);
+        }
+        let k = (pkt_num + 1 - c.req_pkts) as usize;
+        let mut too_large = None;
+        if k == 0 {
+            if data.len() != pkt_data_bytes(msg_size, 0) {
+                return self.stats.drop(DropReason::SizeMismatch);
+            }
+            let m = c
+                .resp_msgbuf
+                .as_mut()
+                .expect("in flight implies a response buffer");
+            if msg_size > m.max_len() {
+                too_large = Some(RpcError::ResponseTooLarge {
+                    size: msg_size,
+                    capacity: m.max_len(),
+                });
+            } else {
+                m.resize(msg_size).expect("checked against capacity");
+                m.write_pkt_data(0, data);
+                c.resp_pkts = data_size_to_num_pkts(msg_size) as u32;
+                c.resp_bytes = msg_size as u32;
+            }
+        } else {
+            if msg_size != c.resp_bytes as usize || k >= c.resp_pkts as usize {
+                return self.stats.drop(DropReason::SizeMismatch);
+            }
+            if data.len() != pkt_data_bytes(msg_size, k) {
+                return self.stats.drop(DropReason::SizeMismatch);
+            }
+            let m = c
+                .resp_msgbuf
+                .as_mut()
+                .expect("in flight implies a response buffer");
+            m.write_pkt_data(k, data);
+        }
+        c.num_rx += 1;
+        c.progress_ns = now;
+        self.stats.rx_accepted += 1;
+        debug_assert!(s.credits < max_credits);
+        s.credits = (s.credits + 1).min(max_credits);
+        let c = &s.slots[i].client;
+        if let Some(e) = too_large {
+            return self.complete(ctx, sn, i, Err(e));
+        }
+        if c.num_rx == c.wire_pkts() {
+            return self.complete(ctx, sn, i, Ok(()));
+        }
+        self.kick(sn, i as u8);
+    }
+
+    /// Frees client slot `i` and runs its continuation, then moves
+    /// backlogged requests into free slots.
+    pub(crate) fn complete(
+        &mut self,
+        ctx: &mut C,
+        sn: SessionNum,
+        i: usize,
+        result: Result<(), RpcError>,
+    ) {
+        let s = self.session_mut(sn).expect("caller checked the session");
+        let slot = &mut s.slots[i];
+        let req = slot.tx_msgbuf.take().expect("in flight");
+        let c = &mut slot.client;
+        let resp = c.resp_msgbuf.take().expect("in flight");
+        let cont = c.cont.take().expect("in flight");
+        let tag = c.tag;
+        // Credits still out for this request (an early error) are returned.
+        let out = c.num_tx - c.num_rx;
+        s.credits += out;
+        self.stats.reqs_completed += 1;
+        if result.is_err() {
+            self.stats.reqs_failed += 1;
+        }
+        cont(
+            self,
+            ctx,
+            Completion {
+                tag,
+                session: sn,
+                req,
+                resp,
+                result,
+            },
+        );
+        self.drain_backlog(sn);
+    }
+}

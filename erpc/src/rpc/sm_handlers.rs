@@ -1,0 +1,423 @@
+//! Session management at the Rpc: `create_session`, `destroy_session`,
+//! and the handlers of connect/disconnect requests and responses that the
+//! Nexus routes here. Requests are retried every `sm_retry_ms` until
+//! answered; the server deduplicates connect requests by the client's
+//! unique token and answers duplicate disconnect requests again.
+
+use transport::{MAX_DATA_PER_PKT, Transport};
+
+use super::{Completion, Rpc, RpcError, SessionError, SessionEvent, SessionEventKind, SessionNum};
+use crate::consts::{MAX_RPC_ID, MAX_SESSIONS, SESSION_NUM_QUARANTINE_MS};
+use crate::msgbuf::{MsgBuf, Origin};
+use crate::nexus::Uri;
+use crate::session::{Role, Session, SessionState, SrvState};
+use crate::sm_types::{SmEndpoint, SmErr, SmPkt, SmPktType};
+use crate::stats::DropReason;
+
+/// SM packets handled per event-loop iteration.
+const SM_PER_LOOP_MAX: usize = 64;
+
+impl<T: Transport, C> Rpc<T, C> {
+    fn local_endpoint(&self, session_num: u16) -> SmEndpoint {
+        let mut ep = SmEndpoint {
+            transport_type: self.config.transport_type,
+            sm_udp_port: self.nexus.uri().port,
+            rpc_id: self.rpc_id,
+            session_num,
+            routing_info: self.transport.local_routing_info().to_bytes(),
+            ..SmEndpoint::default()
+        };
+        ep.set_hostname(&self.nexus.uri().host)
+            .expect("Nexus URIs are checked to fit");
+        ep
+    }
+
+    fn alloc_session_num(&mut self) -> Option<u16> {
+        let now = self.clock.now_ns();
+        let quarantine_ns = SESSION_NUM_QUARANTINE_MS * 1_000_000;
+        if let Some(&(n, t)) = self.free_session_nums.front()
+            && now.saturating_sub(t) >= quarantine_ns
+        {
+            self.free_session_nums.pop_front();
+            return Some(n);
+        }
+        if self.sessions.len() < MAX_SESSIONS {
+            self.sessions.push(None);
+            return Some((self.sessions.len() - 1) as u16);
+        }
+        self.free_session_nums.pop_front().map(|(n, _)| n)
+    }
+
+    fn ring_check(&self) -> Result<(), SessionError> {
+        let credits = self.config.session_credits;
+        if self.ring_entries_available < credits {
+            return Err(SessionError::RingExhausted {
+                ring_entries: self.ring_entries,
+                available: self.ring_entries_available,
+                credits,
+                sessions: self.open_sessions,
+            });
+        }
+        Ok(())
+    }
+
+    /// Starts connecting a client session to Rpc `remote_rpc_id` of the
+    /// Nexus at `remote_uri` (`host:port`). Returns the session number at
+    /// once; the session-event callback reports the outcome. Requests may
+    /// be enqueued right away: they wait until the session connects.
+    pub fn create_session(
+        &mut self,
+        remote_uri: &str,
+        remote_rpc_id: u8,
+    ) -> Result<SessionNum, SessionError> {
+        let uri = Uri::parse(remote_uri)?;
+        if uri == *self.nexus.uri() && remote_rpc_id == self.rpc_id {
+            return Err(SessionError::SelfConnect {
+                uri,
+                rpc_id: self.rpc_id,
+            });
+        }
+        if remote_rpc_id > MAX_RPC_ID {
+            return Err(SessionError::RemoteRpcId(remote_rpc_id));
+        }
+        self.ring_check()?;
+        let sn = self.alloc_session_num().ok_or(SessionError::NoSessionNum)?;
+        let client_ep = self.local_endpoint(sn);
+        let mut server_ep = SmEndpoint {
+            transport_type: self.config.transport_type,
+            sm_udp_port: uri.port,
+            rpc_id: remote_rpc_id,
+            ..SmEndpoint::default()
+        };
+        server_ep
+            .set_hostname(&uri.host)
+            .expect("Uri::parse checked the length");
+        let token = self.nexus.random_u64();
+        let mut s = Session::new(
+            Role::Client,
+            SessionState::ConnectInProgress,
+            sn,
+            token,
+            uri,
+            client_ep,
+            server_ep,
+            self.config.session_credits as u32,
+        );
+        s.sm_pending_since_ns = Some(self.clock.now_ns());
+        self.sessions[usize::from(sn)] = Some(Box::new(s));
+        self.open_sessions += 1;
+        self.ring_entries_available -= self.config.session_credits;
+        self.sm_pending.push(sn);
+        self.send_sm_req(sn);
+        Ok(sn)
+    }
+
+    /// Starts disconnecting client session `sn`, which must be connected
+    /// with no request in flight or queued. The session-event callback
+    /// reports `Disconnected`.
+    pub fn destroy_session(&mut self, sn: SessionNum) -> Result<(), SessionError> {
+        let now = self.clock.now_ns();
+        let Some(s) = self.session_mut(sn).filter(|s| s.role == Role::Client) else {
+            return Err(SessionError::NoSuchSession(sn));
+        };
+        if s.state != SessionState::Connected {
+            return Err(SessionError::NotConnected {
+                session: sn,
+                state: s.state,
+            });
+        }
+        let outstanding = s.busy_slots() + s.backlog.len();
+        if outstanding != 0 {
+            return Err(SessionError::Busy {
+                session: sn,
+                outstanding,
+            });
+        }
+        s.state = SessionState::DisconnectInProgress;
+        s.sm_pending_since_ns = Some(now);
+        self.sm_pending.push(sn);
+        self.send_sm_req(sn);
+        Ok(())
+    }
+
+    /// Sends (or resends) the SM request of client session `sn`.
+    fn send_sm_req(&mut self, sn: SessionNum) {
+        let Some(s) = self.session(sn) else { return };
+        let pkt_type = match s.state {
+            SessionState::ConnectInProgress => SmPktType::ConnectReq,
+            SessionState::DisconnectInProgress => SmPktType::DisconnectReq,
+            SessionState::Connected => return,
+        };
+        let pkt = SmPkt {
+            pkt_type,
+            err: SmErr::NoError,
+            uniq_token: s.uniq_token,
+            client: s.client_ep,
+            server: s.server_ep,
+        };
+        let to = s.remote_uri.clone();
+        self.stats.sm_tx += 1;
+        self.nexus.sm_send(&to, &pkt.encode());
+    }
+
+    fn send_sm(&mut self, pkt: &SmPkt) {
+        let Some(to) = pkt.client.uri() else {
+            return self.stats.drop(DropReason::SmStale);
+        };
+        self.stats.sm_tx += 1;
+        self.nexus.sm_send(&to, &pkt.encode());
+    }
+
+    /// Handles queued SM packets and retries overdue SM requests.
+    pub(crate) fn process_sm(&mut self, ctx: &mut C) {
+        for _ in 0..SM_PER_LOOP_MAX {
+            let Some(pkt) = self.sm_queue.pop() else {
+                break;
+            };
+            match pkt.pkt_type {
+                SmPktType::ConnectReq => self.handle_connect_req(&pkt),
+                SmPktType::DisconnectReq => self.handle_disconnect_req(&pkt),
+                SmPktType::ConnectResp => self.handle_connect_resp(ctx, &pkt),
+                SmPktType::DisconnectResp => self.handle_disconnect_resp(ctx, &pkt),
+                _ => self.stats.drop(DropReason::SmUnexpected),
+            }
+        }
+        if self.sm_pending.is_empty() {
+            return;
+        }
+        let now = self.clock.now_ns();
+        let retry_ns = self.config.sm_retry_ms * 1_000_000;
+        for k in 0..self.sm_pending.len() {
+            let sn = self.sm_pending[k];
+            let due = self
+                .session_mut(sn)
+                .and_then(|s| s.sm_pending_since_ns.as_mut())
+                .filter(|t| now.saturating_sub(**t) >= retry_ns)
+                .map(|t| *t = now)
+                .is_some();
+            if due {
+                self.stats.sm_retries += 1;
+                self.send_sm_req(sn);
+            }
+        }
+    }
+
+    fn handle_connect_req(&mut self, pkt: &SmPkt) {
+        // A retransmitted request: answer again with the same session.
+        if let Some(&sn) = self.token_map.get(&pkt.uniq_token) {
+            if let Some(s) = self.session(sn)
+                && s.role == Role::Server
+                && s.uniq_token == pkt.uniq_token
+            {
+                let mut r = pkt.response(SmErr::NoError);
+                r.server = s.server_ep;
+                self.stats.sm_dup_connect += 1;
+                return self.send_sm(&r);
+            }
+            self.token_map.remove(&pkt.uniq_token);
+        }
+        let fail = |rpc: &mut Self, err| rpc.send_sm(&pkt.response(err));
+        if pkt.client.transport_type != self.config.transport_type {
+            return fail(self, SmErr::InvalidTransport);
+        }
+        if pkt.server.rpc_id != self.rpc_id {
+            return fail(self, SmErr::InvalidRemoteRpcId);
+        }
+        if self.ring_check().is_err() {
+            return fail(self, SmErr::RingExhausted);
+        }
+        let route = match self.transport.resolve(&pkt.client.routing()) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::info!(error = %e, client = %pkt.client, "connect request: routing resolution failed");
+                return fail(self, SmErr::RoutingResolutionFailure);
+            }
+        };
+        let Some(sn) = self.alloc_session_num() else {
+            return fail(self, SmErr::OutOfMemory);
+        };
+        let mut pre = Vec::with_capacity(crate::consts::SESSION_REQ_WINDOW);
+        for slot in 0..crate::consts::SESSION_REQ_WINDOW {
+            let origin = Origin::PreallocResp {
+                session: sn,
+                slot: slot as u8,
+            };
+            match MsgBuf::alloc(&mut self.alloc, MAX_DATA_PER_PKT, origin) {
+                Ok(m) => pre.push(m),
+                Err(_) => {
+                    for m in pre {
+                        self.alloc.free(m.into_buffer());
+                    }
+                    self.free_session_nums.push_back((sn, 0));
+                    return fail(self, SmErr::OutOfMemory);
+                }
+            }
+        }
+        let server_ep = self.local_endpoint(sn);
+        let remote_uri = pkt.client.uri().unwrap_or_else(|| Uri::new("?", 0));
+        let mut s = Session::new(
+            Role::Server,
+            SessionState::Connected,
+            sn,
+            pkt.uniq_token,
+            remote_uri,
+            pkt.client,
+            server_ep,
+            0,
+        );
+        s.remote_num = pkt.client.session_num;
+        s.route = Some(route);
+        for (slot, m) in s.slots.iter_mut().zip(pre) {
+            slot.server.pre_resp = Some(m);
+        }
+        self.sessions[usize::from(sn)] = Some(Box::new(s));
+        self.open_sessions += 1;
+        self.ring_entries_available -= self.config.session_credits;
+        self.token_map.insert(pkt.uniq_token, sn);
+        let mut r = pkt.response(SmErr::NoError);
+        r.server = server_ep;
+        self.send_sm(&r);
+    }
+
+    /// The client session `sn` for an SM response, if it matches.
+    fn client_session_for(&self, pkt: &SmPkt, state: SessionState) -> Option<SessionNum> {
+        let sn = pkt.client.session_num;
+        let s = self.session(sn)?;
+        (s.role == Role::Client && s.state == state && s.uniq_token == pkt.uniq_token).then_some(sn)
+    }
+
+    fn handle_connect_resp(&mut self, ctx: &mut C, pkt: &SmPkt) {
+        let Some(sn) = self.client_session_for(pkt, SessionState::ConnectInProgress) else {
+            return self.stats.drop(DropReason::SmStale);
+        };
+        self.sm_pending.retain(|&x| x != sn);
+        if pkt.err != SmErr::NoError {
+            return self.fail_connect(ctx, sn, pkt.err);
+        }
+        let now = self.clock.now_ns();
+        match self.transport.resolve(&pkt.server.routing()) {
+            Ok(route) => {
+                let s = self.session_mut(sn).expect("matched above");
+                s.server_ep = pkt.server;
+                s.remote_num = pkt.server.session_num;
+                s.route = Some(route);
+                s.state = SessionState::Connected;
+                s.sm_pending_since_ns = None;
+                self.session_event(ctx, sn, SessionEventKind::Connected);
+                self.drain_backlog(sn);
+            }
+            Err(e) => {
+                // The server has a session for us: tear it down before
+                // reporting the failure.
+                tracing::info!(error = %e, server = %pkt.server, "connect response: routing resolution failed");
+                let s = self.session_mut(sn).expect("matched above");
+                s.server_ep = pkt.server;
+                s.remote_num = pkt.server.session_num;
+                s.connect_fail = Some(SmErr::RoutingResolutionFailure);
+                s.state = SessionState::DisconnectInProgress;
+                s.sm_pending_since_ns = Some(now);
+                self.sm_pending.push(sn);
+                self.send_sm_req(sn);
+            }
+        }
+    }
+
+    fn handle_disconnect_req(&mut self, pkt: &SmPkt) {
+        let sn = pkt.server.session_num;
+        let matches = self
+            .session(sn)
+            .is_some_and(|s| s.role == Role::Server && s.uniq_token == pkt.uniq_token);
+        if matches {
+            self.free_session(sn);
+        }
+        // Answer duplicates too: the first response may have been lost.
+        self.send_sm(&pkt.response(SmErr::NoError));
+    }
+
+    fn handle_disconnect_resp(&mut self, ctx: &mut C, pkt: &SmPkt) {
+        let Some(sn) = self.client_session_for(pkt, SessionState::DisconnectInProgress) else {
+            return self.stats.drop(DropReason::SmStale);
+        };
+        self.sm_pending.retain(|&x| x != sn);
+        let fail = self.session(sn).and_then(|s| s.connect_fail);
+        match fail {
+            Some(err) => self.fail_connect(ctx, sn, err),
+            None => {
+                self.free_session(sn);
+                self.session_event(ctx, sn, SessionEventKind::Disconnected);
+            }
+        }
+    }
+
+    /// Frees a client session that could not connect, failing the requests
+    /// that waited for it.
+    fn fail_connect(&mut self, ctx: &mut C, sn: SessionNum, err: SmErr) {
+        let backlog = match self.session_mut(sn) {
+            Some(s) => std::mem::take(&mut s.backlog),
+            None => return,
+        };
+        self.free_session(sn);
+        self.session_event(ctx, sn, SessionEventKind::ConnectFailed(err));
+        for p in backlog {
+            self.stats.reqs_completed += 1;
+            self.stats.reqs_failed += 1;
+            (p.cont)(
+                self,
+                ctx,
+                Completion {
+                    tag: p.tag,
+                    session: sn,
+                    req: p.req,
+                    resp: p.resp,
+                    result: Err(RpcError::ConnectFailed { session: sn, err }),
+                },
+            );
+        }
+    }
+
+    fn session_event(&mut self, ctx: &mut C, session: SessionNum, kind: SessionEventKind) {
+        if let Some(h) = self.sm_handler {
+            h(self, ctx, SessionEvent { session, kind });
+        }
+    }
+
+    /// Releases a session and everything it holds. Buffers of requests
+    /// still at a worker come back (and are freed) when the worker is done.
+    fn free_session(&mut self, sn: SessionNum) {
+        let Some(s) = self
+            .sessions
+            .get_mut(usize::from(sn))
+            .and_then(Option::take)
+        else {
+            return;
+        };
+        let s = *s;
+        debug_assert_eq!(s.local_num, sn);
+        if s.role == Role::Server {
+            self.token_map.remove(&s.uniq_token);
+        }
+        self.open_sessions -= 1;
+        self.ring_entries_available += self.config.session_credits;
+        let now = self.clock.now_ns();
+        self.free_session_nums.push_back((sn, now));
+        self.sm_pending.retain(|&x| x != sn);
+        for slot in s.slots {
+            debug_assert!(slot.server.state != SrvState::InHandler);
+            for m in [
+                slot.tx_msgbuf,
+                slot.client.resp_msgbuf,
+                slot.server.req_msgbuf,
+                slot.server.pre_resp,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                self.alloc.free(m.into_buffer());
+            }
+        }
+        for p in s.backlog {
+            self.alloc.free(p.req.into_buffer());
+            self.alloc.free(p.resp.into_buffer());
+        }
+    }
+}

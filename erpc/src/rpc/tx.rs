@@ -1,0 +1,229 @@
+//! The TX path. Every packet eRPC sends goes through [`TxBatch::push`]
+//! (the one place a rate limiter will intercept) and leaves through
+//! [`Rpc::flush_tx`] (the one place that calls the transport).
+//!
+//! A batch entry names a packet rather than pointing at it (session,
+//! slot, packet index, request number), like the C++ `tx_burst_arr`;
+//! `flush_tx` resolves the names into [`TxItem`]s, skipping (and counting)
+//! any whose message is gone.
+
+use transport::{HEADROOM_BYTES, PKTHDR_BYTES, Transport, TxItem};
+
+use super::{CTRL_SLOT_BYTES, Rpc};
+use crate::consts::{CTRL_BUFS, TX_BATCH_MAX};
+use crate::pkthdr::PktHdr;
+
+/// What a batch entry sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TxKind {
+    /// Packet `pkt_idx` of the slot's `tx_msgbuf` (request at a client,
+    /// response at a server).
+    Msg,
+    /// A control packet whose header is in control slot `n`.
+    Ctrl(u16),
+}
+
+/// One queued packet.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TxEntry {
+    pub session: u16,
+    pub slot: u8,
+    pub kind: TxKind,
+    pub pkt_idx: u32,
+    pub req_num: u64,
+}
+
+/// Packets queued for the next transport burst.
+#[derive(Debug)]
+pub(crate) struct TxBatch {
+    entries: [TxEntry; TX_BATCH_MAX],
+    len: usize,
+}
+
+/// Largest burst handed to the transport at once (the mlx5 postlist).
+const TX_CHUNK_MAX: usize = 16;
+const _: () = assert!(TX_CHUNK_MAX <= TX_BATCH_MAX);
+
+/// Tries of a burst the transport keeps refusing before its packets are
+/// given up (they are then lost, as on a congested link).
+const TX_REFUSED_RETRIES: usize = 64;
+
+impl TxBatch {
+    pub(crate) fn new() -> TxBatch {
+        TxBatch {
+            entries: [TxEntry {
+                session: 0,
+                slot: 0,
+                kind: TxKind::Msg,
+                pkt_idx: 0,
+                req_num: 0,
+            }; TX_BATCH_MAX],
+            len: 0,
+        }
+    }
+
+    /// Room left.
+    #[inline]
+    pub(crate) fn room(&self) -> usize {
+        TX_BATCH_MAX - self.len
+    }
+
+    /// Queues one packet. The caller makes room first (`flush_tx`).
+    #[inline]
+    pub(crate) fn push(&mut self, e: TxEntry) {
+        debug_assert!(self.len < TX_BATCH_MAX);
+        self.entries[self.len] = e;
+        self.len += 1;
+    }
+
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl<T: Transport, C> Rpc<T, C> {
+    /// Makes room for at least one entry.
+    #[inline]
+    pub(crate) fn tx_make_room(&mut self) {
+        if self.tx.room() == 0 {
+            self.flush_tx();
+        }
+    }
+
+    /// Writes a control packet (CR or RFR) header into the next control
+    /// slot and queues it. `session` must exist and have a route.
+    pub(crate) fn enqueue_ctrl(&mut self, session: u16, slot: u8, hdr: PktHdr) {
+        self.tx_make_room();
+        let n = self.ctrl_next;
+        self.ctrl_next = (n + 1) % CTRL_BUFS;
+        let Some(s) = self
+            .sessions
+            .get(usize::from(session))
+            .and_then(|s| s.as_deref())
+        else {
+            return;
+        };
+        let Some(route) = s.route.as_ref() else {
+            return;
+        };
+        let buf = self.ctrl.as_mut().expect("control buffer lives until drop");
+        let h = &mut buf.as_mut_slice()[n * CTRL_SLOT_BYTES..n * CTRL_SLOT_BYTES + PKTHDR_BYTES];
+        hdr.write_to(&mut h[HEADROOM_BYTES..]);
+        self.transport
+            .fill_headroom(route, &mut h[..HEADROOM_BYTES], PKTHDR_BYTES);
+        self.tx.push(TxEntry {
+            session,
+            slot,
+            kind: TxKind::Ctrl(n as u16),
+            pkt_idx: u32::from(hdr.pkt_num),
+            req_num: hdr.req_num,
+        });
+    }
+
+    /// Queues packet `pkt_idx` of the slot's `tx_msgbuf`.
+    #[inline]
+    pub(crate) fn enqueue_msg_pkt(&mut self, session: u16, slot: u8, pkt_idx: u32, req_num: u64) {
+        self.tx_make_room();
+        self.tx.push(TxEntry {
+            session,
+            slot,
+            kind: TxKind::Msg,
+            pkt_idx,
+            req_num,
+        });
+    }
+
+    /// Sends everything queued, in bursts of at most `tx_burst_max`.
+    pub(crate) fn flush_tx(&mut self) {
+        if self.tx.is_empty() {
+            return;
+        }
+        let n = self.tx.len;
+        self.tx.len = 0;
+        let chunk = self.tx_burst_max.min(TX_CHUNK_MAX);
+        let mut start = 0;
+        while start < n {
+            let end = (start + chunk).min(n);
+            self.flush_range(start, end);
+            start = end;
+        }
+    }
+
+    fn flush_range(&mut self, start: usize, end: usize) {
+        debug_assert!(end - start <= TX_CHUNK_MAX);
+        let ctrl = self.ctrl.as_ref().expect("control buffer lives until drop");
+        let ctrl_bytes = ctrl.as_slice();
+        let mut items: [Option<TxItem<'_, T::Route>>; TX_CHUNK_MAX] =
+            [const { None }; TX_CHUNK_MAX];
+        let mut k = 0;
+        for e in &self.tx.entries[start..end] {
+            let Some(s) = self
+                .sessions
+                .get(usize::from(e.session))
+                .and_then(|s| s.as_deref())
+            else {
+                self.stats.tx_stale += 1;
+                continue;
+            };
+            let Some(route) = s.route.as_ref() else {
+                self.stats.tx_stale += 1;
+                continue;
+            };
+            let item = match e.kind {
+                TxKind::Ctrl(c) => {
+                    let o = usize::from(c) * CTRL_SLOT_BYTES;
+                    TxItem {
+                        route,
+                        pkt: &ctrl_bytes[o..o + PKTHDR_BYTES],
+                        pkt_iova: ctrl.iova_at(o),
+                        data: &[],
+                        data_iova: 0,
+                        lkey: ctrl.lkey(),
+                        drop: false,
+                    }
+                }
+                TxKind::Msg => {
+                    let slot = &s.slots[usize::from(e.slot)];
+                    let Some(m) = slot.tx_msgbuf.as_ref() else {
+                        self.stats.tx_stale += 1;
+                        continue;
+                    };
+                    if slot.cur_req_num != e.req_num || e.pkt_idx as usize >= m.num_pkts() {
+                        self.stats.tx_stale += 1;
+                        continue;
+                    }
+                    let (pkt, pkt_iova, data, data_iova) = m.tx_parts(e.pkt_idx as usize);
+                    TxItem {
+                        route,
+                        pkt,
+                        pkt_iova,
+                        data,
+                        data_iova,
+                        lkey: m.lkey(),
+                        drop: false,
+                    }
+                }
+            };
+            items[k] = Some(item);
+            k += 1;
+        }
+        let Some(pad) = items[0].clone() else {
+            return;
+        };
+        // A contiguous array for the transport; slots past `k` are padding
+        // that is never passed on.
+        let burst: [TxItem<'_, T::Route>; TX_CHUNK_MAX] =
+            std::array::from_fn(|j| items[j].take().unwrap_or_else(|| pad.clone()));
+        let mut sent = 0;
+        for _ in 0..TX_REFUSED_RETRIES {
+            sent += self.transport.tx_burst(&burst[sent..k]);
+            self.stats.tx_bursts += 1;
+            if sent == k {
+                break;
+            }
+        }
+        self.stats.tx_pkts += sent as u64;
+        self.stats.tx_refused += (k - sent) as u64;
+    }
+}

@@ -1,0 +1,268 @@
+//! Sessions and their slots (the C++ `Session` and `SSlot`).
+//!
+//! A session is one end of a client–server connection between two Rpcs.
+//! It has [`SESSION_REQ_WINDOW`] slots; slot `i` carries request numbers
+//! `i + 8, i + 16, ...`, so a packet's slot is its request number mod 8.
+//! Requests beyond the window wait in the session's backlog.
+//!
+//! The per-slot state keeps what the loss-recovery and congestion-control
+//! issue needs: packets sent and received per request (`num_tx`,
+//! `num_rx`) and a progress timestamp, like the C++ sslot, so go-back-N can
+//! roll `num_tx` back to `num_rx` and a retransmission timer can scan
+//! `progress_ns`.
+
+use std::collections::VecDeque;
+
+use transport::Transport;
+
+use crate::consts::SESSION_REQ_WINDOW;
+use crate::msgbuf::MsgBuf;
+use crate::nexus::Uri;
+use crate::rpc::Continuation;
+use crate::sm_types::{SmEndpoint, SmErr};
+
+/// Which end of the session we are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// We send requests.
+    Client,
+    /// We run handlers and send responses.
+    Server,
+}
+
+/// Connection state of a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionState {
+    /// Client: connect request sent, no response yet.
+    ConnectInProgress,
+    /// Usable.
+    Connected,
+    /// Client: disconnect request sent, no response yet.
+    DisconnectInProgress,
+}
+
+/// A request waiting for a free slot.
+pub(crate) struct PendingReq<T: Transport, C> {
+    pub req_type: u8,
+    pub req: MsgBuf,
+    pub resp: MsgBuf,
+    pub cont: Continuation<T, C>,
+    pub tag: usize,
+}
+
+/// Client half of a slot.
+pub(crate) struct ClientInfo<T: Transport, C> {
+    /// Where the response goes (the request is `SSlot::tx_msgbuf`).
+    pub resp_msgbuf: Option<MsgBuf>,
+    pub cont: Option<Continuation<T, C>>,
+    pub tag: usize,
+    pub req_type: u8,
+    /// Packets in the request.
+    pub req_pkts: u32,
+    /// Packets in the response (0 until its first packet arrives).
+    pub resp_pkts: u32,
+    /// Response size (valid once `resp_pkts > 0`).
+    pub resp_bytes: u32,
+    /// Request packets and RFRs sent for this request.
+    pub num_tx: u32,
+    /// Credit returns and response packets received for this request.
+    pub num_rx: u32,
+    /// When the request last made progress (enqueue, or a packet in).
+    pub progress_ns: u64,
+    /// When the request was enqueued.
+    pub enqueue_ns: u64,
+    /// In the Rpc's credit-stall queue.
+    pub in_stallq: bool,
+}
+
+impl<T: Transport, C> ClientInfo<T, C> {
+    fn new() -> Self {
+        ClientInfo {
+            resp_msgbuf: None,
+            cont: None,
+            tag: 0,
+            req_type: 0,
+            req_pkts: 0,
+            resp_pkts: 0,
+            resp_bytes: 0,
+            num_tx: 0,
+            num_rx: 0,
+            progress_ns: 0,
+            enqueue_ns: 0,
+            in_stallq: false,
+        }
+    }
+
+    /// Packets on the wire for the whole exchange (request packets, plus
+    /// one RFR per response packet after the first).
+    #[inline]
+    pub fn wire_pkts(&self) -> u32 {
+        self.req_pkts + self.resp_pkts.max(1) - 1
+    }
+}
+
+/// Where a server slot is in handling its current request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SrvState {
+    /// No request yet on this slot.
+    Idle,
+    /// Reassembling a multi-packet request.
+    Receiving,
+    /// The dispatch handler is running.
+    InHandler,
+    /// The handler returned without responding (nested RPC).
+    Deferred,
+    /// A worker thread has the request.
+    Background,
+    /// The response is in `SSlot::tx_msgbuf`.
+    Responded,
+}
+
+/// Server half of a slot.
+pub(crate) struct ServerInfo {
+    pub state: SrvState,
+    /// Reassembled (or copied) request, valid until the response.
+    pub req_msgbuf: Option<MsgBuf>,
+    /// The preallocated MTU-size response buffer, when not in use.
+    pub pre_resp: Option<MsgBuf>,
+    pub req_type: u8,
+    pub req_bytes: u32,
+    pub req_pkts: u32,
+    /// Request packets received in order.
+    pub num_rx: u32,
+    /// Packet number the next in-order RFR carries.
+    pub next_rfr: u32,
+    pub progress_ns: u64,
+}
+
+impl ServerInfo {
+    fn new() -> Self {
+        ServerInfo {
+            state: SrvState::Idle,
+            req_msgbuf: None,
+            pre_resp: None,
+            req_type: 0,
+            req_bytes: 0,
+            req_pkts: 0,
+            num_rx: 0,
+            next_rfr: 0,
+            progress_ns: 0,
+        }
+    }
+}
+
+/// One slot of a session.
+pub(crate) struct SSlot<T: Transport, C> {
+    /// Request number of the current (or last) request on this slot.
+    pub cur_req_num: u64,
+    /// Client: the request being sent. Server: the response.
+    pub tx_msgbuf: Option<MsgBuf>,
+    pub client: ClientInfo<T, C>,
+    pub server: ServerInfo,
+}
+
+/// One end of a session.
+pub(crate) struct Session<T: Transport, C> {
+    pub role: Role,
+    pub state: SessionState,
+    pub local_num: u16,
+    pub remote_num: u16,
+    pub uniq_token: u64,
+    pub remote_uri: Uri,
+    pub client_ep: SmEndpoint,
+    pub server_ep: SmEndpoint,
+    pub route: Option<T::Route>,
+    /// Client: packets we may still send before credits come back.
+    pub credits: u32,
+    pub slots: [SSlot<T, C>; SESSION_REQ_WINDOW],
+    pub backlog: VecDeque<PendingReq<T, C>>,
+    /// Client: an SM request is outstanding; when it was last sent.
+    pub sm_pending_since_ns: Option<u64>,
+    /// Client: why a connect failed after the server accepted (we then
+    /// disconnect before reporting it).
+    pub connect_fail: Option<SmErr>,
+}
+
+impl<T: Transport, C> Session<T, C> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        role: Role,
+        state: SessionState,
+        local_num: u16,
+        uniq_token: u64,
+        remote_uri: Uri,
+        client_ep: SmEndpoint,
+        server_ep: SmEndpoint,
+        credits: u32,
+    ) -> Self {
+        Session {
+            role,
+            state,
+            local_num,
+            remote_num: crate::consts::INVALID_SESSION_NUM,
+            uniq_token,
+            remote_uri,
+            client_ep,
+            server_ep,
+            route: None,
+            credits,
+            slots: std::array::from_fn(|i| SSlot {
+                cur_req_num: i as u64,
+                tx_msgbuf: None,
+                client: ClientInfo::new(),
+                server: ServerInfo::new(),
+            }),
+            backlog: VecDeque::new(),
+            sm_pending_since_ns: None,
+            connect_fail: None,
+        }
+    }
+
+    /// Index of a client slot with no request in flight.
+    #[inline]
+    pub fn free_slot(&self) -> Option<usize> {
+        self.slots.iter().position(|s| s.tx_msgbuf.is_none())
+    }
+
+    /// Client slots with a request in flight.
+    pub fn busy_slots(&self) -> usize {
+        self.slots.iter().filter(|s| s.tx_msgbuf.is_some()).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::SimTransport;
+
+    #[test]
+    fn slots_start_at_their_index_and_wire_pkts() {
+        let s: Session<SimTransport, ()> = Session::new(
+            Role::Client,
+            SessionState::ConnectInProgress,
+            0,
+            1,
+            Uri::new("h", 1),
+            SmEndpoint::default(),
+            SmEndpoint::default(),
+            32,
+        );
+        for (i, sl) in s.slots.iter().enumerate() {
+            assert_eq!(sl.cur_req_num, i as u64);
+            // First request on slot i is i + 8: slot = req_num mod 8.
+            assert_eq!((sl.cur_req_num + 8) % 8, i as u64);
+        }
+        let mut c: ClientInfo<SimTransport, ()> = ClientInfo::new();
+        c.req_pkts = 3;
+        assert_eq!(
+            c.wire_pkts(),
+            3,
+            "unknown response size: request packets only"
+        );
+        c.resp_pkts = 1;
+        assert_eq!(c.wire_pkts(), 3);
+        c.resp_pkts = 4;
+        assert_eq!(c.wire_pkts(), 6);
+        assert_eq!(s.free_slot(), Some(0));
+    }
+}

@@ -1,0 +1,102 @@
+//! The simulated NIC's RX ring: slots the "NIC" (the simulated network)
+//! writes and the Rpc reads in place, like DMA memory.
+//!
+//! This is the only `unsafe` in the crate besides the TSC read. A ring
+//! slot is owned either by the NIC (free, may be written) or by software
+//! (holds a received packet, may be read). `write` requires NIC ownership
+//! and `packet` software ownership, both checked at run time, so the two
+//! never touch the same slot while the ownership protocol of
+//! [`transport::RxRing`] is followed: a packet slice is used only until its
+//! slot is given back with `post_recvs`. The Rpc keeps every packet slice
+//! inside the RX loop that reposts the slots afterwards.
+
+#![allow(unsafe_code)]
+
+use std::cell::{Cell, UnsafeCell};
+use std::rc::Rc;
+
+/// Bytes per slot (a whole MTU frame fits).
+pub const SLOT_BYTES: usize = transport::MTU;
+
+struct Slot {
+    data: UnsafeCell<[u8; SLOT_BYTES]>,
+    len: Cell<u16>,
+    /// True while software owns the slot (a packet is in it).
+    sw_owned: Cell<bool>,
+    /// True if the frame in it was malformed (the packet reads as `None`).
+    bad: Cell<bool>,
+}
+
+pub(crate) struct RingMem {
+    slots: Box<[Slot]>,
+}
+
+impl RingMem {
+    pub(crate) fn new(entries: usize) -> Rc<RingMem> {
+        let slots = (0..entries)
+            .map(|_| Slot {
+                data: UnsafeCell::new([0; SLOT_BYTES]),
+                len: Cell::new(0),
+                sw_owned: Cell::new(false),
+                bad: Cell::new(false),
+            })
+            .collect();
+        Rc::new(RingMem { slots })
+    }
+
+    pub(crate) fn entries(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The NIC fills slot `idx` and hands it to software.
+    ///
+    /// # Panics
+    /// If software still owns the slot, or `data` is larger than a slot.
+    pub(crate) fn write(&self, idx: usize, data: Option<&[u8]>) {
+        let s = &self.slots[idx];
+        assert!(
+            !s.sw_owned.get(),
+            "NIC wrote ring slot {idx} that software owns"
+        );
+        match data {
+            Some(d) => {
+                assert!(d.len() <= SLOT_BYTES);
+                // SAFETY: software does not own this slot (checked above), so
+                // by the ownership protocol no `&[u8]` into it is alive; the
+                // ring is `!Sync`, so nobody else writes concurrently.
+                let buf = unsafe { &mut *s.data.get() };
+                buf[..d.len()].copy_from_slice(d);
+                s.len.set(d.len() as u16);
+                s.bad.set(false);
+            }
+            None => {
+                s.len.set(0);
+                s.bad.set(true);
+            }
+        }
+        s.sw_owned.set(true);
+    }
+
+    /// Software gives slot `idx` back to the NIC.
+    pub(crate) fn repost(&self, idx: usize) {
+        let s = &self.slots[idx];
+        assert!(s.sw_owned.get(), "ring slot {idx} reposted twice");
+        s.sw_owned.set(false);
+    }
+
+    pub(crate) fn packet(&self, idx: usize) -> Option<&[u8]> {
+        let s = self.slots.get(idx)?;
+        assert!(
+            s.sw_owned.get(),
+            "read of ring slot {idx}, which holds no packet"
+        );
+        if s.bad.get() {
+            return None;
+        }
+        // SAFETY: software owns the slot (checked above), so the NIC side
+        // (`write`) will not touch it until `repost`, which by the RxRing
+        // contract happens only after the caller is done with this slice.
+        let buf = unsafe { &*s.data.get() };
+        Some(&buf[..usize::from(s.len.get())])
+    }
+}

@@ -1,0 +1,178 @@
+//! Counters of an Rpc. Every packet the Rpc does not act on is counted by
+//! reason ([`DropReason`]); nothing is dropped silently.
+
+use std::fmt;
+
+/// Why a received packet (or SM packet) was not acted on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum DropReason {
+    /// The transport flagged the ring slot as malformed.
+    RingMalformed,
+    /// Shorter than the eRPC header.
+    TooShort,
+    /// Magic nibble is not 11.
+    BadMagic,
+    /// No session with this number.
+    UnknownSession,
+    /// The session is not connected.
+    SessionNotConnected,
+    /// Request/RFR to a client session, or response/CR to a server session.
+    WrongDirection,
+    /// Request number older than the slot's.
+    StaleReqNum,
+    /// No request in flight on the client slot.
+    NoRequestInFlight,
+    /// Packet number outside the message (or the wrong type at it).
+    PktNumOutOfRange,
+    /// Data length or message size inconsistent with the header or the
+    /// request in progress.
+    SizeMismatch,
+    /// Control packet (CR, RFR) carrying data or a size.
+    CtrlHasData,
+    /// Packet number ahead of the next expected one, or a multi-packet
+    /// request not starting at packet 0.
+    OutOfOrder,
+    /// Message size above the maximum.
+    MsgTooLarge,
+    /// No handler for the request type.
+    NoHandler,
+    /// A new request on a slot whose handler has not responded.
+    ServerSlotBusy,
+    /// Duplicate of a request whose handler is still running (at-most-once:
+    /// the handler never runs twice).
+    DupReqInProgress,
+    /// No memory for reassembly.
+    OutOfMemory,
+    /// SM packet about a session we do not have (or in another state).
+    SmStale,
+    /// SM packet of a type an Rpc does not handle.
+    SmUnexpected,
+}
+
+/// Number of drop reasons.
+pub const DROP_REASONS: usize = DropReason::SmUnexpected as usize + 1;
+
+impl DropReason {
+    /// All reasons, in counter order.
+    pub const ALL: [DropReason; DROP_REASONS] = [
+        DropReason::RingMalformed,
+        DropReason::TooShort,
+        DropReason::BadMagic,
+        DropReason::UnknownSession,
+        DropReason::SessionNotConnected,
+        DropReason::WrongDirection,
+        DropReason::StaleReqNum,
+        DropReason::NoRequestInFlight,
+        DropReason::PktNumOutOfRange,
+        DropReason::SizeMismatch,
+        DropReason::CtrlHasData,
+        DropReason::OutOfOrder,
+        DropReason::MsgTooLarge,
+        DropReason::NoHandler,
+        DropReason::ServerSlotBusy,
+        DropReason::DupReqInProgress,
+        DropReason::OutOfMemory,
+        DropReason::SmStale,
+        DropReason::SmUnexpected,
+    ];
+}
+
+const _: () = {
+    let mut i = 0;
+    while i < DROP_REASONS {
+        assert!(DropReason::ALL[i] as usize == i);
+        i += 1;
+    }
+};
+
+/// Counters of one Rpc.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RpcStats {
+    /// Drops by reason (index with `DropReason as usize`).
+    pub drops: [u64; DROP_REASONS],
+    /// Packets taken from the RX ring.
+    pub rx_pkts: u64,
+    /// Packets acted on (every other packet taken is counted in `drops`
+    /// under a data-path reason).
+    pub rx_accepted: u64,
+    /// Packets handed to the transport.
+    pub tx_pkts: u64,
+    /// `tx_burst` calls.
+    pub tx_bursts: u64,
+    /// Packets the transport refused even after retries (lost).
+    pub tx_refused: u64,
+    /// Queued packets whose message was gone at flush time (skipped).
+    pub tx_stale: u64,
+    /// Requests enqueued by the application.
+    pub reqs_enqueued: u64,
+    /// Requests that waited in a session backlog.
+    pub reqs_backlogged: u64,
+    /// Continuations invoked.
+    pub reqs_completed: u64,
+    /// Requests completed with an error.
+    pub reqs_failed: u64,
+    /// Requests handed to a handler (dispatch or background).
+    pub reqs_handled: u64,
+    /// Responses enqueued.
+    pub resps_enqueued: u64,
+    /// Duplicate request packets answered with a credit return again.
+    pub dup_req_cr_resent: u64,
+    /// Duplicate request packets answered with the response again (the
+    /// handler did not run again).
+    pub dup_req_resp_resent: u64,
+    /// Duplicate RFRs answered again.
+    pub dup_rfr_resent: u64,
+    /// Background jobs submitted.
+    pub bg_jobs: u64,
+    /// Background jobs that waited because worker queues were full.
+    pub bg_backlogged: u64,
+    /// Dispatch requests copied out of the ring because the handler
+    /// returned without responding.
+    pub deferred_copies: u64,
+    /// SM packets sent.
+    pub sm_tx: u64,
+    /// SM requests resent after the retry interval.
+    pub sm_retries: u64,
+    /// Duplicate connect requests answered from the token table.
+    pub sm_dup_connect: u64,
+}
+
+impl RpcStats {
+    /// Drops for one reason.
+    pub fn drops(&self, r: DropReason) -> u64 {
+        self.drops[r as usize]
+    }
+
+    /// All drops.
+    pub fn total_drops(&self) -> u64 {
+        self.drops.iter().sum()
+    }
+
+    /// Drops of data packets (all reasons but the SM ones).
+    pub fn data_drops(&self) -> u64 {
+        self.total_drops() - self.drops(DropReason::SmStale) - self.drops(DropReason::SmUnexpected)
+    }
+
+    #[inline]
+    pub(crate) fn drop(&mut self, r: DropReason) {
+        self.drops[r as usize] += 1;
+    }
+}
+
+impl fmt::Display for RpcStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "rx {} tx {} bursts {} completed {} handled {}",
+            self.rx_pkts, self.tx_pkts, self.tx_bursts, self.reqs_completed, self.reqs_handled
+        )?;
+        for r in DropReason::ALL {
+            let n = self.drops(r);
+            if n != 0 {
+                write!(f, ", drop {r:?} {n}")?;
+            }
+        }
+        Ok(())
+    }
+}

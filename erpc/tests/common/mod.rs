@@ -1,0 +1,183 @@
+//! Shared test machinery: a transport-generic "world" (the simulated
+//! network today; the mlx5 transport on the device model later), nodes,
+//! the seed harness, and data patterns.
+#![allow(dead_code)]
+
+pub mod app;
+
+use std::sync::Arc;
+
+use erpc::sim::{SimConfig, SimNet, SimTransport};
+use erpc::{Nexus, NexusBuilder, Rpc, RpcConfig, SessionHandler};
+use transport::Transport;
+
+/// Where scenarios run. A new transport plugs in by implementing this
+/// (constructor of a transport, a Nexus builder wired to its SM link and
+/// clock, and a way to move time).
+pub trait World {
+    /// The transport under test.
+    type T: Transport + 'static;
+    /// A fresh transport endpoint.
+    fn transport(&mut self) -> Self::T;
+    /// A Nexus builder for URI `uri` wired to this world's clock and SM.
+    fn nexus(&mut self, uri: &str) -> NexusBuilder;
+    /// Moves time one step and delivers what is due.
+    fn step(&mut self);
+    /// Current time.
+    fn now_ns(&self) -> u64;
+    /// A hugepage allocator for one Rpc.
+    fn allocator(&mut self, initial_bytes: usize) -> mempool::Allocator {
+        erpc::sim::test_allocator(initial_bytes)
+    }
+}
+
+/// The deterministic simulated network.
+pub struct SimWorld {
+    pub net: SimNet,
+    pub seed: u64,
+    pub step_ns: u64,
+    nexuses: u64,
+}
+
+impl SimWorld {
+    pub fn new(seed: u64) -> SimWorld {
+        SimWorld::with_config(SimConfig {
+            seed,
+            ..SimConfig::default()
+        })
+    }
+
+    pub fn with_config(cfg: SimConfig) -> SimWorld {
+        SimWorld {
+            net: SimNet::new(cfg),
+            seed: cfg.seed,
+            step_ns: 500,
+            nexuses: 0,
+        }
+    }
+}
+
+impl World for SimWorld {
+    type T = SimTransport;
+
+    fn transport(&mut self) -> SimTransport {
+        self.net.add_transport()
+    }
+
+    fn nexus(&mut self, uri: &str) -> NexusBuilder {
+        self.nexuses += 1;
+        Nexus::builder(uri)
+            .sm_link(self.net.sm_link())
+            .clock(self.net.erpc_clock())
+            .seed(
+                self.seed
+                    .wrapping_mul(0x9e37_79b9)
+                    .wrapping_add(self.nexuses),
+            )
+    }
+
+    fn step(&mut self) {
+        self.net.advance(self.step_ns);
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.net.now_ns()
+    }
+}
+
+/// An Rpc with its application context.
+pub struct Node<T: Transport, C> {
+    pub rpc: Rpc<T, C>,
+    pub ctx: C,
+}
+
+impl<T: Transport + 'static, C: 'static> Node<T, C> {
+    pub fn new<W: World<T = T>>(
+        w: &mut W,
+        nexus: &Arc<Nexus>,
+        rpc_id: u8,
+        ctx: C,
+        cfg: RpcConfig,
+        sm: Option<SessionHandler<T, C>>,
+    ) -> Node<T, C> {
+        let t = w.transport();
+        let a = w.allocator(8 << 20);
+        let rpc = Rpc::new(nexus, rpc_id, t, a, cfg, sm).expect("Rpc::new");
+        Node { rpc, ctx }
+    }
+
+    pub fn poll(&mut self) {
+        self.rpc.run_event_loop_once(&mut self.ctx);
+    }
+}
+
+/// Polls every node and steps the world until `done` holds; panics after
+/// `max_steps`.
+pub fn run_until<W: World, C: 'static>(
+    w: &mut W,
+    nodes: &mut [Node<W::T, C>],
+    max_steps: u64,
+    what: &str,
+    mut done: impl FnMut(&[Node<W::T, C>]) -> bool,
+) -> u64 {
+    for step in 0..max_steps {
+        if done(nodes) {
+            return step;
+        }
+        for n in nodes.iter_mut() {
+            n.poll();
+        }
+        w.step();
+    }
+    panic!(
+        "{what}: not done after {max_steps} steps (t = {} ns)",
+        w.now_ns()
+    );
+}
+
+/// The seed of a scenario: `ERPC_SEED` if set, else `default`.
+pub fn seed_or(default: u64) -> u64 {
+    std::env::var("ERPC_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Runs `f(seed)` for the seed from `ERPC_SEED`, or for each of
+/// `defaults`; on failure prints the seed and a one-line replay command.
+pub fn with_seeds(test: &str, file: &str, defaults: &[u64], f: impl Fn(u64)) {
+    let seeds: Vec<u64> = match std::env::var("ERPC_SEED").ok().and_then(|s| s.parse().ok()) {
+        Some(s) => vec![s],
+        None => defaults.to_vec(),
+    };
+    for seed in seeds {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(seed)));
+        if let Err(e) = r {
+            eprintln!(
+                "\n*** {test} failed with seed {seed}\n*** replay: ERPC_SEED={seed} cargo test -p erpc --test {file} -- {test} --exact\n"
+            );
+            std::panic::resume_unwind(e);
+        }
+    }
+}
+
+/// Deterministic test bytes: byte `i` of a message with key `key`.
+#[inline]
+pub fn pattern_byte(key: u64, i: usize) -> u8 {
+    let x = key
+        .wrapping_add(i as u64)
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (x >> 56) as u8 ^ (i as u8)
+}
+
+pub fn fill_pattern(buf: &mut [u8], key: u64) {
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = pattern_byte(key, i);
+    }
+}
+
+pub fn check_pattern(buf: &[u8], key: u64) -> bool {
+    buf.iter()
+        .enumerate()
+        .all(|(i, &b)| b == pattern_byte(key, i))
+}

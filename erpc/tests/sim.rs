@@ -1,0 +1,868 @@
+//! Deterministic simulation scenarios. Each scenario is generic over the
+//! [`World`] (the transport and how time moves); today they run on the
+//! simulated network, and the mlx5 transport on the device model plugs in
+//! by implementing `World`. A failing run prints its seed and a one-line
+//! replay command.
+
+mod common;
+
+use std::collections::VecDeque;
+
+use common::app::{self, BG_SIZED, Ctx, ECHO, NESTED, Op, SIZED, SIZED_HDR};
+use common::{Node, SimWorld, World, run_until, with_seeds};
+use erpc::rng::Rng;
+use erpc::sim::{LinkConfig, SimConfig, SmHubConfig};
+use erpc::{DropReason, MAX_MSG_BYTES, RpcConfig, SessionEventKind, SmErr};
+
+const FILE: &str = "sim";
+
+type N<W> = Node<<W as World>::T, Ctx>;
+
+/// `n` nodes, each in its own Nexus ("node-i:31850"), Rpc id `i`.
+fn nodes<W: World>(w: &mut W, n: usize, seed: u64) -> Vec<N<W>> {
+    nodes_with(w, n, seed, RpcConfig::default())
+}
+
+fn nodes_with<W: World>(w: &mut W, n: usize, seed: u64, cfg: RpcConfig) -> Vec<N<W>> {
+    (0..n)
+        .map(|i| {
+            let nexus = app::register::<W::T>(w.nexus(&format!("node-{i}:31850")))
+                .build()
+                .expect("nexus");
+            Node::new(
+                w,
+                &nexus,
+                i as u8,
+                Ctx::new(seed ^ (i as u64) << 32),
+                cfg,
+                Some(app::sm_handler::<W::T>),
+            )
+        })
+        .collect()
+}
+
+/// Client `c` opens `k` sessions to server `s` and waits for them.
+fn connect<W: World>(w: &mut W, ns: &mut [N<W>], c: usize, s: usize, k: usize) {
+    let rpc_id = ns[s].rpc.rpc_id();
+    for _ in 0..k {
+        let sn = ns[c]
+            .rpc
+            .create_session(&format!("node-{s}:31850"), rpc_id)
+            .expect("create_session");
+        ns[c].ctx.sessions.push(sn);
+    }
+    run_until(w, ns, 100_000, "connect", |ns| {
+        ns[c]
+            .ctx
+            .sessions
+            .iter()
+            .all(|&sn| ns[c].rpc.is_connected(sn))
+    });
+}
+
+fn check_done<W: World>(ns: &[N<W>]) {
+    for (i, n) in ns.iter().enumerate() {
+        assert!(
+            n.ctx.errors.is_empty(),
+            "node {i}: {:?}",
+            &n.ctx.errors[..n.ctx.errors.len().min(5)]
+        );
+        assert_eq!(n.ctx.bad_data, 0, "node {i}");
+        assert_eq!(n.ctx.failed, 0, "node {i}");
+    }
+}
+
+/// Runs `ops` from node 0 to node 1 with `window` in flight.
+fn client_server<W: World>(
+    w: &mut W,
+    seed: u64,
+    ops: VecDeque<Op>,
+    window: usize,
+    sessions: usize,
+) {
+    let mut ns = nodes(w, 2, seed);
+    connect(w, &mut ns, 0, 1, sessions);
+    let total = ops.len() as u64;
+    ns[0].ctx.todo = ops;
+    {
+        let n = &mut ns[0];
+        app::start(&mut n.rpc, &mut n.ctx, window);
+    }
+    run_until(w, &mut ns, 2_000_000, "requests", |ns| {
+        ns[0].ctx.completed + ns[0].ctx.failed == total
+    });
+    check_done::<W>(&ns);
+    if std::env::var_os("ERPC_VERBOSE").is_some() {
+        eprintln!(
+            "t={} ns client: {}\nserver: {}",
+            w.now_ns(),
+            ns[0].rpc.stats(),
+            ns[1].rpc.stats()
+        );
+    }
+    assert_eq!(ns[0].ctx.completed, total);
+    // At-most-once on a lossless network: one handler run per request.
+    assert_eq!(ns[1].ctx.handled + ns[1].rpc.stats().bg_jobs, total);
+    assert_eq!(ns[0].rpc.stats().total_drops(), 0, "{}", ns[0].rpc.stats());
+    assert_eq!(ns[1].rpc.stats().total_drops(), 0, "{}", ns[1].rpc.stats());
+    // Every credit came back.
+    for &sn in &ns[0].ctx.sessions {
+        assert_eq!(ns[0].rpc.session_credits(sn), Some(erpc::SESSION_CREDITS));
+    }
+}
+
+#[test]
+fn single_packet_echo() {
+    with_seeds("single_packet_echo", FILE, &[1, 2, 3], |seed| {
+        let mut w = SimWorld::new(seed);
+        let mut rng = Rng::new(seed);
+        let ops = app::random_ops(&mut rng, 2000, &[ECHO, SIZED], &[0, 1, 12, 100, 967, 968]);
+        client_server(&mut w, seed, ops, 4, 1);
+    });
+}
+
+#[test]
+fn multi_packet_size_classes() {
+    // Every size class, requests and responses independently, data
+    // checked byte for byte; up to the largest message both ways.
+    with_seeds("multi_packet_size_classes", FILE, &[7], |seed| {
+        let mut w = SimWorld::new(seed);
+        let sizes = [
+            SIZED_HDR,
+            967,
+            968,
+            969,
+            2 * 968,
+            2 * 968 + 1,
+            32 * 968,
+            33 * 968 + 5,
+            100_000,
+            1 << 20,
+        ];
+        let mut ops = VecDeque::new();
+        for &a in &sizes {
+            for &b in &[0usize, 1, 968, 969, 5000, 1 << 20] {
+                ops.push_back(Op {
+                    req_type: SIZED,
+                    req_len: a,
+                    resp_len: b,
+                });
+            }
+        }
+        for &len in &[969usize, 4096, 64 * 1024] {
+            ops.push_back(Op {
+                req_type: ECHO,
+                req_len: len,
+                resp_len: len,
+            });
+        }
+        // The extremes: largest request with tiny response, tiny request
+        // with largest response, largest both ways.
+        ops.push_back(Op {
+            req_type: SIZED,
+            req_len: MAX_MSG_BYTES,
+            resp_len: 4,
+        });
+        ops.push_back(Op {
+            req_type: SIZED,
+            req_len: SIZED_HDR,
+            resp_len: MAX_MSG_BYTES,
+        });
+        ops.push_back(Op {
+            req_type: SIZED,
+            req_len: MAX_MSG_BYTES,
+            resp_len: MAX_MSG_BYTES,
+        });
+        client_server(&mut w, seed, ops, 3, 1);
+    });
+}
+
+#[test]
+fn many_concurrent_requests_per_session() {
+    // 40 in flight on each of 2 sessions: 8 slots each, the rest in the
+    // backlog; multi-packet ones compete for the 32 credits.
+    with_seeds(
+        "many_concurrent_requests_per_session",
+        FILE,
+        &[11, 12],
+        |seed| {
+            let mut w = SimWorld::new(seed);
+            let mut rng = Rng::new(seed);
+            let ops = app::random_ops(
+                &mut rng,
+                3000,
+                &[ECHO, SIZED],
+                &[12, 500, 968, 969, 3000, 20_000],
+            );
+            client_server(&mut w, seed, ops, 80, 2);
+        },
+    );
+}
+
+#[test]
+fn all_to_all_clients_and_servers() {
+    // Every node is client and server of every other, with jittery links.
+    with_seeds("all_to_all_clients_and_servers", FILE, &[21, 22], |seed| {
+        let mut w = SimWorld::with_config(SimConfig {
+            seed,
+            link: LinkConfig {
+                delay_ns: 2_000,
+                jitter_ns: 3_000,
+                ..LinkConfig::default()
+            },
+            ..SimConfig::default()
+        });
+        let k = 4;
+        let mut ns = nodes(&mut w, k, seed);
+        for c in 0..k {
+            for s in 0..k {
+                if c != s {
+                    connect(&mut w, &mut ns, c, s, 1);
+                }
+            }
+        }
+        let mut rng = Rng::new(seed);
+        for n in ns.iter_mut() {
+            n.ctx.todo = app::random_ops(&mut rng, 400, &[ECHO, SIZED], &[12, 968, 2000, 9000]);
+            app::start(&mut n.rpc, &mut n.ctx, 24);
+        }
+        run_until(&mut w, &mut ns, 2_000_000, "all to all", |ns| {
+            ns.iter().all(|n| n.ctx.completed == 400)
+        });
+        check_done::<SimWorld>(&ns);
+        let handled: u64 = ns.iter().map(|n| n.ctx.handled).sum();
+        assert_eq!(handled, 400 * k as u64);
+        for n in &ns {
+            assert_eq!(n.rpc.stats().total_drops(), 0, "{}", n.rpc.stats());
+        }
+    });
+}
+
+#[test]
+fn nested_rpcs() {
+    // Node 0 calls node 1's NESTED handler, which calls node 2 and responds
+    // from its continuation; the request stays valid until then.
+    with_seeds("nested_rpcs", FILE, &[31], |seed| {
+        let mut w = SimWorld::new(seed);
+        let mut ns = nodes(&mut w, 3, seed);
+        connect(&mut w, &mut ns, 0, 1, 1);
+        connect(&mut w, &mut ns, 1, 2, 1);
+        ns[1].ctx.downstream = Some(ns[1].ctx.sessions[0]);
+        ns[1].ctx.sessions.clear();
+        let mut rng = Rng::new(seed);
+        let ops = app::random_ops(&mut rng, 300, &[NESTED], &[12, 900, 968, 969, 5000, 70_000]);
+        ns[0].ctx.todo = ops;
+        {
+            let n = &mut ns[0];
+            app::start(&mut n.rpc, &mut n.ctx, 12);
+        }
+        run_until(&mut w, &mut ns, 2_000_000, "nested", |ns| {
+            ns[0].ctx.completed == 300
+        });
+        check_done::<SimWorld>(&ns);
+        assert_eq!(ns[1].ctx.handled, 300);
+        assert_eq!(ns[2].ctx.handled, 300);
+        // Single-packet nested requests were copied out of the RX ring.
+        assert!(ns[1].rpc.stats().deferred_copies > 0);
+    });
+}
+
+#[test]
+fn background_handlers() {
+    // Worker-mode handlers (inline and deterministic under simulation),
+    // small responses in the preallocated buffer and large ones copied.
+    with_seeds("background_handlers", FILE, &[41], |seed| {
+        let mut w = SimWorld::new(seed);
+        let mut rng = Rng::new(seed);
+        let ops = app::random_ops(&mut rng, 600, &[BG_SIZED, SIZED], &[12, 968, 969, 30_000]);
+        client_server(&mut w, seed, ops, 20, 1);
+    });
+}
+
+#[test]
+fn many_sessions_up_to_the_ring_limit() {
+    with_seeds("many_sessions_up_to_the_ring_limit", FILE, &[51], |seed| {
+        // 1024-entry rings and 32 credits: 32 sessions per Rpc.
+        let mut w = SimWorld::with_config(SimConfig {
+            seed,
+            ring_entries: 1024,
+            ..SimConfig::default()
+        });
+        let mut ns = nodes(&mut w, 3, seed);
+        connect(&mut w, &mut ns, 0, 1, 20);
+        connect(&mut w, &mut ns, 0, 2, 12);
+        // The client's ring is full: a clear error, no session.
+        let err = ns[0].rpc.create_session("node-1:31850", 1).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("RX ring exhausted") && msg.contains("1024"),
+            "{msg}"
+        );
+        // Server side: node 1 has 20 server sessions; node 2 opens 12 more
+        // to it, the 13th is refused by node 1 with RingExhausted.
+        connect(&mut w, &mut ns, 2, 1, 12);
+        let sn = ns[2].rpc.create_session("node-1:31850", 1).unwrap();
+        run_until(&mut w, &mut ns, 100_000, "refusal", |ns| {
+            ns[2]
+                .ctx
+                .events
+                .iter()
+                .any(|e| e.session == sn && e.kind != SessionEventKind::Connected)
+        });
+        assert!(ns[2].ctx.events.contains(&erpc::SessionEvent {
+            session: sn,
+            kind: SessionEventKind::ConnectFailed(SmErr::RingExhausted)
+        }));
+        assert_eq!(ns[2].rpc.session_state(sn), None);
+        // Requests over all 32 client sessions of node 0.
+        let mut rng = Rng::new(seed);
+        ns[0].ctx.todo = app::random_ops(&mut rng, 2000, &[ECHO, SIZED], &[12, 968, 5000]);
+        {
+            let n = &mut ns[0];
+            app::start(&mut n.rpc, &mut n.ctx, 64);
+        }
+        run_until(&mut w, &mut ns, 2_000_000, "requests", |ns| {
+            ns[0].ctx.completed == 2000
+        });
+        check_done::<SimWorld>(&ns);
+        assert_eq!(ns[1].rpc.num_sessions(), 32);
+    });
+}
+
+#[test]
+fn session_create_destroy_churn() {
+    with_seeds("session_create_destroy_churn", FILE, &[61, 62], |seed| {
+        let mut w = SimWorld::new(seed);
+        let mut ns = nodes(&mut w, 2, seed);
+        let mut rng = Rng::new(seed);
+        for round in 0..30 {
+            let k = 1 + rng.below(4) as usize;
+            ns[0].ctx.sessions.clear();
+            connect(&mut w, &mut ns, 0, 1, k);
+            let before = ns[0].ctx.completed;
+            ns[0].ctx.todo = app::random_ops(&mut rng, 20, &[ECHO, SIZED], &[12, 968, 3000]);
+            {
+                let n = &mut ns[0];
+                app::start(&mut n.rpc, &mut n.ctx, 10);
+            }
+            run_until(&mut w, &mut ns, 200_000, "round", |ns| {
+                ns[0].ctx.completed == before + 20
+            });
+            let sessions = ns[0].ctx.sessions.clone();
+            for &sn in &sessions {
+                ns[0].rpc.destroy_session(sn).expect("destroy");
+                // A second destroy is refused: already disconnecting.
+                assert!(ns[0].rpc.destroy_session(sn).is_err());
+            }
+            run_until(&mut w, &mut ns, 200_000, "disconnect", |ns| {
+                sessions
+                    .iter()
+                    .all(|&sn| ns[0].rpc.session_state(sn).is_none())
+            });
+            assert_eq!(ns[0].rpc.num_sessions(), 0, "round {round}");
+            assert_eq!(ns[1].rpc.num_sessions(), 0, "round {round}");
+        }
+        check_done::<SimWorld>(&ns);
+        let disconnected = ns[0]
+            .ctx
+            .events
+            .iter()
+            .filter(|e| e.kind == SessionEventKind::Disconnected)
+            .count();
+        assert_eq!(disconnected, ns[0].ctx.connected());
+        // Buffers all came back: only the control buffer is in use.
+        let a = ns[1].rpc.alloc_stats();
+        let in_use: u64 = a.classes.iter().map(|c| c.in_use).sum();
+        assert_eq!(in_use, 1, "server buffers leaked: {a:?}");
+    });
+}
+
+#[test]
+fn session_management_errors_and_retries() {
+    with_seeds(
+        "session_management_errors_and_retries",
+        FILE,
+        &[71],
+        |seed| {
+            let mut w = SimWorld::new(seed);
+            let mut ns = nodes(&mut w, 2, seed);
+            // Unknown Rpc id at the server: the Nexus answers.
+            let sn = ns[0].rpc.create_session("node-1:31850", 77).unwrap();
+            run_until(&mut w, &mut ns, 100_000, "invalid rpc id", |ns| {
+                !ns[0].ctx.events.is_empty()
+            });
+            assert_eq!(
+                ns[0].ctx.events[0].kind,
+                SessionEventKind::ConnectFailed(SmErr::InvalidRemoteRpcId)
+            );
+            assert_eq!(ns[0].ctx.events[0].session, sn);
+            assert_eq!(ns[1].rpc.nexus().sm_stats().invalid_rpc_id_req, 1);
+            // Requests queued on a session that fails complete with an error.
+            let sn = ns[0].rpc.create_session("node-1:31850", 99).unwrap();
+            ns[0].ctx.sessions = vec![sn];
+            ns[0].ctx.todo = app::random_ops(&mut Rng::new(1), 3, &[ECHO], &[10]);
+            {
+                let n = &mut ns[0];
+                app::start(&mut n.rpc, &mut n.ctx, 3);
+            }
+            run_until(&mut w, &mut ns, 100_000, "failed requests", |ns| {
+                ns[0].ctx.failed == 3
+            });
+            // Self-connection and bad ids are refused locally.
+            assert!(ns[0].rpc.create_session("node-0:31850", 0).is_err());
+            assert!(ns[0].rpc.create_session("node-1:31850", 255).is_err());
+            assert!(ns[0].rpc.create_session("bad:uri:x", 1).is_err());
+            // Lossy, duplicating SM: retries every 100 ms, dedup by token.
+            w.net.sm_hub().set_config(SmHubConfig {
+                delay_ns: 20_000,
+                loss_ppm: 500_000,
+                dup_ppm: 300_000,
+            });
+            w.step_ns = 50_000;
+            ns[0].ctx.events.clear();
+            ns[0].ctx.errors.clear();
+            ns[0].ctx.failed = 0;
+            ns[0].ctx.sessions.clear();
+            connect(&mut w, &mut ns, 0, 1, 6);
+            assert_eq!(
+                ns[1].rpc.num_sessions(),
+                6,
+                "duplicates must not create sessions"
+            );
+            let retries = ns[0].rpc.stats().sm_retries;
+            assert!(retries > 0, "expected SM retries with 50% loss");
+            let sessions = ns[0].ctx.sessions.clone();
+            for &sn in &sessions {
+                ns[0].rpc.destroy_session(sn).unwrap();
+            }
+            run_until(&mut w, &mut ns, 1_000_000, "lossy disconnect", |ns| {
+                ns[0].rpc.num_sessions() == 0
+            });
+            w.step_ns = 500;
+            w.net.sm_hub().set_config(SmHubConfig::default());
+            run_until(&mut w, &mut ns, 100_000, "server cleanup", |ns| {
+                ns[1].rpc.num_sessions() == 0
+            });
+            // Duplicate SM responses that arrive after the session is gone are
+            // counted, never acted on.
+            let _ = ns[0].rpc.stats().drops(DropReason::SmStale);
+        },
+    );
+}
+
+#[test]
+fn transport_type_mismatch_is_refused() {
+    with_seeds("transport_type_mismatch_is_refused", FILE, &[72], |seed| {
+        let mut w = SimWorld::new(seed);
+        let mut ns = nodes(&mut w, 1, seed);
+        let nexus = app::register::<<SimWorld as World>::T>(w.nexus("other:31850"))
+            .build()
+            .unwrap();
+        let cfg = RpcConfig {
+            transport_type: erpc::TransportType::Dpdk,
+            ..RpcConfig::default()
+        };
+        ns.push(Node::new(
+            &mut w,
+            &nexus,
+            1,
+            Ctx::new(1),
+            cfg,
+            Some(app::sm_handler),
+        ));
+        let sn = ns[1].rpc.create_session("node-0:31850", 0).unwrap();
+        run_until(&mut w, &mut ns, 100_000, "mismatch", |ns| {
+            !ns[1].ctx.events.is_empty()
+        });
+        assert_eq!(
+            ns[1].ctx.events[0],
+            erpc::SessionEvent {
+                session: sn,
+                kind: SessionEventKind::ConnectFailed(SmErr::InvalidTransport)
+            }
+        );
+    });
+}
+
+#[test]
+fn duplicated_packets_run_handlers_at_most_once() {
+    with_seeds(
+        "duplicated_packets_run_handlers_at_most_once",
+        FILE,
+        &[81, 82, 83],
+        |seed| {
+            let mut w = SimWorld::with_config(SimConfig {
+                seed,
+                link: LinkConfig {
+                    dup_ppm: 150_000,
+                    ..LinkConfig::default()
+                },
+                ..SimConfig::default()
+            });
+            let mut rng = Rng::new(seed);
+            let ops = app::random_ops(
+                &mut rng,
+                1500,
+                &[ECHO, SIZED],
+                &[12, 968, 969, 4000, 12_000],
+            );
+            let mut ns = nodes(&mut w, 2, seed);
+            connect(&mut w, &mut ns, 0, 1, 2);
+            ns[0].ctx.todo = ops;
+            {
+                let n = &mut ns[0];
+                app::start(&mut n.rpc, &mut n.ctx, 16);
+            }
+            run_until(&mut w, &mut ns, 2_000_000, "dup", |ns| {
+                ns[0].ctx.completed == 1500
+            });
+            check_done::<SimWorld>(&ns);
+            assert_eq!(ns[1].ctx.handled, 1500, "a duplicate ran a handler twice");
+            let (c, s) = (ns[0].rpc.stats(), ns[1].rpc.stats());
+            assert!(w.net.stats().duplicated > 100);
+            assert!(
+                c.total_drops() > 0
+                    && s.total_drops()
+                        + s.dup_req_resp_resent
+                        + s.dup_req_cr_resent
+                        + s.dup_rfr_resent
+                        > 0,
+                "duplicates are counted: client {c}, server {s} {s:?}"
+            );
+            assert!(
+                s.dup_req_resp_resent + s.dup_req_cr_resent + s.drops(DropReason::DupReqInProgress)
+                    > 0
+            );
+        },
+    );
+}
+
+#[test]
+fn replays_exactly_from_a_seed() {
+    fn run(seed: u64) -> (u64, String, String) {
+        let mut w = SimWorld::with_config(SimConfig {
+            seed,
+            link: LinkConfig {
+                jitter_ns: 2_000,
+                dup_ppm: 50_000,
+                ..LinkConfig::default()
+            },
+            ..SimConfig::default()
+        });
+        let mut rng = Rng::new(seed);
+        let ops = app::random_ops(&mut rng, 300, &[ECHO, SIZED], &[12, 968, 5000]);
+        let mut ns = nodes(&mut w, 2, seed);
+        connect(&mut w, &mut ns, 0, 1, 2);
+        ns[0].ctx.todo = ops;
+        {
+            let n = &mut ns[0];
+            app::start(&mut n.rpc, &mut n.ctx, 16);
+        }
+        run_until(&mut w, &mut ns, 2_000_000, "replay", |ns| {
+            ns[0].ctx.completed == 300
+        });
+        (
+            w.now_ns(),
+            format!("{:?}", ns[0].rpc.stats()),
+            format!("{:?}", w.net.stats()),
+        )
+    }
+    with_seeds("replays_exactly_from_a_seed", FILE, &[91], |seed| {
+        let a = run(seed);
+        assert_eq!(a, run(seed));
+        assert_ne!(a, run(seed + 1), "a different seed should change the run");
+    });
+}
+
+/// A simulated transport that advertises routing info nobody can resolve
+/// (when `bogus`), to exercise routing-resolution failures on each side.
+#[derive(Debug)]
+struct Bogus(erpc::sim::SimTransport, bool);
+
+impl transport::Transport for Bogus {
+    type Route = <erpc::sim::SimTransport as transport::Transport>::Route;
+    type Ring = <erpc::sim::SimTransport as transport::Transport>::Ring;
+    fn local_routing_info(&self) -> transport::RoutingInfo {
+        let mut r = self.0.local_routing_info();
+        if self.1 {
+            r.udp_port = 1;
+        }
+        r
+    }
+    fn resolve(
+        &self,
+        i: &transport::RoutingInfo,
+    ) -> Result<Self::Route, transport::TransportError> {
+        self.0.resolve(i)
+    }
+    fn fill_headroom(&self, r: &Self::Route, h: &mut [u8], n: usize) {
+        self.0.fill_headroom(r, h, n)
+    }
+    fn tx_burst(&mut self, items: &[transport::TxItem<'_, Self::Route>]) -> usize {
+        self.0.tx_burst(items)
+    }
+    fn tx_burst_max(&self) -> usize {
+        self.0.tx_burst_max()
+    }
+    fn tx_flush(&mut self) {
+        self.0.tx_flush()
+    }
+    fn rx_burst(&mut self) -> usize {
+        self.0.rx_burst()
+    }
+    fn post_recvs(&mut self, n: usize) {
+        self.0.post_recvs(n)
+    }
+    fn rx_ring(&self) -> Self::Ring {
+        self.0.rx_ring()
+    }
+    fn stats(&self) -> transport::TransportStats {
+        self.0.stats()
+    }
+}
+
+#[test]
+fn routing_resolution_failures_and_server_out_of_memory() {
+    with_seeds(
+        "routing_resolution_failures_and_server_out_of_memory",
+        FILE,
+        &[101],
+        |seed| {
+            let net = erpc::sim::SimNet::new(SimConfig {
+                seed,
+                ..SimConfig::default()
+            });
+            let mk = |name: &str, bogus: bool, alloc: mempool::Allocator| {
+                let nexus = app::register::<Bogus>(erpc::Nexus::builder(name))
+                    .sm_link(net.sm_link())
+                    .clock(net.erpc_clock())
+                    .seed(seed)
+                    .build()
+                    .unwrap();
+                let t = Bogus(net.add_transport(), bogus);
+                let rpc = erpc::Rpc::new(
+                    &nexus,
+                    0,
+                    t,
+                    alloc,
+                    RpcConfig::default(),
+                    Some(app::sm_handler::<Bogus>),
+                )
+                .unwrap();
+                (rpc, Ctx::new(seed))
+            };
+            let limited = || {
+                use mempool::{
+                    Allocator, AllocatorConfig, Fallback, IdentityMapper, RegionOptions,
+                };
+                let fallback = if mempool::hugepages_available(4) {
+                    Fallback::Never
+                } else {
+                    eprintln!("note: few hugepages free; this test opts in to 4 KiB pages");
+                    Fallback::SmallPages
+                };
+                Allocator::new(
+                    std::sync::Arc::new(IdentityMapper::new()),
+                    AllocatorConfig {
+                        initial_bytes: 2 << 20,
+                        max_bytes: 2 << 20,
+                        region: RegionOptions {
+                            fallback,
+                            ..RegionOptions::default()
+                        },
+                    },
+                )
+                .unwrap()
+            };
+            let mut honest = mk("honest:1", false, erpc::sim::test_allocator(2 << 20));
+            let mut liar = mk("liar:1", true, erpc::sim::test_allocator(2 << 20));
+            let poll = |a: &mut (erpc::Rpc<Bogus, Ctx>, Ctx),
+                        b: &mut (erpc::Rpc<Bogus, Ctx>, Ctx),
+                        until: &dyn Fn(&Ctx, &Ctx) -> bool| {
+                for _ in 0..100_000 {
+                    if until(&a.1, &b.1) {
+                        return;
+                    }
+                    a.0.run_event_loop_once(&mut a.1);
+                    b.0.run_event_loop_once(&mut b.1);
+                    net.advance(1000);
+                }
+                panic!("timed out");
+            };
+            // The server cannot resolve the client's routing info.
+            let sn = liar.0.create_session("honest:1", 0).unwrap();
+            poll(&mut liar, &mut honest, &|l, _| !l.events.is_empty());
+            assert_eq!(
+                liar.1.events[0],
+                erpc::SessionEvent {
+                    session: sn,
+                    kind: SessionEventKind::ConnectFailed(SmErr::RoutingResolutionFailure)
+                }
+            );
+            assert_eq!(honest.0.num_sessions(), 0);
+            // The client cannot resolve the server's: it disconnects the
+            // session the server made, then reports the failure.
+            let sn = honest.0.create_session("liar:1", 0).unwrap();
+            poll(&mut honest, &mut liar, &|h, _| !h.events.is_empty());
+            assert_eq!(
+                honest.1.events[0],
+                erpc::SessionEvent {
+                    session: sn,
+                    kind: SessionEventKind::ConnectFailed(SmErr::RoutingResolutionFailure)
+                }
+            );
+            assert_eq!(liar.0.num_sessions(), 0, "server session torn down");
+            assert_eq!(honest.0.num_sessions(), 0);
+            // A server whose hugepage memory is exhausted refuses with
+            // OutOfMemory (it cannot preallocate the slots' response buffers).
+            let mut oom = mk("oom:1", false, limited());
+            let mut hog = Vec::new();
+            while let Ok(m) = oom.0.alloc_msg_buffer(900) {
+                hog.push(m);
+            }
+            honest.1.events.clear();
+            let sn = honest.0.create_session("oom:1", 0).unwrap();
+            poll(&mut honest, &mut oom, &|h, _| !h.events.is_empty());
+            assert_eq!(
+                honest.1.events[0],
+                erpc::SessionEvent {
+                    session: sn,
+                    kind: SessionEventKind::ConnectFailed(SmErr::OutOfMemory)
+                }
+            );
+            assert_eq!(oom.0.num_sessions(), 0);
+            // With memory back, the same pair connects.
+            for m in hog {
+                oom.0.free_msg_buffer(m);
+            }
+            honest.1.events.clear();
+            let sn = honest.0.create_session("oom:1", 0).unwrap();
+            poll(&mut honest, &mut oom, &|h, _| !h.events.is_empty());
+            assert!(honest.0.is_connected(sn));
+        },
+    );
+}
+
+#[test]
+fn few_credits_stall_and_resume() {
+    // With 2 credits per session, every multi-packet request and response
+    // waits in the credit-stall queue between credit returns.
+    with_seeds("few_credits_stall_and_resume", FILE, &[111], |seed| {
+        let mut w = SimWorld::new(seed);
+        let cfg = RpcConfig {
+            session_credits: 2,
+            ..RpcConfig::default()
+        };
+        let mut ns = nodes_with(&mut w, 2, seed, cfg);
+        connect(&mut w, &mut ns, 0, 1, 1);
+        let mut rng = Rng::new(seed);
+        ns[0].ctx.todo = app::random_ops(&mut rng, 200, &[SIZED, ECHO], &[12, 969, 5000, 40_000]);
+        {
+            let n = &mut ns[0];
+            app::start(&mut n.rpc, &mut n.ctx, 16);
+        }
+        run_until(&mut w, &mut ns, 2_000_000, "few credits", |ns| {
+            ns[0].ctx.completed == 200
+        });
+        check_done::<SimWorld>(&ns);
+        let sn = ns[0].ctx.sessions[0];
+        assert_eq!(ns[0].rpc.session_credits(sn), Some(2));
+        assert_eq!(
+            ns[0].rpc.stats().total_drops() + ns[1].rpc.stats().total_drops(),
+            0
+        );
+    });
+}
+
+#[test]
+fn api_errors_are_typed_and_return_buffers() {
+    with_seeds(
+        "api_errors_are_typed_and_return_buffers",
+        FILE,
+        &[121],
+        |seed| {
+            let mut w = SimWorld::new(seed);
+            let mut ns = nodes(&mut w, 2, seed);
+            // Rpc id already taken in that Nexus.
+            let nexus = ns[0].rpc.nexus().clone();
+            let t = w.transport();
+            let e = erpc::Rpc::<_, Ctx>::new(
+                &nexus,
+                0,
+                t,
+                w.allocator(2 << 20),
+                RpcConfig::default(),
+                None,
+            )
+            .unwrap_err();
+            assert!(matches!(e, erpc::CreateError::RpcId(0)), "{e}");
+            // A handler registered for another context type.
+            let other = app::register::<<SimWorld as World>::T>(w.nexus("typed:1"))
+                .build()
+                .unwrap();
+            let t = w.transport();
+            let e = erpc::Rpc::<_, u32>::new(
+                &other,
+                0,
+                t,
+                w.allocator(2 << 20),
+                RpcConfig::default(),
+                None,
+            )
+            .unwrap_err();
+            assert!(
+                matches!(e, erpc::CreateError::HandlerType { req_type: 1, .. }),
+                "{e}"
+            );
+            // Two handlers for one request type.
+            let e = app::register::<<SimWorld as World>::T>(w.nexus("dup:1"))
+                .bg_handler(1, |_, _| {})
+                .build()
+                .unwrap_err();
+            assert!(matches!(e, erpc::NexusError::DuplicateHandler(1)), "{e}");
+            // enqueue_request errors give both buffers back.
+            connect(&mut w, &mut ns, 0, 1, 1);
+            let req = ns[0].rpc.alloc_msg_buffer(10).unwrap();
+            let resp = ns[0].rpc.alloc_msg_buffer(10).unwrap();
+            let e = ns[0]
+                .rpc
+                .enqueue_request(999, ECHO, req, resp, app::client_cont, 0)
+                .unwrap_err();
+            assert_eq!(e.kind, erpc::EnqueueErrorKind::NoSuchSession);
+            assert_eq!((e.req.max_len(), e.resp.max_len()), (10, 10));
+            ns[0].rpc.free_msg_buffer(e.req);
+            ns[0].rpc.free_msg_buffer(e.resp);
+            let (req, resp) = (
+                ns[1].rpc.alloc_msg_buffer(10).unwrap(),
+                ns[1].rpc.alloc_msg_buffer(10).unwrap(),
+            );
+            let e = ns[1]
+                .rpc
+                .enqueue_request(0, ECHO, req, resp, app::client_cont, 0)
+                .unwrap_err();
+            assert_eq!(e.kind, erpc::EnqueueErrorKind::NotClient);
+            ns[1].rpc.free_msg_buffer(e.req);
+            ns[1].rpc.free_msg_buffer(e.resp);
+            // Destroying a busy session is refused.
+            ns[0].ctx.todo = app::random_ops(&mut Rng::new(1), 3, &[ECHO], &[100]);
+            {
+                let n = &mut ns[0];
+                app::start(&mut n.rpc, &mut n.ctx, 3);
+            }
+            let sn = ns[0].ctx.sessions[0];
+            let e = ns[0].rpc.destroy_session(sn).unwrap_err();
+            assert!(
+                matches!(e, erpc::SessionError::Busy { outstanding: 3, .. }),
+                "{e}"
+            );
+            assert!(ns[0].rpc.destroy_session(1234).is_err());
+            // Messages above the maximum are refused with the limit in the text.
+            let e = ns[0].rpc.alloc_msg_buffer(MAX_MSG_BYTES + 1).unwrap_err();
+            assert!(e.to_string().contains("7903368"), "{e}");
+            run_until(&mut w, &mut ns, 100_000, "drain", |ns| {
+                ns[0].ctx.completed == 3
+            });
+            check_done::<SimWorld>(&ns);
+        },
+    );
+}

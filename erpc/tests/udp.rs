@@ -1,0 +1,184 @@
+//! Real threads over kernel UDP (loopback): Nexuses with their SM threads
+//! on UDP, worker threads for background handlers, Rpcs on their own
+//! threads, each both client and server.
+
+mod common;
+
+use std::net::UdpSocket;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use common::app::{self, BG_SIZED, Ctx, ECHO, SIZED};
+use erpc::rng::Rng;
+use erpc::{Nexus, Rpc, RpcConfig};
+use transport::udp::{UdpConfig, UdpTransport};
+
+fn free_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+const OPS: usize = 1500;
+
+/// Runs one Rpc thread: connects to `peers`, runs `OPS` requests spread
+/// over them, and keeps serving until every thread is done.
+fn rpc_thread(
+    nexus: Arc<Nexus>,
+    rpc_id: u8,
+    peers: Vec<(String, u8)>,
+    ready: Arc<Barrier>,
+    done: Arc<AtomicUsize>,
+    threads: usize,
+) -> Result<(), String> {
+    let t = UdpTransport::new(&UdpConfig::loopback()).map_err(|e| e.to_string())?;
+    let alloc = erpc::sim::test_allocator(8 << 20);
+    let mut rpc: Rpc<UdpTransport, Ctx> = Rpc::new(
+        &nexus,
+        rpc_id,
+        t,
+        alloc,
+        RpcConfig::default(),
+        Some(app::sm_handler::<UdpTransport>),
+    )
+    .map_err(|e| e.to_string())?;
+    let mut ctx = Ctx::new(0x1234 + u64::from(rpc_id));
+    ready.wait();
+    for (uri, id) in &peers {
+        let sn = rpc.create_session(uri, *id).map_err(|e| e.to_string())?;
+        ctx.sessions.push(sn);
+    }
+    let clock = nexus.clock().clone();
+    let deadline = clock.now_ns() + 60_000_000_000;
+    while !ctx.sessions.iter().all(|&s| rpc.is_connected(s)) {
+        rpc.run_event_loop_once(&mut ctx);
+        if clock.now_ns() > deadline {
+            return Err(format!(
+                "rpc {rpc_id}: sessions did not connect: {:?}",
+                ctx.events
+            ));
+        }
+    }
+    let mut rng = Rng::new(u64::from(rpc_id) + 77);
+    ctx.todo = app::random_ops(
+        &mut rng,
+        OPS,
+        &[ECHO, SIZED, BG_SIZED],
+        &[12, 500, 968, 969, 4000, 20_000],
+    );
+    app::start(&mut rpc, &mut ctx, 12);
+    let mut counted = false;
+    while done.load(Ordering::Acquire) < threads {
+        rpc.run_event_loop_once(&mut ctx);
+        if !counted && ctx.completed + ctx.failed == OPS as u64 {
+            counted = true;
+            done.fetch_add(1, Ordering::AcqRel);
+        }
+        if clock.now_ns() > deadline {
+            return Err(format!(
+                "rpc {rpc_id}: {} of {OPS} done after 60 s; stats {}; transport {:?}",
+                ctx.completed,
+                rpc.stats(),
+                transport::Transport::stats(rpc.transport())
+            ));
+        }
+    }
+    // Serve a little longer so peers' last responses are not cut off.
+    rpc.run_event_loop(&mut ctx, Duration::from_millis(20));
+    if !ctx.errors.is_empty() || ctx.bad_data != 0 {
+        return Err(format!(
+            "rpc {rpc_id}: {:?}",
+            &ctx.errors[..ctx.errors.len().min(5)]
+        ));
+    }
+    for &sn in &ctx.sessions {
+        rpc.destroy_session(sn).map_err(|e| e.to_string())?;
+    }
+    let until = clock.now_ns() + 5_000_000_000;
+    while rpc.num_sessions() > 0 && clock.now_ns() < until {
+        rpc.run_event_loop_once(&mut ctx);
+    }
+    Ok(())
+}
+
+#[test]
+fn three_rpcs_two_nexuses_real_threads() {
+    // Nexus A hosts Rpcs 0 and 1 (SM routed by Rpc id); Nexus B hosts Rpc 0.
+    let (pa, pb) = (free_port(), free_port());
+    let ua = format!("127.0.0.1:{pa}");
+    let ub = format!("127.0.0.1:{pb}");
+    let build = |uri: &str| {
+        app::register::<UdpTransport>(Nexus::builder(uri))
+            .workers(2)
+            .build()
+            .expect("nexus")
+    };
+    let (na, nb) = (build(&ua), build(&ub));
+    assert_eq!(na.worker_threads(), 2);
+    let rpcs = [
+        (na.clone(), 0u8, vec![(ua.clone(), 1u8), (ub.clone(), 0u8)]),
+        (na.clone(), 1u8, vec![(ua.clone(), 0u8), (ub.clone(), 0u8)]),
+        (nb.clone(), 0u8, vec![(ua.clone(), 0u8), (ua.clone(), 1u8)]),
+    ];
+    let n = rpcs.len();
+    let ready = Arc::new(Barrier::new(n));
+    let done = Arc::new(AtomicUsize::new(0));
+    let handles: Vec<_> = rpcs
+        .into_iter()
+        .map(|(nexus, id, peers)| {
+            let (ready, done) = (ready.clone(), done.clone());
+            std::thread::spawn(move || rpc_thread(nexus, id, peers, ready, done, n))
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("thread panicked").expect("rpc thread");
+    }
+    let (sa, sb) = (na.sm_stats(), nb.sm_stats());
+    assert!(sa.delivered > 0 && sb.delivered > 0);
+    assert_eq!(sa.malformed + sb.malformed, 0);
+}
+
+#[test]
+fn sm_over_udp_unknown_rpc_id_and_garbage() {
+    let p = free_port();
+    let uri = format!("127.0.0.1:{p}");
+    let nexus = app::register::<UdpTransport>(Nexus::builder(&uri))
+        .workers(0)
+        .build()
+        .unwrap();
+    let t = UdpTransport::new(&UdpConfig::loopback()).unwrap();
+    let mut rpc: Rpc<UdpTransport, Ctx> = Rpc::new(
+        &nexus,
+        3,
+        t,
+        erpc::sim::test_allocator(4 << 20),
+        RpcConfig::default(),
+        Some(app::sm_handler::<UdpTransport>),
+    )
+    .unwrap();
+    let mut ctx = Ctx::new(1);
+    // Garbage to the SM port is counted, never trusted.
+    let junk = UdpSocket::bind("127.0.0.1:0").unwrap();
+    junk.send_to(&[0xffu8; 392], &uri).unwrap();
+    junk.send_to(b"short", &uri).unwrap();
+    // A session to an Rpc id nobody has: the Nexus answers for it.
+    let sn = rpc.create_session(&uri, 9).unwrap();
+    let clock = nexus.clock().clone();
+    let deadline = clock.now_ns() + 10_000_000_000;
+    while ctx.events.is_empty() && clock.now_ns() < deadline {
+        rpc.run_event_loop_once(&mut ctx);
+    }
+    assert_eq!(
+        ctx.events,
+        vec![erpc::SessionEvent {
+            session: sn,
+            kind: erpc::SessionEventKind::ConnectFailed(erpc::SmErr::InvalidRemoteRpcId)
+        }]
+    );
+    let st = nexus.sm_stats();
+    assert_eq!(st.malformed, 2, "{st:?}");
+    assert_eq!(st.invalid_rpc_id_req, 1);
+}
