@@ -1,0 +1,776 @@
+//! The model's IOMMU, and the only unsafe code in the crate.
+//!
+//! Every byte the device model reads or writes in host memory goes through
+//! [`Iommu`]: an IOVA is translated through the table of mappings made by
+//! [`SimMapper`] (the model's [`DmaMapper`]), and an access that is not
+//! entirely inside mapped IOVA space is a [`DmaFault`], reported and
+//! counted, that touches nothing. Accesses are also refused (and counted)
+//! while PCI bus mastering is off.
+//!
+//! IOVAs are assigned from [`IOVA_BASE`] upwards, deliberately unlike the
+//! virtual addresses, with an unmapped guard page after every mapping, so a
+//! driver that confuses the two, or runs off the end of a buffer, faults.
+//!
+//! [`HostMem`] is the other side: page-aligned host memory for tests (the
+//! "driver" side of the raw-command tests) with accessors that never form a
+//! reference to memory the device writes.
+//!
+//! # Soundness argument
+//!
+//! * A mapping's memory stays valid from `map` until `unmap`: that is the
+//!   contract of [`DmaMapper`] (the region or [`HostMem`] that mapped it
+//!   unmaps before releasing the memory).
+//! * Every access holds the table's read lock for its whole duration, and
+//!   `unmap` takes the write lock, so no access is in flight into memory
+//!   whose mapping has gone.
+//! * The model never creates references into host memory; it copies with
+//!   raw pointers. Memory shared with a concurrently running driver is
+//!   handed over by the PRM's ownership protocol (owner bits, doorbell
+//!   records), exactly as with a real device; the bytes a driver polls
+//!   (`op_own`, EQE `owner`, command `status_own`, the overrun CQ's
+//!   `wqe_id`/`wqe_counter`) are written with atomic release stores.
+#![allow(unsafe_code)]
+
+use std::alloc::Layout;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use mempool::{DmaError, DmaMapper, DmaMapping};
+
+/// First IOVA the model hands out (far from any user-space virtual address).
+pub const IOVA_BASE: u64 = 0x1_0000_0000;
+/// Unmapped gap left after every mapping.
+pub const IOVA_GUARD: u64 = 4096;
+/// IOMMU page size.
+pub const PAGE: usize = 4096;
+
+/// Why a DMA access was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// Part of the range is not inside any mapping.
+    Unmapped,
+    /// PCI bus mastering is disabled.
+    BusMasterDisabled,
+    /// An atomic access at an address not aligned to its size.
+    Misaligned,
+}
+
+impl fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FaultKind::Unmapped => "not mapped",
+            FaultKind::BusMasterDisabled => "bus mastering disabled",
+            FaultKind::Misaligned => "misaligned atomic access",
+        })
+    }
+}
+
+/// A refused DMA access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("DMA {} of {len} bytes at IOVA {iova:#x} refused: {kind}", if *.write { "write" } else { "read" })]
+pub struct DmaFault {
+    /// First byte of the access.
+    pub iova: u64,
+    /// Bytes.
+    pub len: usize,
+    /// True for a device write into host memory.
+    pub write: bool,
+    /// Why.
+    pub kind: FaultKind,
+}
+
+/// Why the model's mapper refused a map or unmap.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MapError {
+    /// `va` or `len` is not a non-zero multiple of 4 KiB.
+    #[error("VA {va:#x} / length {len:#x} is not a non-zero multiple of 4 KiB")]
+    Unaligned {
+        /// Virtual address.
+        va: usize,
+        /// Length.
+        len: usize,
+    },
+    /// The IOVA space is exhausted.
+    #[error("no IOVA space left for {len:#x} bytes")]
+    Exhausted {
+        /// Length.
+        len: usize,
+    },
+    /// Nothing is mapped at that IOVA.
+    #[error("nothing is mapped at IOVA {iova:#x}")]
+    NotMapped {
+        /// IOVA.
+        iova: u64,
+    },
+    /// The mapping at that IOVA has another VA or length.
+    #[error("mapping at IOVA {iova:#x} is VA {va:#x} + {len:#x}, not the one given")]
+    Mismatch {
+        /// IOVA.
+        iova: u64,
+        /// Recorded VA.
+        va: usize,
+        /// Recorded length.
+        len: usize,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    va: usize,
+    len: usize,
+}
+
+/// One mapping, for introspection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MappingInfo {
+    /// Device address.
+    pub iova: u64,
+    /// Host virtual address.
+    pub va: usize,
+    /// Bytes.
+    pub len: usize,
+}
+
+/// IOMMU counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IommuStats {
+    /// Successful maps.
+    pub maps: u64,
+    /// Successful unmaps.
+    pub unmaps: u64,
+    /// Accesses refused because the range was not mapped (or misaligned).
+    pub faults: u64,
+    /// Accesses refused because bus mastering was off.
+    pub blocked_no_bus_master: u64,
+    /// Bytes read from host memory.
+    pub bytes_read: u64,
+    /// Bytes written to host memory.
+    pub bytes_written: u64,
+}
+
+/// The model's IOMMU: the IOVA → host memory table of one PCI function.
+#[derive(Debug)]
+pub struct Iommu {
+    table: RwLock<BTreeMap<u64, Entry>>,
+    next_iova: Mutex<u64>,
+    bus_master: AtomicBool,
+    maps: AtomicU64,
+    unmaps: AtomicU64,
+    faults: AtomicU64,
+    blocked: AtomicU64,
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+    last_fault: Mutex<Option<DmaFault>>,
+}
+
+impl Default for Iommu {
+    fn default() -> Self {
+        Iommu::new()
+    }
+}
+
+/// A translated piece of an access: host address and length.
+type Piece = (usize, usize);
+
+impl Iommu {
+    /// An empty IOMMU with bus mastering off.
+    pub fn new() -> Iommu {
+        Iommu {
+            table: RwLock::new(BTreeMap::new()),
+            next_iova: Mutex::new(IOVA_BASE),
+            bus_master: AtomicBool::new(false),
+            maps: AtomicU64::new(0),
+            unmaps: AtomicU64::new(0),
+            faults: AtomicU64::new(0),
+            blocked: AtomicU64::new(0),
+            bytes_read: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
+            last_fault: Mutex::new(None),
+        }
+    }
+
+    /// Turns bus mastering on or off (PCI COMMAND bit 2).
+    pub fn set_bus_master(&self, on: bool) {
+        self.bus_master.store(on, Ordering::Release);
+    }
+
+    /// Whether the function may master the bus.
+    pub fn bus_master(&self) -> bool {
+        self.bus_master.load(Ordering::Acquire)
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> IommuStats {
+        IommuStats {
+            maps: self.maps.load(Ordering::Relaxed),
+            unmaps: self.unmaps.load(Ordering::Relaxed),
+            faults: self.faults.load(Ordering::Relaxed),
+            blocked_no_bus_master: self.blocked.load(Ordering::Relaxed),
+            bytes_read: self.bytes_read.load(Ordering::Relaxed),
+            bytes_written: self.bytes_written.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The most recent fault.
+    pub fn last_fault(&self) -> Option<DmaFault> {
+        *lock(&self.last_fault)
+    }
+
+    /// Every live mapping, by IOVA.
+    pub fn mappings(&self) -> Vec<MappingInfo> {
+        read_table(&self.table)
+            .iter()
+            .map(|(&iova, e)| MappingInfo {
+                iova,
+                va: e.va,
+                len: e.len,
+            })
+            .collect()
+    }
+
+    /// True if `[iova, iova + len)` is entirely mapped (no access is made).
+    pub fn is_mapped(&self, iova: u64, len: usize) -> bool {
+        let t = read_table(&self.table);
+        translate(&t, iova, len).is_some()
+    }
+
+    fn map(&self, va: usize, len: usize) -> Result<u64, MapError> {
+        if len == 0 || va % PAGE != 0 || len % PAGE != 0 {
+            return Err(MapError::Unaligned { va, len });
+        }
+        let mut next = lock(&self.next_iova);
+        let align: u64 = if len >= 2 << 20 { 2 << 20 } else { PAGE as u64 };
+        let iova = next.div_ceil(align) * align;
+        let end = iova
+            .checked_add(len as u64)
+            .and_then(|e| e.checked_add(IOVA_GUARD))
+            .filter(|e| *e < 1 << 56)
+            .ok_or(MapError::Exhausted { len })?;
+        *next = end;
+        write_table(&self.table).insert(iova, Entry { va, len });
+        self.maps.fetch_add(1, Ordering::Relaxed);
+        Ok(iova)
+    }
+
+    fn unmap(&self, va: usize, iova: u64, len: usize) -> Result<(), MapError> {
+        let mut t = write_table(&self.table);
+        match t.get(&iova) {
+            None => Err(MapError::NotMapped { iova }),
+            Some(e) if e.va != va || e.len != len => Err(MapError::Mismatch {
+                iova,
+                va: e.va,
+                len: e.len,
+            }),
+            Some(_) => {
+                t.remove(&iova);
+                self.unmaps.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+        }
+    }
+
+    fn fault(&self, iova: u64, len: usize, write: bool, kind: FaultKind) -> DmaFault {
+        let f = DmaFault {
+            iova,
+            len,
+            write,
+            kind,
+        };
+        if kind == FaultKind::BusMasterDisabled {
+            self.blocked.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.faults.fetch_add(1, Ordering::Relaxed);
+        }
+        *lock(&self.last_fault) = Some(f);
+        tracing::debug!(%f, "device model DMA fault");
+        f
+    }
+
+    /// Runs `f` on the host pieces of `[iova, iova + len)` with the table
+    /// locked, or reports the fault.
+    fn with_pieces<R>(
+        &self,
+        iova: u64,
+        len: usize,
+        write: bool,
+        f: impl FnOnce(&[Piece]) -> R,
+    ) -> Result<R, DmaFault> {
+        if !self.bus_master() {
+            return Err(self.fault(iova, len, write, FaultKind::BusMasterDisabled));
+        }
+        let t = read_table(&self.table);
+        match translate(&t, iova, len) {
+            Some(pieces) => {
+                let r = f(&pieces);
+                drop(t);
+                let c = if write {
+                    &self.bytes_written
+                } else {
+                    &self.bytes_read
+                };
+                c.fetch_add(len as u64, Ordering::Relaxed);
+                Ok(r)
+            }
+            None => {
+                drop(t);
+                Err(self.fault(iova, len, write, FaultKind::Unmapped))
+            }
+        }
+    }
+
+    /// Copies `buf.len()` bytes from device address `iova` into `buf`.
+    pub fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
+        let len = buf.len();
+        self.with_pieces(iova, len, false, |pieces| {
+            let mut done = 0;
+            for &(va, n) in pieces {
+                // SAFETY: `va..va + n` lies inside a live mapping (checked by
+                // `translate` under the table lock, which is held until this
+                // closure returns), so it is valid host memory by the
+                // DmaMapper contract; `buf[done..done + n]` is in bounds since
+                // the pieces sum to `buf.len()`; the ranges cannot overlap
+                // because `buf` is a Rust-owned slice, not DMA memory.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(va as *const u8, buf.as_mut_ptr().add(done), n)
+                };
+                done += n;
+            }
+        })
+    }
+
+    /// Copies `data` to device address `iova`.
+    pub fn write(&self, iova: u64, data: &[u8]) -> Result<(), DmaFault> {
+        self.with_pieces(iova, data.len(), true, |pieces| {
+            let mut done = 0;
+            for &(va, n) in pieces {
+                // SAFETY: as in `read`: the destination is inside a live
+                // mapping while the table lock is held, the source range is
+                // in bounds of `data`, and the two cannot overlap.
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(done), va as *mut u8, n) };
+                done += n;
+            }
+        })
+    }
+
+    /// Fills `len` bytes at `iova` with `byte`.
+    pub fn fill(&self, iova: u64, len: usize, byte: u8) -> Result<(), DmaFault> {
+        self.with_pieces(iova, len, true, |pieces| {
+            for &(va, n) in pieces {
+                // SAFETY: the range lies inside a live mapping while the
+                // table lock is held.
+                unsafe { std::ptr::write_bytes(va as *mut u8, byte, n) };
+            }
+        })
+    }
+
+    fn atomic_ptr(&self, iova: u64, size: usize, write: bool) -> Result<(), DmaFault> {
+        if iova % size as u64 != 0 {
+            return Err(self.fault(iova, size, write, FaultKind::Misaligned));
+        }
+        Ok(())
+    }
+
+    /// Stores one byte with release ordering (ownership bytes: written last).
+    pub fn store_u8_release(&self, iova: u64, v: u8) -> Result<(), DmaFault> {
+        self.with_pieces(iova, 1, true, |p| {
+            // SAFETY: one byte inside a live mapping (table lock held);
+            // any address is aligned for AtomicU8, and the atomic is only
+            // used for this store.
+            unsafe { AtomicU8::from_ptr(p[0].0 as *mut u8) }.store(v, Ordering::Release);
+        })
+    }
+
+    /// Stores a big-endian u16 atomically with release ordering (the
+    /// overrun CQ's `wqe_counter`/`wqe_id`, which a reader snapshots).
+    pub fn store_be16_release(&self, iova: u64, v: u16) -> Result<(), DmaFault> {
+        self.atomic_ptr(iova, 2, true)?;
+        self.with_pieces(iova, 2, true, |p| {
+            debug_assert_eq!(p.len(), 1, "an aligned u16 never spans mappings");
+            // SAFETY: two bytes inside one live mapping (IOVA and VA are
+            // both page-aligned at mapping start, so the 2-byte IOVA
+            // alignment checked above carries over to the VA).
+            unsafe { AtomicU16::from_ptr(p[0].0 as *mut u16) }.store(v.to_be(), Ordering::Release);
+        })
+    }
+
+    /// Loads a big-endian u32 atomically with acquire ordering (doorbell
+    /// records).
+    pub fn load_be32_acquire(&self, iova: u64) -> Result<u32, DmaFault> {
+        self.atomic_ptr(iova, 4, false)?;
+        self.with_pieces(iova, 4, false, |p| {
+            // SAFETY: four bytes inside one live mapping, 4-byte aligned
+            // (see `store_be16_release`).
+            u32::from_be(unsafe { AtomicU32::from_ptr(p[0].0 as *mut u32) }.load(Ordering::Acquire))
+        })
+    }
+
+    /// Loads one byte with acquire ordering.
+    pub fn load_u8_acquire(&self, iova: u64) -> Result<u8, DmaFault> {
+        self.with_pieces(iova, 1, false, |p| {
+            // SAFETY: one byte inside a live mapping.
+            unsafe { AtomicU8::from_ptr(p[0].0 as *mut u8) }.load(Ordering::Acquire)
+        })
+    }
+}
+
+/// Splits `[iova, iova + len)` into host pieces, or `None` if any byte is
+/// unmapped.
+fn translate(t: &BTreeMap<u64, Entry>, iova: u64, len: usize) -> Option<Vec<Piece>> {
+    let mut pieces = Vec::with_capacity(1);
+    let mut cur = iova;
+    let end = iova.checked_add(len as u64)?;
+    if len == 0 {
+        return Some(pieces);
+    }
+    while cur < end {
+        let (&base, e) = t.range(..=cur).next_back()?;
+        let off = cur - base;
+        if off >= e.len as u64 {
+            return None;
+        }
+        let n = (e.len as u64 - off).min(end - cur);
+        pieces.push((e.va + off as usize, n as usize));
+        cur += n;
+    }
+    Some(pieces)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn read_table<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write_table<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The model's [`DmaMapper`]: assigns IOVAs and records them in the IOMMU.
+#[derive(Debug, Clone)]
+pub struct SimMapper {
+    iommu: Arc<Iommu>,
+}
+
+impl SimMapper {
+    /// A mapper that fills `iommu`.
+    pub fn new(iommu: Arc<Iommu>) -> SimMapper {
+        SimMapper { iommu }
+    }
+}
+
+impl DmaMapper for SimMapper {
+    fn map(&self, va: usize, len: usize) -> Result<DmaMapping, DmaError> {
+        match self.iommu.map(va, len) {
+            Ok(iova) => Ok(DmaMapping { iova, len, lkey: 0 }),
+            Err(e) => Err(DmaError {
+                op: "map",
+                va,
+                iova: 0,
+                len,
+                source: Box::new(e),
+            }),
+        }
+    }
+
+    fn unmap(&self, va: usize, mapping: &DmaMapping) -> Result<(), DmaError> {
+        self.iommu
+            .unmap(va, mapping.iova, mapping.len)
+            .map_err(|e| DmaError {
+                op: "unmap",
+                va,
+                iova: mapping.iova,
+                len: mapping.len,
+                source: Box::new(e),
+            })
+    }
+}
+
+/// Page-aligned, zeroed host memory mapped for DMA through a mapper: what a
+/// test (playing the driver) gives the device model.
+///
+/// All accessors take `&self`: the memory is shared with the device. They
+/// copy through raw pointers and never hand out references into it.
+/// Offsets out of range are a bug in the test and panic with the numbers.
+pub struct HostMem {
+    ptr: NonNull<u8>,
+    layout: Layout,
+    mapper: Arc<dyn DmaMapper>,
+    mapping: DmaMapping,
+}
+
+// SAFETY: HostMem owns its allocation (like a Box<[u8]>); all access goes
+// through raw-pointer copies and atomics, and concurrent use from several
+// threads is the same shared-memory situation as device DMA (callers follow
+// an ownership protocol for the bytes they share).
+unsafe impl Send for HostMem {}
+// SAFETY: see `Send`; `&self` methods never create references into the
+// allocation.
+unsafe impl Sync for HostMem {}
+
+impl fmt::Debug for HostMem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "HostMem(va {:#x}, iova {:#x}, {} bytes)",
+            self.ptr.as_ptr() as usize,
+            self.mapping.iova,
+            self.layout.size()
+        )
+    }
+}
+
+/// Allocating or mapping host memory failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HostMemError {
+    /// The size is zero or overflows.
+    #[error("cannot allocate {len} bytes of page-aligned memory")]
+    Alloc {
+        /// Requested bytes.
+        len: usize,
+    },
+    /// The mapper refused.
+    #[error(transparent)]
+    Map(#[from] DmaError),
+}
+
+impl HostMem {
+    /// Allocates `len` bytes (rounded up to 4 KiB), zeroed, and maps them.
+    pub fn new(mapper: Arc<dyn DmaMapper>, len: usize) -> Result<HostMem, HostMemError> {
+        let size = len.max(1).div_ceil(PAGE) * PAGE;
+        let layout =
+            Layout::from_size_align(size, PAGE).map_err(|_| HostMemError::Alloc { len })?;
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).ok_or(HostMemError::Alloc { len })?;
+        match mapper.map(ptr.as_ptr() as usize, size) {
+            Ok(mapping) => Ok(HostMem {
+                ptr,
+                layout,
+                mapper,
+                mapping,
+            }),
+            Err(e) => {
+                // SAFETY: allocated above with this layout, never shared.
+                unsafe { std::alloc::dealloc(raw, layout) };
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Device address of byte 0.
+    pub fn iova(&self) -> u64 {
+        self.mapping.iova
+    }
+
+    /// Device address of byte `off`.
+    pub fn iova_at(&self, off: usize) -> u64 {
+        self.mapping.iova + off as u64
+    }
+
+    /// Host virtual address of byte 0.
+    pub fn va(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+
+    /// Bytes.
+    pub fn len(&self) -> usize {
+        self.layout.size()
+    }
+
+    /// Never empty.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    fn check(&self, off: usize, n: usize, align: usize) {
+        assert!(
+            off.checked_add(n).is_some_and(|e| e <= self.len()) && off % align == 0,
+            "HostMem access of {n} bytes at offset {off:#x} outside {} bytes (or misaligned)",
+            self.len()
+        );
+    }
+
+    /// Copies `data` to offset `off`.
+    pub fn write(&self, off: usize, data: &[u8]) {
+        self.check(off, data.len(), 1);
+        // SAFETY: in bounds of the owned allocation (checked); `data` is a
+        // Rust slice that cannot overlap memory we own exclusively.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(off), data.len())
+        };
+    }
+
+    /// Copies from offset `off` into `buf`.
+    pub fn read(&self, off: usize, buf: &mut [u8]) {
+        self.check(off, buf.len(), 1);
+        // SAFETY: in bounds of the owned allocation (checked).
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), buf.as_mut_ptr(), buf.len())
+        };
+    }
+
+    /// `len` bytes from `off`.
+    pub fn read_vec(&self, off: usize, len: usize) -> Vec<u8> {
+        let mut v = vec![0; len];
+        self.read(off, &mut v);
+        v
+    }
+
+    /// Fills `len` bytes from `off` with `byte`.
+    pub fn fill(&self, off: usize, len: usize, byte: u8) {
+        self.check(off, len, 1);
+        // SAFETY: in bounds of the owned allocation (checked).
+        unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(off), byte, len) };
+    }
+
+    /// Big-endian u32 at `off`.
+    pub fn read_be32(&self, off: usize) -> u32 {
+        let mut b = [0; 4];
+        self.read(off, &mut b);
+        u32::from_be_bytes(b)
+    }
+
+    /// Writes a big-endian u32 at `off`.
+    pub fn write_be32(&self, off: usize, v: u32) {
+        self.write(off, &v.to_be_bytes());
+    }
+
+    /// Writes a big-endian u64 at `off`.
+    pub fn write_be64(&self, off: usize, v: u64) {
+        self.write(off, &v.to_be_bytes());
+    }
+
+    /// Stores a big-endian u32 at `off` (4-byte aligned) with release
+    /// ordering: a doorbell record update.
+    pub fn store_be32_release(&self, off: usize, v: u32) {
+        self.check(off, 4, 4);
+        // SAFETY: in bounds and 4-byte aligned (checked; the allocation is
+        // page aligned).
+        unsafe { AtomicU32::from_ptr(self.ptr.as_ptr().add(off) as *mut u32) }
+            .store(v.to_be(), Ordering::Release);
+    }
+
+    /// Loads one byte at `off` with acquire ordering: an ownership byte.
+    pub fn load_u8_acquire(&self, off: usize) -> u8 {
+        self.check(off, 1, 1);
+        // SAFETY: in bounds (checked).
+        unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().add(off)) }.load(Ordering::Acquire)
+    }
+
+    /// Stores one byte at `off` with release ordering.
+    pub fn store_u8_release(&self, off: usize, v: u8) {
+        self.check(off, 1, 1);
+        // SAFETY: in bounds (checked).
+        unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().add(off)) }.store(v, Ordering::Release);
+    }
+
+    /// Loads a big-endian u16 at `off` (2-byte aligned) atomically with
+    /// acquire ordering (the overrun CQ snapshot).
+    pub fn load_be16_acquire(&self, off: usize) -> u16 {
+        self.check(off, 2, 2);
+        // SAFETY: in bounds and aligned (checked).
+        u16::from_be(
+            unsafe { AtomicU16::from_ptr(self.ptr.as_ptr().add(off) as *mut u16) }
+                .load(Ordering::Acquire),
+        )
+    }
+}
+
+impl Drop for HostMem {
+    fn drop(&mut self) {
+        let va = self.va();
+        if let Err(e) = self.mapper.unmap(va, &self.mapping) {
+            // The device may still reach the memory: leak it rather than
+            // free memory a mapping points at.
+            tracing::error!(%e, "HostMem unmap failed; leaking the allocation");
+            return;
+        }
+        // SAFETY: allocated in `new` with `self.layout`; the mapping is gone
+        // (unmap waited for in-flight accesses under the IOMMU write lock),
+        // so nothing can reach the memory any more.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setup() -> (Arc<Iommu>, Arc<dyn DmaMapper>) {
+        let iommu = Arc::new(Iommu::new());
+        iommu.set_bus_master(true);
+        let m: Arc<dyn DmaMapper> = Arc::new(SimMapper::new(iommu.clone()));
+        (iommu, m)
+    }
+
+    #[test]
+    fn iovas_differ_from_vas_and_have_guards() {
+        let (iommu, m) = setup();
+        let a = HostMem::new(m.clone(), 4096).unwrap();
+        let b = HostMem::new(m.clone(), 8192).unwrap();
+        assert!(a.iova() >= IOVA_BASE);
+        assert_ne!(a.iova(), a.va() as u64);
+        assert_eq!(b.iova(), a.iova() + 4096 + IOVA_GUARD);
+        // The guard page faults.
+        let mut x = [0u8; 1];
+        let f = iommu.read(a.iova() + 4096, &mut x).unwrap_err();
+        assert_eq!(f.kind, FaultKind::Unmapped);
+        // A straddling access faults and writes nothing.
+        assert!(iommu.write(a.iova() + 4090, &[7; 10]).is_err());
+        assert_eq!(a.read_vec(4090, 6), vec![0; 6]);
+        assert_eq!(iommu.stats().faults, 2);
+    }
+
+    #[test]
+    fn round_trip_and_atomics() {
+        let (iommu, m) = setup();
+        let a = HostMem::new(m, 4096).unwrap();
+        iommu.write(a.iova_at(10), b"hello").unwrap();
+        assert_eq!(a.read_vec(10, 5), b"hello");
+        a.store_be32_release(64, 0x1234_5678);
+        assert_eq!(iommu.load_be32_acquire(a.iova_at(64)).unwrap(), 0x1234_5678);
+        iommu.store_be16_release(a.iova_at(2), 0xbeef).unwrap();
+        assert_eq!(a.load_be16_acquire(2), 0xbeef);
+        assert_eq!(
+            iommu.store_be16_release(a.iova_at(3), 1).unwrap_err().kind,
+            FaultKind::Misaligned
+        );
+        iommu.store_u8_release(a.iova_at(63), 0xf1).unwrap();
+        assert_eq!(a.load_u8_acquire(63), 0xf1);
+    }
+
+    #[test]
+    fn bus_master_gates_dma_and_unmap_removes() {
+        let (iommu, m) = setup();
+        let a = HostMem::new(m, 4096).unwrap();
+        let iova = a.iova();
+        iommu.set_bus_master(false);
+        assert_eq!(
+            iommu.write(iova, &[1]).unwrap_err().kind,
+            FaultKind::BusMasterDisabled
+        );
+        assert_eq!(iommu.stats().blocked_no_bus_master, 1);
+        iommu.set_bus_master(true);
+        drop(a);
+        assert!(iommu.read(iova, &mut [0]).is_err());
+        assert_eq!(iommu.stats().unmaps, 1);
+    }
+
+    #[test]
+    fn mapper_rejects_unaligned_and_bad_unmap() {
+        let (_, m) = setup();
+        assert!(m.map(0x1001, 4096).is_err());
+        assert!(m.map(0x1000, 0).is_err());
+        let bogus = DmaMapping {
+            iova: 0x42,
+            len: 4096,
+            lkey: 0,
+        };
+        assert!(m.unmap(0x1000, &bogus).is_err());
+    }
+}

@@ -1,0 +1,810 @@
+//! One device-model NIC (one PCI function): its configuration, BAR0
+//! register file and dispatch, PCI configuration space, the receive entry
+//! point from the fabric, and introspection.
+//!
+//! # BAR0 layout
+//!
+//! | pages | contents |
+//! |---|---|
+//! | 0 | initialization segment (fw rev, cmdif rev 5, cmdq address/size/stride, command doorbell, `initializing`, health buffer) |
+//! | 1 | internal timer (0x1000/0x1004), health counter (0x1010), real-time clock (0x1040/0x1044) |
+//! | 2 | IEEE 1588 clock (0x2000) |
+//! | 3..8 | reserved (reads 0) |
+//! | [`FIRST_UAR`].. | UAR pages handed out by ALLOC_UAR: CQ arm doorbell +0x20 (64-bit), EQ doorbells +0x40 (arm) / +0x48, bfregs at +0x800 + k × 512 (k = 0..3, two halves of 256 bytes each) |
+//!
+//! # Locks
+//!
+//! Per NIC: `fw` (command interface) → `dp` (object tables, read by the
+//! datapath, written by commands) → one SQ or RQ → its CQ → its EQ. No lock
+//! of a NIC is held while a frame is handed to the fabric, so delivery
+//! into another NIC (or this one, for loopback) never deadlocks.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
+
+use mempool::DmaMapper;
+use mlx5::hw::pci;
+use mlx5::prm::init_seg::{CMDIF_REV, CMDIF_REV_SHIFT, INITIALIZING_BIT};
+use mlx5::prm::uar::{
+    BF_OFFSET, BFREGS_PER_UAR, CQ_DOORBELL, EQ_DOORBELL_ARM, EQ_DOORBELL_NO_ARM, UAR_PAGE_BYTES,
+};
+
+use crate::dma::{DmaFault, Iommu, MappingInfo, SimMapper};
+use crate::fabric::{Fabric, FabricInner, PortId, PortSink};
+use crate::firmware::{CommandRecord, Firmware, HcaState, cmdq};
+use crate::inject::{InjectError, Injection};
+use crate::objects::{Datapath, Vport};
+use crate::packet;
+use crate::stats::{Counters, DropReason, NicStats, ObjectCounts, Queues};
+use crate::steering::Verdict;
+use crate::util::{lock, mac_str, read, write};
+use crate::{backend::SimBackend, rx, tx};
+
+/// First BAR0 page handed out as a UAR (pages below hold the init segment
+/// and clocks).
+pub const FIRST_UAR: u32 = 8;
+/// Size of a bfreg (`log_bf_reg_size` 9).
+pub const BF_REG_BYTES: usize = 512;
+/// PCI configuration space size (PCIe extended).
+pub const CONFIG_SPACE_BYTES: usize = 4096;
+
+/// Resource limits of a function (the caps report their log2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Protection domains.
+    pub max_pds: u32,
+    /// Transport domains.
+    pub max_tds: u32,
+    /// Memory keys.
+    pub max_mkeys: u32,
+    /// Event queues.
+    pub max_eqs: u32,
+    /// Completion queues.
+    pub max_cqs: u32,
+    /// Send queues.
+    pub max_sqs: u32,
+    /// Receive queues.
+    pub max_rqs: u32,
+    /// TIRs.
+    pub max_tirs: u32,
+    /// TISes.
+    pub max_tises: u32,
+    /// Flow tables.
+    pub max_flow_tables: u32,
+    /// Q counter sets.
+    pub max_q_counters: u32,
+    /// log2 of the largest CQ.
+    pub log_max_cq_sz: u8,
+    /// log2 of the largest EQ.
+    pub log_max_eq_sz: u8,
+    /// log2 of the largest WQ.
+    pub log_max_wq_sz: u8,
+    /// log2 of the largest flow table.
+    pub log_max_ft_size: u8,
+    /// log2 of the unicast MAC list.
+    pub log_max_uc_list: u8,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_pds: 1 << 16,
+            max_tds: 1 << 16,
+            max_mkeys: 1 << 16,
+            max_eqs: 64,
+            max_cqs: 1 << 16,
+            max_sqs: 1 << 16,
+            max_rqs: 1 << 16,
+            max_tirs: 1 << 16,
+            max_tises: 1 << 16,
+            max_flow_tables: 1 << 10,
+            max_q_counters: 64,
+            log_max_cq_sz: 22,
+            log_max_eq_sz: 22,
+            log_max_wq_sz: 16,
+            log_max_ft_size: 20,
+            log_max_uc_list: 7,
+        }
+    }
+}
+
+/// Configuration of one device-model NIC.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NicConfig {
+    /// The vport's permanent MAC (also pre-learned by the switch).
+    pub mac: [u8; 6],
+    /// PCI device id (0x1017 ConnectX-5).
+    pub device_id: u16,
+    /// Firmware version: major, minor, sub-minor.
+    pub fw_version: (u16, u16, u16),
+    /// Pages QUERY_PAGES asks for at boot.
+    pub boot_pages: u32,
+    /// Pages QUERY_PAGES asks for before INIT_HCA.
+    pub init_pages: u32,
+    /// Pages requested with a page-request EQE after INIT_HCA.
+    pub regular_pages: u32,
+    /// How long `initializing` stays set after the cmdq address is written.
+    pub fw_init_delay: Duration,
+    /// Keep `initializing` set until the cmdq address is written (the
+    /// brief's model). `false`: it clears `fw_init_delay` after the NIC is
+    /// created, for drivers that wait before programming the cmdq.
+    pub init_requires_cmdq: bool,
+    /// Ethernet cap `wqe_inline_mode`: 0 = L2 always inlined (ConnectX-4
+    /// Lx), 1 = per vport (ConnectX-5), 2 = none.
+    pub wqe_inline_mode: u8,
+    /// `nic_vport_context.min_wqe_inline_mode` (0 none, 1 L2, 2 IP, 3 L4).
+    pub vport_min_inline: u8,
+    /// Vport MTU (frames up to MTU + 18 bytes).
+    pub mtu: u16,
+    /// Cap `striding_rq`.
+    pub striding_rq: bool,
+    /// Cap `ext_stride_num_range`.
+    pub ext_stride_num_range: bool,
+    /// Cap `cq_oi`.
+    pub cq_oi: bool,
+    /// Resource limits.
+    pub limits: Limits,
+    /// Drop unicast frames not for the vport MAC / unicast list (unless
+    /// promiscuous) before steering. Off by default: see the README.
+    pub vport_mac_filter: bool,
+    /// log2 command queue entries (5 = 32).
+    pub log_cmdq_size: u8,
+    /// BAR0 pages (UARs are pages `FIRST_UAR..bar_pages`).
+    pub bar_pages: u32,
+    /// MSI-X vectors an EQ may name.
+    pub msix_vectors: u16,
+    /// Command log entries kept.
+    pub command_log_capacity: usize,
+}
+
+impl Default for NicConfig {
+    fn default() -> Self {
+        NicConfig {
+            mac: [2, 0, 0, 0, 0, 1],
+            device_id: 0x1017,
+            fw_version: (16, 35, 2000),
+            boot_pages: 8,
+            init_pages: 16,
+            regular_pages: 8,
+            fw_init_delay: Duration::from_millis(1),
+            init_requires_cmdq: true,
+            wqe_inline_mode: 1,
+            vport_min_inline: 0,
+            mtu: 1500,
+            striding_rq: true,
+            ext_stride_num_range: true,
+            cq_oi: true,
+            limits: Limits::default(),
+            vport_mac_filter: false,
+            log_cmdq_size: 5,
+            bar_pages: 1024,
+            msix_vectors: 64,
+            command_log_capacity: 4096,
+        }
+    }
+}
+
+/// Health registers.
+#[derive(Debug, Default)]
+pub(crate) struct Health {
+    synd: AtomicU8,
+    stopped: AtomicBool,
+    frozen: AtomicU32,
+    gone: AtomicBool,
+}
+
+impl Health {
+    pub(crate) fn set_syndrome(&self, s: u8) {
+        self.synd.store(s, Ordering::Relaxed);
+    }
+
+    pub(crate) fn stop(&self, now_ns: u64) {
+        if !self.stopped.load(Ordering::Relaxed) {
+            self.frozen.store(self.counter(now_ns), Ordering::Relaxed);
+            self.stopped.store(true, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn resume(&self) {
+        self.stopped.store(false, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_gone(&self) {
+        self.gone.store(true, Ordering::Relaxed);
+    }
+
+    fn counter(&self, now_ns: u64) -> u32 {
+        if self.stopped.load(Ordering::Relaxed) {
+            self.frozen.load(Ordering::Relaxed)
+        } else {
+            ((now_ns / 1_000_000) as u32).wrapping_add(1) & 0x00ff_ffff
+        }
+    }
+}
+
+pub(crate) struct NicInner {
+    pub function: u32,
+    pub cfg: NicConfig,
+    pub fabric: Arc<FabricInner>,
+    pub port: PortId,
+    pub iommu: Arc<Iommu>,
+    pub mapper: Arc<dyn DmaMapper>,
+    pub pci: Mutex<Vec<u8>>,
+    pub fw: Mutex<Firmware>,
+    pub dp: RwLock<Datapath>,
+    pub stats: Counters,
+    pub drops: [AtomicU64; DropReason::ALL.len()],
+    pub health: Health,
+    created_ns: u64,
+}
+
+impl fmt::Debug for NicInner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "NicInner(function {}, {}, mac {})",
+            self.function,
+            self.port,
+            mac_str(&self.cfg.mac)
+        )
+    }
+}
+
+/// What the TX path needs to decide on loopback, captured under the read
+/// lock.
+#[derive(Debug, Clone, Copy)]
+struct TxOrigin {
+    mac: [u8; 6],
+    td: u32,
+    disable_uc_lb: bool,
+    disable_mc_lb: bool,
+}
+
+impl NicInner {
+    pub(crate) fn now_ns(&self) -> u64 {
+        self.fabric.now_ns()
+    }
+
+    pub(crate) fn bar0_len(&self) -> usize {
+        self.cfg.bar_pages as usize * UAR_PAGE_BYTES
+    }
+
+    fn drop_frame(&self, r: DropReason) {
+        if let Some(i) = DropReason::ALL.iter().position(|x| *x == r) {
+            self.drops[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn initializing(&self, fw: &Firmware) -> bool {
+        let delay = self.cfg.fw_init_delay.as_nanos() as u64 + fw.inject.extra_init_delay_ns;
+        let since = if self.cfg.init_requires_cmdq {
+            match fw.regs.programmed_at {
+                Some(t) => t,
+                None => return true,
+            }
+        } else {
+            self.created_ns
+        };
+        self.now_ns() < since.saturating_add(delay)
+    }
+
+    // ----------------------------------------------------------- registers
+
+    pub(crate) fn read32(&self, off: usize) -> u32 {
+        self.stats.mmio_reads.fetch_add(1, Ordering::Relaxed);
+        if self.health.gone.load(Ordering::Relaxed) {
+            return u32::MAX;
+        }
+        if off % 4 != 0 || off + 4 > self.bar0_len() {
+            self.stats.mmio_ignored.fetch_add(1, Ordering::Relaxed);
+            return u32::MAX;
+        }
+        let (maj, min, sub) = self.cfg.fw_version;
+        let now = self.now_ns();
+        match off {
+            0x0000 | 0x0230 => (u32::from(min) << 16) | u32::from(maj),
+            0x0004 => (CMDIF_REV << CMDIF_REV_SHIFT) | u32::from(sub),
+            0x0010 => lock(&self.fw).regs.addr_h,
+            0x0014 => {
+                let fw = lock(&self.fw);
+                (fw.regs.addr_l & !0xfff)
+                    | (u32::from(fw.regs.nic_interface) << 8)
+                    | (u32::from(self.cfg.log_cmdq_size) << 4)
+                    | 6
+            }
+            0x01fc => {
+                let fw = lock(&self.fw);
+                if self.initializing(&fw) {
+                    INITIALIZING_BIT
+                } else {
+                    0
+                }
+            }
+            0x0234 => u32::from(self.cfg.device_id),
+            0x023c => u32::from(self.health.synd.load(Ordering::Relaxed)) << 16,
+            0x1000 | 0x2000 => (now >> 32) as u32,
+            0x1004 | 0x2004 => now as u32,
+            0x1010 => self.health.counter(now),
+            0x1040 => (now / 1_000_000_000) as u32,
+            0x1044 => (now % 1_000_000_000) as u32,
+            _ => 0,
+        }
+    }
+
+    fn uar_of(&self, off: usize) -> Option<(u32, usize)> {
+        let page = (off / UAR_PAGE_BYTES) as u32;
+        if page < FIRST_UAR || off >= self.bar0_len() {
+            return None;
+        }
+        Some((page, off % UAR_PAGE_BYTES))
+    }
+
+    fn ignored(&self, what: &str, off: usize) {
+        self.stats.mmio_ignored.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(function = self.function, off, what, "MMIO access ignored");
+    }
+
+    pub(crate) fn write32(&self, off: usize, v: u32) {
+        self.fabric.check_thread();
+        self.stats.mmio_writes.fetch_add(1, Ordering::Relaxed);
+        if off % 4 != 0 || off + 4 > self.bar0_len() {
+            return self.ignored("misaligned or out-of-range write32", off);
+        }
+        match off {
+            0x0010 => lock(&self.fw).regs.addr_h = v,
+            0x0014 => {
+                let now = self.now_ns();
+                let mut fw = lock(&self.fw);
+                let ifc = ((v >> 8) & 7) as u8;
+                let same =
+                    fw.regs.programmed_at.is_some() && (v & !0xfff) == (fw.regs.addr_l & !0xfff);
+                if same && ifc != 0 {
+                    fw.regs.nic_interface = ifc;
+                } else {
+                    fw.regs.addr_l = v & !0xfff;
+                    fw.regs.nic_interface = 0;
+                    fw.regs.programmed_at = Some(now);
+                }
+            }
+            0x0018 => self.cmd_doorbell(v),
+            _ => match self.uar_of(off) {
+                Some((uar, o)) if o == EQ_DOORBELL_ARM || o == EQ_DOORBELL_NO_ARM => {
+                    self.eq_doorbell(uar, v, o == EQ_DOORBELL_ARM)
+                }
+                _ => self.ignored("write32", off),
+            },
+        }
+    }
+
+    pub(crate) fn write64(&self, off: usize, v: u64) {
+        self.fabric.check_thread();
+        self.stats.mmio_writes.fetch_add(1, Ordering::Relaxed);
+        if off % 8 != 0 || off + 8 > self.bar0_len() {
+            return self.ignored("misaligned or out-of-range write64", off);
+        }
+        match self.uar_of(off) {
+            Some((uar, CQ_DOORBELL)) => self.cq_arm(uar, v),
+            Some((uar, o)) if is_bfreg(o) => self.sq_doorbell(uar, v, None),
+            _ => self.ignored("write64", off),
+        }
+    }
+
+    pub(crate) fn write_bf(&self, off: usize, data: &[u8]) {
+        self.fabric.check_thread();
+        self.stats.mmio_writes.fetch_add(1, Ordering::Relaxed);
+        self.stats.bf_writes.fetch_add(1, Ordering::Relaxed);
+        let ok_len = !data.is_empty() && data.len() % 64 == 0 && data.len() <= BF_REG_BYTES / 2;
+        match self.uar_of(off) {
+            Some((uar, o)) if ok_len && is_bfreg(o) && off + data.len() <= self.bar0_len() => {
+                let mut v = [0u8; 8];
+                v.copy_from_slice(&data[..8]);
+                self.sq_doorbell(uar, u64::from_be_bytes(v), Some(data))
+            }
+            _ => self.ignored("BlueFlame write (bad offset or length)", off),
+        }
+    }
+
+    fn cmd_doorbell(&self, bits: u32) {
+        self.stats.cmd_doorbells.fetch_add(1, Ordering::Relaxed);
+        let mut fw = lock(&self.fw);
+        let why = if fw.regs.programmed_at.is_none() {
+            Some("no command queue address")
+        } else if fw.regs.nic_interface != 0 {
+            Some("NIC interface disabled")
+        } else if self.initializing(&fw) {
+            Some("firmware still initializing")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            self.stats
+                .cmd_doorbells_ignored
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(function = self.function, why, "command doorbell ignored");
+            return;
+        }
+        let mut dp = write(&self.dp);
+        let slots = 1u32 << self.cfg.log_cmdq_size;
+        for slot in 0..32u8 {
+            if bits & (1 << slot) == 0 {
+                continue;
+            }
+            if u32::from(slot) >= slots || fw.pending.contains(&slot) {
+                self.stats
+                    .cmd_doorbells_ignored
+                    .fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            cmdq::run_slot(self, &mut fw, &mut dp, slot, false);
+        }
+    }
+
+    fn eq_doorbell(&self, uar: u32, v: u32, arm: bool) {
+        self.stats.eq_doorbells.fetch_add(1, Ordering::Relaxed);
+        let dp = read(&self.dp);
+        if !dp.uars.contains(&uar) {
+            return self.ignored("EQ doorbell on a UAR the function does not own", 0);
+        }
+        let eqn = v >> 24;
+        match dp.eqs.get(&eqn) {
+            Some(eq) if lock(eq).uar == uar => lock(eq).doorbell(self, v & 0x00ff_ffff, arm),
+            _ => self.ignored("EQ doorbell for an unknown EQ or through the wrong UAR", 0),
+        }
+    }
+
+    fn cq_arm(&self, uar: u32, v: u64) {
+        self.stats.cq_arm_doorbells.fetch_add(1, Ordering::Relaxed);
+        let dp = read(&self.dp);
+        if !dp.uars.contains(&uar) {
+            return self.ignored("CQ arm on a UAR the function does not own", 0);
+        }
+        let hi = (v >> 32) as u32;
+        let cqn = (v as u32) & 0x00ff_ffff;
+        let solicited = (hi >> 24) & 0x7 == 1;
+        match dp.cqs.get(&cqn) {
+            Some(cq) if lock(cq).uar == uar => lock(cq).arm(self, hi & 0x00ff_ffff, solicited),
+            _ => self.ignored("CQ arm for an unknown CQ or through the wrong UAR", 0),
+        }
+    }
+
+    fn sq_doorbell(&self, uar: u32, v: u64, bf: Option<&[u8]>) {
+        self.stats.sq_doorbells.fetch_add(1, Ordering::Relaxed);
+        let sqn = (v as u32) >> 8;
+        let mut frames = Vec::new();
+        let origin;
+        {
+            let dp = read(&self.dp);
+            if !dp.uars.contains(&uar) || !dp.hca_up {
+                self.stats
+                    .sq_doorbells_ignored
+                    .fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            let Some(sq) = dp.sqs.get(&sqn).cloned() else {
+                self.stats
+                    .sq_doorbells_ignored
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(sqn, "send doorbell for an unknown SQ");
+                return;
+            };
+            let mut sq = lock(&sq);
+            if sq.uar != uar {
+                self.stats
+                    .sq_doorbells_ignored
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(sqn, uar, "send doorbell through a UAR that is not the SQ's");
+                return;
+            }
+            tx::doorbell(self, &dp, &mut sq, bf, &mut frames);
+            origin = TxOrigin {
+                mac: dp.vport.mac,
+                td: dp.tises.get(&sq.tisn).map_or(0, |t| t.td),
+                disable_uc_lb: dp.vport.disable_uc_lb,
+                disable_mc_lb: dp.vport.disable_mc_lb,
+            };
+        }
+        for f in frames {
+            self.transmit(f, origin);
+        }
+    }
+
+    /// Sends a frame: unicast to the own MAC loops back inside the NIC,
+    /// multicast goes to the wire and loops back, everything else goes to
+    /// the wire. No lock is held here.
+    fn transmit(&self, frame: Vec<u8>, o: TxOrigin) {
+        let dmac: [u8; 6] = frame[0..6].try_into().unwrap_or([0; 6]);
+        if dmac == o.mac {
+            if !o.disable_uc_lb {
+                self.stats.loopback_frames.fetch_add(1, Ordering::Relaxed);
+                self.stats.rx_frames.fetch_add(1, Ordering::Relaxed);
+                self.rx_frame(&frame, Some(o.td));
+            }
+            return;
+        }
+        if dmac[0] & 1 == 1 && !o.disable_mc_lb {
+            self.stats.loopback_frames.fetch_add(1, Ordering::Relaxed);
+            self.stats.rx_frames.fetch_add(1, Ordering::Relaxed);
+            self.rx_frame(&frame, Some(o.td));
+        }
+        self.fabric.transmit(self.port.0, frame);
+    }
+
+    /// A frame arrives (from the wire, or looped back from an SQ of
+    /// transport domain `lb_td`).
+    fn rx_frame(&self, frame: &[u8], lb_td: Option<u32>) {
+        let dp = read(&self.dp);
+        if !dp.hca_up {
+            return self.drop_frame(DropReason::HcaDown);
+        }
+        let parsed = packet::parse(frame);
+        if self.cfg.vport_mac_filter && !vport_accepts(&dp.vport, &parsed.dmac) {
+            return self.drop_frame(DropReason::VportFilter);
+        }
+        let key = packet::match_key(frame, &parsed);
+        let targets = match dp.steering.lookup(&key) {
+            Verdict::Deliver(t) => t,
+            Verdict::Drop(r) => return self.drop_frame(r),
+        };
+        let multicast = parsed.dmac[0] & 1 == 1;
+        for (tirn, tag) in targets {
+            let Some(tir) = dp.tirs.get(&tirn) else {
+                self.drop_frame(DropReason::FlowMiss);
+                continue;
+            };
+            if let Some(td) = lb_td {
+                let bit = if multicast { 2 } else { 1 };
+                if td == tir.td && tir.self_lb_block & bit != 0 {
+                    self.drop_frame(DropReason::SelfLoopback);
+                    continue;
+                }
+            }
+            let Some(rq) = dp.rqs.get(&tir.rqn).cloned() else {
+                self.drop_frame(DropReason::FlowMiss);
+                continue;
+            };
+            let mut rq = lock(&rq);
+            match rx::deliver(self, &dp, &mut rq, frame, &parsed, tag) {
+                Ok(()) => {
+                    self.stats.rx_delivered.fetch_add(1, Ordering::Relaxed);
+                    self.stats
+                        .rx_bytes
+                        .fetch_add(frame.len() as u64, Ordering::Relaxed);
+                }
+                Err(r) => self.drop_frame(r),
+            }
+        }
+    }
+
+    // ------------------------------------------------------------ PCI
+
+    pub(crate) fn config_read(&self, off: u16, buf: &mut [u8]) -> std::io::Result<()> {
+        let cfg = lock(&self.pci);
+        let (s, e) = config_range(off, buf.len())?;
+        if self.health.gone.load(Ordering::Relaxed) {
+            buf.fill(0xff);
+            return Ok(());
+        }
+        buf.copy_from_slice(&cfg[s..e]);
+        Ok(())
+    }
+
+    pub(crate) fn config_write(&self, off: u16, data: &[u8]) -> std::io::Result<()> {
+        let mut cfg = lock(&self.pci);
+        let (s, e) = config_range(off, data.len())?;
+        // Only the COMMAND register is writable (memory, bus master, INTx
+        // disable); everything else is read-only.
+        for (i, &b) in data.iter().enumerate() {
+            let at = s + i;
+            let mask = match at {
+                4 => 0x06,
+                5 => 0x04,
+                _ => 0,
+            };
+            cfg[at] = (cfg[at] & !mask) | (b & mask);
+        }
+        let _ = e;
+        let cmd = u16::from_le_bytes([cfg[4], cfg[5]]);
+        self.iommu.set_bus_master(cmd & pci::COMMAND_MASTER != 0);
+        Ok(())
+    }
+}
+
+fn is_bfreg(o: usize) -> bool {
+    (BF_OFFSET..BF_OFFSET + BFREGS_PER_UAR * BF_REG_BYTES).contains(&o)
+        && (o - BF_OFFSET) % (BF_REG_BYTES / 2) == 0
+}
+
+fn config_range(off: u16, len: usize) -> std::io::Result<(usize, usize)> {
+    let s = usize::from(off);
+    let e = s + len;
+    if e > CONFIG_SPACE_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("config access of {len} bytes at {off:#x} beyond {CONFIG_SPACE_BYTES}"),
+        ));
+    }
+    Ok((s, e))
+}
+
+fn vport_accepts(v: &Vport, dmac: &[u8; 6]) -> bool {
+    if v.promisc_all {
+        return true;
+    }
+    if dmac[0] & 1 == 1 {
+        return *dmac == [0xff; 6] || v.promisc_mc;
+    }
+    v.promisc_uc || *dmac == v.mac || v.uc_list.contains(dmac)
+}
+
+impl PortSink for NicInner {
+    fn receive(&self, frame: &[u8]) {
+        self.stats.rx_frames.fetch_add(1, Ordering::Relaxed);
+        self.rx_frame(frame, None);
+    }
+}
+
+fn initial_config_space(cfg: &NicConfig) -> Vec<u8> {
+    let mut c = vec![0u8; CONFIG_SPACE_BYTES];
+    c[0..2].copy_from_slice(&pci::MELLANOX_VENDOR_ID.to_le_bytes());
+    c[2..4].copy_from_slice(&cfg.device_id.to_le_bytes());
+    c[0x08] = 0; // revision
+    c[0x0b] = 0x02; // class: network controller
+    c[0x0a] = 0x00; // subclass: Ethernet
+    c[0x10] = 0x0c; // BAR0: 64-bit prefetchable memory
+    c[0x2c..0x2e].copy_from_slice(&pci::MELLANOX_VENDOR_ID.to_le_bytes());
+    c[0x2e..0x30].copy_from_slice(&0x0008u16.to_le_bytes());
+    c
+}
+
+/// A device-model ConnectX on a fabric port. Cheap to clone (a handle).
+#[derive(Clone)]
+pub struct SimNic {
+    pub(crate) inner: Arc<NicInner>,
+}
+
+impl fmt::Debug for SimNic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+impl SimNic {
+    /// A new NIC (a new PCI function) plugged into a new port of `fabric`.
+    pub fn new(fabric: &Fabric, cfg: NicConfig) -> SimNic {
+        let fab = fabric.inner.clone();
+        let function = lock(&fab.registry).new_function();
+        let port = fab.add_port(None, Some(cfg.mac));
+        let iommu = Arc::new(Iommu::new());
+        let mapper: Arc<dyn DmaMapper> = Arc::new(SimMapper::new(iommu.clone()));
+        let vport = Vport {
+            mac: cfg.mac,
+            min_inline: cfg.vport_min_inline,
+            mtu: cfg.mtu,
+            promisc_uc: false,
+            promisc_mc: false,
+            promisc_all: false,
+            uc_list: Vec::new(),
+            roce_en: false,
+            disable_uc_lb: false,
+            disable_mc_lb: false,
+        };
+        let inner = Arc::new(NicInner {
+            function,
+            fw: Mutex::new(Firmware::new(&cfg)),
+            dp: RwLock::new(Datapath::new(vport)),
+            pci: Mutex::new(initial_config_space(&cfg)),
+            created_ns: fab.now_ns(),
+            cfg,
+            fabric: fab.clone(),
+            port,
+            iommu,
+            mapper,
+            stats: Counters::default(),
+            drops: Default::default(),
+            health: Health::default(),
+        });
+        let sink: Weak<dyn PortSink> = Arc::downgrade(&inner) as Weak<dyn PortSink>;
+        fab.set_sink(port, sink);
+        SimNic { inner }
+    }
+
+    /// The backend the driver talks to.
+    pub fn backend(&self) -> SimBackend {
+        SimBackend {
+            nic: self.inner.clone(),
+        }
+    }
+
+    /// The switch port this NIC is plugged into.
+    pub fn port(&self) -> PortId {
+        self.inner.port
+    }
+
+    /// PCI function number (unique per fabric).
+    pub fn function(&self) -> u32 {
+        self.inner.function
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &NicConfig {
+        &self.inner.cfg
+    }
+
+    /// The vport MAC now (MODIFY_NIC_VPORT_CONTEXT may change it).
+    pub fn mac(&self) -> [u8; 6] {
+        read(&self.inner.dp).vport.mac
+    }
+
+    /// The model's DMA mapper (same as `backend().dma_mapper()`).
+    pub fn dma_mapper(&self) -> Arc<dyn DmaMapper> {
+        self.inner.mapper.clone()
+    }
+
+    /// Counters, including drops by reason and IOMMU counters.
+    pub fn stats(&self) -> NicStats {
+        self.inner
+            .stats
+            .snapshot(&self.inner.drops, self.inner.iommu.stats())
+    }
+
+    /// Drops of one reason.
+    pub fn drops(&self, r: DropReason) -> u64 {
+        DropReason::ALL
+            .iter()
+            .position(|x| *x == r)
+            .map_or(0, |i| self.inner.drops[i].load(Ordering::Relaxed))
+    }
+
+    /// Every EQ, CQ, SQ and RQ with its counters.
+    pub fn queues(&self) -> Queues {
+        let dp = read(&self.inner.dp);
+        Queues {
+            eqs: dp.eqs.values().map(|e| lock(e).info()).collect(),
+            cqs: dp.cqs.values().map(|c| lock(c).info()).collect(),
+            sqs: dp.sqs.values().map(|s| lock(s).info()).collect(),
+            rqs: dp.rqs.values().map(|r| lock(r).info()).collect(),
+        }
+    }
+
+    /// Object table sizes.
+    pub fn objects(&self) -> ObjectCounts {
+        read(&self.inner.dp).counts()
+    }
+
+    /// The command log (oldest first, bounded by `command_log_capacity`).
+    pub fn command_log(&self) -> Vec<CommandRecord> {
+        lock(&self.inner.fw).log.iter().cloned().collect()
+    }
+
+    /// HCA state.
+    pub fn hca_state(&self) -> HcaState {
+        lock(&self.inner.fw).hca
+    }
+
+    /// Pages the firmware holds.
+    pub fn pages_held(&self) -> usize {
+        lock(&self.inner.fw).pages.held.len()
+    }
+
+    /// Live IOMMU mappings.
+    pub fn dma_mappings(&self) -> Vec<MappingInfo> {
+        self.inner.iommu.mappings()
+    }
+
+    /// The most recent DMA fault.
+    pub fn last_dma_fault(&self) -> Option<DmaFault> {
+        self.inner.iommu.last_fault()
+    }
+
+    /// True while PCI bus mastering is enabled.
+    pub fn bus_master(&self) -> bool {
+        self.inner.iommu.bus_master()
+    }
+
+    /// Applies a device-side fault injection.
+    pub fn inject(&self, what: Injection) -> Result<(), InjectError> {
+        crate::inject::apply(&self.inner, what)
+    }
+}

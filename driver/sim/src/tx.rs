@@ -1,0 +1,598 @@
+//! The TX engine: on a send doorbell, fetch WQEs from the hardware
+//! consumer counter up to the producer counter in the doorbell record,
+//! parse control + Ethernet (+ inline header) + data segments, gather the
+//! frame, and hand it to the port; write a CQE when the WQE asks for one,
+//! and an error CQE (moving the SQ to ERR) when it is malformed.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use mlx5::prm::codes::{CqeOpcode, CqeSyndrome, WqeOpcode};
+use mlx5::prm::cqe::{Cqe64, ErrCqe};
+use mlx5::prm::wqe::{
+    ETH_L2_INLINE_HEADER_SIZE, ETH_L3_CSUM, ETH_L4_CSUM, INLINE_SEG, SEND_WQE_BB,
+    SEND_WQE_MAX_WQEBBS, SND_DBR, WqeCtrlSeg, WqeEthSeg,
+};
+use mlx5::prm::{View, ViewMut};
+
+use crate::nic::NicInner;
+use crate::objects::{Datapath, MkeyError};
+use crate::packet;
+use crate::queues::{Cq, CqPost, Ring, op_own};
+use crate::stats::{SqInfo, WqState};
+use crate::util::{be32, be64, lock};
+
+/// Smallest frame on the wire (without FCS); shorter frames are padded.
+pub const MIN_FRAME: usize = 60;
+
+/// A send queue.
+#[derive(Debug)]
+pub(crate) struct Sq {
+    pub sqn: u32,
+    pub state: WqState,
+    pub ring: Ring,
+    pub log_sz: u8,
+    pub cq: Arc<Mutex<Cq>>,
+    pub cqn: u32,
+    pub tisn: u32,
+    pub pd: u32,
+    pub uar: u32,
+    pub dbr: u64,
+    /// `sqc.min_wqe_inline_mode`.
+    pub min_inline: u8,
+    pub flush_in_error: bool,
+    pub user_index: u32,
+    /// Hardware consumer counter in WQEBBs.
+    pub cc: u16,
+    /// Producer counter last read from the doorbell record.
+    pub sw_counter: u16,
+    pub doorbells: u64,
+    pub wqes: u64,
+    pub cqes: u64,
+    pub frames: u64,
+    pub bytes: u64,
+    pub errors: u64,
+    pub last_error: Option<u8>,
+    /// Injected: the next WQE fails with this syndrome.
+    pub fail_next: Option<u8>,
+}
+
+/// A WQE the engine refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct TxError {
+    syndrome: CqeSyndrome,
+    /// Model-specific detail, reported in `vendor_err_synd`.
+    vendor: u8,
+    reason: String,
+}
+
+fn err(syndrome: CqeSyndrome, vendor: u8, reason: String) -> TxError {
+    TxError {
+        syndrome,
+        vendor,
+        reason,
+    }
+}
+
+/// Vendor syndromes of the model's TX errors (error CQE byte 0x36).
+pub mod vendor {
+    /// WQE index in the control segment differs from the consumer counter.
+    pub const BAD_INDEX: u8 = 0x01;
+    /// SQ number in the control segment is not this SQ.
+    pub const BAD_SQN: u8 = 0x02;
+    /// DS count zero, or past the producer counter.
+    pub const BAD_DS: u8 = 0x03;
+    /// Unsupported opcode or opmod.
+    pub const BAD_OPCODE: u8 = 0x04;
+    /// Ethernet segment missing or inline header past the WQE.
+    pub const BAD_ETH_SEG: u8 = 0x05;
+    /// Inline header shorter than the SQ's minimum inline mode.
+    pub const INLINE_TOO_SHORT: u8 = 0x06;
+    /// Data segment runs past the WQE.
+    pub const BAD_DATA_SEG: u8 = 0x07;
+    /// Zero-length pointer segment (means 2 GiB).
+    pub const ZERO_LENGTH: u8 = 0x08;
+    /// Memory key invalid or wrong PD.
+    pub const BAD_LKEY: u8 = 0x09;
+    /// Memory key does not allow local read, or range outside the key.
+    pub const MKEY_ACCESS: u8 = 0x0a;
+    /// DMA fault while gathering.
+    pub const DMA_FAULT: u8 = 0x0b;
+    /// Frame longer than the vport MTU allows, or shorter than a header.
+    pub const BAD_LENGTH: u8 = 0x0c;
+    /// Producer counter more than a ring ahead.
+    pub const RING_OVERRUN: u8 = 0x0d;
+    /// Injected by the test.
+    pub const INJECTED: u8 = 0xee;
+    /// Flushed because the SQ is in error.
+    pub const FLUSHED: u8 = 0x00;
+}
+
+impl Sq {
+    fn wqebbs(&self) -> u32 {
+        1 << self.log_sz
+    }
+
+    fn slot_off(&self, idx: u16) -> u64 {
+        u64::from(u32::from(idx) & (self.wqebbs() - 1)) * SEND_WQE_BB as u64
+    }
+
+    /// Reads `n` WQEBBs from `idx`, wrapping around the ring.
+    fn read_wqebbs(
+        &self,
+        nic: &NicInner,
+        idx: u16,
+        n: usize,
+    ) -> Result<Vec<u8>, crate::dma::DmaFault> {
+        let mut buf = vec![0u8; n * SEND_WQE_BB];
+        for i in 0..n {
+            let off = self.slot_off(idx.wrapping_add(i as u16));
+            self.ring.read(
+                &nic.iommu,
+                off,
+                &mut buf[i * SEND_WQE_BB..(i + 1) * SEND_WQE_BB],
+            )?;
+        }
+        Ok(buf)
+    }
+
+    pub(crate) fn info(&self) -> SqInfo {
+        SqInfo {
+            sqn: self.sqn,
+            state: self.state,
+            wqebbs: self.wqebbs(),
+            hw_counter: self.cc,
+            sw_counter: self.sw_counter,
+            cqn: self.cqn,
+            doorbells: self.doorbells,
+            wqes: self.wqes,
+            cqes: self.cqes,
+            frames: self.frames,
+            bytes: self.bytes,
+            errors: self.errors,
+            last_error: self.last_error,
+        }
+    }
+
+    fn post_cqe(&mut self, nic: &NicInner, cqe: &[u8; 64]) {
+        if lock(&self.cq).post(nic, cqe) == CqPost::Written {
+            self.cqes += 1;
+        }
+    }
+
+    fn error_cqe(&mut self, nic: &NicInner, idx: u16, opcode: u8, e: &TxError) {
+        let mut c = [0u8; 64];
+        {
+            let mut v = ViewMut::<ErrCqe>::new(&mut c).expect("64 bytes");
+            v.set(ErrCqe::SYNDROME, e.syndrome as u64)
+                .set(ErrCqe::VENDOR_ERR_SYND, u64::from(e.vendor))
+                .set(
+                    ErrCqe::S_WQE_OPCODE_QPN,
+                    (u64::from(opcode) << 24) | u64::from(self.sqn),
+                )
+                .set(ErrCqe::WQE_COUNTER, u64::from(idx))
+                .set(
+                    ErrCqe::OP_OWN,
+                    u64::from(op_own(CqeOpcode::ReqErr as u8, false)),
+                );
+        }
+        self.errors += 1;
+        self.last_error = Some(e.syndrome as u8);
+        nic.stats.error_cqes.fetch_add(1, Ordering::Relaxed);
+        self.post_cqe(nic, &c);
+    }
+
+    fn req_cqe(&mut self, nic: &NicInner, dp: &Datapath, idx: u16, opcode: u8, se: bool) {
+        let mut c = [0u8; 64];
+        {
+            let mut v = ViewMut::<Cqe64>::new(&mut c).expect("64 bytes");
+            v.set(Cqe64::WQE_COUNTER, u64::from(idx))
+                .set(
+                    Cqe64::SOP_DROP_QPN,
+                    (u64::from(opcode) << 24) | u64::from(self.sqn),
+                )
+                .set(Cqe64::TIMESTAMP, nic.now_ns())
+                .set(Cqe64::OP_OWN, u64::from(op_own(CqeOpcode::Req as u8, se)));
+            if dp.cqe_version == 1 {
+                v.set(Cqe64::SRQN_UIDX, u64::from(self.user_index));
+            }
+        }
+        nic.stats.tx_cqes.fetch_add(1, Ordering::Relaxed);
+        self.post_cqe(nic, &c);
+    }
+
+    /// Moves to ERR after an error CQE; later WQEs are flushed.
+    fn enter_error(&mut self, reason: &str) {
+        tracing::debug!(sqn = self.sqn, reason, "SQ moved to error");
+        self.state = WqState::Err;
+    }
+}
+
+/// Handles a send doorbell (or BlueFlame write) for `sq`; frames to send
+/// are appended to `out` (the caller transmits them after dropping every
+/// lock).
+pub(crate) fn doorbell(
+    nic: &NicInner,
+    dp: &Datapath,
+    sq: &mut Sq,
+    bf: Option<&[u8]>,
+    out: &mut Vec<Vec<u8>>,
+) {
+    sq.doorbells += 1;
+    let pc = match nic.iommu.load_be32_acquire(sq.dbr + 4 * SND_DBR as u64) {
+        Ok(v) => v as u16,
+        Err(f) => {
+            tracing::warn!(sqn = sq.sqn, %f, "SQ doorbell record unreadable");
+            nic.stats
+                .sq_doorbells_ignored
+                .fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+    };
+    sq.sw_counter = pc;
+    if sq.state == WqState::Rst {
+        nic.stats
+            .sq_doorbells_ignored
+            .fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    if let Some(bf) = bf {
+        check_bf(nic, sq, bf);
+    }
+    let ring = sq.wqebbs() as u16;
+    let ahead = pc.wrapping_sub(sq.cc);
+    if u32::from(ahead) > sq.wqebbs() {
+        if sq.state == WqState::Rdy {
+            let e = err(
+                CqeSyndrome::LocalQpOperation,
+                vendor::RING_OVERRUN,
+                format!(
+                    "producer {pc} is {ahead} WQEBBs ahead of consumer {} in a ring of {ring}",
+                    sq.cc
+                ),
+            );
+            let idx = sq.cc;
+            sq.error_cqe(nic, idx, 0, &e);
+            sq.enter_error(&e.reason);
+        }
+        sq.cc = pc;
+        return;
+    }
+    // Bounded: every iteration advances `cc` by at least one WQEBB towards `pc`.
+    while sq.cc != pc {
+        let idx = sq.cc;
+        let left = pc.wrapping_sub(idx);
+        let ctrl = match sq.read_wqebbs(nic, idx, 1) {
+            Ok(b) => b,
+            Err(f) => {
+                let e = err(CqeSyndrome::LocalAccess, vendor::DMA_FAULT, f.to_string());
+                fail_and_flush(nic, sq, idx, 0, 1, &e);
+                continue;
+            }
+        };
+        let c = View::<WqeCtrlSeg>::new(&ctrl).expect("64 bytes");
+        let opmod_idx_opcode = c.get32(WqeCtrlSeg::OPMOD_IDX_OPCODE);
+        let opcode = opmod_idx_opcode as u8;
+        let qpn_ds = c.get32(WqeCtrlSeg::QPN_DS);
+        let ds = (qpn_ds & 0x3f) as usize;
+        let wqebbs = (ds * 16).div_ceil(SEND_WQE_BB).max(1);
+        let adv = (wqebbs as u16).min(left);
+        sq.wqes += 1;
+        nic.stats.wqes.fetch_add(1, Ordering::Relaxed);
+        if sq.state == WqState::Err {
+            if sq.flush_in_error {
+                let e = err(
+                    CqeSyndrome::WrFlushed,
+                    vendor::FLUSHED,
+                    "flushed: SQ in error".into(),
+                );
+                sq.error_cqe(nic, idx, opcode, &e);
+            }
+            sq.cc = sq.cc.wrapping_add(adv);
+            continue;
+        }
+        let fm_ce_se = c.get32(WqeCtrlSeg::FM_CE_SE) as u8;
+        let signaled = (fm_ce_se >> 2) & 3 >= 2;
+        let se = fm_ce_se & 0x2 != 0;
+        let result = check_ctrl(sq, idx, opmod_idx_opcode, qpn_ds, ds, left).and_then(|()| {
+            if let Some(s) = sq.fail_next.take() {
+                return Err(err(
+                    CqeSyndrome::from_raw(s).unwrap_or(CqeSyndrome::LocalQpOperation),
+                    vendor::INJECTED,
+                    format!("injected error CQE, syndrome {s:#x}"),
+                ));
+            }
+            let wqe = sq
+                .read_wqebbs(nic, idx, wqebbs)
+                .map_err(|f| err(CqeSyndrome::LocalAccess, vendor::DMA_FAULT, f.to_string()))?;
+            execute(nic, dp, sq, &wqe[..ds * 16], opcode)
+        });
+        match result {
+            Ok(frame) => {
+                if let Some(f) = frame {
+                    sq.frames += 1;
+                    sq.bytes += f.len() as u64;
+                    nic.stats.tx_frames.fetch_add(1, Ordering::Relaxed);
+                    nic.stats
+                        .tx_bytes
+                        .fetch_add(f.len() as u64, Ordering::Relaxed);
+                    out.push(f);
+                }
+                if signaled {
+                    sq.req_cqe(nic, dp, idx, opcode, se);
+                }
+                sq.cc = sq.cc.wrapping_add(adv);
+            }
+            Err(e) => {
+                tracing::debug!(sqn = sq.sqn, idx, reason = %e.reason, "send WQE error");
+                fail_and_flush(nic, sq, idx, opcode, adv, &e);
+            }
+        }
+    }
+}
+
+fn fail_and_flush(nic: &NicInner, sq: &mut Sq, idx: u16, opcode: u8, adv: u16, e: &TxError) {
+    sq.error_cqe(nic, idx, opcode, e);
+    sq.enter_error(&e.reason);
+    sq.cc = sq.cc.wrapping_add(adv.max(1));
+}
+
+fn check_ctrl(
+    sq: &Sq,
+    idx: u16,
+    opmod_idx_opcode: u32,
+    qpn_ds: u32,
+    ds: usize,
+    left: u16,
+) -> Result<(), TxError> {
+    let wqe_idx = (opmod_idx_opcode >> 8) as u16;
+    if wqe_idx != idx {
+        return Err(err(
+            CqeSyndrome::LocalQpOperation,
+            vendor::BAD_INDEX,
+            format!("WQE index {wqe_idx} in the control segment, expected {idx}"),
+        ));
+    }
+    if qpn_ds >> 8 != sq.sqn {
+        return Err(err(
+            CqeSyndrome::LocalQpOperation,
+            vendor::BAD_SQN,
+            format!(
+                "control segment names SQ {:#x}, not {:#x}",
+                qpn_ds >> 8,
+                sq.sqn
+            ),
+        ));
+    }
+    let wqebbs = (ds * 16).div_ceil(SEND_WQE_BB);
+    if ds == 0 || wqebbs > SEND_WQE_MAX_WQEBBS || wqebbs > usize::from(left) {
+        return Err(err(
+            CqeSyndrome::LocalLength,
+            vendor::BAD_DS,
+            format!("DS {ds} ({wqebbs} WQEBBs) with {left} WQEBBs posted"),
+        ));
+    }
+    if opmod_idx_opcode >> 24 != 0 {
+        return Err(err(
+            CqeSyndrome::LocalQpOperation,
+            vendor::BAD_OPCODE,
+            format!("opmod {:#x} not supported", opmod_idx_opcode >> 24),
+        ));
+    }
+    Ok(())
+}
+
+/// Executes one well-framed WQE (`wqe` is exactly DS × 16 bytes).
+fn execute(
+    nic: &NicInner,
+    dp: &Datapath,
+    sq: &Sq,
+    wqe: &[u8],
+    opcode: u8,
+) -> Result<Option<Vec<u8>>, TxError> {
+    match WqeOpcode::from_raw(opcode) {
+        Some(WqeOpcode::Nop) => Ok(None),
+        Some(WqeOpcode::Send) => send(nic, dp, sq, wqe).map(Some),
+        _ => Err(err(
+            CqeSyndrome::LocalQpOperation,
+            vendor::BAD_OPCODE,
+            format!("opcode {opcode:#04x} not modeled (NOP and SEND are)"),
+        )),
+    }
+}
+
+fn send(nic: &NicInner, dp: &Datapath, sq: &Sq, wqe: &[u8]) -> Result<Vec<u8>, TxError> {
+    if wqe.len() < 32 {
+        return Err(err(
+            CqeSyndrome::LocalLength,
+            vendor::BAD_ETH_SEG,
+            "SEND WQE without an Ethernet segment".into(),
+        ));
+    }
+    // The layout includes 16 bytes of inline tail that a 2-DS WQE lacks.
+    let mut eth_bytes = [0u8; 32];
+    let n = (wqe.len() - 16).min(32);
+    eth_bytes[..n].copy_from_slice(&wqe[16..16 + n]);
+    let eth = View::<WqeEthSeg>::new(&eth_bytes).expect("32 bytes");
+    let cs_flags = eth.get32(WqeEthSeg::CS_FLAGS) as u8;
+    let inline = eth.get32(WqeEthSeg::INLINE_HDR_SZ) as usize;
+    let inline_start = 16 + (WqeEthSeg::INLINE_HDR_START.bit() / 8) as usize;
+    let seg_end = 16 + (0x0e + inline).div_ceil(16).max(1) * 16;
+    if seg_end > wqe.len() {
+        return Err(err(
+            CqeSyndrome::LocalLength,
+            vendor::BAD_ETH_SEG,
+            format!(
+                "inline header of {inline} bytes runs past the {}-byte WQE",
+                wqe.len()
+            ),
+        ));
+    }
+    let mut frame = Vec::with_capacity(1024);
+    frame.extend_from_slice(&wqe[inline_start..inline_start + inline]);
+    let mut at = seg_end;
+    let mut pieces = Vec::new();
+    while at < wqe.len() {
+        let bc = be32(wqe, at);
+        if bc & INLINE_SEG != 0 {
+            let n = (bc & !INLINE_SEG) as usize;
+            let end = at + 4 + n;
+            if end > wqe.len() {
+                return Err(err(
+                    CqeSyndrome::LocalLength,
+                    vendor::BAD_DATA_SEG,
+                    format!("inline data segment of {n} bytes runs past the WQE"),
+                ));
+            }
+            frame.extend_from_slice(&wqe[at + 4..end]);
+            at += (4 + n).div_ceil(16) * 16;
+            continue;
+        }
+        let lkey = be32(wqe, at + 4);
+        let addr = be64(wqe, at + 8);
+        let len = if bc == 0 { 1u64 << 31 } else { u64::from(bc) };
+        let max = usize::from(dp.vport.mtu) + 18;
+        if bc == 0 || frame.len() as u64 + len > max as u64 {
+            return Err(err(
+                CqeSyndrome::LocalLength,
+                if bc == 0 {
+                    vendor::ZERO_LENGTH
+                } else {
+                    vendor::BAD_LENGTH
+                },
+                format!(
+                    "gather of {len} bytes makes the frame longer than {max} (MTU {} + 18)",
+                    dp.vport.mtu
+                ),
+            ));
+        }
+        pieces.clear();
+        let key = dp
+            .mkey(lkey, sq.pd)
+            .map_err(|e| mkey_err(e, lkey, addr, len))?;
+        key.translate(addr, len, false, &mut pieces)
+            .map_err(|e| mkey_err(e, lkey, addr, len))?;
+        for &(iova, n) in &pieces {
+            let start = frame.len();
+            frame.resize(start + n as usize, 0);
+            nic.iommu
+                .read(iova, &mut frame[start..])
+                .map_err(|f| err(CqeSyndrome::LocalAccess, vendor::DMA_FAULT, f.to_string()))?;
+        }
+        at += 16;
+    }
+    let max = usize::from(dp.vport.mtu) + 18;
+    if frame.len() < 14 || frame.len() > max {
+        return Err(err(
+            CqeSyndrome::LocalLength,
+            vendor::BAD_LENGTH,
+            format!("frame of {} bytes (needs 14..={max})", frame.len()),
+        ));
+    }
+    let need = required_inline(sq.min_inline, &frame);
+    if inline < need {
+        return Err(err(
+            CqeSyndrome::LocalQpOperation,
+            vendor::INLINE_TOO_SHORT,
+            format!(
+                "inline header of {inline} bytes; the SQ's min_wqe_inline_mode {} needs {need}",
+                sq.min_inline
+            ),
+        ));
+    }
+    if cs_flags & (ETH_L3_CSUM | ETH_L4_CSUM) != 0 {
+        packet::offload_checksums(
+            &mut frame,
+            cs_flags & ETH_L3_CSUM != 0,
+            cs_flags & ETH_L4_CSUM != 0,
+        );
+    }
+    if frame.len() < MIN_FRAME {
+        frame.resize(MIN_FRAME, 0);
+    }
+    Ok(frame)
+}
+
+fn mkey_err(e: MkeyError, lkey: u32, addr: u64, len: u64) -> TxError {
+    let (syndrome, v) = match e {
+        MkeyError::NoKey | MkeyError::PdMismatch => {
+            (CqeSyndrome::LocalProtection, vendor::BAD_LKEY)
+        }
+        _ => (CqeSyndrome::LocalProtection, vendor::MKEY_ACCESS),
+    };
+    err(
+        syndrome,
+        v,
+        format!("lkey {lkey:#x} cannot read {len} bytes at {addr:#x}: {e:?}"),
+    )
+}
+
+/// Bytes of the frame that must be inline for an inline mode (0 none, 1
+/// L2, 2 IP, 3 L4). L2 uses rdma-core's 18 bytes (MACs + VLAN tag or
+/// EtherType + 4), the others are computed from the headers present.
+pub(crate) fn required_inline(mode: u8, frame: &[u8]) -> usize {
+    if mode == 0 {
+        return 0;
+    }
+    let l2 = ETH_L2_INLINE_HEADER_SIZE;
+    if mode == 1 {
+        return l2.min(frame.len());
+    }
+    let p = packet::parse(frame);
+    let l3_end = match p.l3 {
+        packet::L3::Ipv4 => p.l3_off + p.ihl_bytes,
+        packet::L3::Ipv6 => p.l3_off + 40,
+        packet::L3::None => return l2.min(frame.len()),
+    };
+    let end = if mode >= 3 {
+        match p.l4 {
+            packet::L4::Udp => p.l4_off + 8,
+            packet::L4::Tcp => {
+                let doff = frame.get(p.l4_off + 12).map_or(5, |b| usize::from(b >> 4));
+                p.l4_off + doff.max(5) * 4
+            }
+            packet::L4::None => l3_end,
+        }
+    } else {
+        l3_end
+    };
+    end.max(l2).min(frame.len())
+}
+
+/// Compares a BlueFlame copy with the WQE in memory (the model always
+/// executes what is in memory).
+fn check_bf(nic: &NicInner, sq: &Sq, bf: &[u8]) {
+    if bf.len() < 16 {
+        return;
+    }
+    let idx = (be32(bf, 0) >> 8) as u16;
+    let n = bf.len().div_ceil(SEND_WQE_BB);
+    let Ok(mem) = sq.read_wqebbs(nic, idx, n) else {
+        return;
+    };
+    let ds = (be32(bf, 4) & 0x3f) as usize;
+    let cmp = (ds * 16).min(bf.len());
+    if mem[..cmp] != bf[..cmp] {
+        nic.stats.bf_mismatches.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            sqn = sq.sqn,
+            idx,
+            "BlueFlame copy differs from the WQE in memory"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inline_requirements() {
+        let f = packet::udp_frame([2; 6], [4; 6], [1; 4], [2; 4], 1, 2, &[0; 10]);
+        assert_eq!(required_inline(0, &f), 0);
+        assert_eq!(required_inline(1, &f), 18);
+        assert_eq!(required_inline(2, &f), 34);
+        assert_eq!(required_inline(3, &f), 42);
+        assert_eq!(required_inline(3, &f[..10]), 10);
+    }
+}
