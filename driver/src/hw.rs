@@ -105,5 +105,8 @@ pub const MLX5_DEVICE_IDS: &[(u16, &str)] = &[
 
 /// Name of an mlx5 device id, or `None` if the driver does not know it.
 pub fn mlx5_device_name(device_id: u16) -> Option<&'static str> {
-    MLX5_DEVICE_IDS.iter().find(|(id, _)| *id == device_id).map(|(_, n)| *n)
+    MLX5_DEVICE_IDS
+        .iter()
+        .find(|(id, _)| *id == device_id)
+        .map(|(_, n)| *n)
 }

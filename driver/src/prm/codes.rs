@@ -346,6 +346,9 @@ pub mod flow {
     pub const DEST_TIR: u8 = 0x2;
     /// Destination type: flow table.
     pub const DEST_FLOW_TABLE: u8 = 0x1;
+    /// SET_FLOW_TABLE_ROOT op_mod: disconnect the root (table id ignored),
+    /// as the kernel does before destroying the last NIC RX root table.
+    pub const SET_ROOT_OP_MOD_DISCONNECT: u16 = 1;
 }
 
 /// Independent twins of the sub-field constants in this module's siblings.

@@ -1,0 +1,1166 @@
+//! A brought-up mlx5 function: bring-up in rdma-core's VFIO-provider order,
+//! capability checks, the polled EQ and firmware pages, the shared objects
+//! (UAR, PD, transport domain, mkey, NIC RX flow table), the health check,
+//! and a complete teardown (also on drop and on bring-up failure).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use mempool::{DmaError, DmaMapper, DmaMapping, RegionOptions};
+
+use crate::bar::Bar;
+use crate::cmd::{CmdQueue, CmdStats};
+use crate::dma::{DmaMem, DmaPool, PAGE};
+use crate::eq::EventQueue;
+use crate::error::{Error, HealthProblem};
+use crate::hw::{HwBackend, pci};
+use crate::pages::FwPages;
+use crate::prm::cmd::*;
+use crate::prm::codes::{
+    EventType, Opcode, cap_type, flow, manage_pages_op_mod, pages_op_mod, reg,
+};
+use crate::prm::cqe::EqeDecoded;
+use crate::prm::ctx::*;
+use crate::prm::init_seg::{self, HealthBuffer, InitSeg};
+use crate::prm::{Layout, View, ViewMut};
+
+/// Command slot for general commands.
+const SLOT_GENERAL: usize = crate::prm::cmdq::SLOT_GENERAL;
+/// Command slot reserved for MANAGE_PAGES.
+const SLOT_PAGES: usize = crate::prm::cmdq::SLOT_PAGES;
+/// Pages per MANAGE_PAGES command (keeps the mailbox chain at 8 pages).
+const PAGES_PER_CMD: usize = 512;
+/// Bytes of a capability block in QUERY/SET_HCA_CAP.
+const CAP_BYTES: usize = 0x1000;
+
+/// Bring-up settings.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// Hugepage policy for device memory (queues, mailboxes, firmware pages).
+    pub region: RegionOptions,
+    /// Longest wait for the `initializing` bit to clear (rdma-core: 120 s).
+    pub init_timeout: Duration,
+    /// log2 of the NIC RX flow table size: the most queue sets (UDP ports)
+    /// steered at once.
+    pub flow_table_log_size: u8,
+    /// Ask for unicast promiscuous mode (facts sheet §5.8 [unsure]: whether
+    /// a bare VFIO function receives unicast for its MAC without vport MAC
+    /// programming). Off by default; the flow rule still filters by MAC.
+    pub promiscuous: bool,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        DeviceConfig {
+            region: RegionOptions::default(),
+            init_timeout: Duration::from_secs(120),
+            flow_table_log_size: 8,
+            promiscuous: false,
+        }
+    }
+}
+
+/// How much of the L2 header a send WQE must carry inline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InlineMode {
+    /// Nothing needs to be inlined.
+    None,
+    /// The first 18 bytes (L2 header) must be inlined.
+    L2,
+    /// Up to the IP header (not supported by this driver).
+    Ip,
+    /// Up to the L4 header (not supported by this driver).
+    L4,
+}
+
+/// What bring-up learned about the device.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    /// Backend name (`vfio 0000:03:00.0`, `sim nic 1`).
+    pub name: String,
+    /// Firmware version major.minor.subminor.
+    pub fw_version: (u16, u16, u16),
+    /// The function's MAC address.
+    pub mac: [u8; 6],
+    /// Required send inline mode.
+    pub inline_mode: InlineMode,
+    /// Link state from QUERY_VPORT_STATE (1 = up).
+    pub vport_state: u8,
+    /// Protection domain.
+    pub pd: u32,
+    /// Transport domain.
+    pub td: u32,
+    /// lkey of the physical-address mkey covering all DMA memory.
+    pub lkey: u32,
+    /// EQ number (CQs report to it).
+    pub eqn: u8,
+    /// BlueFlame register size in bytes (0 if no BlueFlame).
+    pub bf_reg_size: usize,
+    /// log2 of the largest WQ.
+    pub log_max_wq_sz: u8,
+    /// log2 of the largest CQ.
+    pub log_max_cq_sz: u8,
+    /// Striding RQ with 2^3..2^8 strides supported.
+    pub ext_stride_num_range: bool,
+    /// CQE version in use.
+    pub cqe_version: u8,
+}
+
+/// Health state between checks.
+#[derive(Debug, Default, Clone, Copy)]
+struct HealthState {
+    last_counter: Option<u32>,
+    unchanged: u32,
+}
+
+/// A snapshot of the health registers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Health {
+    /// `health.synd` (0 = healthy).
+    pub syndrome: u8,
+    /// `health.ext_synd`.
+    pub ext_syndrome: u16,
+    /// Heartbeat counter.
+    pub counter: u32,
+    /// `nic_interface` state.
+    pub nic_interface: u32,
+    /// `fw_ver` from the health buffer.
+    pub fw_ver: u32,
+    /// Reset-required flag.
+    pub rfr: bool,
+}
+
+/// The NIC RX steering objects shared by all queue sets.
+#[derive(Debug)]
+pub(crate) struct FlowTable {
+    pub table_id: u32,
+    pub group_id: u32,
+    /// UDP port steered by each entry.
+    pub ports: Vec<Option<u16>>,
+}
+
+/// An object to destroy at teardown, in reverse creation order.
+#[derive(Debug, Clone, Copy)]
+enum Obj {
+    Uar(u32),
+    Eq(u8),
+    Pd(u32),
+    Td(u32),
+    Mkey(u32),
+    FlowTable(u32),
+    FlowGroup(u32, u32),
+    FlowRoot,
+}
+
+/// Mutable control-path state, behind one lock.
+pub(crate) struct Ctl {
+    pub cmdq: CmdQueue,
+    pub eq: Option<EventQueue>,
+    pub pages: FwPages,
+    pub flow: Option<FlowTable>,
+    objects: Vec<Obj>,
+    health: HealthState,
+    pub cq_errors: Vec<(u32, u8)>,
+    enabled: bool,
+    initialized: bool,
+}
+
+pub(crate) struct Inner<B: HwBackend> {
+    pub bar: Bar<B>,
+    pub pool: Arc<DmaPool>,
+    pub ctl: Mutex<Ctl>,
+    pub info: DeviceInfo,
+}
+
+/// An mlx5 function brought up and ready to create queue sets.
+///
+/// Cheap to clone (shared); queue sets keep the device alive. The device is
+/// torn down when the last handle and queue set are gone, or explicitly
+/// with [`Device::close`], which reports errors.
+pub struct Device<B: HwBackend> {
+    pub(crate) inner: Arc<Inner<B>>,
+}
+
+impl<B: HwBackend> Clone for Device<B> {
+    fn clone(&self) -> Self {
+        Device {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<B: HwBackend> std::fmt::Debug for Device<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Device({})", self.inner.info.name)
+    }
+}
+
+/// A typed command input buffer.
+pub(crate) fn input<I: Layout>(op: Opcode, op_mod: u16, extra: usize) -> Vec<u8> {
+    let mut v = vec![0u8; I::BYTES.max(16) + extra];
+    let mut h = ViewMut::<MboxIn>::new(&mut v).expect("16 bytes");
+    h.set(MboxIn::OPCODE, op as u64)
+        .set(MboxIn::OP_MOD, op_mod as u64);
+    v
+}
+
+/// Output length of a command with output layout `O` plus `extra` bytes.
+pub(crate) fn out_len<O: Layout>(extra: usize) -> usize {
+    O::BYTES.max(16) + extra
+}
+
+impl Ctl {
+    /// Runs a command from the general slot, answering page requests while
+    /// it is in flight.
+    pub(crate) fn exec<B: HwBackend>(
+        &mut self,
+        bar: &Bar<B>,
+        pool: &Arc<DmaPool>,
+        input: &[u8],
+        out_len: usize,
+    ) -> Result<Vec<u8>, Error> {
+        let Ctl {
+            cmdq,
+            eq,
+            pages,
+            cq_errors,
+            ..
+        } = self;
+        cmdq.exec(bar, pool, SLOT_GENERAL, input, out_len, |cmdq| {
+            match eq.as_mut() {
+                Some(eq) => service_events(cmdq, eq, pages, cq_errors, bar, pool),
+                None => Ok(()),
+            }
+        })
+    }
+
+    /// Polls the EQ once (outside a command).
+    pub(crate) fn service<B: HwBackend>(
+        &mut self,
+        bar: &Bar<B>,
+        pool: &Arc<DmaPool>,
+    ) -> Result<(), Error> {
+        let Ctl {
+            cmdq,
+            eq,
+            pages,
+            cq_errors,
+            ..
+        } = self;
+        match eq.as_mut() {
+            Some(eq) => service_events(cmdq, eq, pages, cq_errors, bar, pool),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Handles every pending EQE: page requests are answered from the pages
+/// slot; CQ errors are recorded for the queue sets to report.
+fn service_events<B: HwBackend>(
+    cmdq: &mut CmdQueue,
+    eq: &mut EventQueue,
+    pages: &mut FwPages,
+    cq_errors: &mut Vec<(u32, u8)>,
+    bar: &Bar<B>,
+    pool: &Arc<DmaPool>,
+) -> Result<(), Error> {
+    let mut handled = 0;
+    while let Some(e) = eq.poll() {
+        handled += 1;
+        if let Some((_func, n)) = e.page_request() {
+            tracing::debug!(num_pages = n, "firmware page request");
+            if n > 0 {
+                give_pages(cmdq, pages, bar, pool, n as usize)?;
+            } else if n < 0 {
+                take_pages(cmdq, pages, bar, pool, n.unsigned_abs() as usize)?;
+            }
+        } else if let Some((cqn, synd)) = e.cq_error() {
+            tracing::warn!(cqn, syndrome = synd, "CQ error event");
+            cq_errors.push((cqn, synd));
+        } else if e.event_type != EventType::PortChange as u8 {
+            tracing::debug!(event = %e, "unexpected event");
+        }
+        if handled >= 64 {
+            break;
+        }
+    }
+    eq.publish(bar, true);
+    Ok(())
+}
+
+/// MANAGE_PAGES GIVE of `n` pages, in batches.
+fn give_pages<B: HwBackend>(
+    cmdq: &mut CmdQueue,
+    pages: &mut FwPages,
+    bar: &Bar<B>,
+    pool: &Arc<DmaPool>,
+    n: usize,
+) -> Result<(), Error> {
+    let mut left = n;
+    while left > 0 {
+        let batch = left.min(PAGES_PER_CMD);
+        let addrs = pages.take_for_firmware(pool, batch)?;
+        let mut inp =
+            input::<ManagePagesIn>(Opcode::ManagePages, manage_pages_op_mod::GIVE, batch * 8);
+        {
+            let mut v = ViewMut::<ManagePagesIn>::new(&mut inp).expect("sized");
+            v.set(ManagePagesIn::INPUT_NUM_ENTRIES, batch as u64);
+            for (i, a) in addrs.iter().enumerate() {
+                assert!(v.set_flex(ManagePagesIn::PAS, i as u32, *a));
+            }
+        }
+        if let Err(e) = cmdq.exec(
+            bar,
+            pool,
+            SLOT_PAGES,
+            &inp,
+            out_len::<ManagePagesOut>(0),
+            |_| Ok(()),
+        ) {
+            pages.unwind(&addrs);
+            return Err(e);
+        }
+        left -= batch;
+    }
+    Ok(())
+}
+
+/// MANAGE_PAGES TAKE of up to `n` pages; returns how many came back.
+fn take_pages<B: HwBackend>(
+    cmdq: &mut CmdQueue,
+    pages: &mut FwPages,
+    bar: &Bar<B>,
+    pool: &Arc<DmaPool>,
+    n: usize,
+) -> Result<usize, Error> {
+    let mut got = 0;
+    let mut left = n;
+    while left > 0 {
+        let batch = left.min(PAGES_PER_CMD);
+        let mut inp = input::<ManagePagesIn>(Opcode::ManagePages, manage_pages_op_mod::TAKE, 0);
+        ViewMut::<ManagePagesIn>::new(&mut inp)
+            .expect("sized")
+            .set(ManagePagesIn::INPUT_NUM_ENTRIES, batch as u64);
+        let out = cmdq.exec(
+            bar,
+            pool,
+            SLOT_PAGES,
+            &inp,
+            out_len::<ManagePagesOut>(batch * 8),
+            |_| Ok(()),
+        )?;
+        let v = View::<ManagePagesOut>::new(&out).expect("sized");
+        let returned = (v.get32(ManagePagesOut::OUTPUT_NUM_ENTRIES) as usize).min(batch);
+        for i in 0..returned {
+            let addr = v.flex(ManagePagesOut::PAS, i as u32).unwrap_or(0);
+            if let Err(bad) = pages.returned(addr) {
+                tracing::error!(iova = bad.0, "firmware returned a page it was never given");
+            }
+        }
+        got += returned;
+        if returned < batch {
+            break;
+        }
+        left -= batch;
+    }
+    Ok(got)
+}
+
+impl<B: HwBackend> Device<B> {
+    /// Brings the function up (facts sheet §8 steps 1–3, plus the shared
+    /// NIC RX flow table). On failure, everything already created is torn
+    /// down again before the error is returned.
+    pub fn open(backend: B, config: DeviceConfig) -> Result<Device<B>, Error> {
+        let bar = Bar::new(backend);
+        let name = bar.name();
+        let pool = DmaPool::new(bar.backend().dma_mapper(), config.region);
+        let cmdq = CmdQueue::setup(&bar, &pool)?;
+        let mut ctl = Ctl {
+            cmdq,
+            eq: None,
+            pages: FwPages::default(),
+            flow: None,
+            objects: Vec::new(),
+            health: HealthState::default(),
+            cq_errors: Vec::new(),
+            enabled: false,
+            initialized: false,
+        };
+        match bring_up(&bar, &pool, &mut ctl, &config) {
+            Ok(info) => Ok(Device {
+                inner: Arc::new(Inner {
+                    bar,
+                    pool,
+                    ctl: Mutex::new(ctl),
+                    info,
+                }),
+            }),
+            Err(e) => {
+                tracing::error!(device = %name, error = %e, "bring-up failed; tearing down");
+                if let Err(t) = teardown(&bar, &pool, &mut ctl) {
+                    tracing::error!(device = %name, error = %t, "teardown after failed bring-up also failed");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// What bring-up learned.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.inner.info
+    }
+
+    /// A DMA mapper for application memory (message buffers) that stamps the
+    /// device's lkey into every mapping, so buffers carry what data
+    /// segments need.
+    pub fn dma_mapper(&self) -> Arc<dyn DmaMapper> {
+        Arc::new(LkeyMapper {
+            inner: self.inner.bar.backend().dma_mapper(),
+            lkey: self.inner.info.lkey,
+        })
+    }
+
+    /// Reads the health registers and checks them: syndrome, device gone,
+    /// NIC interface state, and a heartbeat that must advance (fatal after 3
+    /// checks without change). Cheap; callable at any time.
+    pub fn check_health(&self) -> Result<Health, Error> {
+        let h = self.read_health();
+        let mut ctl = self.inner.lock();
+        let device = self.inner.info.name.clone();
+        let fail = |why| {
+            Err(Error::Unhealthy {
+                device: device.clone(),
+                why,
+            })
+        };
+        if h.fw_ver == 0xffff_ffff {
+            return fail(HealthProblem::Gone);
+        }
+        if h.nic_interface == init_seg::NIC_IFC_DISABLED
+            || h.nic_interface == init_seg::NIC_IFC_SW_RESET
+        {
+            return fail(HealthProblem::NicInterface(h.nic_interface));
+        }
+        if h.syndrome != 0 {
+            return fail(HealthProblem::syndrome(h.syndrome, h.ext_syndrome));
+        }
+        let st = &mut ctl.health;
+        if st.last_counter == Some(h.counter) {
+            st.unchanged += 1;
+        } else {
+            st.unchanged = 0;
+        }
+        st.last_counter = Some(h.counter);
+        if st.unchanged >= 3 {
+            return fail(HealthProblem::Stalled {
+                counter: h.counter,
+                checks: st.unchanged,
+            });
+        }
+        Ok(h)
+    }
+
+    /// The health registers, without judging them.
+    pub fn read_health(&self) -> Health {
+        let bar = &self.inner.bar;
+        let hb = InitSeg::HEALTH.byte();
+        let synd_dw = bar.read32(hb + HealthBuffer::IRISC_INDEX.dword());
+        Health {
+            syndrome: (synd_dw >> HealthBuffer::SYND.shift()) as u8,
+            ext_syndrome: (synd_dw >> HealthBuffer::EXT_SYND.shift()) as u16,
+            counter: bar.read32(InitSeg::HEALTH_COUNTER.dword()) & init_seg::HEALTH_COUNTER_MASK,
+            nic_interface: (bar.read32(InitSeg::CMDQ_ADDR_L_SZ.dword()) >> init_seg::NIC_IFC_SHIFT)
+                & init_seg::NIC_IFC_MASK,
+            fw_ver: bar.read32(hb + HealthBuffer::FW_VER.dword()),
+            rfr: (bar.read32(hb + HealthBuffer::RFR_SEVERITY.dword())
+                >> HealthBuffer::RFR_SEVERITY.shift()) as u8
+                & init_seg::RFR_BIT
+                != 0,
+        }
+    }
+
+    /// Services the event queue (page requests, CQ errors) outside a
+    /// command. The datapath never needs this; a control loop may call it.
+    pub fn poll_events(&self) -> Result<(), Error> {
+        let inner = &self.inner;
+        inner.lock().service(&inner.bar, &inner.pool)
+    }
+
+    /// Pages firmware holds right now.
+    pub fn firmware_pages(&self) -> usize {
+        self.inner.lock().pages.given()
+    }
+
+    /// Command counters.
+    pub fn command_stats(&self) -> CmdStats {
+        self.inner.lock().cmdq.stats()
+    }
+
+    /// Events seen on the EQ, by event type.
+    pub fn event_counts(&self) -> [u64; 32] {
+        self.inner
+            .lock()
+            .eq
+            .as_ref()
+            .map(|e| e.counts)
+            .unwrap_or([0; 32])
+    }
+
+    /// The last event, decoded.
+    pub fn last_event(&self) -> Option<EqeDecoded> {
+        self.inner.lock().eq.as_ref().and_then(|e| e.last)
+    }
+
+    /// QUERY_EQ: (consumer counter, producer counter, state) as hardware sees them.
+    pub fn query_eq(&self) -> Result<(u32, u32, u8), Error> {
+        let inner = &self.inner;
+        let mut ctl = inner.lock();
+        let eqn = ctl.eq.as_ref().map(|e| e.eqn).unwrap_or(0);
+        let mut inp = input::<QueryEqIn>(Opcode::QueryEq, 0, 0);
+        ViewMut::<QueryEqIn>::new(&mut inp)
+            .expect("sized")
+            .set(QueryEqIn::EQ_NUMBER, eqn as u64);
+        let out = ctl.exec(&inner.bar, &inner.pool, &inp, out_len::<QueryEqOut>(0))?;
+        let v = View::<QueryEqOut>::new(&out).expect("sized");
+        let c = v.sub(QueryEqOut::EQC);
+        Ok((
+            c.get32(Eqc::CONSUMER_COUNTER),
+            c.get32(Eqc::PRODUCER_COUNTER),
+            c.get32(Eqc::ST) as u8,
+        ))
+    }
+
+    /// Tears the device down now and reports what failed. Every queue set
+    /// must have been dropped first (otherwise this returns an error and
+    /// leaves the device up).
+    pub fn close(self) -> Result<(), Error> {
+        let inner = match Arc::try_unwrap(self.inner) {
+            Ok(i) => i,
+            Err(arc) => {
+                return Err(Error::Config(format!(
+                    "{}: close() with {} other handles or queue sets alive",
+                    arc.info.name,
+                    Arc::strong_count(&arc) - 1
+                )));
+            }
+        };
+        inner.close()
+    }
+
+    /// DMA pool counters (pages used by queues, mailboxes, firmware).
+    pub fn dma_stats(&self) -> crate::dma::PoolStats {
+        self.inner.pool.stats()
+    }
+}
+
+impl<B: HwBackend> Inner<B> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Ctl> {
+        self.ctl.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs a command.
+    pub(crate) fn exec(&self, input: &[u8], out_len: usize) -> Result<Vec<u8>, Error> {
+        self.lock().exec(&self.bar, &self.pool, input, out_len)
+    }
+
+    pub(crate) fn alloc(&self, bytes: usize) -> Result<DmaMem, Error> {
+        self.pool.alloc(bytes)
+    }
+
+    fn close(mut self) -> Result<(), Error> {
+        let ctl = self.ctl.get_mut().unwrap_or_else(|p| p.into_inner());
+        // teardown() clears `enabled`, so Drop has nothing left to do.
+        teardown(&self.bar, &self.pool, ctl)
+    }
+}
+
+impl<B: HwBackend> Drop for Inner<B> {
+    fn drop(&mut self) {
+        let ctl = self.ctl.get_mut().unwrap_or_else(|p| p.into_inner());
+        if ctl.enabled {
+            if let Err(e) = teardown(&self.bar, &self.pool, ctl) {
+                tracing::error!(device = %self.info.name, error = %e, "teardown on drop failed");
+            }
+        }
+    }
+}
+
+/// Maps through the backend and stamps the device's lkey.
+#[derive(Debug)]
+struct LkeyMapper {
+    inner: Arc<dyn DmaMapper>,
+    lkey: u32,
+}
+
+impl DmaMapper for LkeyMapper {
+    fn map(&self, va: usize, len: usize) -> Result<DmaMapping, DmaError> {
+        let mut m = self.inner.map(va, len)?;
+        m.lkey = self.lkey;
+        Ok(m)
+    }
+
+    fn unmap(&self, va: usize, mapping: &DmaMapping) -> Result<(), DmaError> {
+        self.inner.unmap(va, mapping)
+    }
+}
+
+fn simple<B: HwBackend>(
+    bar: &Bar<B>,
+    pool: &Arc<DmaPool>,
+    ctl: &mut Ctl,
+    op: Opcode,
+    op_mod: u16,
+) -> Result<Vec<u8>, Error> {
+    let inp = input::<MboxIn>(op, op_mod, 0);
+    ctl.exec(bar, pool, &inp, 16)
+}
+
+fn query_pages<B: HwBackend>(
+    bar: &Bar<B>,
+    pool: &Arc<DmaPool>,
+    ctl: &mut Ctl,
+    op_mod: u16,
+) -> Result<i32, Error> {
+    let inp = input::<QueryPagesIn>(Opcode::QueryPages, op_mod, 0);
+    let out = ctl.exec(bar, pool, &inp, out_len::<QueryPagesOut>(0))?;
+    Ok(View::<QueryPagesOut>::new(&out)
+        .expect("sized")
+        .get32(QueryPagesOut::NUM_PAGES) as i32)
+}
+
+fn satisfy_pages<B: HwBackend>(
+    bar: &Bar<B>,
+    pool: &Arc<DmaPool>,
+    ctl: &mut Ctl,
+    op_mod: u16,
+) -> Result<(), Error> {
+    let n = query_pages(bar, pool, ctl, op_mod)?;
+    if n > 0 {
+        give_pages(&mut ctl.cmdq, &mut ctl.pages, bar, pool, n as usize)?;
+    }
+    Ok(())
+}
+
+fn query_cap<B: HwBackend>(
+    bar: &Bar<B>,
+    pool: &Arc<DmaPool>,
+    ctl: &mut Ctl,
+    cap: u16,
+    current: bool,
+) -> Result<Vec<u8>, Error> {
+    let op_mod = (cap << 1) | u16::from(current);
+    let inp = input::<QueryHcaCapIn>(Opcode::QueryHcaCap, op_mod, 0);
+    let out = ctl.exec(bar, pool, &inp, out_len::<QueryHcaCapOut>(0))?;
+    let at = QueryHcaCapOut::CMD_HCA_CAP.byte();
+    Ok(out[at..at + CAP_BYTES].to_vec())
+}
+
+fn wait_ready<B: HwBackend>(bar: &Bar<B>, timeout: Duration) -> Result<(), Error> {
+    let step = Duration::from_millis(2);
+    let mut waited = Duration::ZERO;
+    while bar.read32(InitSeg::INITIALIZING.dword()) & init_seg::INITIALIZING_BIT != 0 {
+        if waited >= timeout {
+            return Err(Error::Timeout {
+                device: bar.name(),
+                what: "firmware initialization".into(),
+                waited,
+            });
+        }
+        bar.wait(step);
+        waited += step;
+    }
+    Ok(())
+}
+
+fn bring_up<B: HwBackend>(
+    bar: &Bar<B>,
+    pool: &Arc<DmaPool>,
+    ctl: &mut Ctl,
+    cfg: &DeviceConfig,
+) -> Result<DeviceInfo, Error> {
+    let name = bar.name();
+    // Bus mastering: memory space + bus master, keeping the other bits.
+    let mut cmd = [0u8; 2];
+    let pci_err = |what, source| Error::Pci {
+        device: name.clone(),
+        what,
+        source,
+    };
+    bar.backend()
+        .config_read(pci::COMMAND, &mut cmd)
+        .map_err(|e| pci_err("read of the command register", e))?;
+    let v = u16::from_le_bytes(cmd) | pci::COMMAND_MEMORY | pci::COMMAND_MASTER;
+    bar.backend()
+        .config_write(pci::COMMAND, &v.to_le_bytes())
+        .map_err(|e| pci_err("write of the command register", e))?;
+    wait_ready(bar, cfg.init_timeout)?;
+    let to = bar.read32(InitSeg::CMD_EXEC_TO.dword());
+    if to != 0 && to != 0xffff_ffff {
+        ctl.cmdq
+            .set_timeout(Duration::from_millis(u64::from(to)).max(Duration::from_secs(1)));
+    }
+    let fw = bar.read32(InitSeg::FW_REV.dword());
+    let fw_sub = bar.read32(InitSeg::CMDIF_REV_FW_SUB.dword()) & 0xffff;
+
+    simple(bar, pool, ctl, Opcode::EnableHca, 0)?;
+    ctl.enabled = true;
+
+    let out = simple_out::<QueryIssiOut>(bar, pool, ctl, Opcode::QueryIssi)?;
+    let issi = View::<QueryIssiOut>::new(&out)
+        .expect("sized")
+        .get32(QueryIssiOut::SUPPORTED_ISSI_DW0);
+    if issi & 0b10 == 0 {
+        return Err(Error::MissingCapability {
+            device: name,
+            cap: "ISSI 1",
+            why: "the driver speaks interface step 1 only",
+        });
+    }
+    let mut inp = input::<SetIssiIn>(Opcode::SetIssi, 0, 0);
+    ViewMut::<SetIssiIn>::new(&mut inp)
+        .expect("sized")
+        .set(SetIssiIn::CURRENT_ISSI, 1);
+    ctl.exec(bar, pool, &inp, 16)?;
+
+    satisfy_pages(bar, pool, ctl, pages_op_mod::BOOT)?;
+
+    // Host endianness (0x00 on a little-endian host).
+    let mut inp = input::<AccessRegisterIn>(Opcode::AccessReg, 0, 16);
+    ViewMut::<AccessRegisterIn>::new(&mut inp)
+        .expect("sized")
+        .set(AccessRegisterIn::REGISTER_ID, reg::HOST_ENDIANNESS as u64);
+    inp[AccessRegisterIn::REGISTER_DATA.byte()] =
+        if cfg!(target_endian = "big") { 0x80 } else { 0 };
+    ctl.exec(bar, pool, &inp, out_len::<AccessRegisterOut>(16))?;
+
+    let cur = query_cap(bar, pool, ctl, cap_type::GENERAL, true)?;
+    let _max = query_cap(bar, pool, ctl, cap_type::GENERAL, false)?;
+    let caps = View::<CmdHcaCap>::new(&cur).expect("cap block");
+    let need = |ok: bool, cap, why| {
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::MissingCapability {
+                device: name.clone(),
+                cap,
+                why,
+            })
+        }
+    };
+    need(
+        caps.get32(CmdHcaCap::PORT_TYPE) == 1,
+        "port_type = Ethernet",
+        "the datapath sends raw Ethernet",
+    )?;
+    need(
+        caps.get32(CmdHcaCap::ETH_NET_OFFLOADS) == 1,
+        "eth_net_offloads",
+        "needed to learn the inline mode",
+    )?;
+    need(
+        caps.get32(CmdHcaCap::NIC_FLOW_TABLE) == 1,
+        "nic_flow_table",
+        "each Rpc's UDP port is steered to its RQ",
+    )?;
+    need(
+        caps.get32(CmdHcaCap::STRIDING_RQ) == 1,
+        "striding_rq",
+        "eRPC receives into a multi-packet RQ",
+    )?;
+    need(
+        caps.get32(CmdHcaCap::CQ_OI) == 1,
+        "cq_oi",
+        "the RX CQ is created with overrun ignore",
+    )?;
+    let eth = query_cap(bar, pool, ctl, cap_type::ETHERNET_OFFLOADS, true)?;
+    let eth_inline = View::<EthCaps>::new(&eth)
+        .expect("cap block")
+        .get32(EthCaps::WQE_INLINE_MODE);
+
+    // SET_HCA_CAP from the current values: no command checksums, 4 KiB UARs.
+    let mut inp = input::<SetHcaCapIn>(Opcode::SetHcaCap, cap_type::GENERAL << 1, 0);
+    {
+        let at = SetHcaCapIn::CMD_HCA_CAP.byte();
+        inp[at..at + CAP_BYTES].copy_from_slice(&cur);
+        let mut v = ViewMut::<SetHcaCapIn>::new(&mut inp).expect("sized");
+        let mut c = v.sub(SetHcaCapIn::CMD_HCA_CAP);
+        c.set(CmdHcaCap::CMDIF_CHECKSUM, 0)
+            .set(CmdHcaCap::LOG_UAR_PAGE_SZ, 0);
+    }
+    ctl.exec(bar, pool, &inp, 16)?;
+
+    satisfy_pages(bar, pool, ctl, pages_op_mod::INIT)?;
+    let inp = input::<InitHcaIn>(Opcode::InitHca, 0, 0);
+    ctl.exec(bar, pool, &inp, 16)?;
+    ctl.initialized = true;
+
+    // The polled EQ: page requests, CQ errors, port changes. Never armed.
+    let eq_uar = alloc_u24::<AllocUarOut>(bar, pool, ctl, Opcode::AllocUar, AllocUarOut::UAR)?;
+    ctl.objects.push(Obj::Uar(eq_uar));
+    let buf = EventQueue::alloc_buffer(pool)?;
+    let npages = buf.len() / PAGE;
+    let mut inp = input::<CreateEqIn>(Opcode::CreateEq, 0, npages * 8);
+    {
+        let mut v = ViewMut::<CreateEqIn>::new(&mut inp).expect("sized");
+        let mask = (1u64 << EventType::PageRequest as u8)
+            | (1u64 << EventType::CqError as u8)
+            | (1u64 << EventType::PortChange as u8);
+        assert!(v.set_flex(CreateEqIn::EVENT_BITMASK, 0, mask));
+        for p in 0..npages {
+            assert!(v.set_flex(CreateEqIn::PAS, p as u32, buf.iova_at(p * PAGE)));
+        }
+        let mut c = v.sub(CreateEqIn::EQC);
+        c.set(
+            Eqc::LOG_EQ_SIZE,
+            crate::eq::EQ_ENTRIES.trailing_zeros() as u64,
+        )
+        .set(Eqc::UAR_PAGE, eq_uar as u64)
+        .set(Eqc::INTR, 0)
+        .set(Eqc::LOG_PAGE_SIZE, 0);
+    }
+    let out = ctl.exec(bar, pool, &inp, out_len::<CreateEqOut>(0))?;
+    let eqn = View::<CreateEqOut>::new(&out)
+        .expect("sized")
+        .get32(CreateEqOut::EQ_NUMBER) as u8;
+    ctl.objects.push(Obj::Eq(eqn));
+    ctl.eq = Some(EventQueue::new(buf, eqn, eq_uar));
+    // Firmware may ask for regular pages right after INIT_HCA.
+    ctl.service(bar, pool)?;
+
+    let pd = alloc_u24::<AllocPdOut>(bar, pool, ctl, Opcode::AllocPd, AllocPdOut::PD)?;
+    ctl.objects.push(Obj::Pd(pd));
+    let td = alloc_u24::<AllocTransportDomainOut>(
+        bar,
+        pool,
+        ctl,
+        Opcode::AllocTransportDomain,
+        AllocTransportDomainOut::TRANSPORT_DOMAIN,
+    )?;
+    ctl.objects.push(Obj::Td(td));
+
+    // One physical-address mkey: data segments carry IOVAs directly.
+    const MKEY_VARIANT: u8 = 0x5a;
+    let mut inp = input::<CreateMkeyIn>(Opcode::CreateMkey, 0, 0);
+    {
+        let mut v = ViewMut::<CreateMkeyIn>::new(&mut inp).expect("sized");
+        let mut m = v.sub(CreateMkeyIn::MKC);
+        m.set(Mkc::ACCESS_MODE_1_0, 0)
+            .set(Mkc::LR, 1)
+            .set(Mkc::LW, 1)
+            .set(Mkc::QPN, 0xff_ffff)
+            .set(Mkc::MKEY_7_0, MKEY_VARIANT as u64)
+            .set(Mkc::LENGTH64, 1)
+            .set(Mkc::PD, pd as u64);
+    }
+    let out = ctl.exec(bar, pool, &inp, out_len::<CreateMkeyOut>(0))?;
+    let mkey_index = View::<CreateMkeyOut>::new(&out)
+        .expect("sized")
+        .get32(CreateMkeyOut::MKEY_INDEX);
+    ctl.objects.push(Obj::Mkey(mkey_index));
+    let lkey = (mkey_index << 8) | MKEY_VARIANT as u32;
+
+    // MAC and inline mode from the vport context.
+    let inp = input::<QueryNicVportContextIn>(Opcode::QueryNicVportContext, 0, 0);
+    let out = ctl.exec(bar, pool, &inp, out_len::<QueryNicVportContextOut>(0))?;
+    let vctx = View::<QueryNicVportContextOut>::new(&out)
+        .expect("sized")
+        .sub(QueryNicVportContextOut::NIC_VPORT_CONTEXT);
+    let mac_l = vctx.sub(NicVportContext::PERMANENT_ADDRESS);
+    let (hi, lo) = (
+        mac_l.get32(MacAddressLayout::MAC_ADDR_47_32) as u16,
+        mac_l.get32(MacAddressLayout::MAC_ADDR_31_0),
+    );
+    let mac = [
+        (hi >> 8) as u8,
+        hi as u8,
+        (lo >> 24) as u8,
+        (lo >> 16) as u8,
+        (lo >> 8) as u8,
+        lo as u8,
+    ];
+    let vport_inline = vctx.get32(NicVportContext::MIN_WQE_INLINE_MODE);
+    let mode = match eth_inline {
+        0 => 1,
+        1 => vport_inline,
+        _ => 0,
+    };
+    let inline_mode = match mode {
+        0 => InlineMode::None,
+        1 => InlineMode::L2,
+        2 => InlineMode::Ip,
+        _ => InlineMode::L4,
+    };
+    if matches!(inline_mode, InlineMode::Ip | InlineMode::L4) {
+        return Err(Error::MissingCapability {
+            device: name,
+            cap: "min_wqe_inline_mode <= L2",
+            why: "the driver inlines at most the L2 header",
+        });
+    }
+    let inp = input::<QueryVportStateIn>(Opcode::QueryVportState, 0, 0);
+    let out = ctl.exec(bar, pool, &inp, out_len::<QueryVportStateOut>(0))?;
+    let vport_state = View::<QueryVportStateOut>::new(&out)
+        .expect("sized")
+        .get32(QueryVportStateOut::STATE) as u8;
+
+    if cfg.promiscuous {
+        let mut inp = input::<ModifyNicVportContextIn>(Opcode::ModifyNicVportContext, 0, 0);
+        let mut v = ViewMut::<ModifyNicVportContextIn>::new(&mut inp).expect("sized");
+        v.sub(ModifyNicVportContextIn::FIELD_SELECT)
+            .set(ModifyNicVportFieldSelect::PROMISC, 1);
+        v.sub(ModifyNicVportContextIn::NIC_VPORT_CONTEXT)
+            .set(NicVportContext::PROMISC_UC, 1);
+        ctl.exec(bar, pool, &inp, 16)?;
+    }
+
+    // The NIC RX root table with one group: exact dmac, ethertype, IP
+    // protocol and UDP destination port.
+    let log_size = cfg.flow_table_log_size;
+    if !(1..=16).contains(&log_size) {
+        return Err(Error::Config(format!(
+            "flow_table_log_size {log_size} not in 1..=16"
+        )));
+    }
+    let mut inp = input::<CreateFlowTableIn>(Opcode::CreateFlowTable, 0, 0);
+    {
+        let mut v = ViewMut::<CreateFlowTableIn>::new(&mut inp).expect("sized");
+        v.set(
+            CreateFlowTableIn::TABLE_TYPE,
+            flow::TABLE_TYPE_NIC_RX as u64,
+        );
+        v.sub(CreateFlowTableIn::FLOW_TABLE_CONTEXT)
+            .set(FlowTableContext::LOG_SIZE, log_size as u64)
+            .set(FlowTableContext::LEVEL, 0);
+    }
+    let out = ctl.exec(bar, pool, &inp, out_len::<CreateFlowTableOut>(0))?;
+    let table_id = View::<CreateFlowTableOut>::new(&out)
+        .expect("sized")
+        .get32(CreateFlowTableOut::TABLE_ID);
+    ctl.objects.push(Obj::FlowTable(table_id));
+    let size = 1usize << log_size;
+    let mut inp = input::<CreateFlowGroupIn>(Opcode::CreateFlowGroup, 0, 0);
+    {
+        let mut v = ViewMut::<CreateFlowGroupIn>::new(&mut inp).expect("sized");
+        v.set(
+            CreateFlowGroupIn::TABLE_TYPE,
+            flow::TABLE_TYPE_NIC_RX as u64,
+        )
+        .set(CreateFlowGroupIn::TABLE_ID, table_id as u64)
+        .set(CreateFlowGroupIn::START_FLOW_INDEX, 0)
+        .set(CreateFlowGroupIn::END_FLOW_INDEX, (size - 1) as u64)
+        .set(
+            CreateFlowGroupIn::MATCH_CRITERIA_ENABLE,
+            flow::MATCH_OUTER_HEADERS as u64,
+        );
+        let mut mc = v.sub(CreateFlowGroupIn::MATCH_CRITERIA);
+        let mut o = mc.sub(FteMatchParam::OUTER_HEADERS);
+        o.set(FteMatchSetLyr24::DMAC_47_16, 0xffff_ffff)
+            .set(FteMatchSetLyr24::DMAC_15_0, 0xffff)
+            .set(FteMatchSetLyr24::ETHERTYPE, 0xffff)
+            .set(FteMatchSetLyr24::IP_PROTOCOL, 0xff)
+            .set(FteMatchSetLyr24::UDP_DPORT, 0xffff);
+    }
+    let out = ctl.exec(bar, pool, &inp, out_len::<CreateFlowGroupOut>(0))?;
+    let group_id = View::<CreateFlowGroupOut>::new(&out)
+        .expect("sized")
+        .get32(CreateFlowGroupOut::GROUP_ID);
+    ctl.objects.push(Obj::FlowGroup(table_id, group_id));
+    let mut inp = input::<SetFlowTableRootIn>(Opcode::SetFlowTableRoot, 0, 0);
+    ViewMut::<SetFlowTableRootIn>::new(&mut inp)
+        .expect("sized")
+        .set(
+            SetFlowTableRootIn::TABLE_TYPE,
+            flow::TABLE_TYPE_NIC_RX as u64,
+        )
+        .set(SetFlowTableRootIn::TABLE_ID, table_id as u64);
+    ctl.exec(bar, pool, &inp, 16)?;
+    ctl.objects.push(Obj::FlowRoot);
+    ctl.flow = Some(FlowTable {
+        table_id,
+        group_id,
+        ports: vec![None; size],
+    });
+
+    Ok(DeviceInfo {
+        name: name.clone(),
+        fw_version: ((fw & 0xffff) as u16, (fw >> 16) as u16, fw_sub as u16),
+        mac,
+        inline_mode,
+        vport_state,
+        pd,
+        td,
+        lkey,
+        eqn,
+        bf_reg_size: if caps.get32(CmdHcaCap::BF) == 1 {
+            1 << caps.get32(CmdHcaCap::LOG_BF_REG_SIZE)
+        } else {
+            0
+        },
+        log_max_wq_sz: caps.get32(CmdHcaCap::LOG_MAX_WQ_SZ) as u8,
+        log_max_cq_sz: caps.get32(CmdHcaCap::LOG_MAX_CQ_SZ) as u8,
+        ext_stride_num_range: caps.get32(CmdHcaCap::EXT_STRIDE_NUM_RANGE) == 1,
+        cqe_version: caps.get32(CmdHcaCap::CQE_VERSION) as u8,
+    })
+}
+
+fn simple_out<O: Layout>(
+    bar: &Bar<impl HwBackend>,
+    pool: &Arc<DmaPool>,
+    ctl: &mut Ctl,
+    op: Opcode,
+) -> Result<Vec<u8>, Error> {
+    let inp = input::<MboxIn>(op, 0, 0);
+    ctl.exec(bar, pool, &inp, out_len::<O>(0))
+}
+
+fn alloc_u24<O: Layout>(
+    bar: &Bar<impl HwBackend>,
+    pool: &Arc<DmaPool>,
+    ctl: &mut Ctl,
+    op: Opcode,
+    f: crate::prm::Field<O>,
+) -> Result<u32, Error> {
+    let out = simple_out::<O>(bar, pool, ctl, op)?;
+    Ok(View::<O>::new(&out).expect("sized").get32(f))
+}
+
+/// Destroys one object by number (DEALLOC_*/DESTROY_* with the number at +0x08).
+pub(crate) fn destroy_u24<I: Layout>(
+    bar: &Bar<impl HwBackend>,
+    pool: &Arc<DmaPool>,
+    ctl: &mut Ctl,
+    op: Opcode,
+    f: crate::prm::Field<I>,
+    n: u32,
+) -> Result<(), Error> {
+    let mut inp = input::<I>(op, 0, 0);
+    ViewMut::<I>::new(&mut inp).expect("sized").set(f, n as u64);
+    ctl.exec(bar, pool, &inp, 16).map(|_| ())
+}
+
+/// Tears down everything bring-up created, in reverse; then TEARDOWN_HCA,
+/// reclaims every firmware page, DISABLE_HCA. Keeps going after failures
+/// and returns the first.
+fn teardown<B: HwBackend>(bar: &Bar<B>, pool: &Arc<DmaPool>, ctl: &mut Ctl) -> Result<(), Error> {
+    let mut first: Option<Error> = None;
+    let mut note = |r: Result<(), Error>| {
+        if let Err(e) = r {
+            tracing::error!(error = %e, "teardown step failed");
+            first.get_or_insert(e);
+        }
+    };
+    while let Some(obj) = ctl.objects.pop() {
+        let r = match obj {
+            Obj::FlowRoot => {
+                // Disconnect the root (op_mod 1), as the kernel does before
+                // destroying the last NIC RX root table.
+                let mut inp = input::<SetFlowTableRootIn>(
+                    Opcode::SetFlowTableRoot,
+                    flow::SET_ROOT_OP_MOD_DISCONNECT,
+                    0,
+                );
+                ViewMut::<SetFlowTableRootIn>::new(&mut inp)
+                    .expect("sized")
+                    .set(
+                        SetFlowTableRootIn::TABLE_TYPE,
+                        flow::TABLE_TYPE_NIC_RX as u64,
+                    );
+                ctl.exec(bar, pool, &inp, 16).map(|_| ())
+            }
+            Obj::FlowGroup(table, group) => {
+                let mut inp = input::<DestroyFlowGroupIn>(Opcode::DestroyFlowGroup, 0, 0);
+                ViewMut::<DestroyFlowGroupIn>::new(&mut inp)
+                    .expect("sized")
+                    .set(
+                        DestroyFlowGroupIn::TABLE_TYPE,
+                        flow::TABLE_TYPE_NIC_RX as u64,
+                    )
+                    .set(DestroyFlowGroupIn::TABLE_ID, table as u64)
+                    .set(DestroyFlowGroupIn::GROUP_ID, group as u64);
+                ctl.exec(bar, pool, &inp, 16).map(|_| ())
+            }
+            Obj::FlowTable(table) => {
+                ctl.flow = None;
+                let mut inp = input::<DestroyFlowTableIn>(Opcode::DestroyFlowTable, 0, 0);
+                ViewMut::<DestroyFlowTableIn>::new(&mut inp)
+                    .expect("sized")
+                    .set(
+                        DestroyFlowTableIn::TABLE_TYPE,
+                        flow::TABLE_TYPE_NIC_RX as u64,
+                    )
+                    .set(DestroyFlowTableIn::TABLE_ID, table as u64);
+                ctl.exec(bar, pool, &inp, 16).map(|_| ())
+            }
+            Obj::Mkey(i) => destroy_u24(
+                bar,
+                pool,
+                ctl,
+                Opcode::DestroyMkey,
+                DestroyMkeyIn::MKEY_INDEX,
+                i,
+            ),
+            Obj::Td(t) => destroy_u24(
+                bar,
+                pool,
+                ctl,
+                Opcode::DeallocTransportDomain,
+                DeallocTransportDomainIn::TRANSPORT_DOMAIN,
+                t,
+            ),
+            Obj::Pd(p) => destroy_u24(bar, pool, ctl, Opcode::DeallocPd, DeallocPdIn::PD, p),
+            Obj::Eq(e) => {
+                let r = destroy_u24(
+                    bar,
+                    pool,
+                    ctl,
+                    Opcode::DestroyEq,
+                    DestroyEqIn::EQ_NUMBER,
+                    e as u32,
+                );
+                ctl.eq = None;
+                r
+            }
+            Obj::Uar(u) => destroy_u24(bar, pool, ctl, Opcode::DeallocUar, DeallocUarIn::UAR, u),
+        };
+        note(r);
+    }
+    if ctl.initialized {
+        let mut inp = input::<TeardownHcaIn>(Opcode::TeardownHca, 0, 0);
+        ViewMut::<TeardownHcaIn>::new(&mut inp)
+            .expect("sized")
+            .set(TeardownHcaIn::PROFILE, 0);
+        note(
+            ctl.exec(bar, pool, &inp, out_len::<TeardownHcaOut>(0))
+                .map(|_| ()),
+        );
+        ctl.initialized = false;
+    }
+    if ctl.enabled {
+        // Reclaim every page firmware still holds.
+        let mut rounds = 0;
+        while ctl.pages.given() > 0 && rounds < 1024 {
+            rounds += 1;
+            let want = ctl.pages.given();
+            match take_pages(&mut ctl.cmdq, &mut ctl.pages, bar, pool, want) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) => {
+                    note(Err(e));
+                    break;
+                }
+            }
+        }
+        if ctl.pages.given() > 0 {
+            tracing::error!(
+                pages = ctl.pages.given(),
+                "firmware kept pages after teardown; leaking them"
+            );
+        }
+        note(simple(bar, pool, ctl, Opcode::DisableHca, 0).map(|_| ()));
+        ctl.enabled = false;
+    }
+    match first {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}

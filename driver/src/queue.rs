@@ -1,0 +1,1406 @@
+//! Per-thread queue sets and the datapath.
+//!
+//! A [`QueueSet`] is what one eRPC `Rpc` owns: a raw-Ethernet SQ with a
+//! small TX CQ, a striding (multi-packet) RQ feeding an 8-entry RX CQ
+//! created with overrun-ignore, a TIR, a TIS, its own UAR page, a Q counter,
+//! and a flow rule steering (our MAC, IPv4, UDP, destination port) to the
+//! RQ.
+//!
+//! TX: bursts of WQEs, one doorbell-record update and one doorbell (or
+//! BlueFlame) write per burst, a completion requested only every
+//! `unsignaled_batch` WQEs, and the TX CQ polled only when such a signaled
+//! WQE is due (its predecessor must have completed).
+//!
+//! RX: no per-packet CQE is read. The NIC overwrites the 8 RX CQEs round
+//! robin; the driver snapshots (wqe id, stride index) of the next one and
+//! turns the difference into a packet count (facts sheet §6.6). A whole
+//! striding WQE is reposted each time its strides have been given back.
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::barrier;
+use crate::device::{Device, InlineMode, Inner, destroy_u24, input, out_len};
+use crate::dma::{DmaMem, PAGE};
+use crate::error::Error;
+use crate::hw::HwBackend;
+use crate::prm::cmd::*;
+use crate::prm::codes::{CqeOpcode, Opcode, QueueState, WqeOpcode, flow, wq_type};
+use crate::prm::cqe::{CQE_OP_OWN_INVALID, Cqe, Cqe64};
+use crate::prm::ctx::*;
+use crate::prm::wqe::{
+    self, CTRL_CQ_UPDATE, ETH_L2_INLINE_HEADER_SIZE, MprqWqe, SEND_WQE_BB, SEND_WQE_DS,
+    SEND_WQE_MAX_WQEBBS, WqeCtrlSeg, WqeDataSeg, WqeEthSeg, WqeSrqNextSeg,
+};
+use crate::prm::{Layout, View, ViewMut, uar};
+
+const CQE_BYTES: usize = 64;
+const OP_OWN: usize = (Cqe64::OP_OWN.bit() / 8) as usize;
+const WQE_ID: usize = (Cqe64::WQE_ID.bit() / 8) as usize;
+const WQE_COUNTER: usize = (Cqe64::WQE_COUNTER.bit() / 8) as usize;
+/// Doorbell records of one queue set, each in its own 64-byte line of one page.
+const DBR_SQ: usize = 0;
+const DBR_RQ: usize = 64;
+const DBR_TX_CQ: usize = 128;
+const DBR_RX_CQ: usize = 192;
+/// Data segments a send WQE may carry.
+pub const MAX_GATHER: usize = 2;
+/// Largest WQE we build, in WQEBBs: ctrl + eth with 18 inline bytes + 2 data
+/// = 5 DS (without inline: 4 DS, one WQEBB).
+const MAX_WQEBBS: u32 = (16 + 32 + MAX_GATHER * 16).div_ceil(SEND_WQE_BB) as u32;
+const _: () = assert!(MAX_WQEBBS as usize <= SEND_WQE_MAX_WQEBBS);
+const _: () = assert!(OP_OWN == 0x3f && WQE_ID == 0x02 && WQE_COUNTER == 0x3c);
+
+/// Queue-set settings (eRPC's defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueConfig {
+    /// UDP destination port steered to this queue set.
+    pub udp_port: u16,
+    /// log2 of the SQ size in 64-byte WQEBBs (7 = 128).
+    pub sq_log_wqebbs: u8,
+    /// One signaled WQE per this many (64).
+    pub unsignaled_batch: u32,
+    /// log2 of strides per RQ WQE (9 = 512).
+    pub rq_log_strides: u8,
+    /// log2 of the stride size (10 = 1 KiB, one frame per stride).
+    pub rq_log_stride_bytes: u8,
+    /// log2 of RQ WQEs (3 = 8, so 4096 ring entries).
+    pub rq_log_wqes: u8,
+    /// log2 of RX CQEs (3 = 8, overrun ignored).
+    pub rx_cq_log_size: u8,
+    /// Use BlueFlame (copy the WQE into the doorbell register) for
+    /// single-WQE bursts.
+    pub blueflame: bool,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            udp_port: 31850,
+            sq_log_wqebbs: 7,
+            unsignaled_batch: 64,
+            rq_log_strides: 9,
+            rq_log_stride_bytes: 10,
+            rq_log_wqes: 3,
+            rx_cq_log_size: 3,
+            blueflame: false,
+        }
+    }
+}
+
+impl QueueConfig {
+    /// RX ring entries (strides).
+    pub fn rx_ring_entries(&self) -> usize {
+        1 << (self.rq_log_strides + self.rq_log_wqes)
+    }
+}
+
+/// One gather segment in registered memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Gather {
+    /// IOVA.
+    pub iova: u64,
+    /// Bytes (0 = absent).
+    pub len: u32,
+    /// Memory key.
+    pub lkey: u32,
+}
+
+/// A frame to send: its first segment (which the CPU can read, for
+/// inlining the L2 header) and an optional second segment.
+#[derive(Debug, Clone, Copy)]
+pub struct TxFrame<'a> {
+    /// First bytes of the frame (Ethernet header first).
+    pub first: &'a [u8],
+    /// IOVA of `first[0]`.
+    pub first_iova: u64,
+    /// lkey of `first`.
+    pub first_lkey: u32,
+    /// The rest of the frame, if not contiguous with `first`.
+    pub rest: Gather,
+}
+
+/// Datapath counters of one queue set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// WQEs posted (sends and NOPs).
+    pub tx_wqes: u64,
+    /// Frame bytes posted.
+    pub tx_bytes: u64,
+    /// Doorbells rung (one per burst).
+    pub tx_doorbells: u64,
+    /// BlueFlame writes among them.
+    pub tx_blueflame: u64,
+    /// Signaled WQEs.
+    pub tx_signaled: u64,
+    /// TX CQEs consumed.
+    pub tx_cqes: u64,
+    /// Times the TX CQ was polled.
+    pub tx_cq_polls: u64,
+    /// Bursts cut short because the SQ was full.
+    pub tx_full: u64,
+    /// Packets reported by `rx_burst`.
+    pub rx_pkts: u64,
+    /// `rx_burst` calls that found packets.
+    pub rx_bursts: u64,
+    /// RQ WQEs reposted.
+    pub rx_reposts: u64,
+    /// Snapshots retried because `wqe_id` changed under the read.
+    pub rx_torn_snapshots: u64,
+}
+
+struct SendQueue {
+    ring: DmaMem,
+    sqn: u32,
+    mask: u32,
+    /// Producer counter in WQEBBs (free running).
+    pi: u32,
+    /// WQEBBs completed (free running).
+    ci: u32,
+    since_signal: u32,
+    batch: u32,
+    /// The outstanding signaled WQE: (WQE index, producer counter after it).
+    signaled: Option<(u16, u32)>,
+    bf_offset: usize,
+    bf_half: usize,
+    /// Which half of the BlueFlame register the next doorbell uses.
+    bf_toggle: usize,
+    error: Option<Cqe>,
+}
+
+struct CompQueue {
+    ring: DmaMem,
+    cqn: u32,
+    log: u32,
+    ci: u32,
+    last: Option<Cqe>,
+}
+
+struct RecvQueue {
+    wqes: DmaMem,
+    data: Arc<DmaMem>,
+    rqn: u32,
+    log_wqes: u32,
+    log_strides: u32,
+    stride: usize,
+    /// WQEs posted (free running, what the doorbell record says).
+    head: u32,
+    /// Ring slots given back but not yet reposted.
+    to_post: usize,
+    /// Next ring slot to hand out.
+    recv_head: usize,
+}
+
+struct RxCq {
+    ring: DmaMem,
+    cqn: u32,
+    entries: usize,
+    idx: usize,
+    prev: u32,
+    cycle: u32,
+}
+
+/// A read-only view of a queue set's RX ring that outlives borrows of the
+/// queue set (the transport hands it to eRPC).
+#[derive(Clone)]
+pub struct RxRingView {
+    data: Arc<DmaMem>,
+    stride: usize,
+    entries: usize,
+}
+
+impl std::fmt::Debug for RxRingView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "RxRingView({} x {} B at iova {:#x})",
+            self.entries,
+            self.stride,
+            self.data.iova()
+        )
+    }
+}
+
+impl RxRingView {
+    /// Ring slots.
+    pub fn entries(&self) -> usize {
+        self.entries
+    }
+
+    /// Bytes per slot.
+    pub fn stride(&self) -> usize {
+        self.stride
+    }
+
+    /// The bytes of ring slot `idx` (a whole stride; the frame inside is as
+    /// long as its headers say).
+    ///
+    /// # Safety
+    /// The slot must have been reported by [`QueueSet::rx_burst`] and not yet
+    /// given back with [`QueueSet::post_recvs`], for as long as the slice
+    /// lives: only then does the NIC leave it alone.
+    pub unsafe fn slot(&self, idx: usize) -> &[u8] {
+        let i = idx & (self.entries - 1);
+        // SAFETY: in bounds; quiescence is the caller's contract.
+        unsafe { self.data.slice(i * self.stride, self.stride) }
+    }
+}
+
+/// Software and hardware state of a queue set, for the queue inspector.
+#[derive(Debug, Clone)]
+pub struct QueueSnapshot {
+    /// Device name.
+    pub device: String,
+    /// UDP port steered here.
+    pub udp_port: u16,
+    /// Object numbers: (SQ, RQ, TX CQ, RX CQ, TIS, TIR, UAR, flow index, Q counter).
+    pub sqn: u32,
+    /// RQ number.
+    pub rqn: u32,
+    /// TX CQ number.
+    pub tx_cqn: u32,
+    /// RX CQ number.
+    pub rx_cqn: u32,
+    /// TIS number.
+    pub tisn: u32,
+    /// TIR number.
+    pub tirn: u32,
+    /// UAR index.
+    pub uar: u32,
+    /// Flow table entry index.
+    pub flow_index: u32,
+    /// Q counter set.
+    pub counter_set_id: u32,
+    /// SQ producer counter (WQEBBs).
+    pub sq_pi: u32,
+    /// SQ WQEBBs known complete.
+    pub sq_ci: u32,
+    /// WQEs since the last signaled one.
+    pub sq_unsignaled: u32,
+    /// A signaled WQE is outstanding.
+    pub sq_signaled_outstanding: bool,
+    /// The SQ's error CQE, if it is in error.
+    pub sq_error: Option<Cqe>,
+    /// TX CQ consumer index.
+    pub tx_cq_ci: u32,
+    /// Last TX CQE.
+    pub tx_last_cqe: Option<Cqe>,
+    /// RQ WQEs posted.
+    pub rq_head: u32,
+    /// Next RX ring slot.
+    pub rx_recv_head: usize,
+    /// Slots given back, not yet reposted.
+    pub rx_to_post: usize,
+    /// RX CQ slot read next.
+    pub rx_cqe_idx: usize,
+    /// Last (wqe id × strides + stride) position seen.
+    pub rx_prev_position: u32,
+    /// Counters.
+    pub stats: QueueStats,
+}
+
+/// Hardware's view (QUERY_SQ/RQ/CQ, QUERY_Q_COUNTER).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HwQueueState {
+    /// SQ state (0 RST, 1 RDY, 3 ERR).
+    pub sq_state: u8,
+    /// SQ hardware consumer counter.
+    pub sq_hw_counter: u32,
+    /// SQ producer counter as hardware last read it.
+    pub sq_sw_counter: u32,
+    /// RQ state.
+    pub rq_state: u8,
+    /// RQ hardware counter.
+    pub rq_hw_counter: u32,
+    /// RQ producer counter as hardware last read it.
+    pub rq_sw_counter: u32,
+    /// TX CQ (consumer, producer, status).
+    pub tx_cq: (u32, u32, u8),
+    /// RX CQ (consumer, producer, status).
+    pub rx_cq: (u32, u32, u8),
+    /// Packets dropped because the RQ had no WQE.
+    pub out_of_buffer: u32,
+}
+
+/// One thread's queues. `Send` (create it anywhere, move it to its thread)
+/// but not `Sync`:
+///
+/// ```compile_fail
+/// fn sync<T: Sync>() {}
+/// sync::<mlx5::QueueSet<mlx5::vfio::VfioBackend>>();
+/// ```
+pub struct QueueSet<B: HwBackend> {
+    dev: Arc<Inner<B>>,
+    cfg: QueueConfig,
+    uar: u32,
+    dbr: DmaMem,
+    sq: SendQueue,
+    tx_cq: CompQueue,
+    rq: RecvQueue,
+    rx_cq: RxCq,
+    tisn: u32,
+    tirn: u32,
+    counter_set_id: u32,
+    flow_index: u32,
+    inline: bool,
+    lkey: u32,
+    stats: QueueStats,
+    /// Objects created so far, for teardown in reverse.
+    created: Vec<QObj>,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum QObj {
+    Uar(u32),
+    Cq(u32),
+    Tis(u32),
+    Sq(u32),
+    QCounter(u32),
+    Rq(u32),
+    Tir(u32),
+    Fte(u32),
+}
+
+impl<B: HwBackend> std::fmt::Debug for QueueSet<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "QueueSet(port {}, sqn {:#x}, rqn {:#x})",
+            self.cfg.udp_port, self.sq.sqn, self.rq.rqn
+        )
+    }
+}
+
+fn check(ok: bool, msg: impl FnOnce() -> String) -> Result<(), Error> {
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Config(msg()))
+    }
+}
+
+impl<B: HwBackend> Device<B> {
+    /// Creates a queue set steered to `cfg.udp_port`.
+    pub fn create_queue_set(&self, cfg: QueueConfig) -> Result<QueueSet<B>, Error> {
+        QueueSet::create(self.inner.clone(), cfg)
+    }
+}
+
+impl<B: HwBackend> QueueSet<B> {
+    fn create(dev: Arc<Inner<B>>, cfg: QueueConfig) -> Result<QueueSet<B>, Error> {
+        let info = &dev.info;
+        check(
+            (6..=15).contains(&cfg.sq_log_wqebbs) && cfg.sq_log_wqebbs <= info.log_max_wq_sz,
+            || {
+                format!(
+                    "sq_log_wqebbs {} outside 6..=min(15, log_max_wq_sz {})",
+                    cfg.sq_log_wqebbs, info.log_max_wq_sz
+                )
+            },
+        )?;
+        let min_strides = if info.ext_stride_num_range { 3 } else { 9 };
+        check((min_strides..=16).contains(&cfg.rq_log_strides), || {
+            format!(
+                "rq_log_strides {} outside {min_strides}..=16",
+                cfg.rq_log_strides
+            )
+        })?;
+        check((6..=13).contains(&cfg.rq_log_stride_bytes), || {
+            format!(
+                "rq_log_stride_bytes {} outside 6..=13",
+                cfg.rq_log_stride_bytes
+            )
+        })?;
+        check(cfg.rq_log_stride_bytes >= 10, || {
+            "strides must hold a whole 1024-byte frame (rq_log_stride_bytes >= 10): RX counting assumes one stride per packet".into()
+        })?;
+        check(
+            (1..=info.log_max_wq_sz.min(10)).contains(&cfg.rq_log_wqes),
+            || format!("rq_log_wqes {}", cfg.rq_log_wqes),
+        )?;
+        check(
+            (1..=info.log_max_cq_sz.min(12)).contains(&cfg.rx_cq_log_size),
+            || format!("rx_cq_log_size {}", cfg.rx_cq_log_size),
+        )?;
+        check(cfg.unsignaled_batch >= 1, || {
+            "unsignaled_batch must be at least 1".into()
+        })?;
+        check(!cfg.blueflame || info.bf_reg_size >= 128, || {
+            "BlueFlame requested but the device has none".into()
+        })?;
+        let sq_wqebbs = 1u32 << cfg.sq_log_wqebbs;
+        let inline = info.inline_mode == InlineMode::L2;
+        // Two signaled batches of the largest WQEs must fit the ring: with
+        // the 18-byte inline header a two-gather WQE takes 2 WQEBBs, else 1.
+        let max_wqebbs = if inline { MAX_WQEBBS } else { 1 };
+        let batch = cfg
+            .unsignaled_batch
+            .min(sq_wqebbs / (2 * max_wqebbs))
+            .max(1);
+
+        let dbr = dev.alloc(PAGE)?;
+        let mut qs = QueueSet {
+            cfg,
+            uar: 0,
+            dbr,
+            sq: SendQueue {
+                ring: dev.alloc(sq_wqebbs as usize * SEND_WQE_BB)?,
+                sqn: 0,
+                mask: sq_wqebbs - 1,
+                pi: 0,
+                ci: 0,
+                since_signal: 0,
+                batch,
+                signaled: None,
+                bf_offset: 0,
+                bf_half: info.bf_reg_size / 2,
+                bf_toggle: 0,
+                error: None,
+            },
+            tx_cq: CompQueue {
+                ring: dev.alloc(sq_wqebbs as usize * CQE_BYTES)?,
+                cqn: 0,
+                log: cfg.sq_log_wqebbs as u32,
+                ci: 0,
+                last: None,
+            },
+            rq: RecvQueue {
+                wqes: dev.alloc((1usize << cfg.rq_log_wqes) * MprqWqe::BYTES)?,
+                data: Arc::new(dev.alloc(cfg.rx_ring_entries() << cfg.rq_log_stride_bytes)?),
+                rqn: 0,
+                log_wqes: cfg.rq_log_wqes as u32,
+                log_strides: cfg.rq_log_strides as u32,
+                stride: 1 << cfg.rq_log_stride_bytes,
+                head: 0,
+                to_post: 0,
+                recv_head: 0,
+            },
+            rx_cq: RxCq {
+                ring: dev.alloc((1usize << cfg.rx_cq_log_size) * CQE_BYTES)?,
+                cqn: 0,
+                entries: 1 << cfg.rx_cq_log_size,
+                idx: 0,
+                prev: 0,
+                cycle: 65536u32 << cfg.rq_log_strides,
+            },
+            tisn: 0,
+            tirn: 0,
+            counter_set_id: 0,
+            flow_index: 0,
+            inline,
+            lkey: info.lkey,
+            stats: QueueStats::default(),
+            created: Vec::new(),
+            _not_sync: PhantomData,
+            dev,
+        };
+        match qs.build() {
+            Ok(()) => Ok(qs),
+            Err(e) => {
+                if let Err(t) = qs.destroy() {
+                    tracing::error!(error = %t, "cleanup after failed queue-set creation also failed");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn exec(&self, inp: &[u8], out: usize) -> Result<Vec<u8>, Error> {
+        self.dev.exec(inp, out)
+    }
+
+    fn build(&mut self) -> Result<(), Error> {
+        let info = self.dev.info.clone();
+        // UAR for this queue set's doorbells.
+        let out = self.exec(
+            &input::<MboxIn>(Opcode::AllocUar, 0, 0),
+            out_len::<AllocUarOut>(0),
+        )?;
+        self.uar = View::<AllocUarOut>::new(&out)
+            .expect("sized")
+            .get32(AllocUarOut::UAR);
+        self.created.push(QObj::Uar(self.uar));
+        self.sq.bf_offset = self.uar as usize * uar::UAR_PAGE_BYTES + uar::BF_OFFSET;
+
+        // TX CQ: every CQE starts invalid, owned by hardware.
+        for i in 0..(1usize << self.tx_cq.log) {
+            self.tx_cq
+                .ring
+                .write_u8(i * CQE_BYTES + OP_OWN, CQE_OP_OWN_INVALID);
+        }
+        self.tx_cq.cqn = self.create_cq(&self.tx_cq.ring, self.tx_cq.log, false, DBR_TX_CQ)?;
+        self.created.push(QObj::Cq(self.tx_cq.cqn));
+
+        // TIS in our transport domain.
+        let mut inp = input::<CreateTisIn>(Opcode::CreateTis, 0, 0);
+        ViewMut::<CreateTisIn>::new(&mut inp)
+            .expect("sized")
+            .sub(CreateTisIn::CTX)
+            .set(Tisc::TRANSPORT_DOMAIN, info.td as u64);
+        let out = self.exec(&inp, out_len::<CreateTisOut>(0))?;
+        self.tisn = View::<CreateTisOut>::new(&out)
+            .expect("sized")
+            .get32(CreateTisOut::TISN);
+        self.created.push(QObj::Tis(self.tisn));
+
+        // SQ: cyclic, 64-byte WQEBBs.
+        let pages = self.sq.ring.len() / PAGE;
+        let mut inp = input::<CreateSqIn>(Opcode::CreateSq, 0, pages.max(1) * 8);
+        {
+            let mut v = ViewMut::<CreateSqIn>::new(&mut inp).expect("sized");
+            let mut c = v.sub(CreateSqIn::CTX);
+            c.set(Sqc::FLUSH_IN_ERROR_EN, 1)
+                .set(Sqc::MIN_WQE_INLINE_MODE, u64::from(self.inline))
+                .set(Sqc::STATE, QueueState::Rst as u64)
+                .set(Sqc::CQN, self.tx_cq.cqn as u64)
+                .set(Sqc::TIS_LST_SZ, 1)
+                .set(Sqc::TIS_NUM_0, self.tisn as u64);
+            let mut w = c.sub(Sqc::WQ);
+            w.set(Wq::WQ_TYPE, wq_type::CYCLIC as u64)
+                .set(Wq::PD, info.pd as u64)
+                .set(Wq::UAR_PAGE, self.uar as u64)
+                .set(Wq::DBR_ADDR, self.dbr.iova_at(DBR_SQ))
+                .set(Wq::LOG_WQ_STRIDE, wqe::SEND_WQE_SHIFT as u64)
+                .set(Wq::LOG_WQ_PG_SZ, 0)
+                .set(Wq::LOG_WQ_SZ, self.cfg.sq_log_wqebbs as u64);
+            for p in 0..pages.max(1) {
+                assert!(w.set_flex(Wq::PAS, p as u32, self.sq.ring.iova_at(p * PAGE)));
+            }
+        }
+        let out = self.exec(&inp, out_len::<CreateSqOut>(0))?;
+        self.sq.sqn = View::<CreateSqOut>::new(&out)
+            .expect("sized")
+            .get32(CreateSqOut::SQN);
+        self.created.push(QObj::Sq(self.sq.sqn));
+        self.modify_sq(QueueState::Rst, QueueState::Rdy)?;
+
+        // RX CQ: overrun ignored, pre-filled so the first packet counts as 1.
+        let strides = 1u32 << self.rq.log_strides;
+        let n = self.rx_cq.entries;
+        for i in 0..n {
+            let off = i * CQE_BYTES;
+            self.rx_cq.ring.write_u8(off + OP_OWN, CQE_OP_OWN_INVALID);
+            self.rx_cq.ring.write_u8(off + WQE_ID, 0xff);
+            self.rx_cq.ring.write_u8(off + WQE_ID + 1, 0xff);
+            let ctr = (strides - (n - i) as u32) as u16;
+            self.rx_cq
+                .ring
+                .write_u8(off + WQE_COUNTER, (ctr >> 8) as u8);
+            self.rx_cq.ring.write_u8(off + WQE_COUNTER + 1, ctr as u8);
+        }
+        self.rx_cq.prev = self.rx_snapshot(n - 1);
+        self.rx_cq.cqn = self.create_cq(
+            &self.rx_cq.ring,
+            self.cfg.rx_cq_log_size as u32,
+            true,
+            DBR_RX_CQ,
+        )?;
+        self.created.push(QObj::Cq(self.rx_cq.cqn));
+
+        let out = self.exec(
+            &input::<MboxIn>(Opcode::AllocQCounter, 0, 0),
+            out_len::<AllocQCounterOut>(0),
+        )?;
+        self.counter_set_id = View::<AllocQCounterOut>::new(&out)
+            .expect("sized")
+            .get32(AllocQCounterOut::COUNTER_SET_ID);
+        self.created.push(QObj::QCounter(self.counter_set_id));
+
+        // Striding RQ.
+        let log_num_strides =
+            wqe::encode_log_num_strides(self.rq.log_strides, info.ext_stride_num_range)
+                .ok_or_else(|| {
+                    Error::Config(format!(
+                        "2^{} strides per WQE not supported",
+                        self.rq.log_strides
+                    ))
+                })?;
+        let pages = self.rq.wqes.len() / PAGE;
+        let mut inp = input::<CreateRqIn>(Opcode::CreateRq, 0, pages * 8);
+        {
+            let mut v = ViewMut::<CreateRqIn>::new(&mut inp).expect("sized");
+            let mut c = v.sub(CreateRqIn::CTX);
+            c.set(Rqc::VSD, 1)
+                .set(Rqc::MEM_RQ_TYPE, 0)
+                .set(Rqc::STATE, QueueState::Rst as u64)
+                .set(Rqc::FLUSH_IN_ERROR_EN, 1)
+                .set(Rqc::CQN, self.rx_cq.cqn as u64)
+                .set(Rqc::COUNTER_SET_ID, self.counter_set_id as u64);
+            let mut w = c.sub(Rqc::WQ);
+            w.set(Wq::WQ_TYPE, wq_type::CYCLIC_STRIDING as u64)
+                .set(Wq::PD, info.pd as u64)
+                .set(Wq::DBR_ADDR, self.dbr.iova_at(DBR_RQ))
+                .set(Wq::LOG_WQ_STRIDE, wqe::MPRQ_WQE_SHIFT as u64)
+                .set(Wq::LOG_WQ_PG_SZ, 0)
+                .set(Wq::LOG_WQ_SZ, self.rq.log_wqes as u64)
+                .set(Wq::LOG_WQE_NUM_OF_STRIDES, log_num_strides as u64)
+                .set(Wq::TWO_BYTE_SHIFT_EN, 0)
+                .set(
+                    Wq::LOG_WQE_STRIDE_SIZE,
+                    (self.cfg.rq_log_stride_bytes as u32 - wqe::MPWQE_LOG_STRIDE_SZ_BASE) as u64,
+                );
+            for p in 0..pages {
+                assert!(w.set_flex(Wq::PAS, p as u32, self.rq.wqes.iova_at(p * PAGE)));
+            }
+        }
+        let out = self.exec(&inp, out_len::<CreateRqOut>(0))?;
+        self.rq.rqn = View::<CreateRqOut>::new(&out)
+            .expect("sized")
+            .get32(CreateRqOut::RQN);
+        self.created.push(QObj::Rq(self.rq.rqn));
+        for _ in 0..(1u32 << self.rq.log_wqes) {
+            self.write_rq_wqe();
+        }
+        self.ring_rq_doorbell();
+        self.modify_rq(QueueState::Rst, QueueState::Rdy)?;
+
+        // Direct TIR to the RQ.
+        let mut inp = input::<CreateTirIn>(Opcode::CreateTir, 0, 0);
+        ViewMut::<CreateTirIn>::new(&mut inp)
+            .expect("sized")
+            .sub(CreateTirIn::CTX)
+            .set(Tirc::DISP_TYPE, 0)
+            .set(Tirc::INLINE_RQN, self.rq.rqn as u64)
+            .set(Tirc::TRANSPORT_DOMAIN, info.td as u64);
+        let out = self.exec(&inp, out_len::<CreateTirOut>(0))?;
+        self.tirn = View::<CreateTirOut>::new(&out)
+            .expect("sized")
+            .get32(CreateTirOut::TIRN);
+        self.created.push(QObj::Tir(self.tirn));
+
+        self.add_flow_rule(&info)
+    }
+
+    fn add_flow_rule(&mut self, info: &crate::device::DeviceInfo) -> Result<(), Error> {
+        let port = self.cfg.udp_port;
+        let mut ctl = self.dev.lock();
+        let flow = ctl
+            .flow
+            .as_mut()
+            .ok_or_else(|| Error::Config("device has no flow table".into()))?;
+        if flow.ports.contains(&Some(port)) {
+            return Err(Error::Config(format!(
+                "UDP port {port} is already steered to another queue set on {}",
+                info.name
+            )));
+        }
+        let index = flow
+            .ports
+            .iter()
+            .position(Option::is_none)
+            .ok_or(Error::Exhausted {
+                device: info.name.clone(),
+                what: "NIC RX flow table entries",
+                limit: flow.ports.len(),
+            })?;
+        let (table_id, group_id) = (flow.table_id, flow.group_id);
+        let mut inp = input::<SetFteIn>(Opcode::SetFlowTableEntry, 0, DestFormatStruct::BYTES);
+        {
+            let mut v = ViewMut::<SetFteIn>::new(&mut inp).expect("sized");
+            v.set(SetFteIn::TABLE_TYPE, flow::TABLE_TYPE_NIC_RX as u64)
+                .set(SetFteIn::TABLE_ID, table_id as u64)
+                .set(SetFteIn::FLOW_INDEX, index as u64);
+            let mut fc = v.sub(SetFteIn::FLOW_CONTEXT);
+            fc.set(FlowContext::GROUP_ID, group_id as u64)
+                .set(FlowContext::ACTION, flow::ACTION_FWD_DEST as u64)
+                .set(FlowContext::DESTINATION_LIST_SIZE, 1);
+            let dest = (u64::from(flow::DEST_TIR) << 56) | (u64::from(self.tirn) << 32);
+            assert!(fc.set_flex(FlowContext::DESTINATION, 0, dest));
+            let mut mv = fc.sub(FlowContext::MATCH_VALUE);
+            let mut o = mv.sub(FteMatchParam::OUTER_HEADERS);
+            let m = info.mac;
+            o.set(
+                FteMatchSetLyr24::DMAC_47_16,
+                u32::from_be_bytes([m[0], m[1], m[2], m[3]]) as u64,
+            )
+            .set(
+                FteMatchSetLyr24::DMAC_15_0,
+                u16::from_be_bytes([m[4], m[5]]) as u64,
+            )
+            .set(FteMatchSetLyr24::ETHERTYPE, 0x0800)
+            .set(FteMatchSetLyr24::IP_PROTOCOL, 17)
+            .set(FteMatchSetLyr24::UDP_DPORT, port as u64);
+        }
+        let inner = &self.dev;
+        ctl.exec(&inner.bar, &inner.pool, &inp, 16)?;
+        ctl.flow.as_mut().expect("checked").ports[index] = Some(port);
+        self.flow_index = index as u32;
+        self.created.push(QObj::Fte(index as u32));
+        Ok(())
+    }
+
+    fn create_cq(
+        &self,
+        ring: &DmaMem,
+        log: u32,
+        overrun_ignore: bool,
+        dbr_off: usize,
+    ) -> Result<u32, Error> {
+        let pages = ring.len() / PAGE;
+        let mut inp = input::<CreateCqIn>(Opcode::CreateCq, 0, pages * 8);
+        {
+            let mut v = ViewMut::<CreateCqIn>::new(&mut inp).expect("sized");
+            for p in 0..pages {
+                assert!(v.set_flex(CreateCqIn::PAS, p as u32, ring.iova_at(p * PAGE)));
+            }
+            let mut c = v.sub(CreateCqIn::CQC);
+            c.set(Cqc::CQE_SZ, 0)
+                .set(Cqc::OI, u64::from(overrun_ignore))
+                .set(Cqc::CQE_COMP_EN, 0)
+                .set(Cqc::LOG_CQ_SIZE, log as u64)
+                .set(Cqc::UAR_PAGE, self.uar as u64)
+                .set(Cqc::C_EQN, self.dev.info.eqn as u64)
+                .set(Cqc::LOG_PAGE_SIZE, 0)
+                .set(Cqc::DBR_ADDR, self.dbr.iova_at(dbr_off));
+        }
+        let out = self.exec(&inp, out_len::<CreateCqOut>(0))?;
+        Ok(View::<CreateCqOut>::new(&out)
+            .expect("sized")
+            .get32(CreateCqOut::CQN))
+    }
+
+    fn modify_sq(&self, from: QueueState, to: QueueState) -> Result<(), Error> {
+        let mut inp = input::<ModifySqIn>(Opcode::ModifySq, 0, 0);
+        let mut v = ViewMut::<ModifySqIn>::new(&mut inp).expect("sized");
+        v.set(ModifySqIn::SQ_STATE, from as u64)
+            .set(ModifySqIn::SQN, self.sq.sqn as u64);
+        v.sub(ModifySqIn::CTX).set(Sqc::STATE, to as u64);
+        self.exec(&inp, 16).map(|_| ())
+    }
+
+    fn modify_rq(&self, from: QueueState, to: QueueState) -> Result<(), Error> {
+        let mut inp = input::<ModifyRqIn>(Opcode::ModifyRq, 0, 0);
+        let mut v = ViewMut::<ModifyRqIn>::new(&mut inp).expect("sized");
+        v.set(ModifyRqIn::RQ_STATE, from as u64)
+            .set(ModifyRqIn::RQN, self.rq.rqn as u64);
+        v.sub(ModifyRqIn::CTX).set(Rqc::STATE, to as u64);
+        self.exec(&inp, 16).map(|_| ())
+    }
+
+    // ------------------------------------------------------------------ TX
+
+    /// WQEBBs a frame's WQE takes.
+    #[inline]
+    fn wqe_ds(&self, f: &TxFrame<'_>) -> u32 {
+        let inline = self.inline && f.first.len() >= ETH_L2_INLINE_HEADER_SIZE;
+        let eth_ds = if inline { 2 } else { 1 };
+        let first_left = if inline {
+            f.first.len() - ETH_L2_INLINE_HEADER_SIZE
+        } else {
+            f.first.len()
+        };
+        1 + eth_ds + u32::from(first_left > 0) + u32::from(f.rest.len > 0)
+    }
+
+    /// Posts a burst of frames with one doorbell. Returns how many were
+    /// posted (fewer only if the SQ is full). Fails if the SQ is in error.
+    pub fn tx_burst(&mut self, frames: &[TxFrame<'_>]) -> Result<usize, Error> {
+        if let Some(cqe) = self.sq.error {
+            return Err(self.sq_error(cqe));
+        }
+        let mut posted = 0;
+        let mut last_off = 0;
+        let mut last_wqebbs = 0;
+        for f in frames {
+            if self.inline && f.first.len() < ETH_L2_INLINE_HEADER_SIZE {
+                return Err(Error::Config(format!(
+                    "frame's first segment is {} bytes; the device requires the {ETH_L2_INLINE_HEADER_SIZE}-byte L2 header inline",
+                    f.first.len()
+                )));
+            }
+            let ds = self.wqe_ds(f);
+            let wqebbs = (ds * SEND_WQE_DS as u32).div_ceil(SEND_WQE_BB as u32);
+            let signal = self.sq.since_signal + 1 >= self.sq.batch;
+            if signal && !self.wait_signaled()? {
+                break;
+            }
+            if self.sq.pi.wrapping_sub(self.sq.ci) + wqebbs > self.sq.mask + 1
+                && !self.reap_until_space(wqebbs)?
+            {
+                self.stats.tx_full += 1;
+                break;
+            }
+            last_off = self.write_send_wqe(f, ds, signal);
+            last_wqebbs = wqebbs;
+            posted += 1;
+        }
+        if posted > 0 {
+            self.ring_sq_doorbell(last_off, last_wqebbs, posted == 1);
+        }
+        Ok(posted)
+    }
+
+    /// Writes one SEND WQE at the producer index; returns its ring offset.
+    #[inline]
+    fn write_send_wqe(&mut self, f: &TxFrame<'_>, ds: u32, signal: bool) -> usize {
+        let ring = &self.sq.ring;
+        let ring_mask = (self.sq.mask as usize + 1) * SEND_WQE_BB - 1;
+        let base = (self.sq.pi & self.sq.mask) as usize * SEND_WQE_BB;
+        let unit = |i: usize| (base + i * SEND_WQE_DS) & ring_mask;
+        let idx = self.sq.pi & 0xffff;
+        // Control segment.
+        let c = unit(0);
+        ring.write_be32(
+            c + WqeCtrlSeg::OPMOD_IDX_OPCODE.dword(),
+            (idx << 8) | WqeOpcode::Send as u32,
+        );
+        ring.write_be32(c + WqeCtrlSeg::QPN_DS.dword(), (self.sq.sqn << 8) | ds);
+        ring.write_be32(c + 8, if signal { CTRL_CQ_UPDATE as u32 } else { 0 });
+        ring.write_be32(c + WqeCtrlSeg::IMM.dword(), 0);
+        // Ethernet segment, with the L2 header inline if required.
+        let e = unit(1);
+        ring.write_be32(e + WqeEthSeg::RSVD0.dword(), 0);
+        ring.write_be32(e + 4, 0); // cs_flags 0 (headers carry their checksum), mss 0
+        ring.write_be32(e + 8, 0);
+        let (mut seg, first_skip) = if self.inline {
+            let h = &f.first[..ETH_L2_INLINE_HEADER_SIZE];
+            ring.write_be32(
+                e + 12,
+                ((ETH_L2_INLINE_HEADER_SIZE as u32) << 16)
+                    | u32::from(u16::from_be_bytes([h[0], h[1]])),
+            );
+            ring.write_bytes(unit(2), &h[2..]);
+            (3, ETH_L2_INLINE_HEADER_SIZE)
+        } else {
+            ring.write_be32(e + 12, 0);
+            (2, 0)
+        };
+        let mut data_seg = |len: u32, lkey: u32, iova: u64| {
+            let d = unit(seg);
+            ring.write_be32(d + WqeDataSeg::BYTE_COUNT.dword(), len);
+            ring.write_be32(d + WqeDataSeg::LKEY.dword(), lkey);
+            ring.write_be64(d + WqeDataSeg::ADDR.dword(), iova);
+            seg += 1;
+        };
+        let first_len = f.first.len() - first_skip;
+        if first_len > 0 {
+            data_seg(
+                first_len as u32,
+                f.first_lkey,
+                f.first_iova + first_skip as u64,
+            );
+        }
+        if f.rest.len > 0 {
+            data_seg(f.rest.len, f.rest.lkey, f.rest.iova);
+        }
+        debug_assert_eq!(seg as u32, ds);
+        let wqebbs = (ds * SEND_WQE_DS as u32).div_ceil(SEND_WQE_BB as u32);
+        self.sq.pi = self.sq.pi.wrapping_add(wqebbs);
+        if signal {
+            self.sq.signaled = Some((idx as u16, self.sq.pi));
+            self.sq.since_signal = 0;
+            self.stats.tx_signaled += 1;
+        } else {
+            self.sq.since_signal += 1;
+        }
+        self.stats.tx_wqes += 1;
+        self.stats.tx_bytes += (f.first.len() + f.rest.len as usize) as u64;
+        base
+    }
+
+    /// Doorbell: WQEs → barrier → doorbell record → barrier → MMIO write of
+    /// the last WQE's first 8 bytes (or the whole WQE via BlueFlame).
+    #[inline]
+    fn ring_sq_doorbell(&mut self, last_off: usize, last_wqebbs: u32, single: bool) {
+        barrier::to_device();
+        self.dbr
+            .write_be32(DBR_SQ + 4 * wqe::SND_DBR, self.sq.pi & 0xffff);
+        barrier::to_device();
+        let reg = self.sq.bf_offset + self.sq.bf_offset_toggle();
+        let ring = &self.sq.ring;
+        let bar = &self.dev.bar;
+        let wqe_bytes = last_wqebbs as usize * SEND_WQE_BB;
+        let ring_bytes = ring.len();
+        if self.cfg.blueflame
+            && single
+            && wqe_bytes <= self.sq.bf_half
+            && last_off + wqe_bytes <= ring_bytes
+        {
+            let mut buf = [0u8; 256];
+            ring.read_bytes(last_off, &mut buf[..wqe_bytes]);
+            barrier::wc_start();
+            bar.write_bf(reg, &buf[..wqe_bytes]);
+            barrier::wc_flush();
+            self.stats.tx_blueflame += 1;
+        } else {
+            let hi = ring.read_be32(last_off + WqeCtrlSeg::OPMOD_IDX_OPCODE.dword());
+            let lo = ring.read_be32(last_off + WqeCtrlSeg::QPN_DS.dword());
+            bar.write64(reg, (u64::from(hi) << 32) | u64::from(lo));
+            barrier::wc_flush();
+        }
+        self.stats.tx_doorbells += 1;
+    }
+
+    /// Before a signaled WQE: the previous signaled one must be complete.
+    /// Returns false (and posts nothing more) if it did not complete within
+    /// the command timeout.
+    fn wait_signaled(&mut self) -> Result<bool, Error> {
+        let mut spins = 0u32;
+        while self.sq.signaled.is_some() {
+            self.poll_tx_cq()?;
+            if self.sq.signaled.is_none() {
+                break;
+            }
+            spins += 1;
+            if spins > 1 << 20 {
+                return Ok(false);
+            }
+            if spins > 1024 {
+                self.dev.bar.wait(Duration::from_micros(1));
+            }
+        }
+        Ok(true)
+    }
+
+    fn reap_until_space(&mut self, wqebbs: u32) -> Result<bool, Error> {
+        for _ in 0..(1 << 16) {
+            self.poll_tx_cq()?;
+            if self.sq.pi.wrapping_sub(self.sq.ci) + wqebbs <= self.sq.mask + 1 {
+                return Ok(true);
+            }
+            if self.sq.signaled.is_none() {
+                // Nothing outstanding can free space.
+                return Ok(false);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Consumes TX CQEs. A REQ CQE for the signaled WQE frees the ring up
+    /// to it; an error CQE puts the SQ in error.
+    fn poll_tx_cq(&mut self) -> Result<(), Error> {
+        self.stats.tx_cq_polls += 1;
+        let cq = &mut self.tx_cq;
+        let mask = (1u32 << cq.log) - 1;
+        let mut consumed = 0;
+        loop {
+            let off = (cq.ci & mask) as usize * CQE_BYTES;
+            let op_own = cq.ring.load_owner(off + OP_OWN);
+            if op_own >> 4 == CqeOpcode::Invalid as u8
+                || u32::from(op_own & 1) != (cq.ci >> cq.log) & 1
+            {
+                break;
+            }
+            barrier::from_device();
+            let mut raw = [0u8; CQE_BYTES];
+            cq.ring.read_bytes(off, &mut raw);
+            let cqe = Cqe::decode(&raw);
+            cq.ci = cq.ci.wrapping_add(1);
+            cq.last = Some(cqe);
+            consumed += 1;
+            if cqe.is_error() {
+                tracing::error!(sqn = self.sq.sqn, %cqe, "send error CQE");
+                self.sq.error.get_or_insert(cqe);
+            } else if let Some((idx, pi_after)) = self.sq.signaled {
+                if cqe.wqe_counter == idx {
+                    self.sq.ci = pi_after;
+                    self.sq.signaled = None;
+                }
+            }
+        }
+        if consumed > 0 {
+            self.stats.tx_cqes += consumed;
+            barrier::to_device();
+            self.dbr.write_be32(DBR_TX_CQ, cq.ci & 0xff_ffff);
+        }
+        match self.sq.error {
+            Some(cqe) => Err(self.sq_error(cqe)),
+            None => Ok(()),
+        }
+    }
+
+    fn sq_error(&self, cqe: Cqe) -> Error {
+        Error::SqInError {
+            device: self.dev.info.name.clone(),
+            sqn: self.sq.sqn,
+            cqe,
+        }
+    }
+
+    /// Returns once every WQE posted so far has completed: posts a signaled
+    /// NOP and waits for its CQE. The rare path (buffer reuse guarantee).
+    pub fn tx_flush(&mut self) -> Result<(), Error> {
+        if let Some(cqe) = self.sq.error {
+            return Err(self.sq_error(cqe));
+        }
+        if !self.wait_signaled()? {
+            return Err(self.flush_timeout());
+        }
+        if self.sq.pi.wrapping_sub(self.sq.ci) + 1 > self.sq.mask + 1
+            && !self.reap_until_space(1)?
+        {
+            return Err(self.flush_timeout());
+        }
+        let ring = &self.sq.ring;
+        let off = (self.sq.pi & self.sq.mask) as usize * SEND_WQE_BB;
+        let idx = self.sq.pi & 0xffff;
+        ring.write_be32(
+            off + WqeCtrlSeg::OPMOD_IDX_OPCODE.dword(),
+            (idx << 8) | WqeOpcode::Nop as u32,
+        );
+        ring.write_be32(off + WqeCtrlSeg::QPN_DS.dword(), (self.sq.sqn << 8) | 1);
+        ring.write_be32(off + 8, CTRL_CQ_UPDATE as u32);
+        ring.write_be32(off + WqeCtrlSeg::IMM.dword(), 0);
+        self.sq.pi = self.sq.pi.wrapping_add(1);
+        self.sq.signaled = Some((idx as u16, self.sq.pi));
+        self.sq.since_signal = 0;
+        self.stats.tx_wqes += 1;
+        self.stats.tx_signaled += 1;
+        self.ring_sq_doorbell(off, 1, false);
+        let timeout = self.dev.lock().cmdq.timeout();
+        let mut waited = Duration::ZERO;
+        let mut spins = 0u32;
+        while self.sq.signaled.is_some() {
+            self.poll_tx_cq()?;
+            spins += 1;
+            if spins > 256 && self.sq.signaled.is_some() {
+                if waited >= timeout {
+                    return Err(self.flush_timeout());
+                }
+                let step = Duration::from_micros(10);
+                self.dev.bar.wait(step);
+                waited += step;
+            }
+        }
+        Ok(())
+    }
+
+    fn flush_timeout(&self) -> Error {
+        Error::Timeout {
+            device: self.dev.info.name.clone(),
+            what: format!("TX flush of SQ 0x{:x}", self.sq.sqn),
+            waited: Duration::ZERO,
+        }
+    }
+
+    /// Brings an SQ in error back: drains the TX CQ, ERR → RST → RDY, and
+    /// resets the software counters. Frames posted before the error are lost.
+    pub fn recover_sq(&mut self) -> Result<(), Error> {
+        let _ = self.poll_tx_cq();
+        self.modify_sq(QueueState::Err, QueueState::Rst)?;
+        self.sq.pi = 0;
+        self.sq.ci = 0;
+        self.sq.since_signal = 0;
+        self.sq.signaled = None;
+        self.sq.error = None;
+        self.dbr.write_be32(DBR_SQ + 4 * wqe::SND_DBR, 0);
+        self.modify_sq(QueueState::Rst, QueueState::Rdy)
+    }
+
+    // ------------------------------------------------------------------ RX
+
+    /// Snapshots the (wqe id, stride index) position in RX CQE `i`, with the
+    /// torn-read guard: wqe id, stride index, full barrier, wqe id again.
+    #[inline]
+    fn rx_snapshot(&self, i: usize) -> u32 {
+        let ring = &self.rx_cq.ring;
+        let off = i * CQE_BYTES;
+        loop {
+            let id = ring.load_be16(off + WQE_ID);
+            let ctr = ring.load_be16(off + WQE_COUNTER);
+            barrier::full();
+            if ring.load_be16(off + WQE_ID) == id {
+                return ((u32::from(id) << self.rq.log_strides) + u32::from(ctr))
+                    & (self.rx_cq.cycle - 1);
+            }
+        }
+    }
+
+    /// Counts packets that arrived since the last call. They occupy ring
+    /// slots `[head, head + n)` (mod the ring size), where `head` is the sum
+    /// of all earlier results; read them through [`QueueSet::rx_ring`].
+    #[inline]
+    pub fn rx_burst(&mut self) -> usize {
+        let entries = self.cfg.rx_ring_entries() as u32;
+        let mut total = 0u32;
+        for _ in 0..self.rx_cq.entries {
+            let cur = self.rx_snapshot(self.rx_cq.idx);
+            let delta = cur.wrapping_sub(self.rx_cq.prev) & (self.rx_cq.cycle - 1);
+            if delta == 0 || delta > entries - total {
+                break;
+            }
+            total += delta;
+            self.rx_cq.prev = cur;
+            self.rx_cq.idx = (self.rx_cq.idx + 1) & (self.rx_cq.entries - 1);
+        }
+        if total > 0 {
+            self.rq.recv_head = (self.rq.recv_head + total as usize) & (entries as usize - 1);
+            self.stats.rx_pkts += u64::from(total);
+            self.stats.rx_bursts += 1;
+        }
+        total as usize
+    }
+
+    /// Gives `n` ring slots back (in ring order). Each time a whole WQE's
+    /// worth of strides is back, that WQE is reposted.
+    #[inline]
+    pub fn post_recvs(&mut self, n: usize) {
+        self.rq.to_post += n;
+        let per_wqe = 1usize << self.rq.log_strides;
+        if self.rq.to_post < per_wqe {
+            return;
+        }
+        while self.rq.to_post >= per_wqe {
+            self.write_rq_wqe();
+            self.rq.to_post -= per_wqe;
+            self.stats.rx_reposts += 1;
+        }
+        self.ring_rq_doorbell();
+    }
+
+    fn write_rq_wqe(&mut self) {
+        let slot = (self.rq.head & ((1 << self.rq.log_wqes) - 1)) as usize;
+        let off = slot * MprqWqe::BYTES;
+        let wqe_bytes = (1usize << self.rq.log_strides) * self.rq.stride;
+        let d = off + MprqWqe::DSEG.byte();
+        self.rq.wqes.write_be32(
+            off + MprqWqe::NSEG.byte() + WqeSrqNextSeg::NEXT_WQE_INDEX.dword(),
+            0,
+        );
+        self.rq
+            .wqes
+            .write_be32(d + WqeDataSeg::BYTE_COUNT.dword(), wqe_bytes as u32);
+        self.rq
+            .wqes
+            .write_be32(d + WqeDataSeg::LKEY.dword(), self.lkey);
+        self.rq.wqes.write_be64(
+            d + WqeDataSeg::ADDR.dword(),
+            self.rq.data.iova_at(slot * wqe_bytes),
+        );
+        self.rq.head = self.rq.head.wrapping_add(1);
+    }
+
+    fn ring_rq_doorbell(&self) {
+        barrier::to_device();
+        self.dbr
+            .write_be32(DBR_RQ + 4 * wqe::RCV_DBR, self.rq.head & 0xffff);
+    }
+
+    /// The RX ring reader.
+    pub fn rx_ring(&self) -> RxRingView {
+        RxRingView {
+            data: self.rq.data.clone(),
+            stride: self.rq.stride,
+            entries: self.cfg.rx_ring_entries(),
+        }
+    }
+
+    // ------------------------------------------------------------- control
+
+    /// Settings in effect (the unsignaled batch may have been clamped).
+    pub fn config(&self) -> QueueConfig {
+        QueueConfig {
+            unsignaled_batch: self.sq.batch,
+            ..self.cfg
+        }
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> QueueStats {
+        self.stats
+    }
+
+    /// The device's MAC (source of our frames).
+    pub fn mac(&self) -> [u8; 6] {
+        self.dev.info.mac
+    }
+
+    /// Whether frames carry the L2 header inline.
+    pub fn inlines_l2(&self) -> bool {
+        self.inline
+    }
+
+    /// Software state, cheap (no command).
+    pub fn snapshot(&self) -> QueueSnapshot {
+        QueueSnapshot {
+            device: self.dev.info.name.clone(),
+            udp_port: self.cfg.udp_port,
+            sqn: self.sq.sqn,
+            rqn: self.rq.rqn,
+            tx_cqn: self.tx_cq.cqn,
+            rx_cqn: self.rx_cq.cqn,
+            tisn: self.tisn,
+            tirn: self.tirn,
+            uar: self.uar,
+            flow_index: self.flow_index,
+            counter_set_id: self.counter_set_id,
+            sq_pi: self.sq.pi,
+            sq_ci: self.sq.ci,
+            sq_unsignaled: self.sq.since_signal,
+            sq_signaled_outstanding: self.sq.signaled.is_some(),
+            sq_error: self.sq.error,
+            tx_cq_ci: self.tx_cq.ci,
+            tx_last_cqe: self.tx_cq.last,
+            rq_head: self.rq.head,
+            rx_recv_head: self.rq.recv_head,
+            rx_to_post: self.rq.to_post,
+            rx_cqe_idx: self.rx_cq.idx,
+            rx_prev_position: self.rx_cq.prev,
+            stats: self.stats,
+        }
+    }
+
+    /// Hardware's view: QUERY_SQ, QUERY_RQ, QUERY_CQ ×2, QUERY_Q_COUNTER.
+    /// Several commands; never call it on the datapath.
+    pub fn query_hw(&self) -> Result<HwQueueState, Error> {
+        let mut inp = input::<QuerySqIn>(Opcode::QuerySq, 0, 0);
+        ViewMut::<QuerySqIn>::new(&mut inp)
+            .expect("sized")
+            .set(QuerySqIn::SQN, self.sq.sqn as u64);
+        let out = self.exec(&inp, out_len::<QuerySqOut>(0))?;
+        let sq = View::<QuerySqOut>::new(&out)
+            .expect("sized")
+            .sub(QuerySqOut::SQ_CONTEXT);
+        let (sq_state, sq_hw, sq_sw) = (
+            sq.get32(Sqc::STATE) as u8,
+            sq.sub(Sqc::WQ).get32(Wq::HW_COUNTER),
+            sq.sub(Sqc::WQ).get32(Wq::SW_COUNTER),
+        );
+        let mut inp = input::<QueryRqIn>(Opcode::QueryRq, 0, 0);
+        ViewMut::<QueryRqIn>::new(&mut inp)
+            .expect("sized")
+            .set(QueryRqIn::RQN, self.rq.rqn as u64);
+        let out = self.exec(&inp, out_len::<QueryRqOut>(0))?;
+        let rq = View::<QueryRqOut>::new(&out)
+            .expect("sized")
+            .sub(QueryRqOut::RQ_CONTEXT);
+        let (rq_state, rq_hw, rq_sw) = (
+            rq.get32(Rqc::STATE) as u8,
+            rq.sub(Rqc::WQ).get32(Wq::HW_COUNTER),
+            rq.sub(Rqc::WQ).get32(Wq::SW_COUNTER),
+        );
+        let cq = |cqn: u32| -> Result<(u32, u32, u8), Error> {
+            let mut inp = input::<QueryCqIn>(Opcode::QueryCq, 0, 0);
+            ViewMut::<QueryCqIn>::new(&mut inp)
+                .expect("sized")
+                .set(QueryCqIn::CQN, cqn as u64);
+            let out = self.exec(&inp, out_len::<QueryCqOut>(0))?;
+            let c = View::<QueryCqOut>::new(&out)
+                .expect("sized")
+                .sub(QueryCqOut::CQC);
+            Ok((
+                c.get32(Cqc::CONSUMER_COUNTER),
+                c.get32(Cqc::PRODUCER_COUNTER),
+                c.get32(Cqc::STATUS) as u8,
+            ))
+        };
+        let (tx_cq, rx_cq) = (cq(self.tx_cq.cqn)?, cq(self.rx_cq.cqn)?);
+        let mut inp = input::<QueryQCounterIn>(Opcode::QueryQCounter, 0, 0);
+        ViewMut::<QueryQCounterIn>::new(&mut inp)
+            .expect("sized")
+            .set(QueryQCounterIn::COUNTER_SET_ID, self.counter_set_id as u64);
+        let out = self.exec(&inp, out_len::<QueryQCounterOut>(0))?;
+        let out_of_buffer = View::<QueryQCounterOut>::new(&out)
+            .expect("sized")
+            .get32(QueryQCounterOut::OUT_OF_BUFFER);
+        Ok(HwQueueState {
+            sq_state,
+            sq_hw_counter: sq_hw,
+            sq_sw_counter: sq_sw,
+            rq_state,
+            rq_hw_counter: rq_hw,
+            rq_sw_counter: rq_sw,
+            tx_cq,
+            rx_cq,
+            out_of_buffer,
+        })
+    }
+
+    /// Destroys every object now and reports the first failure.
+    pub fn close(mut self) -> Result<(), Error> {
+        self.destroy()
+    }
+
+    fn destroy(&mut self) -> Result<(), Error> {
+        let mut first = None;
+        let inner = self.dev.clone();
+        while let Some(o) = self.created.pop() {
+            let mut ctl = inner.lock();
+            let (bar, pool) = (&inner.bar, &inner.pool);
+            let r = match o {
+                QObj::Fte(index) => {
+                    let table = ctl.flow.as_ref().map(|f| f.table_id).unwrap_or(0);
+                    let mut inp = input::<DeleteFteIn>(Opcode::DeleteFlowTableEntry, 0, 0);
+                    ViewMut::<DeleteFteIn>::new(&mut inp)
+                        .expect("sized")
+                        .set(DeleteFteIn::TABLE_TYPE, flow::TABLE_TYPE_NIC_RX as u64)
+                        .set(DeleteFteIn::TABLE_ID, table as u64)
+                        .set(DeleteFteIn::FLOW_INDEX, index as u64);
+                    let r = ctl.exec(bar, pool, &inp, 16).map(|_| ());
+                    if let Some(f) = ctl.flow.as_mut() {
+                        f.ports[index as usize] = None;
+                    }
+                    r
+                }
+                QObj::Tir(n) => destroy_u24(
+                    bar,
+                    pool,
+                    &mut ctl,
+                    Opcode::DestroyTir,
+                    DestroyTirIn::TIRN,
+                    n,
+                ),
+                QObj::Rq(n) => {
+                    destroy_u24(bar, pool, &mut ctl, Opcode::DestroyRq, DestroyRqIn::RQN, n)
+                }
+                QObj::QCounter(n) => destroy_u24(
+                    bar,
+                    pool,
+                    &mut ctl,
+                    Opcode::DeallocQCounter,
+                    DeallocQCounterIn::COUNTER_SET_ID,
+                    n,
+                ),
+                QObj::Sq(n) => {
+                    destroy_u24(bar, pool, &mut ctl, Opcode::DestroySq, DestroySqIn::SQN, n)
+                }
+                QObj::Tis(n) => destroy_u24(
+                    bar,
+                    pool,
+                    &mut ctl,
+                    Opcode::DestroyTis,
+                    DestroyTisIn::TISN,
+                    n,
+                ),
+                QObj::Cq(n) => {
+                    destroy_u24(bar, pool, &mut ctl, Opcode::DestroyCq, DestroyCqIn::CQN, n)
+                }
+                QObj::Uar(n) => destroy_u24(
+                    bar,
+                    pool,
+                    &mut ctl,
+                    Opcode::DeallocUar,
+                    DeallocUarIn::UAR,
+                    n,
+                ),
+            };
+            if let Err(e) = r {
+                tracing::error!(error = %e, "queue-set teardown step failed");
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+}
+
+impl SendQueue {
+    /// Alternates between the two halves of the BlueFlame register so that
+    /// consecutive write-combined bursts never merge.
+    #[inline]
+    fn bf_offset_toggle(&mut self) -> usize {
+        let cur = self.bf_toggle;
+        self.bf_toggle ^= self.bf_half;
+        cur
+    }
+}
+
+impl<B: HwBackend> Drop for QueueSet<B> {
+    fn drop(&mut self) {
+        if let Err(e) = self.destroy() {
+            tracing::error!(error = %e, "queue-set teardown on drop failed");
+        }
+    }
+}
