@@ -29,6 +29,7 @@ use std::fmt;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod mlx5;
 pub mod udp;
 pub mod wire;
 
