@@ -593,8 +593,9 @@ struct LkeyMapper {
 }
 
 impl DmaMapper for LkeyMapper {
-    fn map(&self, va: usize, len: usize) -> Result<DmaMapping, DmaError> {
-        let mut m = self.inner.map(va, len)?;
+    unsafe fn map(&self, va: usize, len: usize) -> Result<DmaMapping, DmaError> {
+        // SAFETY: the caller's obligations are those of the inner mapper.
+        let mut m = unsafe { self.inner.map(va, len) }?;
         m.lkey = self.lkey;
         Ok(m)
     }

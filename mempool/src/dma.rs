@@ -41,11 +41,19 @@ pub struct DmaError {
 ///
 /// Implementations must keep a mapping valid until [`DmaMapper::unmap`] is
 /// called for it, and may assume the memory stays allocated and locked for
-/// that whole time (the region guarantees it).
+/// that whole time (the caller's obligation, see [`DmaMapper::map`]).
 pub trait DmaMapper: Send + Sync + std::fmt::Debug {
     /// Maps `len` bytes starting at virtual address `va` and returns where the
     /// device sees them. `va` and `len` are multiples of 4 KiB.
-    fn map(&self, va: usize, len: usize) -> Result<DmaMapping, DmaError>;
+    ///
+    /// # Safety
+    /// A mapped device may read and write the range at any time. The caller
+    /// guarantees that `[va, va + len)` is memory it owns, that stays
+    /// allocated (and is not handed to anyone else) until the mapping is
+    /// removed with [`DmaMapper::unmap`], and that it is prepared for the
+    /// device writing into it (no Rust references over the parts the device
+    /// writes). [`crate::HugepageRegion::register`] is the safe way to do this.
+    unsafe fn map(&self, va: usize, len: usize) -> Result<DmaMapping, DmaError>;
 
     /// Undoes a mapping returned by [`DmaMapper::map`] on this mapper.
     fn unmap(&self, va: usize, mapping: &DmaMapping) -> Result<(), DmaError>;
@@ -77,7 +85,7 @@ impl IdentityMapper {
 }
 
 impl DmaMapper for IdentityMapper {
-    fn map(&self, va: usize, len: usize) -> Result<DmaMapping, DmaError> {
+    unsafe fn map(&self, va: usize, len: usize) -> Result<DmaMapping, DmaError> {
         self.maps.fetch_add(1, Ordering::Relaxed);
         Ok(DmaMapping {
             iova: va as u64,

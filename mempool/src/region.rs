@@ -172,7 +172,9 @@ impl HugepageRegion {
                 iova: m.iova,
             });
         }
-        let mapping = mapper.map(self.va(), self.len())?;
+        // SAFETY: the region owns this locked range and keeps it allocated
+        // until Drop, which unmaps first (and leaks it if unmapping fails).
+        let mapping = unsafe { mapper.map(self.va(), self.len()) }?;
         self.dma = Some((mapper, mapping));
         Ok(mapping)
     }

@@ -189,7 +189,7 @@ fn buffer_is_send() {
 struct FailingUnmap;
 
 impl mempool::DmaMapper for FailingUnmap {
-    fn map(&self, va: usize, len: usize) -> Result<mempool::DmaMapping, mempool::DmaError> {
+    unsafe fn map(&self, va: usize, len: usize) -> Result<mempool::DmaMapping, mempool::DmaError> {
         Ok(mempool::DmaMapping {
             iova: va as u64,
             len,

@@ -464,7 +464,7 @@ impl SimMapper {
 }
 
 impl DmaMapper for SimMapper {
-    fn map(&self, va: usize, len: usize) -> Result<DmaMapping, DmaError> {
+    unsafe fn map(&self, va: usize, len: usize) -> Result<DmaMapping, DmaError> {
         match self.iommu.map(va, len) {
             Ok(iova) => Ok(DmaMapping { iova, len, lkey: 0 }),
             Err(e) => Err(DmaError {
@@ -547,7 +547,9 @@ impl HostMem {
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).ok_or(HostMemError::Alloc { len })?;
-        match mapper.map(ptr.as_ptr() as usize, size) {
+        // SAFETY: the allocation is ours, only accessed through raw
+        // pointers, and freed only after the mapping is removed (Drop).
+        match unsafe { mapper.map(ptr.as_ptr() as usize, size) } {
             Ok(mapping) => Ok(HostMem {
                 ptr,
                 layout,
@@ -764,8 +766,11 @@ mod tests {
     #[test]
     fn mapper_rejects_unaligned_and_bad_unmap() {
         let (_, m) = setup();
-        assert!(m.map(0x1001, 4096).is_err());
-        assert!(m.map(0x1000, 0).is_err());
+        // SAFETY: both requests are invalid and refused before any mapping exists.
+        unsafe {
+            assert!(m.map(0x1001, 4096).is_err());
+            assert!(m.map(0x1000, 0).is_err());
+        }
         let bogus = DmaMapping {
             iova: 0x42,
             len: 4096,

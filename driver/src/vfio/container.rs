@@ -212,10 +212,14 @@ impl Container {
 
     /// Maps `[va, va+len)` at a fresh, naturally aligned IOVA.
     ///
-    /// This is [`DmaMapper::map`] with the typed error; the safety
-    /// obligation (keep the memory allocated until it is unmapped) is the
-    /// one `DmaMapper` states, which `HugepageRegion` fulfils.
-    pub fn map_dma(&self, va: usize, len: usize) -> Result<DmaMapping, VfioError> {
+    /// This is [`DmaMapper::map`] with the typed error.
+    ///
+    /// # Safety
+    /// As for [`DmaMapper::map`]: the device may read and write the range
+    /// until it is unmapped, so it must be memory the caller owns and keeps
+    /// allocated until then (`HugepageRegion` does this).
+    #[allow(unsafe_code)] // an unsafe contract, forwarded from DmaMapper::map
+    pub unsafe fn map_dma(&self, va: usize, len: usize) -> Result<DmaMapping, VfioError> {
         let mut state = self.state();
         let page = state
             .iommu
@@ -320,8 +324,10 @@ fn dma_error(op: &'static str, va: usize, iova: u64, len: usize, err: VfioError)
 }
 
 impl DmaMapper for Container {
-    fn map(&self, va: usize, len: usize) -> Result<DmaMapping, DmaError> {
-        self.map_dma(va, len).map_err(|e| {
+    #[allow(unsafe_code)] // the DmaMapper contract
+    unsafe fn map(&self, va: usize, len: usize) -> Result<DmaMapping, DmaError> {
+        // SAFETY: forwarded obligation (same contract).
+        unsafe { self.map_dma(va, len) }.map_err(|e| {
             let iova = match &e {
                 VfioError::DmaMap { iova, .. } => *iova,
                 _ => 0,
@@ -415,13 +421,21 @@ pub(crate) mod tests {
 
     const MIB: usize = 1 << 20;
 
+    /// Maps on the fake IOMMU: no device exists, so nothing ever accesses
+    /// these (made-up) addresses.
+    #[allow(unsafe_code)]
+    fn map(c: &Container, va: usize, len: usize) -> Result<DmaMapping, VfioError> {
+        // SAFETY: a fake container has no device behind it.
+        unsafe { c.map_dma(va, len) }
+    }
+
     #[test]
     fn maps_at_aligned_iovas_and_unmaps() {
         let (c, iommu) = fake(&LEGACY_RANGES);
-        let a = c.map_dma(0x7f00_0020_0000, 2 * MIB).unwrap();
+        let a = map(&c, 0x7f00_0020_0000, 2 * MIB).unwrap();
         assert_eq!(a.iova % (2 * MIB as u64), 0);
         assert!(a.iova >= IOVA_FLOOR);
-        let b = c.map_dma(0x7f00_0000_1000, 4096).unwrap();
+        let b = map(&c, 0x7f00_0000_1000, 4096).unwrap();
         assert_ne!(a.iova, b.iova);
         assert_eq!(iommu.table.lock().unwrap().len(), 2);
         assert_eq!(c.lookup(a.iova + 4096, 64).unwrap().va, 0x7f00_0020_0000);
@@ -434,7 +448,7 @@ pub(crate) mod tests {
         assert!(iommu.table.lock().unwrap().is_empty());
         assert!(c.mappings().is_empty());
         // The space is reused.
-        let again = c.map_dma(0x7f00_0020_0000, 2 * MIB).unwrap();
+        let again = map(&c, 0x7f00_0020_0000, 2 * MIB).unwrap();
         assert_eq!(again.iova, a.iova);
     }
 
@@ -442,7 +456,7 @@ pub(crate) mod tests {
     fn a_failed_map_names_everything_and_returns_the_iova() {
         let (c, iommu) = fake(&LEGACY_RANGES);
         *iommu.fail_next_map.lock().unwrap() = Some(libc::ENOMEM);
-        let err = c.map_dma(0x7f00_0020_0000, 2 * MIB).unwrap_err();
+        let err = map(&c, 0x7f00_0020_0000, 2 * MIB).unwrap_err();
         let VfioError::DmaMap { iova, len, va, .. } = &err else {
             panic!("{err:?}");
         };
@@ -457,14 +471,14 @@ pub(crate) mod tests {
             assert!(text.contains(needle), "{needle} not in {text}");
         }
         // The IOVA went back: the next map gets the same address.
-        let ok = c.map_dma(0x7f00_0020_0000, 2 * MIB).unwrap();
+        let ok = map(&c, 0x7f00_0020_0000, 2 * MIB).unwrap();
         assert_eq!(ok.iova, *iova);
     }
 
     #[test]
     fn unmapping_what_is_not_mapped_is_a_typed_error() {
         let (c, _) = fake(&LEGACY_RANGES);
-        let m = c.map_dma(0x40_0000, 4096).unwrap();
+        let m = map(&c, 0x40_0000, 4096).unwrap();
         let err = c.unmap_dma(0x40_0000, m.iova + 4096, 4096).unwrap_err();
         assert!(matches!(err, VfioError::IovaNotMapped { .. }), "{err:?}");
         let err = c.unmap_dma(0x40_0000, m.iova, 8192).unwrap_err();
@@ -483,10 +497,10 @@ pub(crate) mod tests {
             start: 0,
             last: 4 * MIB as u64 - 1,
         }]);
-        let err = c.map_dma(0x1234, 4096).unwrap_err();
+        let err = map(&c, 0x1234, 4096).unwrap_err();
         assert!(matches!(err, VfioError::BadDmaRange { .. }), "{err:?}");
-        c.map_dma(0x20_0000, 2 * MIB).unwrap();
-        let err = c.map_dma(0x40_0000, 2 * MIB).unwrap_err();
+        map(&c, 0x20_0000, 2 * MIB).unwrap();
+        let err = map(&c, 0x40_0000, 2 * MIB).unwrap_err();
         let VfioError::IovaExhausted { len, align, .. } = err else {
             panic!("{err:?}");
         };
@@ -498,7 +512,7 @@ pub(crate) mod tests {
         let (c, _) = fake(&LEGACY_RANGES);
         c.set_iova_limit(8 * MIB as u64);
         let mut n = 0;
-        while let Ok(m) = c.map_dma(0x7f00_0000_0000 + n * 2 * MIB, 2 * MIB) {
+        while let Ok(m) = map(&c, 0x7f00_0000_0000 + n * 2 * MIB, 2 * MIB) {
             assert!(m.iova + 2 * MIB as u64 <= 8 * MIB as u64);
             n += 1;
         }
@@ -529,7 +543,9 @@ pub(crate) mod tests {
     fn dma_mapper_errors_carry_the_vfio_error() {
         let (c, iommu) = fake(&LEGACY_RANGES);
         *iommu.fail_next_map.lock().unwrap() = Some(libc::EFAULT);
-        let err = DmaMapper::map(&*c, 0x10_0000, 4096).unwrap_err();
+        #[allow(unsafe_code)]
+        // SAFETY: a fake container has no device behind it.
+        let err = unsafe { DmaMapper::map(&*c, 0x10_0000, 4096) }.unwrap_err();
         assert_eq!(err.op, "map");
         assert_ne!(err.iova, 0);
         let inner = err.source.downcast_ref::<VfioError>().unwrap();

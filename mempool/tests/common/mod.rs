@@ -58,7 +58,7 @@ impl BumpMapper {
 }
 
 impl DmaMapper for BumpMapper {
-    fn map(&self, va: usize, len: usize) -> Result<DmaMapping, DmaError> {
+    unsafe fn map(&self, va: usize, len: usize) -> Result<DmaMapping, DmaError> {
         let iova = self
             .next
             .fetch_add(len as u64 + (2 << 20), Ordering::Relaxed);
