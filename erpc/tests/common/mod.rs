@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 pub mod app;
+pub mod devmodel;
+pub mod scenarios;
 
 use std::sync::Arc;
 

@@ -1,0 +1,139 @@
+//! The device-model world: every Rpc gets its own software ConnectX on one
+//! deterministic fabric, the driver brings it up, and the Rpc's transport
+//! is the mlx5 raw-Ethernet transport on a queue set of that NIC. Session
+//! management stays on the in-memory hub; eRPC's virtual clock and the
+//! fabric's clock move together.
+#![allow(dead_code)]
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use erpc::sim::{SimConfig, SimNet};
+use erpc::{Nexus, NexusBuilder};
+use mempool::{Allocator, AllocatorConfig, Fallback, RegionOptions};
+use mlx5::{Device, DeviceConfig, QueueConfig};
+use mlx5_sim::{Fabric, FabricConfig, NicConfig, SimBackend, SimNic};
+use transport::mlx5::{Mlx5Config, Mlx5Transport};
+
+use super::World;
+
+/// Device memory and message buffers: hugepages when reserved (always in
+/// CI), otherwise an explicit opt-in to 4 KiB pages.
+pub fn region() -> RegionOptions {
+    let fallback = if mempool::hugepages_available(64) {
+        Fallback::Never
+    } else if std::env::var_os("ERPC_CI").is_some() {
+        panic!("ERPC_CI is set and fewer than 64 free 2 MiB hugepages remain");
+    } else {
+        Fallback::SmallPages
+    };
+    RegionOptions {
+        fallback,
+        ..Default::default()
+    }
+}
+
+pub struct DevWorld {
+    /// SM hub and eRPC's virtual clock (no data transports on it).
+    pub net: SimNet,
+    pub fabric: Fabric,
+    pub nics: Vec<SimNic>,
+    last: Option<Device<SimBackend>>,
+    pub seed: u64,
+    pub step_ns: u64,
+    nexuses: u64,
+}
+
+impl DevWorld {
+    pub fn new(seed: u64) -> DevWorld {
+        DevWorld {
+            net: SimNet::new(SimConfig {
+                seed,
+                ..SimConfig::default()
+            }),
+            fabric: Fabric::new(FabricConfig {
+                seed,
+                deterministic: true,
+                ..Default::default()
+            }),
+            nics: Vec::new(),
+            last: None,
+            seed,
+            step_ns: 500,
+            nexuses: 0,
+        }
+    }
+}
+
+impl World for DevWorld {
+    type T = Mlx5Transport<SimBackend>;
+
+    fn transport(&mut self) -> Self::T {
+        let i = self.nics.len() as u8 + 1;
+        let nic = SimNic::new(
+            &self.fabric,
+            NicConfig {
+                mac: [0x02, 0, 0, 0, 0x10, i],
+                ..Default::default()
+            },
+        );
+        let dev = Device::open(
+            nic.backend(),
+            DeviceConfig {
+                region: region(),
+                ..Default::default()
+            },
+        )
+        .expect("driver bring-up on the device model");
+        let t = Mlx5Transport::new(
+            &dev,
+            Mlx5Config {
+                ipv4: Ipv4Addr::new(10, 20, 0, i),
+                queue: QueueConfig {
+                    udp_port: 31850 + u16::from(i),
+                    ..Default::default()
+                },
+            },
+        )
+        .expect("mlx5 transport");
+        self.nics.push(nic);
+        self.last = Some(dev);
+        t
+    }
+
+    fn nexus(&mut self, uri: &str) -> NexusBuilder {
+        self.nexuses += 1;
+        Nexus::builder(uri)
+            .sm_link(self.net.sm_link())
+            .clock(self.net.erpc_clock())
+            .seed(
+                self.seed
+                    .wrapping_mul(0x9e37_79b9)
+                    .wrapping_add(self.nexuses),
+            )
+    }
+
+    fn step(&mut self) {
+        self.net.advance(self.step_ns);
+        self.fabric.advance(Duration::from_nanos(self.step_ns));
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.net.now_ns()
+    }
+
+    /// Message buffers registered with the NIC of the transport made last
+    /// (so their IOVAs and lkey are valid for it).
+    fn allocator(&mut self, initial_bytes: usize) -> Allocator {
+        let dev = self.last.as_ref().expect("transport() before allocator()");
+        Allocator::new(
+            dev.dma_mapper(),
+            AllocatorConfig {
+                initial_bytes,
+                region: region(),
+                ..Default::default()
+            },
+        )
+        .expect("allocator")
+    }
+}

@@ -1,0 +1,105 @@
+//! World-generic scenario helpers shared by the simulated-network and the
+//! device-model test suites.
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+
+use erpc::RpcConfig;
+
+use super::app::{self, Ctx, Op};
+use super::{Node, World, run_until};
+
+pub type N<W> = Node<<W as World>::T, Ctx>;
+
+/// `n` nodes, each in its own Nexus ("node-i:31850"), Rpc id `i`.
+pub fn nodes<W: World>(w: &mut W, n: usize, seed: u64) -> Vec<N<W>> {
+    nodes_with(w, n, seed, RpcConfig::default())
+}
+
+pub fn nodes_with<W: World>(w: &mut W, n: usize, seed: u64, cfg: RpcConfig) -> Vec<N<W>> {
+    (0..n)
+        .map(|i| {
+            let nexus = app::register::<W::T>(w.nexus(&format!("node-{i}:31850")))
+                .build()
+                .expect("nexus");
+            Node::new(
+                w,
+                &nexus,
+                i as u8,
+                Ctx::new(seed ^ (i as u64) << 32),
+                cfg,
+                Some(app::sm_handler::<W::T>),
+            )
+        })
+        .collect()
+}
+
+/// Client `c` opens `k` sessions to server `s` and waits for them.
+pub fn connect<W: World>(w: &mut W, ns: &mut [N<W>], c: usize, s: usize, k: usize) {
+    let rpc_id = ns[s].rpc.rpc_id();
+    for _ in 0..k {
+        let sn = ns[c]
+            .rpc
+            .create_session(&format!("node-{s}:31850"), rpc_id)
+            .expect("create_session");
+        ns[c].ctx.sessions.push(sn);
+    }
+    run_until(w, ns, 100_000, "connect", |ns| {
+        ns[c]
+            .ctx
+            .sessions
+            .iter()
+            .all(|&sn| ns[c].rpc.is_connected(sn))
+    });
+}
+
+pub fn check_done<W: World>(ns: &[N<W>]) {
+    for (i, n) in ns.iter().enumerate() {
+        assert!(
+            n.ctx.errors.is_empty(),
+            "node {i}: {:?}",
+            &n.ctx.errors[..n.ctx.errors.len().min(5)]
+        );
+        assert_eq!(n.ctx.bad_data, 0, "node {i}");
+        assert_eq!(n.ctx.failed, 0, "node {i}");
+    }
+}
+
+/// Runs `ops` from node 0 to node 1 with `window` in flight.
+pub fn client_server<W: World>(
+    w: &mut W,
+    seed: u64,
+    ops: VecDeque<Op>,
+    window: usize,
+    sessions: usize,
+) {
+    let mut ns = nodes(w, 2, seed);
+    connect(w, &mut ns, 0, 1, sessions);
+    let total = ops.len() as u64;
+    ns[0].ctx.todo = ops;
+    {
+        let n = &mut ns[0];
+        app::start(&mut n.rpc, &mut n.ctx, window);
+    }
+    run_until(w, &mut ns, 2_000_000, "requests", |ns| {
+        ns[0].ctx.completed + ns[0].ctx.failed == total
+    });
+    check_done::<W>(&ns);
+    if std::env::var_os("ERPC_VERBOSE").is_some() {
+        eprintln!(
+            "t={} ns client: {}\nserver: {}",
+            w.now_ns(),
+            ns[0].rpc.stats(),
+            ns[1].rpc.stats()
+        );
+    }
+    assert_eq!(ns[0].ctx.completed, total);
+    // At-most-once on a lossless network: one handler run per request.
+    assert_eq!(ns[1].ctx.handled + ns[1].rpc.stats().bg_jobs, total);
+    assert_eq!(ns[0].rpc.stats().total_drops(), 0, "{}", ns[0].rpc.stats());
+    assert_eq!(ns[1].rpc.stats().total_drops(), 0, "{}", ns[1].rpc.stats());
+    // Every credit came back.
+    for &sn in &ns[0].ctx.sessions {
+        assert_eq!(ns[0].rpc.session_credits(sn), Some(erpc::SESSION_CREDITS));
+    }
+}

@@ -1,0 +1,223 @@
+//! The deterministic scenarios on the device model: every Rpc on its own
+//! software ConnectX, brought up by the mlx5 driver, talking through the
+//! mlx5 raw-Ethernet transport (striding RQ, overrunning RX CQ, unsignaled
+//! TX, doorbell batching), all in one thread on the fabric's virtual clock.
+//! A failing run prints its seed and a one-line replay command.
+
+mod common;
+
+use std::collections::VecDeque;
+
+use common::app::{self, BG_SIZED, ECHO, NESTED, Op, SIZED, SIZED_HDR};
+use common::devmodel::DevWorld;
+use common::scenarios::{check_done, client_server, connect, nodes, nodes_with};
+use common::{World, run_until, with_seeds};
+use erpc::rng::Rng;
+use erpc::{MAX_MSG_BYTES, RpcConfig, SessionEventKind};
+
+const FILE: &str = "device_model";
+
+#[test]
+fn single_packet_echo() {
+    with_seeds("single_packet_echo", FILE, &[1, 2], |seed| {
+        let mut w = DevWorld::new(seed);
+        let mut rng = Rng::new(seed);
+        let ops = app::random_ops(&mut rng, 2000, &[ECHO, SIZED], &[0, 1, 12, 100, 967, 968]);
+        client_server(&mut w, seed, ops, 4, 1);
+        // The NICs really carried the traffic.
+        let rx: u64 = w.nics.iter().map(|n| n.stats().rx_delivered).sum();
+        assert!(rx >= 4000, "{rx}");
+    });
+}
+
+#[test]
+fn every_size_class_up_to_the_largest_message() {
+    with_seeds(
+        "every_size_class_up_to_the_largest_message",
+        FILE,
+        &[7],
+        |seed| {
+            let mut w = DevWorld::new(seed);
+            let mut ops = VecDeque::new();
+            for shift in 0..=23 {
+                let len = (1usize << shift).min(MAX_MSG_BYTES - 1);
+                ops.push_back(Op {
+                    req_type: SIZED,
+                    req_len: len.max(SIZED_HDR),
+                    resp_len: len,
+                });
+                ops.push_back(Op {
+                    req_type: ECHO,
+                    req_len: len + 1,
+                    resp_len: len + 1,
+                });
+            }
+            ops.push_back(Op {
+                req_type: SIZED,
+                req_len: MAX_MSG_BYTES,
+                resp_len: MAX_MSG_BYTES,
+            });
+            client_server(&mut w, seed, ops, 2, 1);
+        },
+    );
+}
+
+#[test]
+fn many_concurrent_requests_per_session() {
+    with_seeds(
+        "many_concurrent_requests_per_session",
+        FILE,
+        &[11],
+        |seed| {
+            let mut w = DevWorld::new(seed);
+            let mut rng = Rng::new(seed);
+            let ops = app::random_ops(
+                &mut rng,
+                2000,
+                &[ECHO, SIZED],
+                &[12, 500, 968, 969, 3000, 20_000],
+            );
+            client_server(&mut w, seed, ops, 40, 2);
+        },
+    );
+}
+
+#[test]
+fn nested_rpcs() {
+    with_seeds("nested_rpcs", FILE, &[31], |seed| {
+        let mut w = DevWorld::new(seed);
+        let mut ns = nodes(&mut w, 3, seed);
+        connect(&mut w, &mut ns, 0, 1, 1);
+        connect(&mut w, &mut ns, 1, 2, 1);
+        ns[1].ctx.downstream = Some(ns[1].ctx.sessions[0]);
+        ns[1].ctx.sessions.clear();
+        let mut rng = Rng::new(seed);
+        ns[0].ctx.todo =
+            app::random_ops(&mut rng, 300, &[NESTED], &[12, 900, 968, 969, 5000, 70_000]);
+        {
+            let n = &mut ns[0];
+            app::start(&mut n.rpc, &mut n.ctx, 12);
+        }
+        run_until(&mut w, &mut ns, 2_000_000, "nested", |ns| {
+            ns[0].ctx.completed == 300
+        });
+        check_done::<DevWorld>(&ns);
+        assert_eq!(ns[2].ctx.handled, 300);
+    });
+}
+
+#[test]
+fn background_handlers() {
+    with_seeds("background_handlers", FILE, &[41], |seed| {
+        let mut w = DevWorld::new(seed);
+        let mut rng = Rng::new(seed);
+        let ops = app::random_ops(&mut rng, 600, &[BG_SIZED, SIZED], &[12, 968, 969, 30_000]);
+        client_server(&mut w, seed, ops, 20, 1);
+    });
+}
+
+#[test]
+fn many_sessions_per_rpc() {
+    // 4096-entry striding rings and 32 credits: 128 sessions per Rpc.
+    with_seeds("many_sessions_per_rpc", FILE, &[51], |seed| {
+        let mut w = DevWorld::new(seed);
+        let mut ns = nodes(&mut w, 3, seed);
+        connect(&mut w, &mut ns, 0, 1, 64);
+        connect(&mut w, &mut ns, 0, 2, 64);
+        let err = ns[0].rpc.create_session("node-1:31850", 1).unwrap_err();
+        assert!(err.to_string().contains("RX ring exhausted"), "{err}");
+        let mut rng = Rng::new(seed);
+        ns[0].ctx.todo = app::random_ops(&mut rng, 2000, &[ECHO, SIZED], &[12, 968, 5000]);
+        {
+            let n = &mut ns[0];
+            app::start(&mut n.rpc, &mut n.ctx, 128);
+        }
+        run_until(&mut w, &mut ns, 2_000_000, "requests", |ns| {
+            ns[0].ctx.completed == 2000
+        });
+        check_done::<DevWorld>(&ns);
+    });
+}
+
+#[test]
+fn session_create_destroy_churn() {
+    with_seeds("session_create_destroy_churn", FILE, &[61], |seed| {
+        let mut w = DevWorld::new(seed);
+        let mut ns = nodes(&mut w, 2, seed);
+        let mut rng = Rng::new(seed);
+        for round in 0..20 {
+            let k = 1 + rng.below(4) as usize;
+            ns[0].ctx.sessions.clear();
+            connect(&mut w, &mut ns, 0, 1, k);
+            let before = ns[0].ctx.completed;
+            ns[0].ctx.todo = app::random_ops(&mut rng, 20, &[ECHO, SIZED], &[12, 968, 3000]);
+            {
+                let n = &mut ns[0];
+                app::start(&mut n.rpc, &mut n.ctx, 10);
+            }
+            run_until(&mut w, &mut ns, 200_000, "round", |ns| {
+                ns[0].ctx.completed == before + 20
+            });
+            let sessions = ns[0].ctx.sessions.clone();
+            for &sn in &sessions {
+                ns[0].rpc.destroy_session(sn).expect("destroy");
+            }
+            run_until(&mut w, &mut ns, 200_000, "disconnect", |ns| {
+                sessions
+                    .iter()
+                    .all(|&sn| ns[0].rpc.session_state(sn).is_none())
+            });
+            assert_eq!(ns[1].rpc.num_sessions(), 0, "round {round}");
+        }
+        check_done::<DevWorld>(&ns);
+        let disconnected = ns[0]
+            .ctx
+            .events
+            .iter()
+            .filter(|e| e.kind == SessionEventKind::Disconnected)
+            .count();
+        assert_eq!(disconnected, ns[0].ctx.connected());
+    });
+}
+
+#[test]
+fn few_credits_stall_and_resume() {
+    with_seeds("few_credits_stall_and_resume", FILE, &[111], |seed| {
+        let mut w = DevWorld::new(seed);
+        let cfg = RpcConfig {
+            session_credits: 2,
+            ..RpcConfig::default()
+        };
+        let mut ns = nodes_with(&mut w, 2, seed, cfg);
+        connect(&mut w, &mut ns, 0, 1, 1);
+        let mut rng = Rng::new(seed);
+        ns[0].ctx.todo = app::random_ops(&mut rng, 200, &[SIZED, ECHO], &[12, 969, 5000, 40_000]);
+        {
+            let n = &mut ns[0];
+            app::start(&mut n.rpc, &mut n.ctx, 16);
+        }
+        run_until(&mut w, &mut ns, 2_000_000, "few credits", |ns| {
+            ns[0].ctx.completed == 200
+        });
+        check_done::<DevWorld>(&ns);
+    });
+}
+
+/// The same seed gives the same run, down to the packet counts.
+#[test]
+fn replays_exactly_from_a_seed() {
+    let run = |seed: u64| {
+        let mut w = DevWorld::new(seed);
+        let mut rng = Rng::new(seed);
+        let ops = app::random_ops(&mut rng, 300, &[ECHO, SIZED], &[12, 968, 5000]);
+        client_server(&mut w, seed, ops, 8, 1);
+        (
+            w.now_ns(),
+            w.nics
+                .iter()
+                .map(|n| n.stats().rx_delivered)
+                .collect::<Vec<_>>(),
+        )
+    };
+    assert_eq!(run(5), run(5));
+}
