@@ -5,12 +5,11 @@
 mod common;
 
 use std::net::UdpSocket;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Barrier};
-use std::time::Duration;
 
-use common::app::{self, BG_SIZED, Ctx, ECHO, SIZED};
-use erpc::rng::Rng;
+use common::app::{self, Ctx};
+use common::threads::rpc_thread;
 use erpc::{Nexus, Rpc, RpcConfig};
 use transport::udp::{UdpConfig, UdpTransport};
 
@@ -20,88 +19,6 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-const OPS: usize = 1500;
-
-/// Runs one Rpc thread: connects to `peers`, runs `OPS` requests spread
-/// over them, and keeps serving until every thread is done.
-fn rpc_thread(
-    nexus: Arc<Nexus>,
-    rpc_id: u8,
-    peers: Vec<(String, u8)>,
-    ready: Arc<Barrier>,
-    done: Arc<AtomicUsize>,
-    threads: usize,
-) -> Result<(), String> {
-    let t = UdpTransport::new(&UdpConfig::loopback()).map_err(|e| e.to_string())?;
-    let alloc = erpc::sim::test_allocator(8 << 20);
-    let mut rpc: Rpc<UdpTransport, Ctx> = Rpc::new(
-        &nexus,
-        rpc_id,
-        t,
-        alloc,
-        RpcConfig::default(),
-        Some(app::sm_handler::<UdpTransport>),
-    )
-    .map_err(|e| e.to_string())?;
-    let mut ctx = Ctx::new(0x1234 + u64::from(rpc_id));
-    ready.wait();
-    for (uri, id) in &peers {
-        let sn = rpc.create_session(uri, *id).map_err(|e| e.to_string())?;
-        ctx.sessions.push(sn);
-    }
-    let clock = nexus.clock().clone();
-    let deadline = clock.now_ns() + 60_000_000_000;
-    while !ctx.sessions.iter().all(|&s| rpc.is_connected(s)) {
-        rpc.run_event_loop_once(&mut ctx);
-        if clock.now_ns() > deadline {
-            return Err(format!(
-                "rpc {rpc_id}: sessions did not connect: {:?}",
-                ctx.events
-            ));
-        }
-    }
-    let mut rng = Rng::new(u64::from(rpc_id) + 77);
-    ctx.todo = app::random_ops(
-        &mut rng,
-        OPS,
-        &[ECHO, SIZED, BG_SIZED],
-        &[12, 500, 968, 969, 4000, 20_000],
-    );
-    app::start(&mut rpc, &mut ctx, 12);
-    let mut counted = false;
-    while done.load(Ordering::Acquire) < threads {
-        rpc.run_event_loop_once(&mut ctx);
-        if !counted && ctx.completed + ctx.failed == OPS as u64 {
-            counted = true;
-            done.fetch_add(1, Ordering::AcqRel);
-        }
-        if clock.now_ns() > deadline {
-            return Err(format!(
-                "rpc {rpc_id}: {} of {OPS} done after 60 s; stats {}; transport {:?}",
-                ctx.completed,
-                rpc.stats(),
-                transport::Transport::stats(rpc.transport())
-            ));
-        }
-    }
-    // Serve a little longer so peers' last responses are not cut off.
-    rpc.run_event_loop(&mut ctx, Duration::from_millis(20));
-    if !ctx.errors.is_empty() || ctx.bad_data != 0 {
-        return Err(format!(
-            "rpc {rpc_id}: {:?}",
-            &ctx.errors[..ctx.errors.len().min(5)]
-        ));
-    }
-    for &sn in &ctx.sessions {
-        rpc.destroy_session(sn).map_err(|e| e.to_string())?;
-    }
-    let until = clock.now_ns() + 5_000_000_000;
-    while rpc.num_sessions() > 0 && clock.now_ns() < until {
-        rpc.run_event_loop_once(&mut ctx);
-    }
-    Ok(())
 }
 
 #[test]
@@ -130,7 +47,12 @@ fn three_rpcs_two_nexuses_real_threads() {
         .into_iter()
         .map(|(nexus, id, peers)| {
             let (ready, done) = (ready.clone(), done.clone());
-            std::thread::spawn(move || rpc_thread(nexus, id, peers, ready, done, n))
+            std::thread::spawn(move || {
+                rpc_thread(nexus, id, peers, ready, done, n, || {
+                    let t = UdpTransport::new(&UdpConfig::loopback()).map_err(|e| e.to_string())?;
+                    Ok((t, erpc::sim::test_allocator(8 << 20)))
+                })
+            })
         })
         .collect();
     for h in handles {

@@ -6,6 +6,7 @@
 pub mod app;
 pub mod devmodel;
 pub mod scenarios;
+pub mod threads;
 
 use std::sync::Arc;
 

@@ -1,0 +1,96 @@
+//! Rpcs on real threads, each both client and server: the body of the
+//! multi-threaded tests over kernel UDP and over the device model.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use erpc::rng::Rng;
+use erpc::{Nexus, Rpc, RpcConfig};
+use mempool::Allocator;
+use transport::Transport;
+
+use super::app::{self, BG_SIZED, Ctx, ECHO, SIZED};
+
+pub const OPS: usize = 1500;
+
+/// Runs one Rpc thread: connects to `peers`, runs `OPS` requests spread
+/// over them, and keeps serving until every thread is done.
+pub fn rpc_thread<T: Transport + 'static>(
+    nexus: Arc<Nexus>,
+    rpc_id: u8,
+    peers: Vec<(String, u8)>,
+    ready: Arc<Barrier>,
+    done: Arc<AtomicUsize>,
+    threads: usize,
+    make: impl FnOnce() -> Result<(T, Allocator), String>,
+) -> Result<(), String> {
+    let (t, alloc) = make()?;
+    let mut rpc: Rpc<T, Ctx> = Rpc::new(
+        &nexus,
+        rpc_id,
+        t,
+        alloc,
+        RpcConfig::default(),
+        Some(app::sm_handler::<T>),
+    )
+    .map_err(|e| e.to_string())?;
+    let mut ctx = Ctx::new(0x1234 + u64::from(rpc_id));
+    ready.wait();
+    for (uri, id) in &peers {
+        let sn = rpc.create_session(uri, *id).map_err(|e| e.to_string())?;
+        ctx.sessions.push(sn);
+    }
+    let clock = nexus.clock().clone();
+    let deadline = clock.now_ns() + 60_000_000_000;
+    while !ctx.sessions.iter().all(|&s| rpc.is_connected(s)) {
+        rpc.run_event_loop_once(&mut ctx);
+        if clock.now_ns() > deadline {
+            return Err(format!(
+                "rpc {rpc_id}: sessions did not connect: {:?}",
+                ctx.events
+            ));
+        }
+    }
+    let mut rng = Rng::new(u64::from(rpc_id) + 77);
+    ctx.todo = app::random_ops(
+        &mut rng,
+        OPS,
+        &[ECHO, SIZED, BG_SIZED],
+        &[12, 500, 968, 969, 4000, 20_000],
+    );
+    app::start(&mut rpc, &mut ctx, 12);
+    let mut counted = false;
+    while done.load(Ordering::Acquire) < threads {
+        rpc.run_event_loop_once(&mut ctx);
+        if !counted && ctx.completed + ctx.failed == OPS as u64 {
+            counted = true;
+            done.fetch_add(1, Ordering::AcqRel);
+        }
+        if clock.now_ns() > deadline {
+            return Err(format!(
+                "rpc {rpc_id}: {} of {OPS} done after 60 s; stats {}; transport {:?}",
+                ctx.completed,
+                rpc.stats(),
+                transport::Transport::stats(rpc.transport())
+            ));
+        }
+    }
+    // Serve a little longer so peers' last responses are not cut off.
+    rpc.run_event_loop(&mut ctx, Duration::from_millis(20));
+    if !ctx.errors.is_empty() || ctx.bad_data != 0 {
+        return Err(format!(
+            "rpc {rpc_id}: {:?}",
+            &ctx.errors[..ctx.errors.len().min(5)]
+        ));
+    }
+    for &sn in &ctx.sessions {
+        rpc.destroy_session(sn).map_err(|e| e.to_string())?;
+    }
+    let until = clock.now_ns() + 5_000_000_000;
+    while rpc.num_sessions() > 0 && clock.now_ns() < until {
+        rpc.run_event_loop_once(&mut ctx);
+    }
+    Ok(())
+}
