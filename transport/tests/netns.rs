@@ -16,11 +16,13 @@
 //! Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) and iproute2; without them
 //! the tests say why and skip, except in CI (`ERPC_CI=1`), where they fail.
 
-use std::io::{BufRead, BufReader, Read};
-use std::net::{Ipv4Addr, SocketAddrV4};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+mod common;
+
+use std::net::Ipv4Addr;
+use std::process::Command;
 use std::time::{Duration, Instant};
+
+use common::netns::{CLIENT, ROLE_ENV, SERVER, field, setup, skip, tool};
 
 use transport::conformance::probe::{self, ProbeId};
 use transport::udp::{UdpConfig, UdpTransport};
@@ -29,11 +31,7 @@ use transport::{
     RoutingInfo, RxRing, Transport, TxItem,
 };
 
-const ROLE_ENV: &str = "ERPC_NETNS_PEER_ROLE";
 const SERVER_INFO_ENV: &str = "ERPC_NETNS_SERVER_INFO";
-/// Inside the private namespaces, so fixed addresses and ports cannot clash.
-const CLIENT: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 77, 1, 1), 31850);
-const SERVER: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 77, 1, 2), 31850);
 /// Not routed in the client's namespace: sending there fails at once.
 const UNREACHABLE: Ipv4Addr = Ipv4Addr::new(10, 78, 0, 1);
 const PACKETS: u32 = 3000;
@@ -42,298 +40,10 @@ const STREAM_HELLO: u16 = 0;
 const STREAM_DATA: u16 = 1;
 const STREAM_STOP: u16 = 2;
 const PEER_TIMEOUT: Duration = Duration::from_secs(30);
-const NS_PREFIX: &str = "erpct";
-
-fn ci() -> bool {
-    std::env::var_os("ERPC_CI").is_some_and(|v| v == "1")
-}
-
-/// Skips `test` (or fails it in CI) with `why`.
-fn skip(test: &str, why: &str) {
-    if ci() {
-        panic!("{test}: {why}; ERPC_CI=1 forbids skipping");
-    }
-    eprintln!("SKIPPED {test}: {why}");
-}
-
-fn effective_uid() -> Option<u32> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
-    line.split_whitespace().nth(2)?.parse().ok()
-}
-
-/// The path of an iproute2 tool: from PATH, or from the sbin directories
-/// that a non-login root shell may lack in its PATH.
-fn tool(name: &str) -> std::path::PathBuf {
-    let in_path = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .unwrap_or_default();
-    let dirs = in_path
-        .into_iter()
-        .chain(["/usr/sbin".into(), "/sbin".into()]);
-    dirs.map(|d| d.join(name))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| name.into())
-}
-
-/// Runs `ip args...`; returns its stderr on failure.
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new(tool("ip"))
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run `ip`: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "`ip {}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// Two namespaces joined by a veth pair, removed on drop.
-struct Netns {
-    client_ns: String,
-    server_ns: String,
-    client_dev: String,
-}
-
-impl Netns {
-    fn create() -> Result<Netns, String> {
-        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let pid = std::process::id();
-        // The guard exists before anything is created, so a failure half
-        // way still removes what was made.
-        let (vc, vs) = (format!("ev{pid}x{n}c"), format!("ev{pid}x{n}s"));
-        let net = Netns {
-            client_ns: format!("{NS_PREFIX}{pid}x{n}c"),
-            server_ns: format!("{NS_PREFIX}{pid}x{n}s"),
-            client_dev: vc.clone(),
-        };
-        let (c, s) = (net.client_ns.as_str(), net.server_ns.as_str());
-        ip(&["netns", "add", c])?;
-        ip(&["netns", "add", s])?;
-        ip(&[
-            "link", "add", &vc, "netns", c, "type", "veth", "peer", "name", &vs, "netns", s,
-        ])?;
-        for (ns, dev, addr) in [(c, &vc, CLIENT), (s, &vs, SERVER)] {
-            ip(&[
-                "-n",
-                ns,
-                "addr",
-                "add",
-                &format!("{}/24", addr.ip()),
-                "dev",
-                dev,
-            ])?;
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
-            ip(&["-n", ns, "link", "set", dev, "up"])?;
-        }
-        Ok(net)
-    }
-
-    /// Starts this test binary inside `ns` as the peer with `role`.
-    fn spawn(&self, ns: &str, role: &str, env: &[(&str, &str)]) -> Peer {
-        let exe = std::env::current_exe().expect("path of the test binary");
-        let mut cmd = Command::new(tool("ip"));
-        cmd.args(["netns", "exec", ns])
-            .arg(exe)
-            .args(["--exact", "netns_peer", "--ignored", "--nocapture"])
-            .args(["--test-threads", "1"])
-            .env(ROLE_ENV, role)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn `ip netns exec`");
-        let (tx, lines) = mpsc::channel();
-        let stdout = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut stderr = child.stderr.take().unwrap();
-        let err = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = stderr.read_to_string(&mut s);
-            s
-        });
-        Peer {
-            role: role.to_string(),
-            child,
-            lines,
-            seen: Vec::new(),
-            stderr: Some(err),
-        }
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        // Deleting a namespace destroys its end of the veth pair, and with
-        // it the pair.
-        for ns in [&self.client_ns, &self.server_ns] {
-            let _ = ip(&["netns", "del", ns]);
-        }
-    }
-}
-
-/// Removes namespaces left behind by runs that were killed before their
-/// guard could (their process no longer exists).
-fn sweep_stale() {
-    let Ok(out) = Command::new(tool("ip")).args(["netns", "list"]).output() else {
-        return;
-    };
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Some(name) = line.split_whitespace().next() else {
-            continue;
-        };
-        let Some(rest) = name.strip_prefix(NS_PREFIX) else {
-            continue;
-        };
-        let Some(pid) = rest.split('x').next().and_then(|p| p.parse::<u32>().ok()) else {
-            continue;
-        };
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = ip(&["netns", "del", name]);
-        }
-    }
-}
-
-/// A peer process; killed on drop if still running.
-struct Peer {
-    role: String,
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-    stderr: Option<std::thread::JoinHandle<String>>,
-}
-
-impl Peer {
-    /// Waits for a stdout line containing `prefix` (libtest may have
-    /// printed `test netns_peer ... ` in front of it); returns the rest.
-    fn expect_line(&mut self, prefix: &str, timeout: Duration) -> String {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if let Some(at) = line.find(prefix) {
-                        return line[at + prefix.len()..].trim().to_string();
-                    }
-                }
-                Err(_) => {
-                    let report = self.finish();
-                    panic!(
-                        "{}: no `{prefix}` line within {timeout:?}\n{report}",
-                        self.role
-                    )
-                }
-            }
-        }
-    }
-
-    /// Waits for the process to exit (killing it at the deadline); returns
-    /// its exit status and everything it printed.
-    fn wait(&mut self, timeout: Duration) -> (Option<ExitStatus>, String) {
-        let deadline = Instant::now() + timeout;
-        let status = loop {
-            match self.child.try_wait() {
-                Ok(Some(s)) => break Some(s),
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(5))
-                }
-                _ => {
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    break None;
-                }
-            }
-        };
-        (status, self.finish())
-    }
-
-    fn finish(&mut self) -> String {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
-            self.seen.push(line);
-        }
-        let err = self
-            .stderr
-            .take()
-            .map(|h| h.join().unwrap_or_default())
-            .unwrap_or_default();
-        format!(
-            "--- {} stdout:\n{}\n--- {} stderr:\n{}",
-            self.role,
-            self.seen.join("\n"),
-            self.role,
-            err
-        )
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// The peer's line `PEER <tag> key=value ...`, as the value of `key`.
-fn field(report: &str, tag: &str, key: &str) -> Option<u64> {
-    let tag = format!("PEER {tag} ");
-    let line = report
-        .lines()
-        .find_map(|l| l.find(&tag).map(|at| &l[at..]))?;
-    let kv = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix(&format!("{key}=")))?;
-    kv.trim_end_matches(',').parse().ok()
-}
-
-/// The namespaces for `test`, or `None` (after saying why) if this
-/// machine cannot make them.
-fn setup(test: &str) -> Option<Netns> {
-    if effective_uid() != Some(0) {
-        skip(test, "needs root to create network namespaces");
-        return None;
-    }
-    if ip(&["-V"]).is_err() {
-        skip(
-            test,
-            "needs iproute2 (`ip`), e.g. `apt-get install iproute2`",
-        );
-        return None;
-    }
-    sweep_stale();
-    match Netns::create() {
-        Ok(net) => Some(net),
-        Err(e) => {
-            skip(test, &format!("cannot create namespaces and veth: {e}"));
-            None
-        }
-    }
-}
 
 #[test]
 fn udp_between_two_network_namespaces() {
-    let Some(net) = setup("udp_between_two_network_namespaces") else {
+    let Some(net) = setup("udp_between_two_network_namespaces", "netns_peer") else {
         return;
     };
     // Peers are declared after `net`, so they are killed before the
@@ -384,7 +94,7 @@ fn udp_between_two_network_namespaces() {
 #[test]
 fn full_socket_queue_turns_the_rest_of_a_burst_back() {
     const TEST: &str = "full_socket_queue_turns_the_rest_of_a_burst_back";
-    let Some(net) = setup(TEST) else {
+    let Some(net) = setup(TEST, "netns_peer") else {
         return;
     };
     // A token bucket of 1 kB/s on the client's link: datagrams wait in the

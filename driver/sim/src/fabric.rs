@@ -553,6 +553,15 @@ impl Fabric {
         lock(&self.inner.events).clone()
     }
 
+    /// Adds a port whose device side is `sink` (the bridge's way in).
+    pub(crate) fn add_sink_port(&self, sink: &Arc<dyn PortSink>) -> PortId {
+        self.inner.add_port(Some(Arc::downgrade(sink)), None)
+    }
+
+    pub(crate) fn inner(&self) -> &FabricInner {
+        &self.inner
+    }
+
     /// Adds a tap: a port whose received frames are kept in memory, and
     /// which can send frames into the switch.
     pub fn add_tap(&self, mac: Option<[u8; 6]>) -> Tap {
@@ -705,6 +714,11 @@ impl FabricInner {
     pub(crate) fn link_is_down(&self, port: PortId) -> bool {
         self.port(port.0)
             .is_some_and(|p| lock(&p.to_device).faults.down || lock(&p.to_switch).faults.down)
+    }
+
+    /// The port the switch has learned (or was told) `mac` is behind.
+    pub(crate) fn port_of_mac(&self, mac: &[u8; 6]) -> Option<u32> {
+        lock(&self.macs).get(mac).copied()
     }
 
     /// A frame leaves the device at `port`. No lock of any device may be

@@ -34,6 +34,8 @@
 #![deny(unsafe_code)]
 
 pub mod backend;
+pub mod bridge;
+mod bridge_sys;
 pub mod dma;
 pub mod fabric;
 mod firmware;
@@ -51,6 +53,7 @@ mod tx;
 mod util;
 
 pub use backend::SimBackend;
+pub use bridge::{Bridge, BridgeError, BridgeStats};
 pub use dma::{
     DmaFault, FaultKind, HostMem, HostMemError, IOVA_BASE, Iommu, IommuStats, MappingInfo,
     SimMapper,

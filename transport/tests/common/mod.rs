@@ -1,0 +1,4 @@
+//! Shared test machinery.
+#![allow(dead_code)]
+
+pub mod netns;
