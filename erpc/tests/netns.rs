@@ -1,5 +1,7 @@
 //! Two processes in two network namespaces joined by a veth pair, talking
-//! eRPC over kernel UDP (data path and session management). Needs root
+//! eRPC, with session management over kernel UDP and the data path either
+//! over kernel UDP or over the mlx5 transport on a device-model NIC whose
+//! fabric is bridged (AF_PACKET) onto the process's veth end. Needs root
 //! and `ip`; skips with a message otherwise, except in CI (`ERPC_CI=1`),
 //! where it must run.
 //!
@@ -14,6 +16,8 @@ use std::process::{Command, Stdio};
 use common::app::{self, Ctx, ECHO, SIZED};
 use erpc::rng::Rng;
 use erpc::{Nexus, Rpc, RpcConfig};
+use mempool::Allocator;
+use transport::Transport;
 use transport::udp::{UdpConfig, UdpTransport};
 
 const OPS: usize = 1000;
@@ -51,7 +55,7 @@ fn skip_or_fail(why: &str) {
     if std::env::var_os("ERPC_CI").is_some() {
         panic!("ERPC_CI is set but the namespace test cannot run: {why}");
     }
-    eprintln!("skipping two_processes_two_namespaces_over_udp: {why}");
+    eprintln!("skipping the two-namespace test: {why}");
 }
 
 fn is_root() -> bool {
@@ -67,6 +71,15 @@ fn is_root() -> bool {
 
 #[test]
 fn two_processes_two_namespaces_over_udp() {
+    two_processes("udp");
+}
+
+#[test]
+fn two_processes_two_namespaces_over_the_device_model_bridge() {
+    two_processes("bridge");
+}
+
+fn two_processes(data_path: &str) {
     if std::env::var_os("ERPC_NETNS_ROLE").is_some() {
         return;
     }
@@ -76,8 +89,8 @@ fn two_processes_two_namespaces_over_udp() {
     if Command::new("ip").arg("-V").output().is_err() {
         return skip_or_fail("the `ip` command (iproute2) is missing");
     }
-    let tag = std::process::id() % 100_000;
-    let net = (std::process::id() % 200 + 20) as u8;
+    let tag = (std::process::id() % 50_000) * 2 + u32::from(data_path == "bridge");
+    let net = ((std::process::id() % 100) * 2 + 20 + u32::from(data_path == "bridge")) as u8;
     let ns = Netns {
         a: format!("erpc-a-{tag}"),
         b: format!("erpc-b-{tag}"),
@@ -105,7 +118,7 @@ fn two_processes_two_namespaces_over_udp() {
         return skip_or_fail(&e);
     }
     let exe = std::env::current_exe().unwrap();
-    let spawn = |n: &str, me: Ipv4Addr, peer: Ipv4Addr, id: u64| {
+    let spawn = |n: &str, dev: &str, me: Ipv4Addr, peer: Ipv4Addr, id: u64| {
         Command::new("ip")
             .args(["netns", "exec", n])
             .arg(&exe)
@@ -113,19 +126,21 @@ fn two_processes_two_namespaces_over_udp() {
             .env("ERPC_NETNS_ROLE", id.to_string())
             .env("ERPC_NETNS_SELF", me.to_string())
             .env("ERPC_NETNS_PEER", peer.to_string())
+            .env("ERPC_NETNS_DATA", data_path)
+            .env("ERPC_NETNS_DEV", dev)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn child")
     };
-    let ca = spawn(&ns.a, ipa, ipb, 1);
-    let cb = spawn(&ns.b, ipb, ipa, 2);
+    let ca = spawn(&ns.a, &va, ipa, ipb, 1);
+    let cb = spawn(&ns.b, &vb, ipb, ipa, 2);
     for (name, c) in [("A", ca), ("B", cb)] {
         let out = c.wait_with_output().expect("child");
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
-            out.status.success() && stdout.contains("NETNS-OK"),
+            out.status.success() && stdout.contains(&format!("NETNS-OK data {data_path}")),
             "child {name} failed ({}):\n{stdout}\n{stderr}",
             out.status
         );
@@ -141,18 +156,75 @@ fn netns_child() {
     };
     let me: Ipv4Addr = std::env::var("ERPC_NETNS_SELF").unwrap().parse().unwrap();
     let peer: Ipv4Addr = std::env::var("ERPC_NETNS_PEER").unwrap().parse().unwrap();
-    let nexus = app::register::<UdpTransport>(Nexus::builder(&format!("{me}:31850")))
+    let data = std::env::var("ERPC_NETNS_DATA").unwrap();
+    let id: u8 = role.parse().unwrap();
+    if data == "bridge" {
+        use mlx5_sim::{Fabric, FabricConfig, NicConfig, SimNic};
+        let dev = std::env::var("ERPC_NETNS_DEV").unwrap();
+        let fabric = Fabric::new(FabricConfig {
+            seed: u64::from(id),
+            deterministic: false,
+            ..Default::default()
+        });
+        let nic = SimNic::new(
+            &fabric,
+            NicConfig {
+                mac: [0x02, 0xc0, 0, 0, 0, id],
+                ..Default::default()
+            },
+        );
+        let bridge = fabric.add_bridge(&dev).expect("bridge onto the veth");
+        let region = common::devmodel::region();
+        let device = mlx5::Device::open(
+            nic.backend(),
+            mlx5::DeviceConfig {
+                region,
+                ..Default::default()
+            },
+        )
+        .expect("bring-up");
+        let cfg = transport::mlx5::Mlx5Config {
+            ipv4: Ipv4Addr::new(10, 233, 0, id),
+            queue: mlx5::QueueConfig {
+                udp_port: 31900,
+                ..Default::default()
+            },
+        };
+        let t = transport::mlx5::Mlx5Transport::new(&device, cfg).expect("mlx5 transport");
+        let alloc = Allocator::new(
+            device.dma_mapper(),
+            mempool::AllocatorConfig {
+                initial_bytes: 8 << 20,
+                region,
+                ..Default::default()
+            },
+        )
+        .expect("allocator");
+        child(&role, me, peer, t, alloc);
+        let b = bridge.stats();
+        assert!(b.from_link > 0 && b.to_link > 0, "{b:?}");
+        println!("NETNS-OK data bridge role {role}: bridge {b:?}");
+    } else {
+        let t = UdpTransport::new(&UdpConfig::new(SocketAddrV4::new(me, 0))).expect("udp");
+        child(&role, me, peer, t, erpc::sim::test_allocator(8 << 20));
+        println!("NETNS-OK data udp role {role}");
+    }
+}
+
+/// One Nexus (SM over kernel UDP) and one Rpc on `t`, client of the peer
+/// and server for it.
+fn child<T: Transport + 'static>(role: &str, me: Ipv4Addr, peer: Ipv4Addr, t: T, alloc: Allocator) {
+    let nexus = app::register::<T>(Nexus::builder(&format!("{me}:31850")))
         .workers(1)
         .build()
         .expect("nexus");
-    let t = UdpTransport::new(&UdpConfig::new(SocketAddrV4::new(me, 0))).expect("udp");
-    let mut rpc: Rpc<UdpTransport, Ctx> = Rpc::new(
+    let mut rpc: Rpc<T, Ctx> = Rpc::new(
         &nexus,
         0,
         t,
-        erpc::sim::test_allocator(8 << 20),
+        alloc,
         RpcConfig::default(),
-        Some(app::sm_handler::<UdpTransport>),
+        Some(app::sm_handler::<T>),
     )
     .expect("rpc");
     let mut ctx = Ctx::new(role.parse().unwrap());
@@ -200,7 +272,7 @@ fn netns_child() {
     assert!(ctx.errors.is_empty(), "{:?}", ctx.errors);
     assert_eq!(ctx.completed, OPS as u64);
     println!(
-        "NETNS-OK role {role} completed {} handled {}",
+        "role {role} completed {} handled {}",
         ctx.completed, ctx.handled
     );
 }
