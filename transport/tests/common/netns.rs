@@ -82,7 +82,7 @@ pub struct Netns {
 }
 
 impl Netns {
-    fn create(peer_test: &'static str) -> Result<Netns, String> {
+    pub fn create(peer_test: &'static str) -> Result<Netns, String> {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let pid = std::process::id();

@@ -75,7 +75,8 @@ fn args() -> Args {
 /// One path's results.
 struct Row {
     name: &'static str,
-    rtt: Histogram<u64>,
+    /// RTT median, p99, p99.9 in ns.
+    rtt_ns: [u64; 3],
     rate_w1: f64,
     rate_w32: f64,
     lost: u64,
@@ -259,7 +260,11 @@ fn measure(a: &Args, name: &'static str, c: &mut dyn Client) -> Row {
     }
     Row {
         name,
-        rtt,
+        rtt_ns: [
+            rtt.value_at_quantile(0.5),
+            rtt.value_at_quantile(0.99),
+            rtt.value_at_quantile(0.999),
+        ],
         rate_w1,
         rate_w32: echoed as f64 / start.elapsed().as_secs_f64(),
         lost,
@@ -482,15 +487,15 @@ fn table(title: &str, rows: &[Row]) {
         println!(
             "| {} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {} |",
             r.name,
-            us(r.rtt.value_at_quantile(0.5)),
-            us(r.rtt.value_at_quantile(0.99)),
-            us(r.rtt.value_at_quantile(0.999)),
+            us(r.rtt_ns[0]),
+            us(r.rtt_ns[1]),
+            us(r.rtt_ns[2]),
             r.rate_w1 / 1e3,
             r.rate_w32 / 1e3,
             r.lost
         );
     }
-    let med = |r: &Row| r.rtt.value_at_quantile(0.5) as f64;
+    let med = |r: &Row| r.rtt_ns[0] as f64;
     for reference in &rows[1..] {
         println!(
             "\n{} / {}: RTT median x{:.2}, window-32 rate x{:.2}",
@@ -502,8 +507,27 @@ fn table(title: &str, rows: &[Row]) {
     }
 }
 
+mod mlx5;
+use mlx5::{bridge_client, bridge_server, mlx5_bridge, mlx5_one_thread, mlx5_two_threads};
+
+#[path = "../../tests/common/netns.rs"]
+#[allow(unused_imports)]
+mod netns;
+
 fn main() {
     let a = args();
+    let argv: Vec<String> = std::env::args().collect();
+    if let Some(i) = argv.iter().position(|x| x == "--bridge-server") {
+        return bridge_server(&argv[i + 1]);
+    }
+    if let Some(i) = argv.iter().position(|x| x == "--bridge-client") {
+        let r = bridge_client(&argv[i + 1], &a);
+        println!(
+            "ROW {} {} {} {} {} {}",
+            r.rtt_ns[0], r.rtt_ns[1], r.rtt_ns[2], r.rate_w1, r.rate_w32, r.lost
+        );
+        return;
+    }
     let (poll_transport, poll_std) = empty_poll_ns();
     let one = [transport_one_thread(&a), std_one_thread(&a)];
     let two = [
@@ -512,7 +536,7 @@ fn main() {
         std_two_threads(&a, true),
     ];
     println!(
-        "\nUDP echo over loopback, {PAYLOAD_BYTES} B payloads; RTT over {} round trips one at a \
+        "\nEcho of {PAYLOAD_BYTES} B payloads (UDP over loopback; mlx5 on the device model); RTT over {} round trips one at a \
          time, window-32 rate over {:.1} s; load average before: {}",
         a.samples,
         a.secs,
@@ -522,6 +546,13 @@ fn main() {
     );
     table("One thread (client and server polled in turn):", &one);
     table("Two threads (client and server each busy-polling):", &two);
+    let mut mlx5 = vec![mlx5_one_thread(&a), mlx5_two_threads(&a)];
+    mlx5.extend(mlx5_bridge(&a));
+    mlx5.push(std_one_thread(&a));
+    table(
+        "mlx5 transport on the device model (the last row is the kernel UDP reference, one thread):",
+        &mlx5,
+    );
     println!(
         "\nEmpty poll (nothing pending): UdpTransport rx_burst {poll_transport:.0} ns, \
          std recv_from {poll_std:.0} ns"
