@@ -159,6 +159,100 @@ pub struct DeviceModel {
     step: Duration,
 }
 
+/// Where the two benchmark nodes run: NICs brought up by the driver, each
+/// node a queue set (and message buffers registered with its NIC).
+pub trait Testbed {
+    /// The hardware backend.
+    type B: mlx5::hw::HwBackend;
+    /// The NIC of node `i`.
+    fn device(&self, i: usize) -> &Device<Self::B>;
+    /// Lets time pass (the device model's clock); real NICs need nothing.
+    fn step(&self) {}
+    /// An SM link and clock for the Nexuses (in-memory and virtual for the
+    /// deterministic device model; kernel UDP and the TSC otherwise).
+    fn nexus(&self, uri: &str) -> NexusBuilder;
+
+    /// A transport on node `i`'s NIC.
+    fn transport(&self, i: usize, port: u16) -> Mlx5Transport<Self::B> {
+        Mlx5Transport::new(
+            self.device(i),
+            Mlx5Config {
+                ipv4: Ipv4Addr::new(10, 0, 0, i as u8 + 1),
+                queue: QueueConfig {
+                    udp_port: port,
+                    ..Default::default()
+                },
+            },
+        )
+        .expect("transport")
+    }
+
+    /// Message buffers registered with node `i`'s NIC.
+    fn allocator(&self, i: usize) -> Allocator {
+        Allocator::new(
+            self.device(i).dma_mapper(),
+            AllocatorConfig {
+                initial_bytes: 8 << 20,
+                region: region(),
+                ..Default::default()
+            },
+        )
+        .expect("allocator")
+    }
+}
+
+/// A ConnectX bound to vfio-pci: both nodes are queue sets of that one
+/// function, talking through the NIC's own loopback.
+#[allow(missing_debug_implementations)]
+pub struct Vfio {
+    device: Device<mlx5::vfio::VfioBackend>,
+}
+
+impl Vfio {
+    /// Opens and brings up the function at `bdf`.
+    pub fn open(bdf: &str) -> Result<Vfio, String> {
+        let addr: mlx5::vfio::PciAddress = bdf.parse().map_err(|e| format!("{bdf}: {e}"))?;
+        let backend = mlx5::vfio::VfioBackend::open(addr).map_err(|e| e.to_string())?;
+        let device = Device::open(
+            backend,
+            DeviceConfig {
+                region: region(),
+                ..Default::default()
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(Vfio { device })
+    }
+}
+
+impl Testbed for Vfio {
+    type B = mlx5::vfio::VfioBackend;
+    fn device(&self, _i: usize) -> &Device<Self::B> {
+        &self.device
+    }
+    fn nexus(&self, uri: &str) -> NexusBuilder {
+        // Session management over kernel UDP on loopback: node i on 31850 + i.
+        let port = 31850 + u16::from(uri.starts_with("node1"));
+        Nexus::builder(&format!("127.0.0.1:{port}"))
+    }
+}
+
+impl Testbed for DeviceModel {
+    type B = SimBackend;
+    fn device(&self, i: usize) -> &Device<SimBackend> {
+        &self.devices[i]
+    }
+    fn step(&self) {
+        self.net.advance(self.step.as_nanos() as u64);
+        self.fabric.advance(self.step);
+    }
+    fn nexus(&self, uri: &str) -> NexusBuilder {
+        Nexus::builder(uri)
+            .sm_link(self.net.sm_link())
+            .clock(self.net.erpc_clock())
+    }
+}
+
 impl DeviceModel {
     /// A fabric with two NICs brought up by the driver.
     pub fn new() -> DeviceModel {
@@ -199,132 +293,115 @@ impl DeviceModel {
         }
     }
 
-    fn transport(&self, i: usize, port: u16) -> Mlx5Transport<SimBackend> {
-        Mlx5Transport::new(
-            &self.devices[i],
-            Mlx5Config {
-                ipv4: Ipv4Addr::new(10, 0, 0, i as u8 + 1),
-                queue: QueueConfig {
-                    udp_port: port,
-                    ..Default::default()
-                },
-            },
-        )
-        .expect("transport")
-    }
-
-    fn allocator(&self, i: usize) -> Allocator {
-        Allocator::new(
-            self.devices[i].dma_mapper(),
-            AllocatorConfig {
-                initial_bytes: 8 << 20,
-                region: region(),
-                ..Default::default()
-            },
-        )
-        .expect("allocator")
-    }
-
-    fn step(&self) {
-        self.net.advance(self.step.as_nanos() as u64);
-        self.fabric.advance(self.step);
-    }
-
     /// The NICs (for their counters).
     pub fn nics(&self) -> &[SimNic] {
         &self.nics
     }
+}
 
-    /// eRPC at one point, for `dur` of wall time.
-    pub fn erpc(&self, p: Point, dur: Duration, warmup: Duration) -> Outcome {
-        type R = Rpc<Mlx5Transport<SimBackend>, Ctx>;
-        let mut nodes: Vec<(R, Ctx)> = (0..2)
-            .map(|i| {
-                let nexus = register::<Mlx5Transport<SimBackend>>(Nexus::builder(&format!(
-                    "node{i}:31850"
-                )))
-                .sm_link(self.net.sm_link())
-                .clock(self.net.erpc_clock())
+/// eRPC at one point on a testbed, for `dur` of wall time.
+pub fn erpc_on<W: Testbed>(w: &W, p: Point, dur: Duration, warmup: Duration) -> Outcome
+where
+    W::B: 'static,
+{
+    type R<B> = Rpc<Mlx5Transport<B>, Ctx>;
+    let nexuses: Vec<_> = (0..2)
+        .map(|i| {
+            register::<Mlx5Transport<W::B>>(w.nexus(&format!("node{i}:31850")))
                 .build()
-                .expect("nexus");
-                let mut rpc = Rpc::new(
-                    &nexus,
-                    i as u8,
-                    self.transport(i, 40_000 + i as u16),
-                    self.allocator(i),
-                    RpcConfig::default(),
-                    None,
-                )
-                .expect("rpc");
-                let c = new_ctx(&mut rpc, p);
-                (rpc, c)
-            })
-            .collect();
-        for (i, (rpc, ctx)) in nodes.iter_mut().enumerate() {
-            let peer = 1 - i;
-            ctx.session = rpc
-                .create_session(&format!("node{peer}:31850"), peer as u8)
-                .expect("session");
+                .expect("nexus")
+        })
+        .collect();
+    let uris: Vec<String> = nexuses.iter().map(|n| n.uri().to_string()).collect();
+    let mut nodes: Vec<(R<W::B>, Ctx)> = (0..2)
+        .map(|i| {
+            let mut rpc = Rpc::new(
+                &nexuses[i],
+                i as u8,
+                w.transport(i, 40_000 + i as u16),
+                w.allocator(i),
+                RpcConfig::default(),
+                None,
+            )
+            .expect("rpc");
+            let c = new_ctx(&mut rpc, p);
+            (rpc, c)
+        })
+        .collect();
+    for (i, (rpc, ctx)) in nodes.iter_mut().enumerate() {
+        let peer = 1 - i;
+        ctx.session = rpc
+            .create_session(&uris[peer], peer as u8)
+            .expect("session");
+    }
+    for _ in 0..1_000_000 {
+        if nodes.iter().all(|(r, c)| r.is_connected(c.session)) {
+            break;
         }
-        for _ in 0..1_000_000 {
-            if nodes.iter().all(|(r, c)| r.is_connected(c.session)) {
-                break;
+        for (r, c) in nodes.iter_mut() {
+            r.run_event_loop_once(c);
+        }
+        w.step();
+    }
+    assert!(
+        nodes.iter().all(|(r, c)| r.is_connected(c.session)),
+        "sessions did not connect"
+    );
+    let mut measuring = false;
+    let start = Instant::now();
+    let mut t0 = start;
+    loop {
+        let now = Instant::now();
+        if !measuring && now - start >= warmup {
+            measuring = true;
+            t0 = now;
+            for (_, c) in nodes.iter_mut() {
+                c.completed = 0;
+                c.lat.reset();
+                c.t0 = now;
             }
+        }
+        if measuring && now - t0 >= dur {
+            break;
+        }
+        for _ in 0..64 {
             for (r, c) in nodes.iter_mut() {
+                issue(r, c, p);
                 r.run_event_loop_once(c);
             }
-            self.step();
+            w.step();
         }
-        assert!(
-            nodes.iter().all(|(r, c)| r.is_connected(c.session)),
-            "sessions did not connect"
-        );
-        let mut measuring = false;
-        let start = Instant::now();
-        let mut t0 = start;
-        loop {
-            let now = Instant::now();
-            if !measuring && now - start >= warmup {
-                measuring = true;
-                t0 = now;
-                for (_, c) in nodes.iter_mut() {
-                    c.completed = 0;
-                    c.lat.reset();
-                    c.t0 = now;
-                }
-            }
-            if measuring && now - t0 >= dur {
-                break;
-            }
-            for _ in 0..64 {
-                for (r, c) in nodes.iter_mut() {
-                    issue(r, c, p);
-                    r.run_event_loop_once(c);
-                }
-                self.step();
-            }
+    }
+    let elapsed = t0.elapsed();
+    let out = summarize(&nodes.iter().map(|(_, c)| c).collect::<Vec<_>>(), elapsed);
+    // Let requests in flight complete before the buffers go back.
+    for _ in 0..100_000 {
+        if nodes.iter().all(|(_, c)| c.in_flight == 0) {
+            break;
         }
-        let elapsed = t0.elapsed();
-        let out = summarize(&nodes.iter().map(|(_, c)| c).collect::<Vec<_>>(), elapsed);
         for (r, c) in nodes.iter_mut() {
-            while let Some((a, b)) = c.pool.pop() {
-                r.free_msg_buffer(a);
-                r.free_msg_buffer(b);
-            }
+            r.run_event_loop_once(c);
         }
-        out
+        w.step();
     }
+    for (r, c) in nodes.iter_mut() {
+        while let Some((a, b)) = c.pool.pop() {
+            r.free_msg_buffer(a);
+            r.free_msg_buffer(b);
+        }
+    }
+    out
+}
 
-    /// Raw echo of eRPC-sized packets between two transports on the same
-    /// NICs (no eRPC): round trips per second with `window` in flight.
-    pub fn raw_echo(&self, size: usize, window: usize, dur: Duration) -> f64 {
-        let mut a = self.transport(0, 41_000);
-        let mut b = self.transport(1, 41_001);
-        let (mut aa, mut ab) = (self.allocator(0), self.allocator(1));
-        raw_echo(&mut a, &mut b, &mut aa, &mut ab, size, window, dur, || {
-            self.step()
-        })
-    }
+/// Raw echo of eRPC-sized packets between two transports of a testbed (no
+/// eRPC): round trips per second with `window` in flight.
+pub fn raw_echo_on<W: Testbed>(w: &W, size: usize, window: usize, dur: Duration) -> f64 {
+    let mut a = w.transport(0, 41_000);
+    let mut b = w.transport(1, 41_001);
+    let (mut aa, mut ab) = (w.allocator(0), w.allocator(1));
+    raw_echo(&mut a, &mut b, &mut aa, &mut ab, size, window, dur, || {
+        w.step()
+    })
 }
 
 impl Default for DeviceModel {

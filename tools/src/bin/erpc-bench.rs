@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use erpc_tools::bench::{DeviceModel, Point, udp_erpc, udp_raw_echo};
+use erpc_tools::bench::{DeviceModel, Point, Vfio, erpc_on, raw_echo_on, udp_erpc, udp_raw_echo};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Which {
@@ -22,6 +22,9 @@ enum Which {
     Mlx5Sim,
     /// Kernel UDP over loopback, one thread.
     Udp,
+    /// A real ConnectX bound to vfio-pci (`--pci`): both nodes are queue
+    /// sets of that function, talking through the NIC's own loopback.
+    Mlx5,
 }
 
 #[derive(Debug, Parser)]
@@ -39,6 +42,10 @@ struct Args {
     /// Request and response size in bytes.
     #[arg(long, default_value_t = 32)]
     size: usize,
+    /// PCI address of the ConnectX for `--transport mlx5` (bind it first
+    /// with `erpc-vfio bind`).
+    #[arg(long)]
+    pci: Option<String>,
     /// Seconds measured per point.
     #[arg(long, default_value_t = 1.0)]
     secs: f64,
@@ -49,17 +56,31 @@ fn main() {
     let dur = Duration::from_secs_f64(args.secs);
     let warm = Duration::from_millis(200);
     let dm = (args.transport == Which::Mlx5Sim).then(DeviceModel::new);
+    let hw = (args.transport == Which::Mlx5).then(|| {
+        let bdf = args.pci.as_deref().unwrap_or_else(|| {
+            eprintln!(
+                "erpc-bench: --transport mlx5 needs --pci DDDD:BB:DD.F (see `erpc-vfio list`)"
+            );
+            std::process::exit(2)
+        });
+        Vfio::open(bdf).unwrap_or_else(|e| {
+            eprintln!("erpc-bench: {e}");
+            std::process::exit(1)
+        })
+    });
     let name = match args.transport {
         Which::Mlx5Sim => "mlx5 transport on the device model (2 NICs, 1 thread)",
         Which::Udp => "kernel UDP over loopback (1 thread)",
+        Which::Mlx5 => "mlx5 transport on a ConnectX via VFIO (2 queue sets, 1 thread)",
     };
     println!(
         "erpc-bench: {}-byte RPCs, {name}, {:.1} s per point",
         args.size, args.secs
     );
-    let raw = match &dm {
-        Some(d) => d.raw_echo(args.size, args.window, dur),
-        None => udp_raw_echo(args.size, args.window, dur),
+    let raw = match (&dm, &hw) {
+        (Some(d), _) => raw_echo_on(d, args.size, args.window, dur),
+        (_, Some(h)) => raw_echo_on(h, args.size, args.window, dur),
+        _ => udp_raw_echo(args.size, args.window, dur),
     };
     println!(
         "raw echo of {}-byte packets over the same transport: {:.3} M round trips/s",
@@ -80,9 +101,10 @@ fn main() {
             window: args.window,
             size: args.size,
         };
-        let o = match &dm {
-            Some(d) => d.erpc(p, dur, warm),
-            None => udp_erpc(p, dur, warm),
+        let o = match (&dm, &hw) {
+            (Some(d), _) => erpc_on(d, p, dur, warm),
+            (_, Some(h)) => erpc_on(h, p, dur, warm),
+            _ => udp_erpc(p, dur, warm),
         };
         println!(
             "{:>4} {:>7} {:>10.3} {:>12.2} {:>10.1} {:>10.1} {:>10.1}",
