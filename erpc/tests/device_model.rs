@@ -8,12 +8,12 @@ mod common;
 
 use std::collections::VecDeque;
 
-use common::app::{self, BG_SIZED, ECHO, NESTED, Op, SIZED, SIZED_HDR};
+use common::app::{self, BG_SIZED, ECHO, Op, SIZED, SIZED_HDR};
 use common::devmodel::DevWorld;
-use common::scenarios::{check_done, client_server, connect, nodes, nodes_with};
+use common::scenarios::{check_done, client_server, connect, nodes};
 use common::{World, run_until, with_seeds};
+use erpc::MAX_MSG_BYTES;
 use erpc::rng::Rng;
-use erpc::{MAX_MSG_BYTES, RpcConfig, SessionEventKind};
 
 const FILE: &str = "device_model";
 
@@ -86,23 +86,7 @@ fn many_concurrent_requests_per_session() {
 fn nested_rpcs() {
     with_seeds("nested_rpcs", FILE, &[31], |seed| {
         let mut w = DevWorld::new(seed);
-        let mut ns = nodes(&mut w, 3, seed);
-        connect(&mut w, &mut ns, 0, 1, 1);
-        connect(&mut w, &mut ns, 1, 2, 1);
-        ns[1].ctx.downstream = Some(ns[1].ctx.sessions[0]);
-        ns[1].ctx.sessions.clear();
-        let mut rng = Rng::new(seed);
-        ns[0].ctx.todo =
-            app::random_ops(&mut rng, 300, &[NESTED], &[12, 900, 968, 969, 5000, 70_000]);
-        {
-            let n = &mut ns[0];
-            app::start(&mut n.rpc, &mut n.ctx, 12);
-        }
-        run_until(&mut w, &mut ns, 2_000_000, "nested", |ns| {
-            ns[0].ctx.completed == 300
-        });
-        check_done::<DevWorld>(&ns);
-        assert_eq!(ns[2].ctx.handled, 300);
+        common::scenarios::nested_rpcs(&mut w, seed);
     });
 }
 
@@ -143,40 +127,7 @@ fn many_sessions_per_rpc() {
 fn session_create_destroy_churn() {
     with_seeds("session_create_destroy_churn", FILE, &[61], |seed| {
         let mut w = DevWorld::new(seed);
-        let mut ns = nodes(&mut w, 2, seed);
-        let mut rng = Rng::new(seed);
-        for round in 0..20 {
-            let k = 1 + rng.below(4) as usize;
-            ns[0].ctx.sessions.clear();
-            connect(&mut w, &mut ns, 0, 1, k);
-            let before = ns[0].ctx.completed;
-            ns[0].ctx.todo = app::random_ops(&mut rng, 20, &[ECHO, SIZED], &[12, 968, 3000]);
-            {
-                let n = &mut ns[0];
-                app::start(&mut n.rpc, &mut n.ctx, 10);
-            }
-            run_until(&mut w, &mut ns, 200_000, "round", |ns| {
-                ns[0].ctx.completed == before + 20
-            });
-            let sessions = ns[0].ctx.sessions.clone();
-            for &sn in &sessions {
-                ns[0].rpc.destroy_session(sn).expect("destroy");
-            }
-            run_until(&mut w, &mut ns, 200_000, "disconnect", |ns| {
-                sessions
-                    .iter()
-                    .all(|&sn| ns[0].rpc.session_state(sn).is_none())
-            });
-            assert_eq!(ns[1].rpc.num_sessions(), 0, "round {round}");
-        }
-        check_done::<DevWorld>(&ns);
-        let disconnected = ns[0]
-            .ctx
-            .events
-            .iter()
-            .filter(|e| e.kind == SessionEventKind::Disconnected)
-            .count();
-        assert_eq!(disconnected, ns[0].ctx.connected());
+        common::scenarios::session_create_destroy_churn(&mut w, seed);
     });
 }
 
@@ -184,22 +135,7 @@ fn session_create_destroy_churn() {
 fn few_credits_stall_and_resume() {
     with_seeds("few_credits_stall_and_resume", FILE, &[111], |seed| {
         let mut w = DevWorld::new(seed);
-        let cfg = RpcConfig {
-            session_credits: 2,
-            ..RpcConfig::default()
-        };
-        let mut ns = nodes_with(&mut w, 2, seed, cfg);
-        connect(&mut w, &mut ns, 0, 1, 1);
-        let mut rng = Rng::new(seed);
-        ns[0].ctx.todo = app::random_ops(&mut rng, 200, &[SIZED, ECHO], &[12, 969, 5000, 40_000]);
-        {
-            let n = &mut ns[0];
-            app::start(&mut n.rpc, &mut n.ctx, 16);
-        }
-        run_until(&mut w, &mut ns, 2_000_000, "few credits", |ns| {
-            ns[0].ctx.completed == 200
-        });
-        check_done::<DevWorld>(&ns);
+        common::scenarios::few_credits_stall_and_resume(&mut w, seed);
     });
 }
 

@@ -8,7 +8,7 @@ mod common;
 
 use std::collections::VecDeque;
 
-use common::app::{self, BG_SIZED, Ctx, ECHO, NESTED, Op, SIZED, SIZED_HDR};
+use common::app::{self, BG_SIZED, Ctx, ECHO, Op, SIZED, SIZED_HDR};
 use common::{Node, SimWorld, World, run_until, with_seeds};
 use erpc::rng::Rng;
 use erpc::sim::{LinkConfig, SimConfig, SmHubConfig};
@@ -16,7 +16,7 @@ use erpc::{DropReason, MAX_MSG_BYTES, RpcConfig, SessionEventKind, SmErr};
 
 const FILE: &str = "sim";
 
-use common::scenarios::{check_done, client_server, connect, nodes, nodes_with};
+use common::scenarios::{check_done, client_server, connect, nodes};
 
 #[test]
 fn single_packet_echo() {
@@ -151,26 +151,7 @@ fn nested_rpcs() {
     // from its continuation; the request stays valid until then.
     with_seeds("nested_rpcs", FILE, &[31], |seed| {
         let mut w = SimWorld::new(seed);
-        let mut ns = nodes(&mut w, 3, seed);
-        connect(&mut w, &mut ns, 0, 1, 1);
-        connect(&mut w, &mut ns, 1, 2, 1);
-        ns[1].ctx.downstream = Some(ns[1].ctx.sessions[0]);
-        ns[1].ctx.sessions.clear();
-        let mut rng = Rng::new(seed);
-        let ops = app::random_ops(&mut rng, 300, &[NESTED], &[12, 900, 968, 969, 5000, 70_000]);
-        ns[0].ctx.todo = ops;
-        {
-            let n = &mut ns[0];
-            app::start(&mut n.rpc, &mut n.ctx, 12);
-        }
-        run_until(&mut w, &mut ns, 2_000_000, "nested", |ns| {
-            ns[0].ctx.completed == 300
-        });
-        check_done::<SimWorld>(&ns);
-        assert_eq!(ns[1].ctx.handled, 300);
-        assert_eq!(ns[2].ctx.handled, 300);
-        // Single-packet nested requests were copied out of the RX ring.
-        assert!(ns[1].rpc.stats().deferred_copies > 0);
+        common::scenarios::nested_rpcs(&mut w, seed);
     });
 }
 
@@ -240,47 +221,7 @@ fn many_sessions_up_to_the_ring_limit() {
 fn session_create_destroy_churn() {
     with_seeds("session_create_destroy_churn", FILE, &[61, 62], |seed| {
         let mut w = SimWorld::new(seed);
-        let mut ns = nodes(&mut w, 2, seed);
-        let mut rng = Rng::new(seed);
-        for round in 0..30 {
-            let k = 1 + rng.below(4) as usize;
-            ns[0].ctx.sessions.clear();
-            connect(&mut w, &mut ns, 0, 1, k);
-            let before = ns[0].ctx.completed;
-            ns[0].ctx.todo = app::random_ops(&mut rng, 20, &[ECHO, SIZED], &[12, 968, 3000]);
-            {
-                let n = &mut ns[0];
-                app::start(&mut n.rpc, &mut n.ctx, 10);
-            }
-            run_until(&mut w, &mut ns, 200_000, "round", |ns| {
-                ns[0].ctx.completed == before + 20
-            });
-            let sessions = ns[0].ctx.sessions.clone();
-            for &sn in &sessions {
-                ns[0].rpc.destroy_session(sn).expect("destroy");
-                // A second destroy is refused: already disconnecting.
-                assert!(ns[0].rpc.destroy_session(sn).is_err());
-            }
-            run_until(&mut w, &mut ns, 200_000, "disconnect", |ns| {
-                sessions
-                    .iter()
-                    .all(|&sn| ns[0].rpc.session_state(sn).is_none())
-            });
-            assert_eq!(ns[0].rpc.num_sessions(), 0, "round {round}");
-            assert_eq!(ns[1].rpc.num_sessions(), 0, "round {round}");
-        }
-        check_done::<SimWorld>(&ns);
-        let disconnected = ns[0]
-            .ctx
-            .events
-            .iter()
-            .filter(|e| e.kind == SessionEventKind::Disconnected)
-            .count();
-        assert_eq!(disconnected, ns[0].ctx.connected());
-        // Buffers all came back: only the control buffer is in use.
-        let a = ns[1].rpc.alloc_stats();
-        let in_use: u64 = a.classes.iter().map(|c| c.in_use).sum();
-        assert_eq!(in_use, 1, "server buffers leaked: {a:?}");
+        common::scenarios::session_create_destroy_churn(&mut w, seed);
     });
 }
 
@@ -656,28 +597,7 @@ fn few_credits_stall_and_resume() {
     // waits in the credit-stall queue between credit returns.
     with_seeds("few_credits_stall_and_resume", FILE, &[111], |seed| {
         let mut w = SimWorld::new(seed);
-        let cfg = RpcConfig {
-            session_credits: 2,
-            ..RpcConfig::default()
-        };
-        let mut ns = nodes_with(&mut w, 2, seed, cfg);
-        connect(&mut w, &mut ns, 0, 1, 1);
-        let mut rng = Rng::new(seed);
-        ns[0].ctx.todo = app::random_ops(&mut rng, 200, &[SIZED, ECHO], &[12, 969, 5000, 40_000]);
-        {
-            let n = &mut ns[0];
-            app::start(&mut n.rpc, &mut n.ctx, 16);
-        }
-        run_until(&mut w, &mut ns, 2_000_000, "few credits", |ns| {
-            ns[0].ctx.completed == 200
-        });
-        check_done::<SimWorld>(&ns);
-        let sn = ns[0].ctx.sessions[0];
-        assert_eq!(ns[0].rpc.session_credits(sn), Some(2));
-        assert_eq!(
-            ns[0].rpc.stats().total_drops() + ns[1].rpc.stats().total_drops(),
-            0
-        );
+        common::scenarios::few_credits_stall_and_resume(&mut w, seed);
     });
 }
 

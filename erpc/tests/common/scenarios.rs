@@ -4,9 +4,11 @@
 
 use std::collections::VecDeque;
 
-use erpc::RpcConfig;
+use erpc::{RpcConfig, SessionEventKind};
 
-use super::app::{self, Ctx, Op};
+use erpc::rng::Rng;
+
+use super::app::{self, Ctx, ECHO, NESTED, Op, SIZED};
 use super::{Node, World, run_until};
 
 pub type N<W> = Node<<W as World>::T, Ctx>;
@@ -102,4 +104,99 @@ pub fn client_server<W: World>(
     for &sn in &ns[0].ctx.sessions {
         assert_eq!(ns[0].rpc.session_credits(sn), Some(erpc::SESSION_CREDITS));
     }
+}
+
+/// The `nested_rpcs` scenario on any world.
+pub fn nested_rpcs<W: World>(w: &mut W, seed: u64) {
+    let mut ns = nodes(w, 3, seed);
+    connect(w, &mut ns, 0, 1, 1);
+    connect(w, &mut ns, 1, 2, 1);
+    ns[1].ctx.downstream = Some(ns[1].ctx.sessions[0]);
+    ns[1].ctx.sessions.clear();
+    let mut rng = Rng::new(seed);
+    let ops = app::random_ops(&mut rng, 300, &[NESTED], &[12, 900, 968, 969, 5000, 70_000]);
+    ns[0].ctx.todo = ops;
+    {
+        let n = &mut ns[0];
+        app::start(&mut n.rpc, &mut n.ctx, 12);
+    }
+    run_until(w, &mut ns, 2_000_000, "nested", |ns| {
+        ns[0].ctx.completed == 300
+    });
+    check_done::<W>(&ns);
+    assert_eq!(ns[1].ctx.handled, 300);
+    assert_eq!(ns[2].ctx.handled, 300);
+    // Single-packet nested requests were copied out of the RX ring.
+    assert!(ns[1].rpc.stats().deferred_copies > 0);
+}
+
+/// The `session_create_destroy_churn` scenario on any world.
+pub fn session_create_destroy_churn<W: World>(w: &mut W, seed: u64) {
+    let mut ns = nodes(w, 2, seed);
+    let mut rng = Rng::new(seed);
+    for round in 0..30 {
+        let k = 1 + rng.below(4) as usize;
+        ns[0].ctx.sessions.clear();
+        connect(w, &mut ns, 0, 1, k);
+        let before = ns[0].ctx.completed;
+        ns[0].ctx.todo = app::random_ops(&mut rng, 20, &[ECHO, SIZED], &[12, 968, 3000]);
+        {
+            let n = &mut ns[0];
+            app::start(&mut n.rpc, &mut n.ctx, 10);
+        }
+        run_until(w, &mut ns, 200_000, "round", |ns| {
+            ns[0].ctx.completed == before + 20
+        });
+        let sessions = ns[0].ctx.sessions.clone();
+        for &sn in &sessions {
+            ns[0].rpc.destroy_session(sn).expect("destroy");
+            // A second destroy is refused: already disconnecting.
+            assert!(ns[0].rpc.destroy_session(sn).is_err());
+        }
+        run_until(w, &mut ns, 200_000, "disconnect", |ns| {
+            sessions
+                .iter()
+                .all(|&sn| ns[0].rpc.session_state(sn).is_none())
+        });
+        assert_eq!(ns[0].rpc.num_sessions(), 0, "round {round}");
+        assert_eq!(ns[1].rpc.num_sessions(), 0, "round {round}");
+    }
+    check_done::<W>(&ns);
+    let disconnected = ns[0]
+        .ctx
+        .events
+        .iter()
+        .filter(|e| e.kind == SessionEventKind::Disconnected)
+        .count();
+    assert_eq!(disconnected, ns[0].ctx.connected());
+    // Buffers all came back: only the control buffer is in use.
+    let a = ns[1].rpc.alloc_stats();
+    let in_use: u64 = a.classes.iter().map(|c| c.in_use).sum();
+    assert_eq!(in_use, 1, "server buffers leaked: {a:?}");
+}
+
+/// The `few_credits_stall_and_resume` scenario on any world.
+pub fn few_credits_stall_and_resume<W: World>(w: &mut W, seed: u64) {
+    let cfg = RpcConfig {
+        session_credits: 2,
+        ..RpcConfig::default()
+    };
+    let mut ns = nodes_with(w, 2, seed, cfg);
+    connect(w, &mut ns, 0, 1, 1);
+    let mut rng = Rng::new(seed);
+    ns[0].ctx.todo = app::random_ops(&mut rng, 200, &[SIZED, ECHO], &[12, 969, 5000, 40_000]);
+    {
+        let n = &mut ns[0];
+        app::start(&mut n.rpc, &mut n.ctx, 16);
+    }
+    run_until(w, &mut ns, 2_000_000, "few credits", |ns| {
+        ns[0].ctx.completed == 200
+    });
+    check_done::<W>(&ns);
+    let sn = ns[0].ctx.sessions[0];
+    assert_eq!(ns[0].rpc.session_credits(sn), Some(2));
+    assert_eq!(
+        ns[0].rpc.stats().total_drops() + ns[1].rpc.stats().total_drops(),
+        0
+    );
 }
