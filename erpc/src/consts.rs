@@ -46,10 +46,24 @@ pub const TX_BATCH_MAX: usize = 64;
 pub const SESSION_NUM_QUARANTINE_MS: u64 = 1000;
 /// Most SM packets queued for one Rpc before the Nexus drops (and counts) more.
 pub const SM_QUEUE_MAX: usize = 1024;
-/// Default retransmission timeout (used by loss recovery, next issue).
+/// Default retransmission timeout of a client slot: a request that has
+/// made no progress for this long is rolled back to the last packet the
+/// server acknowledged and retransmitted (go-back-N).
 pub const RTO_US: u64 = 5000;
-/// Default interval of the packet-loss scan (next issue).
+/// Default interval of the packet-loss scan (client slots are checked
+/// against the retransmission timeout this often).
 pub const PKT_LOSS_SCAN_US: u64 = 500;
+/// Default machine-failure timeout: a remote Nexus that has answered no
+/// keep-alive ping for this long is declared failed, and a connect request
+/// unanswered for this long fails.
+pub const FAILURE_TIMEOUT_MS: u64 = 500;
+/// Keep-alive pings per failure timeout (a peer must miss this many in a
+/// row to be declared failed).
+pub const PINGS_PER_FAILURE_TIMEOUT: u64 = 10;
+/// Tries of a TX batch the transport keeps refusing (with a TX flush
+/// between tries) before the oldest queued packet is given up to loss
+/// recovery (counted in `RpcStats::tx_given_up`).
+pub const TX_REFUSED_TRIES: usize = 8;
 
 const _: () = assert!(MTU == 1024 && PKTHDR_BYTES == 56 && MAX_DATA_PER_PKT == 968);
 const _: () = assert!(MAX_MSG_BYTES == 7_903_368, "the C++ eRPC's kMaxMsgSize");
@@ -69,3 +83,5 @@ const _: () = assert!((8 << 20) <= mempool::MAX_ALLOC);
 const _: () = assert!(SESSION_CREDITS <= RX_RING_ENTRIES_DEFAULT);
 const _: () = assert!(TX_BATCH_MAX <= CTRL_BUFS);
 const _: () = assert!(MAX_RPC_ID < u8::MAX);
+const _: () = assert!(PKT_LOSS_SCAN_US < RTO_US);
+const _: () = assert!(RTO_US < FAILURE_TIMEOUT_MS * 1000);

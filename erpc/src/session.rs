@@ -5,11 +5,13 @@
 //! `i + 8, i + 16, ...`, so a packet's slot is its request number mod 8.
 //! Requests beyond the window wait in the session's backlog.
 //!
-//! The per-slot state keeps what the loss-recovery and congestion-control
-//! issue needs: packets sent and received per request (`num_tx`,
-//! `num_rx`) and a progress timestamp, like the C++ sslot, so go-back-N can
-//! roll `num_tx` back to `num_rx` and a retransmission timer can scan
-//! `progress_ns`.
+//! The per-slot client state counts packets sent and acknowledged per
+//! request (`num_tx`, `num_rx`) with a progress timestamp, like the C++
+//! sslot: go-back-N rolls `num_tx` back to `num_rx` when the slot has made
+//! no progress for the retransmission timeout (`rpc/loss.rs`).
+//!
+//! Credit invariant of a connected client session, checked by the tests:
+//! `credits + sum over busy slots of (num_tx - num_rx) == session credits`.
 
 use std::collections::VecDeque;
 
@@ -39,6 +41,10 @@ pub enum SessionState {
     Connected,
     /// Client: disconnect request sent, no response yet.
     DisconnectInProgress,
+    /// Server: reset (its client failed or went away) while handlers of
+    /// it still run on workers or hold deferred responses; freed when the
+    /// last of them responds. Accepts no packets.
+    Resetting,
 }
 
 /// A request waiting for a free slot.
@@ -69,6 +75,13 @@ pub(crate) struct ClientInfo<T: Transport, C> {
     pub num_rx: u32,
     /// When the request last made progress (enqueue, or a packet in).
     pub progress_ns: u64,
+    /// When the slot last retransmitted (0: never, for this request).
+    pub retx_ns: u64,
+    /// Go-back-N rollbacks of this request.
+    pub retransmits: u32,
+    /// Request number of the last request on this slot that completed with
+    /// an error, so that its late response is counted as such.
+    pub abandoned_req_num: u64,
     /// When the request was enqueued.
     pub enqueue_ns: u64,
     /// In the Rpc's credit-stall queue.
@@ -88,6 +101,9 @@ impl<T: Transport, C> ClientInfo<T, C> {
             num_tx: 0,
             num_rx: 0,
             progress_ns: 0,
+            retx_ns: 0,
+            retransmits: 0,
+            abandoned_req_num: u64::MAX,
             enqueue_ns: 0,
             in_stallq: false,
         }
@@ -178,9 +194,20 @@ pub(crate) struct Session<T: Transport, C> {
     pub backlog: VecDeque<PendingReq<T, C>>,
     /// Client: an SM request is outstanding; when it was last sent.
     pub sm_pending_since_ns: Option<u64>,
+    /// Client: when the current SM request was first sent (for its timeout).
+    pub sm_first_sent_ns: u64,
     /// Client: why a connect failed after the server accepted (we then
     /// disconnect before reporting it).
     pub connect_fail: Option<SmErr>,
+    /// The remote Nexus's incarnation (0: a C++ peer, not pinged).
+    pub remote_incarnation: u64,
+    /// Registered with the Nexus's failure detection.
+    pub tracked: bool,
+    /// Fault injection: data packets to drop on transmission before any
+    /// more are sent.
+    pub fault_drop_tx: std::cell::Cell<u32>,
+    /// Go-back-N rollbacks on this session.
+    pub retransmits: u64,
 }
 
 impl<T: Transport, C> Session<T, C> {
@@ -214,7 +241,20 @@ impl<T: Transport, C> Session<T, C> {
             }),
             backlog: VecDeque::new(),
             sm_pending_since_ns: None,
+            sm_first_sent_ns: 0,
             connect_fail: None,
+            remote_incarnation: 0,
+            tracked: false,
+            fault_drop_tx: std::cell::Cell::new(0),
+            retransmits: 0,
+        }
+    }
+
+    /// Rpc id of the remote end.
+    pub fn remote_rpc_id(&self) -> u8 {
+        match self.role {
+            Role::Client => self.server_ep.rpc_id,
+            Role::Server => self.client_ep.rpc_id,
         }
     }
 

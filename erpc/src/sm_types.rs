@@ -167,6 +167,26 @@ impl TransportType {
     }
 }
 
+/// Offset, in an endpoint's 48-byte routing info, of the erpc-rs
+/// extension: the sending Nexus's incarnation (a random non-zero u64, LE).
+///
+/// The Ethernet routing info the C++ eRPC defines uses bytes 0..20; C++
+/// leaves the rest zero and echoes endpoints unchanged, and our transports
+/// ignore it. A non-zero incarnation tells an erpc-rs peer that this end
+/// answers keep-alive pings (a C++ eRPC process must never be pinged: its
+/// SM thread reads past its Rpc table for the invalid Rpc id a ping
+/// carries, or throws if the ping reaches an Rpc), and lets it notice a
+/// restarted process behind an unchanged URI.
+pub const EXT_INCARNATION: usize = 40;
+/// Bytes of the live-Rpc bitmap in a keep-alive ping's routing info (ping
+/// endpoints carry no transport routing info).
+pub const EXT_RPC_BITMAP_BYTES: usize = 32;
+const _: () = assert!(EXT_RPC_BITMAP_BYTES <= EXT_INCARNATION);
+const _: () = assert!(EXT_INCARNATION + 8 <= ROUTING_INFO_BYTES);
+// The Ethernet routing info (MAC, pad, IPv4, UDP port, RX queue, RSS
+// table size) ends at byte 18 (C++ pads its struct to 20).
+const _: () = assert!(20 <= EXT_INCARNATION);
+
 /// One side of a session, as carried in SM packets.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct SmEndpoint {
@@ -219,6 +239,32 @@ impl SmEndpoint {
     /// Routing info decoded as Ethernet routing info.
     pub fn routing(&self) -> RoutingInfo {
         RoutingInfo::from_bytes(&self.routing_info)
+    }
+
+    /// The erpc-rs Nexus incarnation carried in this endpoint (see
+    /// [`EXT_INCARNATION`]); 0 from a C++ peer or an old packet.
+    pub fn incarnation(&self) -> u64 {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&self.routing_info[EXT_INCARNATION..EXT_INCARNATION + 8]);
+        u64::from_le_bytes(b)
+    }
+
+    /// Writes the Nexus incarnation into the routing-info tail.
+    pub fn set_incarnation(&mut self, inc: u64) {
+        self.routing_info[EXT_INCARNATION..EXT_INCARNATION + 8].copy_from_slice(&inc.to_le_bytes());
+    }
+
+    /// The bitmap of live Rpc ids a keep-alive ping carries (bit `i` of
+    /// byte `i / 8`), in the routing info's first [`EXT_RPC_BITMAP_BYTES`].
+    pub fn rpc_bitmap(&self) -> [u8; EXT_RPC_BITMAP_BYTES] {
+        let mut b = [0u8; EXT_RPC_BITMAP_BYTES];
+        b.copy_from_slice(&self.routing_info[..EXT_RPC_BITMAP_BYTES]);
+        b
+    }
+
+    /// Sets the live-Rpc bitmap of a keep-alive ping.
+    pub fn set_rpc_bitmap(&mut self, bitmap: &[u8; EXT_RPC_BITMAP_BYTES]) {
+        self.routing_info[..EXT_RPC_BITMAP_BYTES].copy_from_slice(bitmap);
     }
 
     /// "host:port" of this endpoint's Nexus.

@@ -31,8 +31,15 @@ pub enum DropReason {
     /// Control packet (CR, RFR) carrying data or a size.
     CtrlHasData,
     /// Packet number ahead of the next expected one, or a multi-packet
-    /// request not starting at packet 0.
+    /// request not starting at packet 0 (reordering is treated as loss).
     OutOfOrder,
+    /// Packet number below the next expected one at a client: an
+    /// acknowledgement already counted (a duplicate, or the original of a
+    /// retransmission arriving late).
+    Duplicate,
+    /// Response or credit return for a request that already completed with
+    /// an error (reset, peer failure, destroy).
+    AbandonedRequest,
     /// Message size above the maximum.
     MsgTooLarge,
     /// No handler for the request type.
@@ -68,6 +75,8 @@ impl DropReason {
         DropReason::SizeMismatch,
         DropReason::CtrlHasData,
         DropReason::OutOfOrder,
+        DropReason::Duplicate,
+        DropReason::AbandonedRequest,
         DropReason::MsgTooLarge,
         DropReason::NoHandler,
         DropReason::ServerSlotBusy,
@@ -100,8 +109,22 @@ pub struct RpcStats {
     pub tx_pkts: u64,
     /// `tx_burst` calls.
     pub tx_bursts: u64,
-    /// Packets the transport refused even after retries (lost).
+    /// Packets the transport refused; they stayed queued for the next
+    /// flush (counted once per refusal).
     pub tx_refused: u64,
+    /// Queued packets given up because the transport refused everything
+    /// for [`crate::consts::TX_REFUSED_TRIES`] TX flushes while the batch
+    /// was full; loss recovery resends them.
+    pub tx_given_up: u64,
+    /// TX queue drains (`tx_flush`): before and after retransmissions,
+    /// after duplicate answers, on resets, and while the transport refuses.
+    pub tx_flushes: u64,
+    /// Packets dropped by fault injection (`Rpc::fault_drop_tx`).
+    pub tx_fault_dropped: u64,
+    /// Go-back-N rollbacks (retransmission timeouts that resent something).
+    pub retransmissions: u64,
+    /// Packets presumed lost at those rollbacks (credits reclaimed).
+    pub retransmitted_pkts: u64,
     /// Queued packets whose message was gone at flush time (skipped).
     pub tx_stale: u64,
     /// Requests enqueued by the application.
@@ -136,6 +159,16 @@ pub struct RpcStats {
     pub sm_retries: u64,
     /// Duplicate connect requests answered from the token table.
     pub sm_dup_connect: u64,
+    /// SM requests given up after the failure timeout (connect: the
+    /// session fails; disconnect: it is freed locally).
+    pub sm_timeouts: u64,
+    /// Sessions reset (peer failure, `reset_session`, fault injection).
+    pub sessions_reset: u64,
+    /// Of those, sessions whose peer was declared failed.
+    pub sessions_peer_failed: u64,
+    /// Responses discarded because their session was reset while the
+    /// handler ran.
+    pub resps_discarded: u64,
 }
 
 impl RpcStats {
@@ -164,8 +197,14 @@ impl fmt::Display for RpcStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "rx {} tx {} bursts {} completed {} handled {}",
-            self.rx_pkts, self.tx_pkts, self.tx_bursts, self.reqs_completed, self.reqs_handled
+            "rx {} tx {} bursts {} completed {} handled {} retransmissions {} tx flushes {}",
+            self.rx_pkts,
+            self.tx_pkts,
+            self.tx_bursts,
+            self.reqs_completed,
+            self.reqs_handled,
+            self.retransmissions,
+            self.tx_flushes
         )?;
         for r in DropReason::ALL {
             let n = self.drops(r);

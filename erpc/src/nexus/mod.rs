@@ -12,6 +12,7 @@
 //! Handlers are registered on a [`NexusBuilder`], so by construction the
 //! table is complete before any Rpc exists (each Rpc copies it).
 
+mod liveness;
 mod sm_link;
 mod workers;
 
@@ -19,12 +20,14 @@ use std::any::Any;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
+pub use liveness::{LivenessStats, PeerFailure};
+pub(crate) use sm_link::SmItem;
 pub use sm_link::{SmLink, SmQueue, SmRouter, SmRouterStats, UdpSmLink};
 pub(crate) use workers::{BG_REPLY_QUEUE, BgDone, Job, WorkerPool, run_job as workers_run_job};
 pub use workers::{BgHandler, BgResponse};
 
 use crate::clock::Clock;
-use crate::consts::{MAX_RPC_ID, SM_UDP_PORT_BASE};
+use crate::consts::{FAILURE_TIMEOUT_MS, MAX_RPC_ID, SM_UDP_PORT_BASE};
 use crate::rng::Rng;
 use crate::sm_types::SM_PKT_BYTES;
 
@@ -135,6 +138,7 @@ pub struct NexusBuilder {
     link: Option<Arc<dyn SmLink>>,
     clock: Option<Clock>,
     seed: Option<u64>,
+    failure_timeout_ms: u64,
     error: Option<NexusError>,
 }
 
@@ -196,10 +200,20 @@ impl NexusBuilder {
         self
     }
 
-    /// Seed for session tokens (default: OS randomness). Simulations set it
-    /// so that a run replays exactly.
+    /// Seed for session tokens and the Nexus incarnation (default: OS
+    /// randomness). Simulations set it so that a run replays exactly.
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
+        self
+    }
+
+    /// The machine-failure timeout (default 500 ms): a remote Nexus that
+    /// answers no keep-alive ping for this long is declared failed and
+    /// every session to it is reset (its requests complete with
+    /// [`crate::RpcError::PeerFailed`]). Pings go out ten times per
+    /// timeout. Values below 10 ms are raised to 10 ms.
+    pub fn failure_timeout_ms(mut self, ms: u64) -> Self {
+        self.failure_timeout_ms = ms.max(10);
         self
     }
 
@@ -225,12 +239,18 @@ impl NexusBuilder {
             Some(l) => l,
             None => Arc::new(UdpSmLink::new()),
         };
-        let router = Arc::new(SmRouter::new(self.uri.clone()));
-        link.start(&self.uri, router.clone())?;
-        let rng = match self.seed {
+        let mut rng = match self.seed {
             Some(s) => Rng::new(s),
             None => Rng::from_entropy(),
         };
+        let incarnation = rng.next_u64() | 1;
+        let router = Arc::new(SmRouter::new(
+            self.uri.clone(),
+            clock.clone(),
+            incarnation,
+            self.failure_timeout_ms * 1_000_000,
+        ));
+        link.start(&self.uri, router.clone())?;
         Ok(Arc::new(Nexus {
             uri: self.uri,
             handlers,
@@ -278,6 +298,7 @@ impl Nexus {
             link: None,
             clock: None,
             seed: None,
+            failure_timeout_ms: FAILURE_TIMEOUT_MS,
             error,
         }
     }
@@ -295,6 +316,33 @@ impl Nexus {
     /// SM routing counters.
     pub fn sm_stats(&self) -> SmRouterStats {
         self.router.stats()
+    }
+
+    /// Keep-alive (failure detection) counters.
+    pub fn liveness_stats(&self) -> LivenessStats {
+        self.router.liveness_stats()
+    }
+
+    /// This Nexus's incarnation: random and non-zero, new for every Nexus
+    /// (so a restarted process is told apart from its predecessor).
+    pub fn incarnation(&self) -> u64 {
+        self.router.incarnation()
+    }
+
+    /// The machine-failure timeout in nanoseconds.
+    pub fn failure_timeout_ns(&self) -> u64 {
+        self.router.failure_timeout_ns()
+    }
+
+    /// Fault injection: declares the Nexus at `uri` failed now, as if it
+    /// had stopped answering pings. Every Rpc of this Nexus resets its
+    /// sessions to it at its next event-loop iteration.
+    pub fn fault_fail_remote(&self, uri: &Uri) {
+        self.router.inject_failure(uri);
+    }
+
+    pub(crate) fn router(&self) -> &SmRouter {
+        &self.router
     }
 
     /// Number of worker threads (0: background handlers run inline).

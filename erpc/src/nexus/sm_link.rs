@@ -9,9 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::liveness::{self, Liveness, LivenessStats, PeerFailure};
 use super::{NexusError, Uri};
+use crate::clock::Clock;
 use crate::consts::SM_QUEUE_MAX;
-use crate::sm_types::{SM_PKT_BYTES, SmErr, SmPkt};
+use crate::sm_types::{EXT_RPC_BITMAP_BYTES, SM_PKT_BYTES, SmErr, SmPkt, SmPktType};
 
 /// Carries SM packets between Nexuses.
 ///
@@ -28,12 +30,23 @@ pub trait SmLink: Send + Sync + fmt::Debug {
     fn stop(&self, local: &Uri);
 }
 
+/// What the Nexus hands an Rpc. (Packets are the common item and are kept
+/// inline; failure notices are rare.)
+#[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum SmItem {
+    /// An SM packet for this Rpc.
+    Pkt(SmPkt),
+    /// A remote Nexus (or one of its Rpcs) failed: reset the sessions to it.
+    PeerFailed(PeerFailure),
+}
+
 /// An Rpc's inbox of SM packets. The event loop checks [`SmQueue::len`]
 /// (one atomic load) and takes the lock only when something is there.
 #[derive(Debug, Default)]
 pub struct SmQueue {
     pending: AtomicUsize,
-    q: Mutex<VecDeque<SmPkt>>,
+    q: Mutex<VecDeque<SmItem>>,
 }
 
 impl SmQueue {
@@ -49,9 +62,11 @@ impl SmQueue {
         self.len() == 0
     }
 
-    fn push(&self, p: SmPkt) -> bool {
+    fn push(&self, p: SmItem) -> bool {
         let mut q = self.q.lock().unwrap_or_else(|e| e.into_inner());
-        if q.len() >= SM_QUEUE_MAX {
+        // Failure notices are never dropped: they are rare and each one
+        // frees sessions.
+        if q.len() >= SM_QUEUE_MAX && matches!(p, SmItem::Pkt(_)) {
             return false;
         }
         q.push_back(p);
@@ -59,8 +74,8 @@ impl SmQueue {
         true
     }
 
-    /// Takes one packet.
-    pub(crate) fn pop(&self) -> Option<SmPkt> {
+    /// Takes one item.
+    pub(crate) fn pop(&self) -> Option<SmItem> {
         let mut q = self.q.lock().unwrap_or_else(|e| e.into_inner());
         let p = q.pop_front();
         self.pending.store(q.len(), Ordering::Release);
@@ -81,18 +96,22 @@ pub struct SmRouterStats {
     pub invalid_rpc_id_req: u64,
     /// Response for an Rpc id that does not exist (dropped).
     pub invalid_rpc_id_resp: u64,
-    /// Types we never route (unblock, pings).
+    /// Types we never route (unblock), and pings from or to Nexuses we
+    /// cannot answer (no hostname).
     pub unsupported_type: u64,
     /// The Rpc's inbox was full.
     pub queue_full: u64,
 }
 
 /// Routes SM packets to Rpcs by Rpc id: the server's for requests, the
-/// client's for responses.
+/// client's for responses; answers keep-alive pings itself and runs the
+/// Nexus's failure detection ([`SmRouter::tick`]).
 #[derive(Debug)]
 pub struct SmRouter {
     uri: Uri,
+    clock: Clock,
     rpcs: Mutex<Vec<Option<Arc<SmQueue>>>>,
+    live: Mutex<Liveness>,
     delivered: AtomicU64,
     malformed: AtomicU64,
     invalid_rpc_id_req: AtomicU64,
@@ -102,9 +121,16 @@ pub struct SmRouter {
 }
 
 impl SmRouter {
-    pub(crate) fn new(uri: Uri) -> SmRouter {
+    pub(crate) fn new(
+        uri: Uri,
+        clock: Clock,
+        incarnation: u64,
+        failure_timeout_ns: u64,
+    ) -> SmRouter {
         SmRouter {
+            live: Mutex::new(Liveness::new(uri.clone(), incarnation, failure_timeout_ns)),
             uri,
+            clock,
             rpcs: Mutex::new((0..256).map(|_| None).collect()),
             delivered: AtomicU64::new(0),
             malformed: AtomicU64::new(0),
@@ -135,6 +161,96 @@ impl SmRouter {
         self.rpcs.lock().unwrap_or_else(|e| e.into_inner())[usize::from(rpc_id)] = None;
     }
 
+    fn live(&self) -> std::sync::MutexGuard<'_, Liveness> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This Nexus's incarnation (random, non-zero).
+    pub fn incarnation(&self) -> u64 {
+        self.live().incarnation()
+    }
+
+    /// The failure timeout in nanoseconds.
+    pub fn failure_timeout_ns(&self) -> u64 {
+        self.live().failure_timeout_ns()
+    }
+
+    /// How often [`SmRouter::tick`] should be called (the ping interval).
+    pub fn tick_interval_ns(&self) -> u64 {
+        self.live().tick_interval_ns()
+    }
+
+    /// Keep-alive counters.
+    pub fn liveness_stats(&self) -> LivenessStats {
+        self.live().stats()
+    }
+
+    fn rpc_bitmap(&self) -> [u8; EXT_RPC_BITMAP_BYTES] {
+        let mut b = [0u8; EXT_RPC_BITMAP_BYTES];
+        let r = self.rpcs.lock().unwrap_or_else(|e| e.into_inner());
+        for (id, q) in r.iter().enumerate() {
+            if q.is_some() {
+                liveness::set_bit(&mut b, id as u8);
+            }
+        }
+        b
+    }
+
+    /// Tells every Rpc of this Nexus about failed peers.
+    fn broadcast(&self, failed: Vec<PeerFailure>) {
+        if failed.is_empty() {
+            return;
+        }
+        let qs: Vec<Arc<SmQueue>> = self
+            .rpcs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .flatten()
+            .cloned()
+            .collect();
+        for f in failed {
+            tracing::info!(uri = %self.uri, peer = %f.uri, rpc = ?f.rpc_id, "remote declared failed");
+            for q in &qs {
+                q.push(SmItem::PeerFailed(f.clone()));
+            }
+        }
+    }
+
+    /// A session to Rpc `rpc_id` of the erpc-rs Nexus at `uri` (incarnation
+    /// `inc`) is live: ping it from now on.
+    pub(crate) fn track(&self, uri: &Uri, rpc_id: u8, inc: u64) {
+        let now = self.clock.now_ns();
+        let f = self.live().track(uri, rpc_id, inc, now);
+        self.broadcast(f.into_iter().collect());
+    }
+
+    /// A session tracked with [`SmRouter::track`] is gone.
+    pub(crate) fn untrack(&self, uri: &Uri, rpc_id: u8, inc: u64) {
+        self.live().untrack(uri, rpc_id, inc);
+    }
+
+    /// Fault injection: declare the Nexus at `uri` failed now.
+    pub(crate) fn inject_failure(&self, uri: &Uri) {
+        let f = self.live().inject_failure(uri);
+        self.broadcast(vec![f]);
+    }
+
+    /// Failure detection: returns the keep-alive pings due now (to send to
+    /// their URIs) and tells the Rpcs about peers that stayed silent for
+    /// the failure timeout. The SM link calls it at least every
+    /// [`SmRouter::tick_interval_ns`].
+    ///
+    /// Pings are appended to `pings` (a buffer the caller reuses: nothing
+    /// is allocated unless a ping is due or a peer failed).
+    pub fn tick(&self, pings: &mut Vec<(Uri, [u8; SM_PKT_BYTES])>) {
+        let now = self.clock.now_ns();
+        let bitmap = self.rpc_bitmap();
+        let mut failed = Vec::new();
+        self.live().tick(now, &bitmap, pings, &mut failed);
+        self.broadcast(failed);
+    }
+
     /// Handles one received packet. Returns the reply to send, if any,
     /// with its destination.
     pub fn deliver(&self, bytes: &[u8]) -> Option<(Uri, [u8; SM_PKT_BYTES])> {
@@ -150,7 +266,22 @@ impl SmRouter {
         let is_req = match pkt.pkt_type {
             T::ConnectReq | T::DisconnectReq => true,
             T::ConnectResp | T::DisconnectResp => false,
-            T::Unblock | T::PingReq | T::PingResp => {
+            T::PingReq => return self.answer_ping(&pkt),
+            T::PingResp => {
+                let now = self.clock.now_ns();
+                let bitmap = pkt.server.rpc_bitmap();
+                let mut failed = Vec::new();
+                self.live().heard(
+                    &pkt.server,
+                    Some(pkt.uniq_token),
+                    Some(&bitmap),
+                    now,
+                    &mut failed,
+                );
+                self.broadcast(failed);
+                return None;
+            }
+            T::Unblock => {
                 self.unsupported_type.fetch_add(1, Ordering::Relaxed);
                 return None;
             }
@@ -163,7 +294,7 @@ impl SmRouter {
         let q = self.rpcs.lock().unwrap_or_else(|e| e.into_inner())[usize::from(rpc_id)].clone();
         match q {
             Some(q) => {
-                if q.push(pkt) {
+                if q.push(SmItem::Pkt(pkt)) {
                     self.delivered.fetch_add(1, Ordering::Relaxed);
                 } else {
                     self.queue_full.fetch_add(1, Ordering::Relaxed);
@@ -180,6 +311,27 @@ impl SmRouter {
                 None
             }
         }
+    }
+
+    /// Answers a keep-alive ping (any Nexus may ping us; a ping from a peer
+    /// we track also proves it alive).
+    fn answer_ping(&self, pkt: &SmPkt) -> Option<(Uri, [u8; SM_PKT_BYTES])> {
+        let Some(to) = pkt.client.uri() else {
+            self.unsupported_type.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        let bitmap = self.rpc_bitmap();
+        let now = self.clock.now_ns();
+        let mut failed = Vec::new();
+        let inc = {
+            let mut l = self.live();
+            l.answered_ping();
+            l.heard(&pkt.client, None, None, now, &mut failed);
+            l.incarnation()
+        };
+        self.broadcast(failed);
+        debug_assert_eq!(pkt.pkt_type, SmPktType::PingReq);
+        Some((to, liveness::ping_resp(pkt, inc, &bitmap).encode()))
     }
 
     /// A snapshot of the counters.
@@ -242,7 +394,11 @@ impl SmLink for UdpSmLink {
             why: "host does not resolve to an IPv4 address".into(),
         })?;
         let sock = UdpSocket::bind(addr).map_err(|e| io("bind", e))?;
-        sock.set_read_timeout(Some(Duration::from_millis(SM_THREAD_POLL_MS)))
+        // Wake at least once per ping interval to run failure detection.
+        let poll = Duration::from_millis(SM_THREAD_POLL_MS)
+            .min(Duration::from_nanos(router.tick_interval_ns()))
+            .max(Duration::from_millis(1));
+        sock.set_read_timeout(Some(poll))
             .map_err(|e| io("set_read_timeout", e))?;
         let sock = Arc::new(sock);
         *self.socket.lock().unwrap_or_else(|e| e.into_inner()) = Some(sock.clone());
@@ -252,7 +408,14 @@ impl SmLink for UdpSmLink {
             .name(name)
             .spawn(move || {
                 let mut buf = [0u8; 2048];
+                let mut pings = Vec::new();
                 while !stop.load(Ordering::Relaxed) {
+                    router.tick(&mut pings);
+                    for (to, ping) in pings.drain(..) {
+                        if let Some(a) = resolve(&to) {
+                            let _ = sock.send_to(&ping, a);
+                        }
+                    }
                     let n = match sock.recv_from(&mut buf) {
                         Ok((n, _)) => n,
                         Err(_) => continue, // timeout or transient error

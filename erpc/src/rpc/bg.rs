@@ -140,6 +140,14 @@ impl<T: Transport, C> Rpc<T, C> {
             let sl = &s.slots[usize::from(slot)];
             sl.cur_req_num == req_num && sl.server.state == SrvState::Background
         });
+        if live
+            && self.session(session).map(|s| s.state)
+                == Some(crate::session::SessionState::Resetting)
+        {
+            // The client went away while the worker ran.
+            self.bg.scratch.push(large);
+            return self.resetting_slot_done(session, usize::from(slot), Some(resp));
+        }
         if !live {
             self.recycle(resp);
             self.bg.scratch.push(large);

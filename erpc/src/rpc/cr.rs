@@ -43,7 +43,13 @@ impl<T: Transport, C> Rpc<T, C> {
             .expect("dispatch checked the session");
         let slot = &mut s.slots[i];
         if slot.tx_msgbuf.is_none() {
-            return self.stats.drop(DropReason::NoRequestInFlight);
+            return self
+                .stats
+                .drop(if hdr.req_num == slot.client.abandoned_req_num {
+                    DropReason::AbandonedRequest
+                } else {
+                    DropReason::NoRequestInFlight
+                });
         }
         if hdr.req_num != slot.cur_req_num {
             return self.stats.drop(DropReason::StaleReqNum);
@@ -54,7 +60,11 @@ impl<T: Transport, C> Rpc<T, C> {
             return self.stats.drop(DropReason::PktNumOutOfRange);
         }
         if pkt_num != c.num_rx {
-            return self.stats.drop(DropReason::OutOfOrder);
+            return self.stats.drop(if pkt_num < c.num_rx {
+                DropReason::Duplicate
+            } else {
+                DropReason::OutOfOrder
+            });
         }
         c.num_rx += 1;
         c.progress_ns = now;

@@ -1,6 +1,7 @@
-//! The event loop: RX, credit-stall queue, background completions, TX
-//! flush, session management. Continuations and dispatch handlers run
-//! inside it.
+//! The event loop: RX, credit-stall queue, background completions,
+//! session management, the packet-loss scan, TX flush. Continuations and
+//! dispatch handlers run inside it; so do the error continuations and
+//! session events that resets and failures owe the application.
 
 use std::time::Duration;
 
@@ -24,11 +25,18 @@ impl<T: Transport, C> Rpc<T, C> {
         );
         self.in_event_loop = true;
         self.now_ns = self.clock.now_ns();
+        if !self.owed.is_empty() {
+            self.pay_owed(ctx);
+        }
         self.process_rx(ctx);
         self.process_stallq();
         self.process_bg();
         if !self.sm_queue.is_empty() || !self.sm_pending.is_empty() {
-            self.process_sm(ctx);
+            self.process_sm();
+        }
+        self.maybe_pkt_loss_scan();
+        if !self.owed.is_empty() {
+            self.pay_owed(ctx);
         }
         self.flush_tx();
         self.in_event_loop = false;

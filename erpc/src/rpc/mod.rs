@@ -4,13 +4,18 @@
 //! One file per mechanism, as in the C++ eRPC: `req` (requests, both
 //! sides), `resp` (responses), `cr` (explicit credit returns), `rfr`
 //! (requests for response), `tx` (the single TX path), `rx` (packet
-//! dispatch and validation), `ev_loop`, `sm_handlers` (session
-//! management), `bg` (worker-thread handlers).
+//! dispatch and validation), `ev_loop`, `loss` (retransmission timeout and
+//! go-back-N), `reset` (failed peers, session reset and teardown with
+//! requests outstanding), `fault` (fault injection), `sm_handlers`
+//! (session management), `bg` (worker-thread handlers).
 
 mod bg;
 mod cr;
 mod ev_loop;
+mod fault;
+mod loss;
 mod req;
+mod reset;
 mod resp;
 mod rfr;
 mod rx;
@@ -27,10 +32,13 @@ use mempool::{Allocator, Buffer};
 use transport::{MAX_DATA_PER_PKT, RxRing, Transport};
 
 use crate::clock::Clock;
-use crate::consts::{CTRL_BUFS, MAX_RPC_ID, SESSION_CREDITS, SM_RETRY_MS};
+use crate::consts::{
+    CTRL_BUFS, FAILURE_TIMEOUT_MS, MAX_RPC_ID, PKT_LOSS_SCAN_US, RTO_US, SESSION_CREDITS,
+    SM_RETRY_MS,
+};
 use crate::msgbuf::{MsgBuf, MsgBufError, Origin};
 use crate::nexus::{BgDone, HandlerEntry, Job, Nexus, SmQueue};
-use crate::session::Session;
+use crate::session::{self, Session, SessionState};
 use crate::sm_types::{SmErr, TransportType};
 use crate::stats::RpcStats;
 
@@ -105,6 +113,35 @@ pub enum RpcError {
         /// The SM error.
         err: SmErr,
     },
+    /// The session's connect request went unanswered for the connect
+    /// timeout (the request was waiting for it).
+    #[error("session {session} timed out connecting")]
+    TimedOut {
+        /// Session number.
+        session: SessionNum,
+    },
+    /// The remote process (or its Rpc) was declared failed: it answered
+    /// no keep-alive ping for the failure timeout, restarted, or dropped
+    /// the Rpc. The session is gone. The request may or may not have run.
+    #[error("the peer of session {session} failed")]
+    PeerFailed {
+        /// Session number.
+        session: SessionNum,
+    },
+    /// The session was reset ([`Rpc::reset_session`] or fault injection).
+    /// The request may or may not have run.
+    #[error("session {session} was reset")]
+    SessionReset {
+        /// Session number.
+        session: SessionNum,
+    },
+    /// [`Rpc::destroy_session`] was called with the request outstanding.
+    /// The request may or may not have run.
+    #[error("session {session} was destroyed")]
+    SessionDestroyed {
+        /// Session number.
+        session: SessionNum,
+    },
 }
 
 /// A finished request, handed to its continuation.
@@ -124,13 +161,24 @@ pub struct Completion {
 
 /// What happened to a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SessionEventKind {
     /// The server accepted the session.
     Connected,
     /// The session could not be connected (and is gone).
     ConnectFailed(SmErr),
+    /// The connect request went unanswered for the connect timeout (the
+    /// session is gone).
+    ConnectTimedOut,
     /// The session was disconnected (and is gone).
     Disconnected,
+    /// The remote end was declared failed; the session is gone and its
+    /// requests completed with [`RpcError::PeerFailed`]. A new session to
+    /// the same URI may be created (e.g. when the process restarts).
+    PeerFailed,
+    /// The session was reset locally ([`Rpc::reset_session`], fault
+    /// injection) and is gone.
+    Reset,
 }
 
 /// A session event for the application's callback.
@@ -152,6 +200,20 @@ pub struct RpcConfig {
     pub transport_type: TransportType,
     /// SM request retry interval (default 100 ms).
     pub sm_retry_ms: u64,
+    /// Retransmission timeout of a client slot (default 5 ms): a request
+    /// with packets unacknowledged that made no progress for this long is
+    /// rolled back to the last acknowledged packet and retransmitted.
+    pub rto_us: u64,
+    /// How often the event loop scans client slots for the retransmission
+    /// timeout (default 0.5 ms).
+    pub pkt_loss_scan_us: u64,
+    /// A connect request unanswered for this long fails the session with
+    /// [`SessionEventKind::ConnectTimedOut`]; an unanswered disconnect
+    /// request frees the session locally (default 500 ms, the failure
+    /// timeout). Sessions to a C++ eRPC peer (which cannot be pinged) are
+    /// also declared failed when none of their requests made progress for
+    /// this long.
+    pub failure_timeout_ms: u64,
 }
 
 impl Default for RpcConfig {
@@ -160,6 +222,9 @@ impl Default for RpcConfig {
             session_credits: SESSION_CREDITS,
             transport_type: TransportType::Raw,
             sm_retry_ms: SM_RETRY_MS,
+            rto_us: RTO_US,
+            pkt_loss_scan_us: PKT_LOSS_SCAN_US,
+            failure_timeout_ms: FAILURE_TIMEOUT_MS,
         }
     }
 }
@@ -194,6 +259,17 @@ pub enum CreateError {
     /// The transport's TX burst limit is zero or too large.
     #[error("transport tx_burst_max {0} must be in 1..={max}", max = crate::consts::TX_BATCH_MAX)]
     TxBurst(usize),
+    /// Loss-recovery timing out of range.
+    #[error(
+        "retransmission timeout {rto_us} us and loss scan interval {scan_us} us must be \
+         non-zero with the scan shorter than the timeout"
+    )]
+    LossTiming {
+        /// Configured retransmission timeout.
+        rto_us: u64,
+        /// Configured scan interval.
+        scan_us: u64,
+    },
     /// Hugepage memory for control packets.
     #[error(transparent)]
     Alloc(#[from] mempool::AllocError),
@@ -241,6 +317,16 @@ pub enum RespondError {
     /// No memory for the response.
     #[error("no memory for a {0}-byte response")]
     OutOfMemory(usize),
+    /// The session was reset (its client failed or went away) while the
+    /// handler ran: there is nobody to respond to. The response buffer is
+    /// recycled.
+    #[error("session {session} was reset; the response to request {req_num} is discarded")]
+    SessionReset {
+        /// Session.
+        session: SessionNum,
+        /// Request number.
+        req_num: u64,
+    },
 }
 
 /// Session creation or destruction failed.
@@ -289,14 +375,9 @@ pub enum SessionError {
         /// Its state.
         state: crate::SessionState,
     },
-    /// Requests are still in flight or queued.
-    #[error("session {session} has {outstanding} requests outstanding")]
-    Busy {
-        /// Session.
-        session: SessionNum,
-        /// Requests in flight or queued.
-        outstanding: usize,
-    },
+    /// No such session (client or server).
+    #[error("no session {0}")]
+    NoSession(SessionNum),
 }
 
 enum HandlerSlot<T: Transport, C> {
@@ -356,6 +437,15 @@ pub struct Rpc<T: Transport, C> {
     tx_burst_max: usize,
     /// Client slots waiting for credits: (session, slot).
     stallq: Vec<(u16, u8)>,
+    /// Connected client sessions (what the loss scan visits).
+    client_sessions: Vec<u16>,
+    /// Session events and error continuations owed to the application,
+    /// paid at the next event-loop iteration.
+    owed: VecDeque<reset::Owed<T, C>>,
+    /// When the loss scan last ran.
+    last_loss_scan_ns: u64,
+    rto_ns: u64,
+    loss_scan_ns: u64,
     bg: BgState,
     in_event_loop: bool,
     stats: RpcStats,
@@ -402,6 +492,15 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
         let tx_burst_max = transport.tx_burst_max();
         if tx_burst_max == 0 || tx_burst_max > crate::consts::TX_BATCH_MAX {
             return Err(CreateError::TxBurst(tx_burst_max));
+        }
+        if config.rto_us == 0
+            || config.pkt_loss_scan_us == 0
+            || config.pkt_loss_scan_us >= config.rto_us
+        {
+            return Err(CreateError::LossTiming {
+                rto_us: config.rto_us,
+                scan_us: config.pkt_loss_scan_us,
+            });
         }
         let mut handlers = vec![HandlerSlot::None; 256];
         for (t, slot) in handlers.iter_mut().enumerate() {
@@ -460,6 +559,11 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             ctrl_next: 0,
             tx_burst_max,
             stallq: Vec::with_capacity(64),
+            client_sessions: Vec::new(),
+            owed: VecDeque::new(),
+            last_loss_scan_ns: now_ns,
+            rto_ns: config.rto_us * 1000,
+            loss_scan_ns: config.pkt_loss_scan_us * 1000,
             bg: BgState {
                 reply_tx,
                 reply_rx,
@@ -535,6 +639,46 @@ impl<T: Transport, C> Rpc<T, C> {
         self.session(sn).map(|s| s.busy_slots() + s.backlog.len())
     }
 
+    /// Go-back-N rollbacks on a session so far.
+    pub fn session_retransmits(&self, sn: SessionNum) -> Option<u64> {
+        self.session(sn).map(|s| s.retransmits)
+    }
+
+    /// Checks the credit invariant of every connected client session:
+    /// credits plus unacknowledged packets of its slots equal the
+    /// configured credits. For tests (deterministic simulation); returns a
+    /// description of the first violation.
+    pub fn check_credit_invariant(&self) -> Result<(), String> {
+        let max = self.config.session_credits as u32;
+        for s in self.sessions.iter().flatten() {
+            if s.role != session::Role::Client {
+                continue;
+            }
+            let out: u32 = s
+                .slots
+                .iter()
+                .filter(|sl| sl.tx_msgbuf.is_some())
+                .map(|sl| sl.client.num_tx - sl.client.num_rx)
+                .sum();
+            if s.credits + out != max {
+                return Err(format!(
+                    "session {}: {} credits + {} unacknowledged != {}",
+                    s.local_num, s.credits, out, max
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Session numbers of every session (client and server, any state).
+    pub fn session_nums(&self) -> Vec<SessionNum> {
+        self.sessions
+            .iter()
+            .flatten()
+            .map(|s| s.local_num)
+            .collect()
+    }
+
     /// Allocates a msgbuf of capacity `max_data_bytes` (up to
     /// [`crate::MAX_MSG_BYTES`]); its size starts at the capacity.
     pub fn alloc_msg_buffer(&mut self, max_data_bytes: usize) -> Result<MsgBuf, MsgBufError> {
@@ -588,12 +732,35 @@ impl<T: Transport, C> Rpc<T, C> {
 }
 
 impl<T: Transport, C> Drop for Rpc<T, C> {
+    /// Gives everything back: sessions stop being pinged, connected client
+    /// sessions get one best-effort disconnect request (the server frees
+    /// its end if it arrives; otherwise its keep-alive notices this Rpc is
+    /// gone), background jobs still at workers are waited for, and every
+    /// buffer returns to the allocator. Owed continuations do not run (there
+    /// is no context); their buffers are freed.
     fn drop(&mut self) {
+        let connected: Vec<u16> = self
+            .sessions
+            .iter()
+            .flatten()
+            .filter(|s| s.role == session::Role::Client && s.state == SessionState::Connected)
+            .map(|s| s.local_num)
+            .collect();
+        for sn in connected {
+            self.send_disconnect_once(sn);
+        }
         self.nexus.unregister_rpc(self.rpc_id);
-        // Give every buffer back so the allocator can release its regions.
+        // Let the transport let go of every buffer before they are freed.
+        self.tx.clear();
+        self.transport.tx_flush();
         let sessions = std::mem::take(&mut self.sessions);
         for s in sessions.into_iter().flatten() {
             let s = *s;
+            if s.tracked {
+                self.nexus
+                    .router()
+                    .untrack(&s.remote_uri, s.remote_rpc_id(), s.remote_incarnation);
+            }
             for slot in s.slots {
                 for m in [
                     slot.tx_msgbuf,
@@ -612,9 +779,28 @@ impl<T: Transport, C> Drop for Rpc<T, C> {
                 self.alloc.free(p.resp.into_buffer());
             }
         }
+        for o in std::mem::take(&mut self.owed) {
+            if let reset::Owed::Failed(f) = o {
+                self.alloc.free(f.req.into_buffer());
+                self.alloc.free(f.resp.into_buffer());
+            }
+        }
         for j in std::mem::take(&mut self.bg.backlog) {
             self.alloc.free(j.req.into_buffer());
             self.alloc.free(j.resp.into_buffer());
+        }
+        // Jobs at workers come back through the reply queue; workers never
+        // block on it for long (it is sized for every job), so waiting for
+        // them ends.
+        while self.bg.outstanding > 0 {
+            match self.bg.reply_rx.recv() {
+                Ok(d) => {
+                    self.bg.outstanding -= 1;
+                    self.alloc.free(d.req.into_buffer());
+                    self.alloc.free(d.resp.into_buffer());
+                }
+                Err(_) => break,
+            }
         }
         while let Ok(d) = self.bg.reply_rx.try_recv() {
             self.alloc.free(d.req.into_buffer());

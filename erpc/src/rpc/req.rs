@@ -49,7 +49,7 @@ impl<T: Transport, C> Rpc<T, C> {
             return err(EnqueueErrorKind::NotClient, req, resp);
         }
         let slot = match s.state {
-            SessionState::DisconnectInProgress => {
+            SessionState::DisconnectInProgress | SessionState::Resetting => {
                 return err(EnqueueErrorKind::Disconnecting, req, resp);
             }
             SessionState::ConnectInProgress => None,
@@ -131,6 +131,8 @@ impl<T: Transport, C> Rpc<T, C> {
         c.num_rx = 0;
         c.progress_ns = now;
         c.enqueue_ns = now;
+        c.retx_ns = 0;
+        c.retransmits = 0;
         slot.tx_msgbuf = Some(req);
         self.kick(session, i as u8);
     }
@@ -321,7 +323,11 @@ impl<T: Transport, C> Rpc<T, C> {
             if sv.state == SrvState::Responded {
                 self.stats.rx_accepted += 1;
                 self.stats.dup_req_resp_resent += 1;
-                return self.enqueue_msg_pkt(sn, i as u8, 0, hdr.req_num);
+                self.enqueue_msg_pkt(sn, i as u8, 0, hdr.req_num);
+                // The response buffer is recycled when the client's next
+                // request shows it arrived: by then the NIC must not still
+                // hold this extra copy.
+                return self.drain_tx();
             }
             return self.stats.drop(DropReason::DupReqInProgress);
         }

@@ -65,6 +65,10 @@ impl<T: Transport, C> Rpc<T, C> {
             self.recycle(resp);
             return Err(stale);
         }
+        if s.state == crate::session::SessionState::Resetting {
+            self.resetting_slot_done(h.session, usize::from(h.slot), Some(resp));
+            return Err(Self::reset_respond_error(h.session, h.req_num));
+        }
         let route = s.route.as_ref().expect("server session has a route");
         let sv = &mut slot.server;
         let base = sv.req_pkts - 1;
@@ -108,6 +112,11 @@ impl<T: Transport, C> Rpc<T, C> {
             .as_deref_mut()
             .expect("dispatch checked the session");
         let slot = &mut s.slots[i];
+        if hdr.req_num == slot.client.abandoned_req_num {
+            // The request completed with an error; its slot may carry
+            // another request by now.
+            return self.stats.drop(DropReason::AbandonedRequest);
+        }
         if slot.tx_msgbuf.is_none() {
             return self.stats.drop(DropReason::NoRequestInFlight);
         }
@@ -120,7 +129,11 @@ impl<T: Transport, C> Rpc<T, C> {
             return self.stats.drop(DropReason::PktNumOutOfRange);
         }
         if pkt_num != c.num_rx {
-            return self.stats.drop(DropReason::OutOfOrder);
+            return self.stats.drop(if pkt_num < c.num_rx {
+                DropReason::Duplicate
+            } else {
+                DropReason::OutOfOrder
+            });
         }
         if msg_size > MAX_MSG_BYTES {
             return self.stats.drop(DropReason::MsgTooLarge);

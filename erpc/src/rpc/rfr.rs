@@ -46,9 +46,13 @@ impl<T: Transport, C> Rpc<T, C> {
         if pkt_num == sv.next_rfr {
             sv.next_rfr += 1;
             sv.progress_ns = now;
+            self.enqueue_msg_pkt(sn, i as u8, resp_idx, hdr.req_num);
         } else {
+            // A retransmitted RFR: send the packet again, and let the NIC
+            // go of it before the response buffer can be recycled.
             self.stats.dup_rfr_resent += 1;
+            self.enqueue_msg_pkt(sn, i as u8, resp_idx, hdr.req_num);
+            self.drain_tx();
         }
-        self.enqueue_msg_pkt(sn, i as u8, resp_idx, hdr.req_num);
     }
 }

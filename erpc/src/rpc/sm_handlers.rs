@@ -1,15 +1,19 @@
 //! Session management at the Rpc: `create_session`, `destroy_session`,
 //! and the handlers of connect/disconnect requests and responses that the
 //! Nexus routes here. Requests are retried every `sm_retry_ms` until
-//! answered; the server deduplicates connect requests by the client's
-//! unique token and answers duplicate disconnect requests again.
+//! answered or until the failure timeout (a connect then fails with
+//! `ConnectTimedOut`; a disconnect frees the session locally); the server
+//! deduplicates connect requests by the client's unique token and answers
+//! duplicate disconnect requests again. Established sessions to erpc-rs
+//! peers are registered with the Nexus's keep-alive pings.
 
 use transport::{MAX_DATA_PER_PKT, Transport};
 
-use super::{Completion, Rpc, RpcError, SessionError, SessionEvent, SessionEventKind, SessionNum};
+use super::reset::{FailedReq, Owed};
+use super::{Rpc, RpcError, SessionError, SessionEventKind, SessionNum};
 use crate::consts::{MAX_RPC_ID, MAX_SESSIONS, SESSION_NUM_QUARANTINE_MS};
 use crate::msgbuf::{MsgBuf, Origin};
-use crate::nexus::Uri;
+use crate::nexus::{SmItem, Uri};
 use crate::session::{Role, Session, SessionState, SrvState};
 use crate::sm_types::{SmEndpoint, SmErr, SmPkt, SmPktType};
 use crate::stats::DropReason;
@@ -29,6 +33,7 @@ impl<T: Transport, C> Rpc<T, C> {
         };
         ep.set_hostname(&self.nexus.uri().host)
             .expect("Nexus URIs are checked to fit");
+        ep.set_incarnation(self.nexus.incarnation());
         ep
     }
 
@@ -103,7 +108,9 @@ impl<T: Transport, C> Rpc<T, C> {
             server_ep,
             self.config.session_credits as u32,
         );
-        s.sm_pending_since_ns = Some(self.clock.now_ns());
+        let now = self.clock.now_ns();
+        s.sm_pending_since_ns = Some(now);
+        s.sm_first_sent_ns = now;
         self.sessions[usize::from(sn)] = Some(Box::new(s));
         self.open_sessions += 1;
         self.ring_entries_available -= self.config.session_credits;
@@ -112,9 +119,12 @@ impl<T: Transport, C> Rpc<T, C> {
         Ok(sn)
     }
 
-    /// Starts disconnecting client session `sn`, which must be connected
-    /// with no request in flight or queued. The session-event callback
-    /// reports `Disconnected`.
+    /// Starts disconnecting client session `sn`, which must be connected.
+    /// Requests still in flight or queued on it complete with
+    /// [`RpcError::SessionDestroyed`] (their continuations run in the next
+    /// event-loop iteration). The session-event callback reports
+    /// `Disconnected` when the server answers (or after the failure
+    /// timeout if it never does).
     pub fn destroy_session(&mut self, sn: SessionNum) -> Result<(), SessionError> {
         let now = self.clock.now_ns();
         let Some(s) = self.session_mut(sn).filter(|s| s.role == Role::Client) else {
@@ -126,18 +136,31 @@ impl<T: Transport, C> Rpc<T, C> {
                 state: s.state,
             });
         }
-        let outstanding = s.busy_slots() + s.backlog.len();
-        if outstanding != 0 {
-            return Err(SessionError::Busy {
-                session: sn,
-                outstanding,
-            });
-        }
         s.state = SessionState::DisconnectInProgress;
         s.sm_pending_since_ns = Some(now);
+        s.sm_first_sent_ns = now;
+        self.client_sessions.retain(|&x| x != sn);
+        self.fail_outstanding(sn, RpcError::SessionDestroyed { session: sn });
         self.sm_pending.push(sn);
         self.send_sm_req(sn);
         Ok(())
+    }
+
+    /// One disconnect request for a connected client session, not retried
+    /// (a reset, an Rpc going away): the server frees its end if it
+    /// arrives.
+    pub(crate) fn send_disconnect_once(&mut self, sn: SessionNum) {
+        let Some(s) = self.session(sn) else { return };
+        let pkt = SmPkt {
+            pkt_type: SmPktType::DisconnectReq,
+            err: SmErr::NoError,
+            uniq_token: s.uniq_token,
+            client: s.client_ep,
+            server: s.server_ep,
+        };
+        let to = s.remote_uri.clone();
+        self.stats.sm_tx += 1;
+        self.nexus.sm_send(&to, &pkt.encode());
     }
 
     /// Sends (or resends) the SM request of client session `sn`.
@@ -146,7 +169,7 @@ impl<T: Transport, C> Rpc<T, C> {
         let pkt_type = match s.state {
             SessionState::ConnectInProgress => SmPktType::ConnectReq,
             SessionState::DisconnectInProgress => SmPktType::DisconnectReq,
-            SessionState::Connected => return,
+            SessionState::Connected | SessionState::Resetting => return,
         };
         let pkt = SmPkt {
             pkt_type,
@@ -168,17 +191,25 @@ impl<T: Transport, C> Rpc<T, C> {
         self.nexus.sm_send(&to, &pkt.encode());
     }
 
-    /// Handles queued SM packets and retries overdue SM requests.
-    pub(crate) fn process_sm(&mut self, ctx: &mut C) {
+    /// Handles queued SM packets and failure notices, and retries (or
+    /// gives up on) overdue SM requests.
+    pub(crate) fn process_sm(&mut self) {
         for _ in 0..SM_PER_LOOP_MAX {
-            let Some(pkt) = self.sm_queue.pop() else {
+            let Some(item) = self.sm_queue.pop() else {
                 break;
+            };
+            let pkt = match item {
+                SmItem::Pkt(p) => p,
+                SmItem::PeerFailed(f) => {
+                    self.handle_peer_failed(&f);
+                    continue;
+                }
             };
             match pkt.pkt_type {
                 SmPktType::ConnectReq => self.handle_connect_req(&pkt),
                 SmPktType::DisconnectReq => self.handle_disconnect_req(&pkt),
-                SmPktType::ConnectResp => self.handle_connect_resp(ctx, &pkt),
-                SmPktType::DisconnectResp => self.handle_disconnect_resp(ctx, &pkt),
+                SmPktType::ConnectResp => self.handle_connect_resp(&pkt),
+                SmPktType::DisconnectResp => self.handle_disconnect_resp(&pkt),
                 _ => self.stats.drop(DropReason::SmUnexpected),
             }
         }
@@ -187,11 +218,31 @@ impl<T: Transport, C> Rpc<T, C> {
         }
         let now = self.clock.now_ns();
         let retry_ns = self.config.sm_retry_ms * 1_000_000;
-        for k in 0..self.sm_pending.len() {
+        let timeout_ns = self.config.failure_timeout_ms * 1_000_000;
+        let mut k = 0;
+        while k < self.sm_pending.len() {
             let sn = self.sm_pending[k];
-            let due = self
-                .session_mut(sn)
-                .and_then(|s| s.sm_pending_since_ns.as_mut())
+            k += 1;
+            let Some(s) = self.session_mut(sn) else {
+                continue;
+            };
+            if now.saturating_sub(s.sm_first_sent_ns) >= timeout_ns {
+                let state = s.state;
+                self.stats.sm_timeouts += 1;
+                k -= 1;
+                self.sm_pending.remove(k);
+                match state {
+                    SessionState::ConnectInProgress => {
+                        self.reset_client_session(sn, super::reset::ResetCause::ConnectTimedOut)
+                    }
+                    SessionState::DisconnectInProgress => self.finish_disconnect(sn),
+                    SessionState::Connected | SessionState::Resetting => {}
+                }
+                continue;
+            }
+            let due = s
+                .sm_pending_since_ns
+                .as_mut()
                 .filter(|t| now.saturating_sub(**t) >= retry_ns)
                 .map(|t| *t = now)
                 .is_some();
@@ -270,13 +321,33 @@ impl<T: Transport, C> Rpc<T, C> {
         for (slot, m) in s.slots.iter_mut().zip(pre) {
             slot.server.pre_resp = Some(m);
         }
+        s.remote_incarnation = pkt.client.incarnation();
         self.sessions[usize::from(sn)] = Some(Box::new(s));
         self.open_sessions += 1;
         self.ring_entries_available -= self.config.session_credits;
         self.token_map.insert(pkt.uniq_token, sn);
+        self.track_session(sn);
         let mut r = pkt.response(SmErr::NoError);
         r.server = server_ep;
         self.send_sm(&r);
+    }
+
+    /// Registers an established session with the Nexus's keep-alive pings
+    /// (erpc-rs peers only: a C++ peer carries no incarnation).
+    fn track_session(&mut self, sn: SessionNum) {
+        let Some(s) = self.session_mut(sn) else {
+            return;
+        };
+        if s.remote_incarnation == 0 || s.tracked {
+            return;
+        }
+        s.tracked = true;
+        let (uri, rpc_id, inc) = (
+            s.remote_uri.clone(),
+            s.remote_rpc_id(),
+            s.remote_incarnation,
+        );
+        self.nexus.router().track(&uri, rpc_id, inc);
     }
 
     /// The client session `sn` for an SM response, if it matches.
@@ -286,13 +357,13 @@ impl<T: Transport, C> Rpc<T, C> {
         (s.role == Role::Client && s.state == state && s.uniq_token == pkt.uniq_token).then_some(sn)
     }
 
-    fn handle_connect_resp(&mut self, ctx: &mut C, pkt: &SmPkt) {
+    fn handle_connect_resp(&mut self, pkt: &SmPkt) {
         let Some(sn) = self.client_session_for(pkt, SessionState::ConnectInProgress) else {
             return self.stats.drop(DropReason::SmStale);
         };
         self.sm_pending.retain(|&x| x != sn);
         if pkt.err != SmErr::NoError {
-            return self.fail_connect(ctx, sn, pkt.err);
+            return self.fail_connect(sn, pkt.err);
         }
         let now = self.clock.now_ns();
         match self.transport.resolve(&pkt.server.routing()) {
@@ -300,10 +371,13 @@ impl<T: Transport, C> Rpc<T, C> {
                 let s = self.session_mut(sn).expect("matched above");
                 s.server_ep = pkt.server;
                 s.remote_num = pkt.server.session_num;
+                s.remote_incarnation = pkt.server.incarnation();
                 s.route = Some(route);
                 s.state = SessionState::Connected;
                 s.sm_pending_since_ns = None;
-                self.session_event(ctx, sn, SessionEventKind::Connected);
+                self.client_sessions.push(sn);
+                self.track_session(sn);
+                self.owe_event(sn, SessionEventKind::Connected);
                 self.drain_backlog(sn);
             }
             Err(e) => {
@@ -316,6 +390,7 @@ impl<T: Transport, C> Rpc<T, C> {
                 s.connect_fail = Some(SmErr::RoutingResolutionFailure);
                 s.state = SessionState::DisconnectInProgress;
                 s.sm_pending_since_ns = Some(now);
+                s.sm_first_sent_ns = now;
                 self.sm_pending.push(sn);
                 self.send_sm_req(sn);
             }
@@ -328,62 +403,59 @@ impl<T: Transport, C> Rpc<T, C> {
             .session(sn)
             .is_some_and(|s| s.role == Role::Server && s.uniq_token == pkt.uniq_token);
         if matches {
-            self.free_session(sn);
+            // Handlers still running keep the session (Resetting) until
+            // they respond.
+            self.retire_server_session(sn);
         }
         // Answer duplicates too: the first response may have been lost.
         self.send_sm(&pkt.response(SmErr::NoError));
     }
 
-    fn handle_disconnect_resp(&mut self, ctx: &mut C, pkt: &SmPkt) {
+    fn handle_disconnect_resp(&mut self, pkt: &SmPkt) {
         let Some(sn) = self.client_session_for(pkt, SessionState::DisconnectInProgress) else {
             return self.stats.drop(DropReason::SmStale);
         };
         self.sm_pending.retain(|&x| x != sn);
+        self.finish_disconnect(sn);
+    }
+
+    /// A client disconnect is over (answered, or timed out): free the
+    /// session and report it.
+    fn finish_disconnect(&mut self, sn: SessionNum) {
         let fail = self.session(sn).and_then(|s| s.connect_fail);
         match fail {
-            Some(err) => self.fail_connect(ctx, sn, err),
+            Some(err) => self.fail_connect(sn, err),
             None => {
                 self.free_session(sn);
-                self.session_event(ctx, sn, SessionEventKind::Disconnected);
+                self.owe_event(sn, SessionEventKind::Disconnected);
             }
         }
     }
 
     /// Frees a client session that could not connect, failing the requests
-    /// that waited for it.
-    fn fail_connect(&mut self, ctx: &mut C, sn: SessionNum, err: SmErr) {
+    /// that waited for it (in the next event-loop iteration).
+    fn fail_connect(&mut self, sn: SessionNum, err: SmErr) {
         let backlog = match self.session_mut(sn) {
             Some(s) => std::mem::take(&mut s.backlog),
             None => return,
         };
         self.free_session(sn);
-        self.session_event(ctx, sn, SessionEventKind::ConnectFailed(err));
+        self.owe_event(sn, SessionEventKind::ConnectFailed(err));
         for p in backlog {
-            self.stats.reqs_completed += 1;
-            self.stats.reqs_failed += 1;
-            (p.cont)(
-                self,
-                ctx,
-                Completion {
-                    tag: p.tag,
-                    session: sn,
-                    req: p.req,
-                    resp: p.resp,
-                    result: Err(RpcError::ConnectFailed { session: sn, err }),
-                },
-            );
+            self.owed.push_back(Owed::Failed(FailedReq {
+                session: sn,
+                req: p.req,
+                resp: p.resp,
+                cont: p.cont,
+                tag: p.tag,
+                err: RpcError::ConnectFailed { session: sn, err },
+            }));
         }
     }
 
-    fn session_event(&mut self, ctx: &mut C, session: SessionNum, kind: SessionEventKind) {
-        if let Some(h) = self.sm_handler {
-            h(self, ctx, SessionEvent { session, kind });
-        }
-    }
-
-    /// Releases a session and everything it holds. Buffers of requests
-    /// still at a worker come back (and are freed) when the worker is done.
-    fn free_session(&mut self, sn: SessionNum) {
+    /// Releases a session and everything it holds. A server session's
+    /// running handlers must be done (see `reset_server_session`).
+    pub(crate) fn free_session(&mut self, sn: SessionNum) {
         let Some(s) = self
             .sessions
             .get_mut(usize::from(sn))
@@ -393,14 +465,25 @@ impl<T: Transport, C> Rpc<T, C> {
         };
         let s = *s;
         debug_assert_eq!(s.local_num, sn);
-        if s.role == Role::Server {
-            self.token_map.remove(&s.uniq_token);
+        if s.tracked {
+            self.nexus
+                .router()
+                .untrack(&s.remote_uri, s.remote_rpc_id(), s.remote_incarnation);
         }
-        self.open_sessions -= 1;
-        self.ring_entries_available += self.config.session_credits;
+        // A Resetting session already gave back its reservation and token.
+        if s.state != SessionState::Resetting {
+            if s.role == Role::Server && self.token_map.get(&s.uniq_token) == Some(&sn) {
+                self.token_map.remove(&s.uniq_token);
+            }
+            self.open_sessions -= 1;
+            self.ring_entries_available += self.config.session_credits;
+        }
         let now = self.clock.now_ns();
         self.free_session_nums.push_back((sn, now));
         self.sm_pending.retain(|&x| x != sn);
+        if s.role == Role::Client {
+            self.client_sessions.retain(|&x| x != sn);
+        }
         for slot in s.slots {
             debug_assert!(slot.server.state != SrvState::InHandler);
             for m in [

@@ -6,11 +6,19 @@
 //! slot, packet index, request number), like the C++ `tx_burst_arr`;
 //! `flush_tx` resolves the names into [`TxItem`]s, skipping (and counting)
 //! any whose message is gone.
+//!
+//! Packets the transport refuses (its queue is full) stay in the batch, in
+//! order, for the next flush. Only when the batch is full, the transport
+//! still refuses after [`TX_REFUSED_TRIES`] flushes of its queue, and a
+//! new packet must be queued, is the oldest packet given up — counted in
+//! `tx_given_up` and resent by loss recovery like a packet lost on the
+//! wire (the client's retransmission timeout; the server answers the
+//! retransmitted request again). Nothing vanishes uncounted.
 
 use transport::{HEADROOM_BYTES, PKTHDR_BYTES, Transport, TxItem};
 
 use super::{CTRL_SLOT_BYTES, Rpc};
-use crate::consts::{CTRL_BUFS, TX_BATCH_MAX};
+use crate::consts::{CTRL_BUFS, TX_BATCH_MAX, TX_REFUSED_TRIES};
 use crate::pkthdr::PktHdr;
 
 /// What a batch entry sends.
@@ -44,10 +52,6 @@ pub(crate) struct TxBatch {
 const TX_CHUNK_MAX: usize = 16;
 const _: () = assert!(TX_CHUNK_MAX <= TX_BATCH_MAX);
 
-/// Tries of a burst the transport keeps refusing before its packets are
-/// given up (they are then lost, as on a congested link).
-const TX_REFUSED_RETRIES: usize = 64;
-
 impl TxBatch {
     pub(crate) fn new() -> TxBatch {
         TxBatch {
@@ -76,9 +80,9 @@ impl TxBatch {
         self.len += 1;
     }
 
-    #[inline]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
+    /// Forgets everything queued (the Rpc is going away).
+    pub(crate) fn clear(&mut self) {
+        self.len = 0;
     }
 }
 
@@ -87,7 +91,27 @@ impl<T: Transport, C> Rpc<T, C> {
     #[inline]
     pub(crate) fn tx_make_room(&mut self) {
         if self.tx.room() == 0 {
+            self.tx_make_room_slow();
+        }
+    }
+
+    #[cold]
+    fn tx_make_room_slow(&mut self) {
+        self.flush_tx();
+        for _ in 0..TX_REFUSED_TRIES {
+            if self.tx.room() != 0 {
+                return;
+            }
+            // The transport's queue is full: wait for it to drain.
+            self.transport.tx_flush();
+            self.stats.tx_flushes += 1;
             self.flush_tx();
+        }
+        if self.tx.room() == 0 {
+            // Give the oldest packet up to loss recovery.
+            self.tx.entries.copy_within(1..self.tx.len, 0);
+            self.tx.len -= 1;
+            self.stats.tx_given_up += 1;
         }
     }
 
@@ -135,29 +159,42 @@ impl<T: Transport, C> Rpc<T, C> {
     }
 
     /// Sends everything queued, in bursts of at most `tx_burst_max`.
+    /// Packets the transport refuses stay queued, in order.
     pub(crate) fn flush_tx(&mut self) {
-        if self.tx.is_empty() {
+        let n = self.tx.len;
+        if n == 0 {
             return;
         }
-        let n = self.tx.len;
-        self.tx.len = 0;
         let chunk = self.tx_burst_max.min(TX_CHUNK_MAX);
-        let mut start = 0;
-        while start < n {
-            let end = (start + chunk).min(n);
-            self.flush_range(start, end);
-            start = end;
+        let mut done = 0;
+        while done < n {
+            let end = (done + chunk).min(n);
+            let consumed = self.flush_range(done, end);
+            done += consumed;
+            if done < end {
+                break;
+            }
         }
+        if done < n {
+            self.stats.tx_refused += (n - done) as u64;
+            self.tx.entries.copy_within(done..n, 0);
+        }
+        self.tx.len = n - done;
     }
 
-    fn flush_range(&mut self, start: usize, end: usize) {
+    /// Hands entries `start..end` to the transport. Returns how many
+    /// entries, from `start`, were consumed (sent or skipped as stale); the
+    /// rest were refused.
+    fn flush_range(&mut self, start: usize, end: usize) -> usize {
         debug_assert!(end - start <= TX_CHUNK_MAX);
         let ctrl = self.ctrl.as_ref().expect("control buffer lives until drop");
         let ctrl_bytes = ctrl.as_slice();
         let mut items: [Option<TxItem<'_, T::Route>>; TX_CHUNK_MAX] =
             [const { None }; TX_CHUNK_MAX];
+        // Entry index of each item, to know what a partial burst consumed.
+        let mut entry_of = [0u8; TX_CHUNK_MAX];
         let mut k = 0;
-        for e in &self.tx.entries[start..end] {
+        for (j, e) in self.tx.entries[start..end].iter().enumerate() {
             let Some(s) = self
                 .sessions
                 .get(usize::from(e.session))
@@ -170,6 +207,12 @@ impl<T: Transport, C> Rpc<T, C> {
                 self.stats.tx_stale += 1;
                 continue;
             };
+            // Fault injection: one predictable branch when unused.
+            let drop = s.fault_drop_tx.get() != 0;
+            if drop {
+                s.fault_drop_tx.set(s.fault_drop_tx.get() - 1);
+                self.stats.tx_fault_dropped += 1;
+            }
             let item = match e.kind {
                 TxKind::Ctrl(c) => {
                     let o = usize::from(c) * CTRL_SLOT_BYTES;
@@ -180,7 +223,7 @@ impl<T: Transport, C> Rpc<T, C> {
                         data: &[],
                         data_iova: 0,
                         lkey: ctrl.lkey(),
-                        drop: false,
+                        drop,
                     }
                 }
                 TxKind::Msg => {
@@ -201,29 +244,28 @@ impl<T: Transport, C> Rpc<T, C> {
                         data,
                         data_iova,
                         lkey: m.lkey(),
-                        drop: false,
+                        drop,
                     }
                 }
             };
             items[k] = Some(item);
+            entry_of[k] = j as u8;
             k += 1;
         }
         let Some(pad) = items[0].clone() else {
-            return;
+            return end - start;
         };
         // A contiguous array for the transport; slots past `k` are padding
         // that is never passed on.
         let burst: [TxItem<'_, T::Route>; TX_CHUNK_MAX] =
             std::array::from_fn(|j| items[j].take().unwrap_or_else(|| pad.clone()));
-        let mut sent = 0;
-        for _ in 0..TX_REFUSED_RETRIES {
-            sent += self.transport.tx_burst(&burst[sent..k]);
-            self.stats.tx_bursts += 1;
-            if sent == k {
-                break;
-            }
-        }
+        let sent = self.transport.tx_burst(&burst[..k]).min(k);
+        self.stats.tx_bursts += 1;
         self.stats.tx_pkts += sent as u64;
-        self.stats.tx_refused += (k - sent) as u64;
+        if sent == k {
+            end - start
+        } else {
+            usize::from(entry_of[sent])
+        }
     }
 }

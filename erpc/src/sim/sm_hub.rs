@@ -1,10 +1,13 @@
 //! Session management without sockets or threads: SM packets between the
-//! Nexuses of one simulation travel through this hub with a delay and
-//! optional loss, and are delivered when the virtual clock passes their
-//! due time ([`SimSmHub::deliver_due`], called by `SimNet::advance`).
+//! Nexuses of one simulation travel through this hub with a delay, random
+//! extra delay (which reorders them), and optional loss and duplication,
+//! and are delivered when the virtual clock passes their due time
+//! ([`SimSmHub::deliver_due`], called by `SimNet::advance`). The hub also
+//! runs each Nexus's failure detection on the virtual clock (the job of
+//! the SM thread in production), and can cut a Nexus off (a crash).
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
@@ -18,6 +21,9 @@ use crate::sm_types::SM_PKT_BYTES;
 pub struct SmHubConfig {
     /// One-way delay of an SM packet.
     pub delay_ns: u64,
+    /// Extra random delay in `0..=jitter_ns` per packet (independently, so
+    /// packets may overtake each other).
+    pub jitter_ns: u64,
     /// Loss probability per million packets.
     pub loss_ppm: u32,
     /// Duplication probability per million packets.
@@ -28,6 +34,7 @@ impl Default for SmHubConfig {
     fn default() -> Self {
         SmHubConfig {
             delay_ns: 20_000,
+            jitter_ns: 0,
             loss_ppm: 0,
             dup_ppm: 0,
         }
@@ -47,6 +54,8 @@ pub struct SmHubStats {
     pub duplicated: u64,
     /// Addressed to a URI no Nexus has.
     pub no_such_nexus: u64,
+    /// Dropped because the sender or receiver is cut off.
+    pub blackholed: u64,
 }
 
 struct Pending {
@@ -54,6 +63,17 @@ struct Pending {
     seq: u64,
     to: Uri,
     pkt: [u8; SM_PKT_BYTES],
+}
+
+/// The sender of an SM packet (the client endpoint of requests, the server
+/// endpoint of responses, as the SM thread routes them).
+fn sender(pkt: &[u8; SM_PKT_BYTES]) -> Option<Uri> {
+    let p = crate::sm_types::SmPkt::decode(pkt).ok()?;
+    if p.pkt_type.is_req() {
+        p.client.uri()
+    } else {
+        p.server.uri()
+    }
 }
 
 impl PartialEq for Pending {
@@ -75,6 +95,10 @@ impl Ord for Pending {
 
 struct HubInner {
     routers: BTreeMap<Uri, Arc<SmRouter>>,
+    cut_off: BTreeSet<Uri>,
+    last_tick_ns: u64,
+    /// Reused buffer of pings due.
+    pings: Vec<(Uri, [u8; SM_PKT_BYTES])>,
     q: BinaryHeap<Reverse<Pending>>,
     rng: Rng,
     cfg: SmHubConfig,
@@ -101,6 +125,9 @@ impl SimSmHub {
             clock,
             inner: Mutex::new(HubInner {
                 routers: BTreeMap::new(),
+                cut_off: BTreeSet::new(),
+                last_tick_ns: 0,
+                pings: Vec::new(),
                 q: BinaryHeap::new(),
                 rng: Rng::new(seed),
                 cfg,
@@ -129,9 +156,26 @@ impl SimSmHub {
         self.lock().q.peek().map(|p| p.0.at_ns)
     }
 
+    /// Cuts the Nexus at `uri` off (`true`: every SM packet to or from it
+    /// is dropped, as when its process crashes) or reconnects it.
+    pub fn set_cut_off(&self, uri: &Uri, cut: bool) {
+        let mut g = self.lock();
+        if cut {
+            g.cut_off.insert(uri.clone());
+        } else {
+            g.cut_off.remove(uri);
+        }
+    }
+
     fn push(g: &mut HubInner, now_ns: u64, to: Uri, pkt: [u8; SM_PKT_BYTES]) {
         g.stats.sent += 1;
         let cfg = g.cfg;
+        if !g.cut_off.is_empty()
+            && (g.cut_off.contains(&to) || sender(&pkt).is_some_and(|u| g.cut_off.contains(&u)))
+        {
+            g.stats.blackholed += 1;
+            return;
+        }
         if g.rng.chance_ppm(cfg.loss_ppm) {
             g.stats.lost += 1;
             return;
@@ -145,8 +189,13 @@ impl SimSmHub {
         for _ in 0..copies {
             g.seq += 1;
             let seq = g.seq;
+            let jitter = if cfg.jitter_ns > 0 {
+                g.rng.below(cfg.jitter_ns + 1)
+            } else {
+                0
+            };
             g.q.push(Reverse(Pending {
-                at_ns: now_ns + cfg.delay_ns,
+                at_ns: now_ns + cfg.delay_ns + jitter,
                 seq,
                 to: to.clone(),
                 pkt,
@@ -155,10 +204,31 @@ impl SimSmHub {
     }
 
     /// Delivers every packet due by `now_ns` (replies the routers produce
-    /// are sent through the hub in turn). Bounded by the packets queued at
-    /// entry plus the replies they cause.
+    /// are sent through the hub in turn), then runs every Nexus's failure
+    /// detection. Bounded by the packets queued at entry plus the replies
+    /// they cause.
     pub fn deliver_due(&self, now_ns: u64) {
         let mut g = self.lock();
+        // Failure detection at a bounded cadence of virtual time (a
+        // quarter of the shortest ping interval, at most 1 ms), as the SM
+        // thread's wake-ups do in production.
+        let min_interval = g
+            .routers
+            .values()
+            .map(|r| r.tick_interval_ns())
+            .min()
+            .unwrap_or(u64::MAX);
+        if now_ns.saturating_sub(g.last_tick_ns) >= (min_interval / 4).min(1_000_000) {
+            g.last_tick_ns = now_ns;
+            let mut pings = std::mem::take(&mut g.pings);
+            for r in g.routers.values() {
+                r.tick(&mut pings);
+            }
+            for (to, ping) in pings.drain(..) {
+                Self::push(&mut g, now_ns, to, ping);
+            }
+            g.pings = pings;
+        }
         let bound = 2 * g.q.len() + 1;
         for _ in 0..bound {
             match g.q.peek() {
@@ -166,6 +236,10 @@ impl SimSmHub {
                 _ => break,
             }
             let Some(Reverse(p)) = g.q.pop() else { break };
+            if g.cut_off.contains(&p.to) {
+                g.stats.blackholed += 1;
+                continue;
+            }
             let Some(router) = g.routers.get(&p.to).cloned() else {
                 g.stats.no_such_nexus += 1;
                 continue;

@@ -18,10 +18,13 @@ pub fn nodes<W: World>(w: &mut W, n: usize, seed: u64) -> Vec<N<W>> {
     nodes_with(w, n, seed, RpcConfig::default())
 }
 
+/// As [`nodes`] with an Rpc config; the Nexus's failure timeout follows
+/// the config's.
 pub fn nodes_with<W: World>(w: &mut W, n: usize, seed: u64, cfg: RpcConfig) -> Vec<N<W>> {
     (0..n)
         .map(|i| {
             let nexus = app::register::<W::T>(w.nexus(&format!("node-{i}:31850")))
+                .failure_timeout_ms(cfg.failure_timeout_ms)
                 .build()
                 .expect("nexus");
             Node::new(

@@ -1,0 +1,150 @@
+//! Loss recovery, client-driven as in the paper (§5.2.2 and the appendix).
+//!
+//! eRPC treats reordering as loss: every receiver accepts packets of a
+//! request only in order and drops (and counts) the rest. The client owns
+//! recovery. Each client slot counts the packets it sent (`num_tx`:
+//! request packets, then requests-for-response) and the acknowledgements
+//! it got back in order (`num_rx`: credit returns, then response
+//! packets). Every `pkt_loss_scan_us` the event loop scans the client
+//! sessions with unacknowledged packets; a slot whose request made no
+//! progress for the retransmission timeout is rolled back to its last
+//! acknowledged packet (go-back-N): the credits of the packets presumed
+//! lost come back, `num_tx = num_rx`, and the slot is kicked through the
+//! normal TX path, which resends request packets or RFRs from there. The
+//! server answers duplicates without running the handler again
+//! (`req.rs`, `rfr.rs`).
+//!
+//! The NIC may still hold a transmission of the packets being resent
+//! (sends are unsignaled), and once a retransmission is queued, a
+//! response that was merely late can complete the request and hand its
+//! buffer back to the application while the resent copy is still queued.
+//! So a scan that retransmits drains the TX queue twice, as the C++ code
+//! and the paper's appendix do: before the rollback (no old transmission
+//! is held when a retransmission references the buffer) and after queuing
+//! the retransmissions (none is held when the request completes). Both
+//! are counted (`RpcStats::tx_flushes`); they happen only on loss.
+//!
+//! Sessions to a peer that cannot be pinged (a C++ eRPC process, see
+//! `nexus/liveness.rs`) have no keep-alive: when none of their requests
+//! made progress for the failure timeout, the session is reset with
+//! [`crate::RpcError::PeerFailed`].
+
+use transport::Transport;
+
+use super::Rpc;
+use super::reset::ResetCause;
+use crate::consts::SESSION_REQ_WINDOW;
+use crate::session::SessionState;
+
+impl<T: Transport, C> Rpc<T, C> {
+    /// Runs the loss scan if a scan interval has passed. Called once per
+    /// event-loop iteration: one subtraction and a branch otherwise.
+    #[inline]
+    pub(crate) fn maybe_pkt_loss_scan(&mut self) {
+        if self.now_ns.wrapping_sub(self.last_loss_scan_ns) < self.loss_scan_ns {
+            return;
+        }
+        self.last_loss_scan_ns = self.now_ns;
+        self.pkt_loss_scan();
+    }
+
+    /// Sends everything queued and waits until the transport holds no
+    /// reference to any buffer (the C++ `drain_tx_batch_and_dma_queue`).
+    /// The rare path: loss recovery, duplicate answers, resets.
+    pub(crate) fn drain_tx(&mut self) {
+        self.flush_tx();
+        self.transport.tx_flush();
+        self.stats.tx_flushes += 1;
+    }
+
+    fn pkt_loss_scan(&mut self) {
+        let now = self.now_ns;
+        let rto = self.rto_ns;
+        let failure_ns = self.config.failure_timeout_ms * 1_000_000;
+        let max_credits = self.config.session_credits as u32;
+        // Slots due for a rollback, as (session, slot bitmask); sessions of
+        // unpingable peers that went silent.
+        let mut due: Vec<(u16, u8)> = Vec::new();
+        let mut silent: Vec<u16> = Vec::new();
+        for &sn in &self.client_sessions {
+            let Some(s) = self
+                .sessions
+                .get(usize::from(sn))
+                .and_then(|s| s.as_deref())
+            else {
+                continue;
+            };
+            // With every credit home, no slot has unacknowledged packets
+            // (credits + sum(num_tx - num_rx) is the session's credits).
+            if s.state != SessionState::Connected || s.credits == max_credits {
+                continue;
+            }
+            let mut mask = 0u8;
+            let mut quiet = s.remote_incarnation == 0;
+            for (i, slot) in s.slots.iter().enumerate() {
+                if slot.tx_msgbuf.is_none() {
+                    continue;
+                }
+                let c = &slot.client;
+                if now.saturating_sub(c.progress_ns) < failure_ns {
+                    quiet = false;
+                }
+                if c.num_tx == c.num_rx {
+                    // Waiting for credits, not for the network.
+                    continue;
+                }
+                if now.saturating_sub(c.progress_ns.max(c.retx_ns)) >= rto {
+                    mask |= 1 << i;
+                }
+            }
+            if quiet {
+                silent.push(sn);
+            } else if mask != 0 {
+                due.push((sn, mask));
+            }
+        }
+        if !due.is_empty() {
+            // No earlier transmission of what we resend is still held.
+            self.drain_tx();
+            for &(sn, mask) in &due {
+                for i in 0..SESSION_REQ_WINDOW {
+                    if mask & (1 << i) != 0 {
+                        self.retransmit(sn, i);
+                    }
+                }
+            }
+            // Nothing resent is held once the request can complete.
+            self.drain_tx();
+        }
+        for sn in silent {
+            tracing::info!(
+                session = sn,
+                "no progress for the failure timeout on a session to an unpingable peer; resetting it"
+            );
+            self.reset_client_session(sn, ResetCause::PeerFailed);
+        }
+    }
+
+    /// Go-back-N on client slot `i` of session `sn`: roll back to the last
+    /// acknowledged packet and resend from there.
+    fn retransmit(&mut self, sn: u16, i: usize) {
+        let now = self.now_ns;
+        let max_credits = self.config.session_credits as u32;
+        let Some(s) = self.session_mut(sn) else {
+            return;
+        };
+        let slot = &mut s.slots[i];
+        let c = &mut slot.client;
+        let delta = c.num_tx - c.num_rx;
+        debug_assert!(delta > 0);
+        debug_assert!(s.credits + delta <= max_credits);
+        s.credits += delta;
+        c.num_tx = c.num_rx;
+        c.retx_ns = now;
+        c.retransmits += 1;
+        s.retransmits += 1;
+        self.stats.retransmissions += 1;
+        self.stats.retransmitted_pkts += u64::from(delta);
+        self.kick(sn, i as u8);
+    }
+}

@@ -1,0 +1,331 @@
+//! Session reset: what happens to a session whose peer failed, that the
+//! application resets or destroys with requests outstanding, and what an
+//! Rpc gives back when it is dropped.
+//!
+//! Client side: every outstanding request (in a slot or in the backlog)
+//! completes with an error continuation, its buffers back to the caller.
+//! Before any buffer goes back, the TX queue is drained so the transport
+//! holds no reference to it. The requests are taken out of the session at
+//! once; their continuations (and the session event) run at the start of
+//! the next event-loop iteration, in order, so that the reset can be
+//! called from anywhere (a continuation, a handler, outside the loop). The session's credits, RX ring reservation
+//! and keep-alive tracking are released; its number is quarantined before
+//! reuse, so stray packets of the old session are dropped (and counted),
+//! never delivered to a new one.
+//!
+//! Server side: slots whose request a worker still runs, or whose
+//! dispatch handler kept the handle to respond later, keep the session
+//! alive in [`SessionState::Resetting`] until they respond (the response
+//! is discarded with [`RespondError::SessionReset`]); then the session is
+//! freed. Everything else is released at once. No buffer is freed while a
+//! handler or worker can still use it, and none is leaked.
+
+use transport::Transport;
+
+use super::{Completion, RespondError, Rpc, RpcError, SessionError, SessionEventKind, SessionNum};
+use crate::msgbuf::MsgBuf;
+use crate::nexus::PeerFailure;
+use crate::session::{Role, SessionState, SrvState};
+
+/// Why a client session's requests fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ResetCause {
+    /// The peer was declared failed.
+    PeerFailed,
+    /// The application (or fault injection) reset the session.
+    Requested,
+    /// The connect request went unanswered.
+    ConnectTimedOut,
+}
+
+impl ResetCause {
+    fn error(self, session: SessionNum) -> RpcError {
+        match self {
+            ResetCause::PeerFailed => RpcError::PeerFailed { session },
+            ResetCause::Requested => RpcError::SessionReset { session },
+            ResetCause::ConnectTimedOut => RpcError::TimedOut { session },
+        }
+    }
+
+    fn event(self) -> SessionEventKind {
+        match self {
+            ResetCause::PeerFailed => SessionEventKind::PeerFailed,
+            ResetCause::Requested => SessionEventKind::Reset,
+            ResetCause::ConnectTimedOut => SessionEventKind::ConnectTimedOut,
+        }
+    }
+}
+
+/// A request taken out of a client session, waiting for its error
+/// continuation to run.
+pub(crate) struct FailedReq<T: Transport, C> {
+    pub session: SessionNum,
+    pub req: MsgBuf,
+    pub resp: MsgBuf,
+    pub cont: super::Continuation<T, C>,
+    pub tag: usize,
+    pub err: RpcError,
+}
+
+/// Something the event loop owes the application.
+pub(crate) enum Owed<T: Transport, C> {
+    /// A session event.
+    Event(super::SessionEvent),
+    /// An error continuation.
+    Failed(FailedReq<T, C>),
+}
+
+impl<T: Transport, C> Rpc<T, C> {
+    /// Resets session `sn` (client or server) at once, as if its peer had
+    /// failed, without telling the peer beyond a best-effort disconnect
+    /// request from a client session. Client: outstanding requests
+    /// complete with [`RpcError::SessionReset`] and the session-event
+    /// callback reports [`SessionEventKind::Reset`]. Server: the session is
+    /// freed once its running handlers respond.
+    ///
+    /// The continuations and the event run in the next event-loop iteration.
+    pub fn reset_session(&mut self, sn: SessionNum) -> Result<(), SessionError> {
+        let role = match self.session(sn) {
+            Some(s) if s.state != SessionState::Resetting => s.role,
+            _ => return Err(SessionError::NoSession(sn)),
+        };
+        match role {
+            Role::Client => {
+                let connected = self.session(sn).map(|s| s.state) == Some(SessionState::Connected);
+                if connected {
+                    self.send_disconnect_once(sn);
+                }
+                self.reset_client_session(sn, ResetCause::Requested);
+            }
+            Role::Server => {
+                self.stats.sessions_reset += 1;
+                self.retire_server_session(sn)
+            }
+        }
+        Ok(())
+    }
+
+    /// The Nexus declared a remote failed: reset every session it matches.
+    pub(crate) fn handle_peer_failed(&mut self, f: &PeerFailure) {
+        let hit: Vec<(SessionNum, Role)> = self
+            .sessions
+            .iter()
+            .flatten()
+            .filter(|s| {
+                s.remote_uri == f.uri
+                    && s.state != SessionState::Resetting
+                    && f.rpc_id.is_none_or(|id| s.remote_rpc_id() == id)
+                    && (f.incarnation == 0 || s.remote_incarnation == f.incarnation)
+            })
+            .map(|s| (s.local_num, s.role))
+            .collect();
+        for (sn, role) in hit {
+            self.stats.sessions_peer_failed += 1;
+            match role {
+                Role::Client => self.reset_client_session(sn, ResetCause::PeerFailed),
+                Role::Server => {
+                    self.stats.sessions_reset += 1;
+                    self.retire_server_session(sn)
+                }
+            }
+        }
+    }
+
+    /// Takes every outstanding request out of client session `sn` (slots
+    /// and backlog) into the owed queue with `err`, returning their
+    /// credits. The caller drains TX before the continuations can run.
+    fn take_outstanding(&mut self, sn: SessionNum, err: RpcError) -> usize {
+        let Some(s) = self
+            .sessions
+            .get_mut(usize::from(sn))
+            .and_then(|s| s.as_deref_mut())
+        else {
+            return 0;
+        };
+        let out = &mut self.owed;
+        let before = out.len();
+        for slot in s.slots.iter_mut() {
+            let Some(req) = slot.tx_msgbuf.take() else {
+                continue;
+            };
+            let c = &mut slot.client;
+            s.credits += c.num_tx - c.num_rx;
+            c.num_tx = 0;
+            c.num_rx = 0;
+            c.abandoned_req_num = slot.cur_req_num;
+            c.in_stallq = false;
+            out.push_back(Owed::Failed(FailedReq {
+                session: sn,
+                req,
+                resp: c
+                    .resp_msgbuf
+                    .take()
+                    .expect("in flight implies a response buffer"),
+                cont: c.cont.take().expect("in flight implies a continuation"),
+                tag: c.tag,
+                err,
+            }));
+        }
+        for p in std::mem::take(&mut s.backlog) {
+            out.push_back(Owed::Failed(FailedReq {
+                session: sn,
+                req: p.req,
+                resp: p.resp,
+                cont: p.cont,
+                tag: p.tag,
+                err,
+            }));
+        }
+        self.stallq.retain(|&(s, _)| s != sn);
+        self.owed.len() - before
+    }
+
+    /// Runs what the event loop owes the application: session events and
+    /// error continuations, in the order they arose. Bounded by what was
+    /// owed on entry (continuations may owe more, for the next iteration).
+    pub(crate) fn pay_owed(&mut self, ctx: &mut C) {
+        for _ in 0..self.owed.len() {
+            let Some(o) = self.owed.pop_front() else {
+                break;
+            };
+            match o {
+                Owed::Event(ev) => {
+                    if let Some(h) = self.sm_handler {
+                        h(self, ctx, ev);
+                    }
+                }
+                Owed::Failed(f) => {
+                    self.stats.reqs_completed += 1;
+                    self.stats.reqs_failed += 1;
+                    (f.cont)(
+                        self,
+                        ctx,
+                        Completion {
+                            tag: f.tag,
+                            session: f.session,
+                            req: f.req,
+                            resp: f.resp,
+                            result: Err(f.err),
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    /// Owes the application a session event.
+    pub(crate) fn owe_event(&mut self, session: SessionNum, kind: SessionEventKind) {
+        self.owed
+            .push_back(Owed::Event(super::SessionEvent { session, kind }));
+    }
+
+    /// Fails every outstanding request of client session `sn` with `err`,
+    /// keeping the session (`destroy_session` with requests in flight).
+    pub(crate) fn fail_outstanding(&mut self, sn: SessionNum, err: RpcError) {
+        if self.take_outstanding(sn, err) > 0 {
+            self.drain_tx();
+        }
+    }
+
+    /// Frees client session `sn` now and fails its requests (the
+    /// continuations run in the next event-loop iteration).
+    pub(crate) fn reset_client_session(&mut self, sn: SessionNum, cause: ResetCause) {
+        self.owe_event(sn, cause.event());
+        self.take_outstanding(sn, cause.error(sn));
+        self.stats.sessions_reset += 1;
+        self.free_session(sn);
+        // Queued packets of the session are skipped now that it is gone;
+        // the transport must also let go of those already handed to it.
+        self.drain_tx();
+    }
+
+    /// Ends server session `sn` (its client disconnected, failed or was
+    /// reset): frees it, or parks it in `Resetting` until its running
+    /// handlers respond.
+    pub(crate) fn retire_server_session(&mut self, sn: SessionNum) {
+        let credits = self.config.session_credits;
+        let Some(s) = self.session_mut(sn) else {
+            return;
+        };
+        debug_assert_eq!(s.role, Role::Server);
+        let busy = s.slots.iter().any(|sl| {
+            matches!(
+                sl.server.state,
+                SrvState::InHandler | SrvState::Deferred | SrvState::Background
+            )
+        });
+        if !busy {
+            return self.free_session(sn);
+        }
+        // Release what no handler uses; keep the session number (and the
+        // slots of running handlers) until they respond.
+        s.state = SessionState::Resetting;
+        let token = s.uniq_token;
+        let mut bufs = Vec::new();
+        for sl in s.slots.iter_mut() {
+            if !matches!(
+                sl.server.state,
+                SrvState::InHandler | SrvState::Deferred | SrvState::Background
+            ) {
+                bufs.extend(sl.tx_msgbuf.take());
+                bufs.extend(sl.server.req_msgbuf.take());
+                sl.server.state = SrvState::Idle;
+            }
+        }
+        let (uri, rpc_id, inc, tracked) = (
+            s.remote_uri.clone(),
+            s.remote_rpc_id(),
+            s.remote_incarnation,
+            s.tracked,
+        );
+        s.tracked = false;
+        if tracked {
+            self.nexus.router().untrack(&uri, rpc_id, inc);
+        }
+        self.token_map.remove(&token);
+        self.open_sessions -= 1;
+        self.ring_entries_available += credits;
+        // Queued response packets of the session are skipped from now on.
+        self.drain_tx();
+        for m in bufs {
+            self.recycle(m);
+        }
+    }
+
+    /// A handler of a `Resetting` session finished on slot `i`: discard
+    /// its response, and free the session once no handler remains.
+    pub(crate) fn resetting_slot_done(&mut self, sn: SessionNum, i: usize, resp: Option<MsgBuf>) {
+        let mut bufs: Vec<MsgBuf> = resp.into_iter().collect();
+        let Some(s) = self.session_mut(sn) else {
+            for m in bufs {
+                self.recycle(m);
+            }
+            return;
+        };
+        debug_assert_eq!(s.state, SessionState::Resetting);
+        let sl = &mut s.slots[i];
+        sl.server.state = SrvState::Idle;
+        bufs.extend(sl.server.req_msgbuf.take());
+        let done = s.slots.iter().all(|sl| {
+            !matches!(
+                sl.server.state,
+                SrvState::InHandler | SrvState::Deferred | SrvState::Background
+            )
+        });
+        self.stats.resps_discarded += 1;
+        for m in bufs {
+            self.recycle(m);
+        }
+        if done {
+            self.free_session(sn);
+        }
+    }
+
+    /// The error for a response to a `Resetting` session.
+    pub(crate) fn reset_respond_error(sn: SessionNum, req_num: u64) -> RespondError {
+        RespondError::SessionReset {
+            session: sn,
+            req_num,
+        }
+    }
+}
