@@ -607,6 +607,7 @@ fn delta(after: TransportStats, before: TransportStats) -> TransportStats {
         tx_bytes: after.tx_bytes - before.tx_bytes,
         tx_dropped_on_purpose: after.tx_dropped_on_purpose - before.tx_dropped_on_purpose,
         tx_errors: after.tx_errors - before.tx_errors,
+        tx_refused: after.tx_refused - before.tx_refused,
         tx_doorbells: after.tx_doorbells - before.tx_doorbells,
         rx_pkts: after.rx_pkts - before.rx_pkts,
         rx_bytes: after.rx_bytes - before.rx_bytes,

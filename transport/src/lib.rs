@@ -128,8 +128,12 @@ pub struct TransportStats {
     pub tx_bytes: u64,
     /// Packets dropped on purpose (`TxItem::drop`).
     pub tx_dropped_on_purpose: u64,
-    /// Packets the kernel or NIC refused to send.
+    /// Packets the kernel or NIC refused to send (malformed, or a send
+    /// error): not sent.
     pub tx_errors: u64,
+    /// Packets not accepted by `tx_burst` because the send queue was full;
+    /// the caller still has them (and retries).
+    pub tx_refused: u64,
     /// Doorbells rung / send syscalls made.
     pub tx_doorbells: u64,
     /// Packets received (including malformed ones).

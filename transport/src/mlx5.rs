@@ -207,10 +207,12 @@ impl<B: HwBackend> Transport for Mlx5Transport<B> {
             first_lkey: 0,
             rest: Gather::default(),
         }; POSTLIST];
+        // Item index of each frame: a partial post accepts exactly the items
+        // before the first frame not posted.
+        let mut item_of = [0usize; POSTLIST];
         let mut n = 0;
-        let mut accepted = 0;
-        for item in items.iter().take(POSTLIST) {
-            accepted += 1;
+        let considered = items.len().min(POSTLIST);
+        for (i, item) in items[..considered].iter().enumerate() {
             if item.drop {
                 self.stats.tx_dropped_on_purpose += 1;
                 continue;
@@ -229,34 +231,38 @@ impl<B: HwBackend> Transport for Mlx5Transport<B> {
                     lkey: item.lkey,
                 },
             };
+            item_of[n] = i;
             n += 1;
         }
         if n == 0 {
-            return accepted;
+            return considered;
         }
-        match self.qs.tx_burst(&frames[..n]) {
-            Ok(posted) => {
-                self.stats.tx_pkts += posted as u64;
-                self.stats.tx_bytes += frames[..posted]
-                    .iter()
-                    .map(|f| f.first.len() as u64 + u64::from(f.rest.len))
-                    .sum::<u64>();
-                self.stats.tx_doorbells += 1;
-                if posted < n {
-                    self.stats.tx_errors += (n - posted) as u64;
-                }
-            }
+        let posted = match self.qs.tx_burst(&frames[..n]) {
+            Ok(posted) => posted,
             Err(e) => {
                 tracing_error(&e);
-                self.stats.tx_errors += n as u64;
                 if matches!(e, mlx5::Error::SqInError { .. }) {
-                    // Frames are lost either way (eRPC retransmits); get the
-                    // SQ usable again for the next burst.
+                    // Nothing was posted; get the SQ usable again so that the
+                    // caller's retry can go out.
                     let _ = self.qs.recover_sq();
                 }
+                0
             }
+        };
+        self.stats.tx_pkts += posted as u64;
+        self.stats.tx_bytes += frames[..posted]
+            .iter()
+            .map(|f| f.first.len() as u64 + u64::from(f.rest.len))
+            .sum::<u64>();
+        if posted > 0 {
+            self.stats.tx_doorbells += 1;
         }
-        accepted
+        if posted < n {
+            // The SQ is full (or in error): the caller keeps the rest queued.
+            self.stats.tx_refused += (n - posted) as u64;
+            return item_of[posted];
+        }
+        considered
     }
 
     fn tx_burst_max(&self) -> usize {

@@ -320,9 +320,10 @@ impl UdpTransport {
         }
         self.stats.tx_pkts += done as u64 - refused;
         self.stats.tx_bytes += sent_bytes - refused_bytes;
-        // Refused for good, plus those the full socket queue turned back
-        // (the caller sees them as not accepted).
-        self.stats.tx_errors += refused + (msgs - done) as u64;
+        // Refused for good; those the full socket queue turned back are not
+        // accepted (the caller keeps them and retries).
+        self.stats.tx_errors += refused;
+        self.stats.tx_refused += (msgs - done) as u64;
         accepted
     }
 }
@@ -398,8 +399,8 @@ impl Transport for UdpTransport {
     /// kernel cannot take (header slot shorter than [`PKTHDR_BYTES`], frame
     /// over the MTU, or refused by the kernel for good, e.g. no route) are
     /// consumed and counted as `tx_errors`. When the socket queue is full
-    /// the call stops and returns how many items it consumed; the rest
-    /// count as `tx_errors` too.
+    /// the call stops and returns how many items it consumed; the rest are
+    /// not accepted (counted as `tx_refused`; the caller still has them).
     fn tx_burst(&mut self, items: &[TxItem<'_, UdpRoute>]) -> usize {
         let mut consumed = 0;
         while consumed < items.len() {
@@ -409,7 +410,7 @@ impl Transport for UdpTransport {
                 // The socket queue is full: the later chunks are turned
                 // back as well.
                 let later = items[end..].iter().filter(|i| !i.drop && well_formed(i));
-                self.stats.tx_errors += later.count() as u64;
+                self.stats.tx_refused += later.count() as u64;
                 break;
             }
         }

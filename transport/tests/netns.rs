@@ -201,7 +201,11 @@ fn run_queue_full() {
             s.tx_dropped_on_purpose - before.tx_dropped_on_purpose,
             is_drop(&full[..n])
         );
-        assert_eq!(s.tx_errors - before.tx_errors, is_sent(&full[n..]), "{s:?}");
+        assert_eq!(
+            s.tx_refused - before.tx_refused,
+            is_sent(&full[n..]),
+            "{s:?}"
+        );
         bursts += 1;
         if n < full.len() {
             break n;
@@ -214,12 +218,12 @@ fn run_queue_full() {
     let s = t.stats();
     assert_eq!(n, 1, "only the leading drop item is consumed: {s:?}");
     assert_eq!(s.tx_dropped_on_purpose - before.tx_dropped_on_purpose, 1);
-    assert_eq!(s.tx_errors - before.tx_errors, is_sent(&led), "{s:?}");
+    assert_eq!(s.tx_refused - before.tx_refused, is_sent(&led), "{s:?}");
     assert_eq!(s.tx_pkts, before.tx_pkts);
     println!(
-        "PEER QUEUE accepted={accepted} after_bursts={bursts} tx_pkts={} tx_errors={} \
+        "PEER QUEUE accepted={accepted} after_bursts={bursts} tx_pkts={} tx_refused={} \
          tx_doorbells={}",
-        s.tx_pkts, s.tx_errors, s.tx_doorbells
+        s.tx_pkts, s.tx_refused, s.tx_doorbells
     );
 }
 
