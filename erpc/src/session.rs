@@ -250,6 +250,17 @@ impl<T: Transport, C> Session<T, C> {
         }
     }
 
+    /// Numbers the slots' requests from `base` (see
+    /// `sm_types::EXT_REQ_BASE`): slot `i` starts at `base + i`. Only
+    /// before the first request.
+    pub fn set_req_base(&mut self, base: u64) {
+        debug_assert_eq!(base % SESSION_REQ_WINDOW as u64, 0);
+        for (i, sl) in self.slots.iter_mut().enumerate() {
+            debug_assert!(sl.tx_msgbuf.is_none());
+            sl.cur_req_num = base + i as u64;
+        }
+    }
+
     /// Rpc id of the remote end.
     pub fn remote_rpc_id(&self) -> u8 {
         match self.role {

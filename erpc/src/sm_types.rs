@@ -181,8 +181,20 @@ pub const EXT_INCARNATION: usize = 40;
 /// Bytes of the live-Rpc bitmap in a keep-alive ping's routing info (ping
 /// endpoints carry no transport routing info).
 pub const EXT_RPC_BITMAP_BYTES: usize = 32;
+/// Offset, in a connect packet's endpoint routing info, of the erpc-rs
+/// request-number base (u64 LE, a multiple of the slot count): slot `i`
+/// of the session numbers its requests `base + i + 8k` instead of
+/// `i + 8k`. The client proposes a random base in its endpoint; an erpc-rs
+/// server adopts it and echoes it in its own endpoint; a C++ server
+/// leaves its endpoint's tail zero, so base 0 (the C++ numbering) is used
+/// with it. A random base means a packet of another session or of an
+/// earlier process that happens to carry this session's number (a
+/// restarted peer reusing session numbers) cannot carry a request number
+/// this session expects.
+pub const EXT_REQ_BASE: usize = 32;
 const _: () = assert!(EXT_RPC_BITMAP_BYTES <= EXT_INCARNATION);
 const _: () = assert!(EXT_INCARNATION + 8 <= ROUTING_INFO_BYTES);
+const _: () = assert!(EXT_REQ_BASE + 8 <= EXT_INCARNATION);
 // The Ethernet routing info (MAC, pad, IPv4, UDP port, RX queue, RSS
 // table size) ends at byte 18 (C++ pads its struct to 20).
 const _: () = assert!(20 <= EXT_INCARNATION);
@@ -252,6 +264,19 @@ impl SmEndpoint {
     /// Writes the Nexus incarnation into the routing-info tail.
     pub fn set_incarnation(&mut self, inc: u64) {
         self.routing_info[EXT_INCARNATION..EXT_INCARNATION + 8].copy_from_slice(&inc.to_le_bytes());
+    }
+
+    /// The request-number base this endpoint proposes or adopted (see
+    /// [`EXT_REQ_BASE`]); 0 from a C++ peer.
+    pub fn req_base(&self) -> u64 {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&self.routing_info[EXT_REQ_BASE..EXT_REQ_BASE + 8]);
+        u64::from_le_bytes(b)
+    }
+
+    /// Writes the request-number base.
+    pub fn set_req_base(&mut self, base: u64) {
+        self.routing_info[EXT_REQ_BASE..EXT_REQ_BASE + 8].copy_from_slice(&base.to_le_bytes());
     }
 
     /// The bitmap of live Rpc ids a keep-alive ping carries (bit `i` of

@@ -139,6 +139,7 @@ pub struct NexusBuilder {
     clock: Option<Clock>,
     seed: Option<u64>,
     failure_timeout_ms: u64,
+    sm_extensions: bool,
     error: Option<NexusError>,
 }
 
@@ -217,6 +218,17 @@ impl NexusBuilder {
         self
     }
 
+    /// Whether this Nexus's SM endpoints carry the erpc-rs extensions
+    /// (incarnation, request-number base; see
+    /// [`crate::sm_types::EXT_INCARNATION`]), default on. Off, the Nexus
+    /// presents itself in session management exactly as a C++ eRPC process
+    /// does: its peers cannot ping it and number requests from 0. For
+    /// interoperability tests.
+    pub fn sm_extensions(mut self, on: bool) -> Self {
+        self.sm_extensions = on;
+        self
+    }
+
     /// Starts the Nexus: spawns workers and starts the SM link.
     pub fn build(self) -> Result<Arc<Nexus>, NexusError> {
         if let Some(e) = self.error {
@@ -252,6 +264,7 @@ impl NexusBuilder {
         ));
         link.start(&self.uri, router.clone())?;
         Ok(Arc::new(Nexus {
+            sm_extensions: self.sm_extensions,
             uri: self.uri,
             handlers,
             workers,
@@ -266,6 +279,7 @@ impl NexusBuilder {
 /// The per-process eRPC object. Shared (`Arc`) by the process's Rpcs.
 pub struct Nexus {
     uri: Uri,
+    sm_extensions: bool,
     handlers: Vec<Option<HandlerEntry>>,
     workers: WorkerPool,
     router: Arc<SmRouter>,
@@ -299,6 +313,7 @@ impl Nexus {
             clock: None,
             seed: None,
             failure_timeout_ms: FAILURE_TIMEOUT_MS,
+            sm_extensions: true,
             error,
         }
     }
@@ -327,6 +342,11 @@ impl Nexus {
     /// (so a restarted process is told apart from its predecessor).
     pub fn incarnation(&self) -> u64 {
         self.router.incarnation()
+    }
+
+    /// True if SM endpoints carry the erpc-rs extensions.
+    pub fn sm_extensions(&self) -> bool {
+        self.sm_extensions
     }
 
     /// The machine-failure timeout in nanoseconds.

@@ -206,6 +206,10 @@ impl<T: Transport, C> Rpc<T, C> {
         // Credits still out for this request (an early error) are returned.
         let out = c.num_tx - c.num_rx;
         s.credits += out;
+        if result.is_err() {
+            // Later packets of its response are counted as such.
+            c.abandoned_req_num = slot.cur_req_num;
+        }
         self.stats.reqs_completed += 1;
         if result.is_err() {
             self.stats.reqs_failed += 1;

@@ -11,7 +11,11 @@ use transport::{MAX_DATA_PER_PKT, Transport};
 
 use super::reset::{FailedReq, Owed};
 use super::{Rpc, RpcError, SessionError, SessionEventKind, SessionNum};
-use crate::consts::{MAX_RPC_ID, MAX_SESSIONS, SESSION_NUM_QUARANTINE_MS};
+use crate::consts::{MAX_RPC_ID, MAX_SESSIONS, SESSION_NUM_QUARANTINE_MS, SESSION_REQ_WINDOW};
+
+/// Request-number bases are below 2^40: a session then wraps the 44-bit
+/// request number only after 2^44 - 2^40 requests.
+const REQ_BASE_MASK: u64 = (1 << 40) - 1;
 use crate::msgbuf::{MsgBuf, Origin};
 use crate::nexus::{SmItem, Uri};
 use crate::session::{Role, Session, SessionState, SrvState};
@@ -33,7 +37,9 @@ impl<T: Transport, C> Rpc<T, C> {
         };
         ep.set_hostname(&self.nexus.uri().host)
             .expect("Nexus URIs are checked to fit");
-        ep.set_incarnation(self.nexus.incarnation());
+        if self.nexus.sm_extensions() {
+            ep.set_incarnation(self.nexus.incarnation());
+        }
         ep
     }
 
@@ -98,6 +104,12 @@ impl<T: Transport, C> Rpc<T, C> {
             .set_hostname(&uri.host)
             .expect("Uri::parse checked the length");
         let token = self.nexus.random_u64();
+        // A random request-number base, far below the 44-bit limit.
+        let req_base = (self.nexus.random_u64() & REQ_BASE_MASK) & !(SESSION_REQ_WINDOW as u64 - 1);
+        let mut client_ep = client_ep;
+        if self.nexus.sm_extensions() {
+            client_ep.set_req_base(req_base);
+        }
         let mut s = Session::new(
             Role::Client,
             SessionState::ConnectInProgress,
@@ -304,7 +316,15 @@ impl<T: Transport, C> Rpc<T, C> {
                 }
             }
         }
-        let server_ep = self.local_endpoint(sn);
+        let mut server_ep = self.local_endpoint(sn);
+        // An erpc-rs client proposes a request-number base; adopt and echo
+        // it. A C++ client numbers from 0.
+        let req_base = if pkt.client.incarnation() != 0 && self.nexus.sm_extensions() {
+            pkt.client.req_base() & REQ_BASE_MASK & !(SESSION_REQ_WINDOW as u64 - 1)
+        } else {
+            0
+        };
+        server_ep.set_req_base(req_base);
         let remote_uri = pkt.client.uri().unwrap_or_else(|| Uri::new("?", 0));
         let mut s = Session::new(
             Role::Server,
@@ -318,6 +338,7 @@ impl<T: Transport, C> Rpc<T, C> {
         );
         s.remote_num = pkt.client.session_num;
         s.route = Some(route);
+        s.set_req_base(req_base);
         for (slot, m) in s.slots.iter_mut().zip(pre) {
             slot.server.pre_resp = Some(m);
         }
@@ -372,6 +393,13 @@ impl<T: Transport, C> Rpc<T, C> {
                 s.server_ep = pkt.server;
                 s.remote_num = pkt.server.session_num;
                 s.remote_incarnation = pkt.server.incarnation();
+                // The base the server adopted (0 from a C++ server).
+                let base = if s.remote_incarnation != 0 {
+                    pkt.server.req_base() & REQ_BASE_MASK & !(SESSION_REQ_WINDOW as u64 - 1)
+                } else {
+                    0
+                };
+                s.set_req_base(base);
                 s.route = Some(route);
                 s.state = SessionState::Connected;
                 s.sm_pending_since_ns = None;

@@ -114,6 +114,10 @@ pub struct NetStats {
     pub rx_ring_full: u64,
     /// Frames to an address no endpoint has.
     pub no_such_endpoint: u64,
+    /// Frames from or to an endpoint that is down (crashed).
+    pub endpoint_down: u64,
+    /// `tx_burst` calls refused on purpose (a full send queue).
+    pub tx_refused_bursts: u64,
 }
 
 struct InFlight {
@@ -148,6 +152,12 @@ struct Endpoint {
     reported: u64,
     reposted: u64,
     stats: TransportStats,
+    /// Crashed: sends nothing, receives nothing.
+    down: bool,
+    /// `tx_burst` calls still to refuse (fault injection).
+    refuse_bursts: u32,
+    /// Restarts so far; a transport of an earlier incarnation is inert.
+    generation: u32,
 }
 
 struct NetInner {
@@ -175,6 +185,11 @@ impl NetInner {
 
     fn send(&mut self, now_ns: u64, src: usize, dst: usize, frame: Box<[u8]>, len: usize) {
         self.stats.sent += 1;
+        if self.endpoints[src].down {
+            self.stats.endpoint_down += 1;
+            self.pool.push(frame);
+            return;
+        }
         let l = self.link(src, dst);
         if self.rng.chance_ppm(l.loss_ppm) {
             self.stats.lost += 1;
@@ -242,6 +257,10 @@ impl NetInner {
 
     fn deliver(&mut self, dst: usize, frame: &[u8]) {
         let ep = &mut self.endpoints[dst];
+        if ep.down {
+            self.stats.endpoint_down += 1;
+            return;
+        }
         let entries = ep.ring.entries() as u64;
         if ep.written - ep.reposted >= entries {
             self.stats.rx_ring_full += 1;
@@ -366,6 +385,9 @@ impl SimNet {
             reported: 0,
             reposted: 0,
             stats: TransportStats::default(),
+            down: false,
+            refuse_bursts: 0,
+            generation: 0,
         });
         for row in n.links.iter_mut() {
             row.push(None);
@@ -381,10 +403,54 @@ impl SimNet {
             net: self.inner.clone(),
             clock: self.clock.clone(),
             ep,
+            generation: 0,
             ring: SimRing(ring),
             routing,
             tx_burst_max,
         }
+    }
+
+    /// Crashes endpoint `ep`: from now on it sends and receives nothing
+    /// (frames in flight to it are lost on arrival). Its transport stays
+    /// usable as an object, so the process owning it can be torn down.
+    pub fn crash(&self, ep: usize) {
+        self.inner.borrow_mut().endpoints[ep].down = true;
+    }
+
+    /// Restarts crashed endpoint `ep` as a new NIC port at the same
+    /// address (a restarted process binding the same port): an empty RX
+    /// ring, new counters. Frames of the previous incarnation still in
+    /// flight arrive at the new one.
+    pub fn restart(&self, ep: usize) -> SimTransport {
+        let mut n = self.inner.borrow_mut();
+        let ring = RingMem::new(n.cfg.ring_entries);
+        let e = &mut n.endpoints[ep];
+        e.ring = ring.clone();
+        e.written = 0;
+        e.reported = 0;
+        e.reposted = 0;
+        e.stats = TransportStats::default();
+        e.down = false;
+        e.refuse_bursts = 0;
+        e.generation += 1;
+        let generation = e.generation;
+        let routing = e.routing;
+        let tx_burst_max = n.cfg.tx_burst_max;
+        SimTransport {
+            net: self.inner.clone(),
+            clock: self.clock.clone(),
+            ep,
+            generation,
+            ring: SimRing(ring),
+            routing,
+            tx_burst_max,
+        }
+    }
+
+    /// Makes the next `bursts` `tx_burst` calls of endpoint `ep` accept
+    /// nothing, as a NIC whose send queue is full.
+    pub fn refuse_tx(&self, ep: usize, bursts: u32) {
+        self.inner.borrow_mut().endpoints[ep].refuse_bursts = bursts;
     }
 
     /// Overrides the behaviour of the link from endpoint `src` to `dst`.
@@ -498,6 +564,7 @@ pub struct SimTransport {
     net: Rc<RefCell<NetInner>>,
     clock: VirtualClock,
     ep: usize,
+    generation: u32,
     ring: SimRing,
     routing: RoutingInfo,
     tx_burst_max: usize,
@@ -513,6 +580,12 @@ impl SimTransport {
     /// Endpoint index in its network.
     pub fn endpoint(&self) -> usize {
         self.ep
+    }
+
+    /// False once the endpoint was restarted: this transport belongs to
+    /// the crashed incarnation and sends and receives nothing.
+    fn current(&self, n: &NetInner) -> bool {
+        n.endpoints[self.ep].generation == self.generation
     }
 }
 
@@ -556,6 +629,15 @@ impl Transport for SimTransport {
     fn tx_burst(&mut self, items: &[TxItem<'_, SimRoute>]) -> usize {
         let now = self.clock.now_ns();
         let mut n = self.net.borrow_mut();
+        if !self.current(&n) {
+            return items.len();
+        }
+        if n.endpoints[self.ep].refuse_bursts > 0 {
+            n.endpoints[self.ep].refuse_bursts -= 1;
+            n.endpoints[self.ep].stats.tx_refused += items.len() as u64;
+            n.stats.tx_refused_bursts += 1;
+            return 0;
+        }
         for it in items {
             if it.drop {
                 n.endpoints[self.ep].stats.tx_dropped_on_purpose += 1;
@@ -586,6 +668,9 @@ impl Transport for SimTransport {
 
     fn rx_burst(&mut self) -> usize {
         let mut n = self.net.borrow_mut();
+        if !self.current(&n) {
+            return 0;
+        }
         let ep = &mut n.endpoints[self.ep];
         let k = ep.written - ep.reported;
         ep.reported = ep.written;
@@ -594,6 +679,9 @@ impl Transport for SimTransport {
 
     fn post_recvs(&mut self, k: usize) {
         let mut n = self.net.borrow_mut();
+        if !self.current(&n) {
+            return;
+        }
         let ep = &mut n.endpoints[self.ep];
         let entries = ep.ring.entries() as u64;
         for _ in 0..k {

@@ -25,6 +25,9 @@ pub const BG_SIZED: u8 = 3;
 /// Forwards the request as `SIZED` to the node's downstream session and
 /// responds with the downstream response (nested RPC).
 pub const NESTED: u8 = 4;
+/// Keeps the request handle in `ctx.deferred` and responds (like ECHO) only
+/// when the test calls [`respond_deferred`].
+pub const DEFER: u8 = 5;
 
 pub const SIZED_HDR: usize = 12;
 
@@ -66,6 +69,10 @@ pub struct Ctx {
     /// Keep buffers for reuse instead of freeing (allocation-free loops).
     pub pool: Vec<(MsgBuf, MsgBuf)>,
     pub reuse_buffers: bool,
+    /// DEFER requests waiting for `respond_deferred`, with their data.
+    pub deferred: Vec<(ReqHandle, Vec<u8>)>,
+    /// Error completions by message.
+    pub failures: Vec<erpc::RpcError>,
 }
 
 impl Ctx {
@@ -93,7 +100,31 @@ pub fn register<T: Transport + 'static>(b: NexusBuilder) -> NexusBuilder {
     b.handler::<T, Ctx>(ECHO, h_echo::<T>)
         .handler::<T, Ctx>(SIZED, h_sized::<T>)
         .handler::<T, Ctx>(NESTED, h_nested::<T>)
+        .handler::<T, Ctx>(DEFER, h_defer::<T>)
         .bg_handler(BG_SIZED, bg_sized)
+}
+
+fn h_defer<T: Transport>(_rpc: &mut Rpc<T, Ctx>, ctx: &mut Ctx, req: Request<'_>) {
+    ctx.handled += 1;
+    ctx.deferred.push((req.handle, req.data.to_vec()));
+}
+
+/// Responds to every deferred request (as ECHO would); returns the results.
+pub fn respond_deferred<T: Transport>(
+    rpc: &mut Rpc<T, Ctx>,
+    ctx: &mut Ctx,
+) -> Vec<Result<(), erpc::RespondError>> {
+    let mut out = Vec::new();
+    for (h, data) in std::mem::take(&mut ctx.deferred) {
+        let mut m = rpc
+            .response_buffer(&h, data.len())
+            .expect("response buffer");
+        for (o, i) in m.data_mut().iter_mut().zip(&data) {
+            *o = i ^ 0x5a;
+        }
+        out.push(rpc.enqueue_response(h, m));
+    }
+    out
 }
 
 fn h_echo<T: Transport>(rpc: &mut Rpc<T, Ctx>, ctx: &mut Ctx, req: Request<'_>) {
@@ -211,7 +242,7 @@ pub fn issue<T: Transport>(rpc: &mut Rpc<T, Ctx>, ctx: &mut Ctx) -> bool {
         }
     };
     match op.req_type {
-        ECHO => fill_pattern(req.data_mut(), key),
+        ECHO | DEFER => fill_pattern(req.data_mut(), key),
         _ => {
             assert!(op.req_len >= SIZED_HDR);
             let d = req.data_mut();
@@ -243,7 +274,7 @@ pub fn client_cont<T: Transport>(rpc: &mut Rpc<T, Ctx>, ctx: &mut Ctx, c: Comple
         Ok(()) => {
             ctx.completed += 1;
             let ok = match f.op.req_type {
-                ECHO => {
+                ECHO | DEFER => {
                     c.resp.len() == f.op.req_len
                         && c.resp
                             .data()
@@ -265,6 +296,7 @@ pub fn client_cont<T: Transport>(rpc: &mut Rpc<T, Ctx>, ctx: &mut Ctx, c: Comple
         }
         Err(e) => {
             ctx.failed += 1;
+            ctx.failures.push(e);
             ctx.errors.push(format!("{:?} failed: {e}", f.op));
         }
     }
@@ -293,13 +325,17 @@ pub fn random_ops(rng: &mut Rng, n: usize, types: &[u8], sizes: &[usize]) -> Vec
             let req_type = types[rng.below(types.len() as u64) as usize];
             let mut req_len = sizes[rng.below(sizes.len() as u64) as usize];
             let resp_len = sizes[rng.below(sizes.len() as u64) as usize];
-            if req_type != ECHO {
+            if req_type != ECHO && req_type != DEFER {
                 req_len = req_len.max(SIZED_HDR);
             }
             Op {
                 req_type,
                 req_len,
-                resp_len: if req_type == ECHO { req_len } else { resp_len },
+                resp_len: if req_type == ECHO || req_type == DEFER {
+                    req_len
+                } else {
+                    resp_len
+                },
             }
         })
         .collect()

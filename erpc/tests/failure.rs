@@ -1,0 +1,502 @@
+//! Failure detection, session reset and reconnect, on the deterministic
+//! simulated network (virtual time; a crash is an endpoint and a Nexus cut
+//! off, then dropped without a word). A failing run prints its seed and a
+//! one-line replay command.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::app::{self, Ctx, DEFER, ECHO, Op, SIZED};
+use common::scenarios::{N, check_done, connect, nodes_with};
+use common::{Node, SimWorld, World, run_until, with_seeds};
+use erpc::pkthdr::{PktHdr, PktType};
+use erpc::{
+    DropReason, Nexus, RespondError, RpcConfig, RpcError, SessionEventKind, SessionState, Uri,
+};
+
+const FILE: &str = "failure";
+const MS: u64 = 1_000_000;
+
+type W = SimWorld;
+
+fn uri(i: usize) -> String {
+    format!("node-{i}:31850")
+}
+
+fn two(seed: u64) -> (W, Vec<N<W>>) {
+    let mut w = W::new(seed);
+    let ns = nodes_with(&mut w, 2, seed, RpcConfig::default());
+    (w, ns)
+}
+
+/// Crashes node `i`: its data endpoint and its Nexus go silent, then the
+/// process (Rpc and Nexus) is dropped; whatever it tries to send on the
+/// way out is lost.
+fn crash(w: &mut W, ns: &mut Vec<N<W>>, i: usize) -> N<W> {
+    w.net.crash(i);
+    w.net
+        .sm_hub()
+        .set_cut_off(&Uri::parse(&uri(i)).unwrap(), true);
+    ns.remove(i)
+}
+
+/// A new process at node `i`'s address and URI (a restart), appended.
+fn restart(w: &mut W, ns: &mut Vec<N<W>>, i: usize, seed: u64) {
+    w.net
+        .sm_hub()
+        .set_cut_off(&Uri::parse(&uri(i)).unwrap(), false);
+    let t = w.net.restart(i);
+    let nexus = app::register::<<W as World>::T>(w.nexus(&uri(i)))
+        .build()
+        .unwrap();
+    let rpc = erpc::Rpc::new(
+        &nexus,
+        i as u8,
+        t,
+        w.allocator(8 << 20),
+        RpcConfig::default(),
+        Some(app::sm_handler),
+    )
+    .unwrap();
+    ns.push(Node {
+        rpc,
+        ctx: Ctx::new(seed ^ 0xdead),
+    });
+}
+
+fn issue(w: &mut W, ns: &mut [N<W>], c: usize, ops: Vec<Op>) {
+    let _ = w;
+    ns[c].ctx.todo.extend(ops);
+    let n = &mut ns[c];
+    let k = n.ctx.todo.len();
+    app::start(&mut n.rpc, &mut n.ctx, k);
+}
+
+fn ops(t: u8, n: usize, len: usize) -> Vec<Op> {
+    vec![
+        Op {
+            req_type: t,
+            req_len: len,
+            resp_len: len
+        };
+        n
+    ]
+}
+
+fn bufs_in_use<T: transport::Transport, C>(rpc: &erpc::Rpc<T, C>) -> u64 {
+    rpc.alloc_stats().classes.iter().map(|c| c.in_use).sum()
+}
+
+fn events(n: &N<W>) -> Vec<SessionEventKind> {
+    n.ctx.events.iter().map(|e| e.kind).collect()
+}
+
+#[test]
+fn a_dead_peer_fails_outstanding_requests_after_the_failure_timeout() {
+    with_seeds(
+        "a_dead_peer_fails_outstanding_requests_after_the_failure_timeout",
+        FILE,
+        &[1, 2],
+        |seed| {
+            let (mut w, mut ns) = two(seed);
+            connect(&mut w, &mut ns, 0, 1, 2);
+            let baseline = bufs_in_use(&ns[0].rpc);
+            // 10 requests the server holds, 30 more waiting in the backlogs.
+            issue(&mut w, &mut ns, 0, ops(DEFER, 40, 100));
+            run_until(&mut w, &mut ns, 100_000, "held", |ns| {
+                ns[1].ctx.deferred.len() == 16
+            });
+            let t0 = w.now_ns();
+            let dead = crash(&mut w, &mut ns, 1);
+            drop(dead);
+            run_until(&mut w, &mut ns, 10_000_000, "failed", |ns| {
+                ns[0].ctx.failed == 40
+            });
+            let took = w.now_ns() - t0;
+            // The failure timeout, plus at most a ping interval and a tick.
+            assert!(
+                (500 * MS..=560 * MS).contains(&took),
+                "detected after {took} ns"
+            );
+            assert!(
+                ns[0]
+                    .ctx
+                    .failures
+                    .iter()
+                    .all(|e| matches!(e, RpcError::PeerFailed { .. })),
+                "{:?}",
+                ns[0].ctx.failures
+            );
+            assert_eq!(
+                events(&ns[0])
+                    .iter()
+                    .filter(|&&k| k == SessionEventKind::PeerFailed)
+                    .count(),
+                2
+            );
+            assert_eq!(ns[0].rpc.num_sessions(), 0);
+            assert_eq!(bufs_in_use(&ns[0].rpc), baseline, "every buffer back");
+            let l = ns[0].rpc.nexus().liveness_stats();
+            assert_eq!((l.failed_silent, l.tracked), (1, 0), "{l:?}");
+            assert!(l.pings_sent >= 9);
+            assert_eq!(ns[0].rpc.stats().sessions_peer_failed, 2);
+        },
+    );
+}
+
+#[test]
+fn server_sessions_of_a_failed_client_are_freed_once_their_handlers_respond() {
+    with_seeds(
+        "server_sessions_of_a_failed_client_are_freed_once_their_handlers_respond",
+        FILE,
+        &[3],
+        |seed| {
+            let (mut w, mut ns) = two(seed);
+            let baseline = bufs_in_use(&ns[1].rpc);
+            connect(&mut w, &mut ns, 0, 1, 1);
+            issue(&mut w, &mut ns, 0, ops(DEFER, 3, 2000));
+            issue(&mut w, &mut ns, 0, ops(ECHO, 2, 5000));
+            run_until(&mut w, &mut ns, 100_000, "held", |ns| {
+                ns[1].ctx.deferred.len() == 3
+            });
+            let ssn = ns[1].rpc.session_nums()[0];
+            let client = crash(&mut w, &mut ns, 0);
+            drop(client);
+            // ns[0] is the server now.
+            run_until(&mut w, &mut ns, 10_000_000, "reset", |ns| {
+                ns[0].rpc.num_sessions() == 0
+            });
+            assert_eq!(ns[0].rpc.session_state(ssn), Some(SessionState::Resetting));
+            let r = {
+                let n = &mut ns[0];
+                app::respond_deferred(&mut n.rpc, &mut n.ctx)
+            };
+            assert_eq!(r.len(), 3);
+            assert!(
+                r.iter()
+                    .all(|x| matches!(x, Err(RespondError::SessionReset { .. }))),
+                "{r:?}"
+            );
+            assert_eq!(
+                ns[0].rpc.session_state(ssn),
+                None,
+                "freed after the last handler"
+            );
+            assert_eq!(bufs_in_use(&ns[0].rpc), baseline, "no buffer leaked");
+            assert_eq!(ns[0].rpc.stats().resps_discarded, 3);
+        },
+    );
+}
+
+/// An eRPC data packet (header only) as payload.
+fn pkt(t: PktType, session: u16, req_num: u64, pkt_num: u16, msg_size: u32) -> Vec<u8> {
+    let h = PktHdr {
+        req_type: ECHO,
+        msg_size,
+        dest_session_num: session,
+        pkt_type: t,
+        pkt_num,
+        req_num,
+    };
+    let mut b = vec![0u8; transport::ERPC_HDR_BYTES + msg_size.min(968) as usize];
+    h.write_to(&mut b);
+    b
+}
+
+#[test]
+fn a_restarted_peer_gets_new_sessions_and_old_packets_are_dropped() {
+    with_seeds(
+        "a_restarted_peer_gets_new_sessions_and_old_packets_are_dropped",
+        FILE,
+        &[4, 5],
+        |seed| {
+            let (mut w, mut ns) = two(seed);
+            connect(&mut w, &mut ns, 0, 1, 1);
+            issue(&mut w, &mut ns, 0, ops(ECHO, 20, 100));
+            run_until(&mut w, &mut ns, 100_000, "first", |ns| {
+                ns[0].ctx.completed == 20
+            });
+            let old_sn = ns[0].ctx.sessions[0];
+            let old_server_sn = ns[1].rpc.session_nums()[0];
+            drop(crash(&mut w, &mut ns, 1));
+            run_until(&mut w, &mut ns, 10_000_000, "detected", |ns| {
+                ns[0]
+                    .ctx
+                    .events
+                    .iter()
+                    .any(|e| e.kind == SessionEventKind::PeerFailed)
+            });
+            restart(&mut w, &mut ns, 1, seed);
+            ns[0].ctx.sessions.clear();
+            connect(&mut w, &mut ns, 0, 1, 1);
+            let new_sn = ns[0].ctx.sessions[0];
+            issue(&mut w, &mut ns, 0, ops(ECHO, 20, 100));
+            run_until(&mut w, &mut ns, 100_000, "second", |ns| {
+                ns[0].ctx.completed == 40
+            });
+            check_done::<W>(&ns);
+            // Packets of the previous incarnation: responses to the old
+            // session, responses to the new session number with the request
+            // numbers a base-0 session would use, requests to the restarted
+            // server's old session. All dropped, counted, never delivered.
+            let before_c = ns[0].rpc.stats().total_drops();
+            let before_s = ns[1].rpc.stats().total_drops();
+            for r in 8..24u64 {
+                w.net
+                    .inject_payload(0, &pkt(PktType::Resp, old_sn, r, 0, 100));
+                w.net
+                    .inject_payload(0, &pkt(PktType::Resp, new_sn, r, 0, 100));
+                w.net
+                    .inject_payload(1, &pkt(PktType::Req, old_server_sn, r + 8, 0, 100));
+            }
+            for _ in 0..5 {
+                for n in ns.iter_mut() {
+                    n.poll();
+                }
+                w.step();
+            }
+            let (c, s) = (ns[0].rpc.stats(), ns[1].rpc.stats());
+            assert_eq!(c.total_drops() - before_c, 32, "{c}");
+            assert_eq!(s.total_drops() - before_s, 16, "{s}");
+            assert!(s.drops(DropReason::UnknownSession) + s.drops(DropReason::StaleReqNum) >= 16);
+            assert_eq!(ns[0].ctx.completed, 40);
+            check_done::<W>(&ns);
+        },
+    );
+}
+
+#[test]
+fn a_peer_restarted_within_the_failure_timeout_is_noticed_by_its_incarnation() {
+    with_seeds(
+        "a_peer_restarted_within_the_failure_timeout_is_noticed_by_its_incarnation",
+        FILE,
+        &[6],
+        |seed| {
+            let (mut w, mut ns) = two(seed);
+            connect(&mut w, &mut ns, 0, 1, 1);
+            issue(&mut w, &mut ns, 0, ops(DEFER, 4, 100));
+            run_until(&mut w, &mut ns, 100_000, "held", |ns| {
+                ns[1].ctx.deferred.len() == 4
+            });
+            let t0 = w.now_ns();
+            drop(crash(&mut w, &mut ns, 1));
+            restart(&mut w, &mut ns, 1, seed);
+            run_until(&mut w, &mut ns, 10_000_000, "failed", |ns| {
+                ns[0].ctx.failed == 4
+            });
+            let took = w.now_ns() - t0;
+            // The next ping's answer carries the new incarnation.
+            assert!(took < 60 * MS, "noticed after {took} ns");
+            assert_eq!(ns[0].rpc.nexus().liveness_stats().failed_restarted, 1);
+            assert!(
+                ns[0]
+                    .ctx
+                    .failures
+                    .iter()
+                    .all(|e| matches!(e, RpcError::PeerFailed { .. }))
+            );
+        },
+    );
+}
+
+#[test]
+fn a_dropped_remote_rpc_fails_the_sessions_to_it() {
+    with_seeds(
+        "a_dropped_remote_rpc_fails_the_sessions_to_it",
+        FILE,
+        &[7],
+        |seed| {
+            let (mut w, mut ns) = two(seed);
+            connect(&mut w, &mut ns, 0, 1, 1);
+            issue(&mut w, &mut ns, 0, ops(DEFER, 2, 100));
+            run_until(&mut w, &mut ns, 100_000, "held", |ns| {
+                ns[1].ctx.deferred.len() == 2
+            });
+            // The server's Rpc goes away; its process (Nexus) lives on.
+            let server = ns.remove(1);
+            let nexus: Arc<Nexus> = server.rpc.nexus().clone();
+            drop(server);
+            let t0 = w.now_ns();
+            run_until(&mut w, &mut ns, 10_000_000, "failed", |ns| {
+                ns[0].ctx.failed == 2
+            });
+            assert!(w.now_ns() - t0 < 120 * MS, "two ping intervals at most");
+            assert_eq!(ns[0].rpc.nexus().liveness_stats().failed_rpc_gone, 1);
+            assert_eq!(ns[0].rpc.num_sessions(), 0);
+            drop(nexus);
+        },
+    );
+}
+
+#[test]
+fn fault_injection_fails_a_remote_and_resets_sessions() {
+    with_seeds(
+        "fault_injection_fails_a_remote_and_resets_sessions",
+        FILE,
+        &[8],
+        |seed| {
+            let (mut w, mut ns) = two(seed);
+            connect(&mut w, &mut ns, 0, 1, 2);
+            let (a, b) = (ns[0].ctx.sessions[0], ns[0].ctx.sessions[1]);
+            // reset_session: requests fail with SessionReset, the server is told.
+            ns[0].ctx.sessions = vec![a];
+            issue(&mut w, &mut ns, 0, ops(DEFER, 3, 100));
+            run_until(&mut w, &mut ns, 100_000, "held", |ns| {
+                ns[1].ctx.deferred.len() == 3
+            });
+            ns[0].rpc.fault_reset_session(a).unwrap();
+            assert_eq!(ns[0].rpc.session_state(a), None, "gone at once");
+            assert!(ns[0].rpc.reset_session(a).is_err());
+            run_until(&mut w, &mut ns, 100_000, "reset", |ns| {
+                ns[0].ctx.failed == 3
+            });
+            assert!(
+                ns[0]
+                    .ctx
+                    .failures
+                    .iter()
+                    .all(|e| matches!(e, RpcError::SessionReset { .. }))
+            );
+            assert!(events(&ns[0]).contains(&SessionEventKind::Reset));
+            // The one-shot disconnect reached the server: its session waits
+            // for the held handlers, then goes.
+            run_until(&mut w, &mut ns, 100_000, "server", |ns| {
+                ns[1].rpc.num_sessions() == 1
+            });
+            let r = {
+                let n = &mut ns[1];
+                app::respond_deferred(&mut n.rpc, &mut n.ctx)
+            };
+            assert!(r.iter().all(Result::is_err));
+            // fault_fail_remote: the other session fails as if the peer died.
+            ns[0].ctx.sessions = vec![b];
+            ns[0].ctx.failures.clear();
+            issue(&mut w, &mut ns, 0, ops(DEFER, 2, 100));
+            run_until(&mut w, &mut ns, 100_000, "held", |ns| {
+                ns[1].ctx.deferred.len() == 2
+            });
+            ns[0].rpc.fault_fail_remote(&uri(1)).unwrap();
+            run_until(&mut w, &mut ns, 100_000, "failed", |ns| {
+                ns[0].ctx.failed == 5
+            });
+            assert!(
+                ns[0]
+                    .ctx
+                    .failures
+                    .iter()
+                    .all(|e| matches!(e, RpcError::PeerFailed { .. }))
+            );
+            assert_eq!(ns[0].rpc.num_sessions(), 0);
+            assert_eq!(ns[0].rpc.nexus().liveness_stats().failed_injected, 1);
+            // Dropping the next packets of a session is repaired by loss recovery.
+            ns[0].ctx.sessions.clear();
+            connect(&mut w, &mut ns, 0, 1, 1);
+            let sn = ns[0].ctx.sessions[0];
+            ns[0].rpc.fault_drop_tx(sn, 5).unwrap();
+            issue(&mut w, &mut ns, 0, ops(SIZED, 4, 3000));
+            run_until(&mut w, &mut ns, 1_000_000, "dropped", |ns| {
+                ns[0].ctx.completed == 4
+            });
+            assert_eq!(ns[0].rpc.stats().tx_fault_dropped, 5);
+        },
+    );
+}
+
+#[test]
+fn a_connect_to_a_dead_peer_times_out_and_its_requests_fail() {
+    with_seeds(
+        "a_connect_to_a_dead_peer_times_out_and_its_requests_fail",
+        FILE,
+        &[9],
+        |seed| {
+            let (mut w, mut ns) = two(seed);
+            let sn = ns[0].rpc.create_session("nobody:31850", 0).unwrap();
+            ns[0].ctx.sessions = vec![sn];
+            issue(&mut w, &mut ns, 0, ops(ECHO, 3, 10));
+            let t0 = w.now_ns();
+            run_until(&mut w, &mut ns, 10_000_000, "timeout", |ns| {
+                ns[0].ctx.failed == 3
+            });
+            assert!((500 * MS..510 * MS).contains(&(w.now_ns() - t0)));
+            assert_eq!(events(&ns[0]), vec![SessionEventKind::ConnectTimedOut]);
+            assert!(
+                ns[0]
+                    .ctx
+                    .failures
+                    .iter()
+                    .all(|e| matches!(e, RpcError::TimedOut { .. }))
+            );
+            assert_eq!(ns[0].rpc.stats().sm_timeouts, 1);
+            assert_eq!(ns[0].rpc.num_sessions(), 0);
+        },
+    );
+}
+
+#[test]
+fn sessions_to_an_unpingable_peer_fail_when_nothing_progresses() {
+    // A peer that presents itself as the C++ eRPC does (no erpc-rs
+    // extensions) is never pinged; its sessions fail when no request made
+    // progress for the failure timeout.
+    with_seeds(
+        "sessions_to_an_unpingable_peer_fail_when_nothing_progresses",
+        FILE,
+        &[10],
+        |seed| {
+            let mut w = W::new(seed);
+            let client_nexus = app::register::<<W as World>::T>(w.nexus(&uri(0)))
+                .build()
+                .unwrap();
+            let server_nexus = app::register::<<W as World>::T>(w.nexus(&uri(1)))
+                .sm_extensions(false)
+                .build()
+                .unwrap();
+            let mut ns = vec![
+                Node::new(
+                    &mut w,
+                    &client_nexus,
+                    0,
+                    Ctx::new(seed),
+                    RpcConfig::default(),
+                    Some(app::sm_handler),
+                ),
+                Node::new(
+                    &mut w,
+                    &server_nexus,
+                    1,
+                    Ctx::new(seed + 1),
+                    RpcConfig::default(),
+                    Some(app::sm_handler),
+                ),
+            ];
+            connect(&mut w, &mut ns, 0, 1, 1);
+            issue(&mut w, &mut ns, 0, ops(ECHO, 10, 100));
+            run_until(&mut w, &mut ns, 100_000, "works", |ns| {
+                ns[0].ctx.completed == 10
+            });
+            assert_eq!(
+                ns[0].rpc.nexus().liveness_stats().tracked,
+                0,
+                "never pinged"
+            );
+            issue(&mut w, &mut ns, 0, ops(DEFER, 2, 100));
+            run_until(&mut w, &mut ns, 100_000, "held", |ns| {
+                ns[1].ctx.deferred.len() == 2
+            });
+            drop(crash(&mut w, &mut ns, 1));
+            let t0 = w.now_ns();
+            run_until(&mut w, &mut ns, 10_000_000, "failed", |ns| {
+                ns[0].ctx.failed == 2
+            });
+            let took = w.now_ns() - t0;
+            assert!((495 * MS..=510 * MS).contains(&took), "{took}");
+            assert!(
+                ns[0]
+                    .ctx
+                    .failures
+                    .iter()
+                    .all(|e| matches!(e, RpcError::PeerFailed { .. }))
+            );
+        },
+    );
+}
