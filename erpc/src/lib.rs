@@ -99,7 +99,7 @@ pub use nexus::{BgHandler, BgResponse, Nexus, NexusBuilder, NexusError, SmLink, 
 pub use rpc::{
     Completion, Continuation, CreateError, EnqueueError, EnqueueErrorKind, ReqHandle, ReqHandler,
     Request, RespondError, Rpc, RpcConfig, RpcError, SessionError, SessionEvent, SessionEventKind,
-    SessionHandler, SessionNum,
+    SessionHandler, SessionInfo, SessionNum,
 };
 pub use session::SessionState;
 pub use sm_types::{SmErr, TransportType};

@@ -159,6 +159,12 @@ pub struct RpcStats {
     pub sm_retries: u64,
     /// Duplicate connect requests answered from the token table.
     pub sm_dup_connect: u64,
+    /// Connect requests ignored because their token belongs to a session
+    /// freed recently (a late duplicate: never resurrected).
+    pub sm_stale_connect: u64,
+    /// Sessions a server created for a connect this client had given up
+    /// on, disconnected when the late answer came.
+    pub sm_abandoned_cleanups: u64,
     /// SM requests given up after the failure timeout (connect: the
     /// session fails; disconnect: it is freed locally).
     pub sm_timeouts: u64,

@@ -31,7 +31,7 @@ impl<T: Transport, C> Rpc<T, C> {
         self.process_rx(ctx);
         self.process_stallq();
         self.process_bg();
-        if !self.sm_queue.is_empty() || !self.sm_pending.is_empty() {
+        if !self.sm_queue.is_empty() || !self.sm_pending.is_empty() || !self.abandoned.is_empty() {
             self.process_sm();
         }
         self.maybe_pkt_loss_scan();

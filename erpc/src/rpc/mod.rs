@@ -20,6 +20,7 @@ mod resp;
 mod rfr;
 mod rx;
 mod sm_handlers;
+mod tokens;
 mod tx;
 
 use std::collections::{HashMap, VecDeque};
@@ -188,6 +189,38 @@ pub struct SessionEvent {
     pub session: SessionNum,
     /// What happened.
     pub kind: SessionEventKind,
+}
+
+/// A snapshot of one session, for tools and diagnostics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    /// Local session number.
+    pub session: SessionNum,
+    /// True at the client end.
+    pub is_client: bool,
+    /// Connection state.
+    pub state: crate::SessionState,
+    /// The remote Nexus.
+    pub remote_uri: String,
+    /// The remote Rpc id.
+    pub remote_rpc_id: u8,
+    /// The remote end's session number.
+    pub remote_session: SessionNum,
+    /// The remote Nexus's incarnation (0: a C++ peer, not pinged).
+    pub remote_incarnation: u64,
+    /// Client: credits available now.
+    pub credits: u32,
+    /// Client: slots with a request in flight; server: slots whose
+    /// handler has not responded yet.
+    pub busy_slots: usize,
+    /// Client: requests waiting for a slot.
+    pub backlog: usize,
+    /// Current request number of each slot.
+    pub req_nums: [u64; crate::consts::SESSION_REQ_WINDOW],
+    /// Client: go-back-N rollbacks so far.
+    pub retransmits: u64,
+    /// Per slot: client `(num_tx, num_rx)`; server: a short state name.
+    pub slots: Vec<String>,
 }
 
 /// Rpc settings.
@@ -430,6 +463,11 @@ pub struct Rpc<T: Transport, C> {
     sm_pending: Vec<u16>,
     /// Server sessions by the client's unique token.
     token_map: HashMap<u64, u16>,
+    /// Tokens of server sessions freed recently.
+    retired_tokens: tokens::RetiredTokens,
+    /// Client connects that timed out, cleaned up at the server if it
+    /// answers late.
+    abandoned: Vec<sm_handlers::AbandonedConnect>,
     tx: TxBatch,
     /// Header slots of control packets (always `Some` until drop).
     ctrl: Option<Buffer>,
@@ -554,6 +592,8 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             sm_queue,
             sm_pending: Vec::new(),
             token_map: HashMap::new(),
+            retired_tokens: tokens::RetiredTokens::default(),
+            abandoned: Vec::new(),
             tx: TxBatch::new(),
             ctrl: Some(ctrl),
             ctrl_next: 0,
@@ -624,6 +664,61 @@ impl<T: Transport, C> Rpc<T, C> {
         self.session(sn).map(|s| s.state)
     }
 
+    /// A snapshot of session `sn`.
+    pub fn session_info(&self, sn: SessionNum) -> Option<SessionInfo> {
+        let s = self.session(sn)?;
+        let is_client = s.role == session::Role::Client;
+        Some(SessionInfo {
+            session: sn,
+            is_client,
+            state: s.state,
+            remote_uri: s.remote_uri.to_string(),
+            remote_rpc_id: s.remote_rpc_id(),
+            remote_session: s.remote_num,
+            remote_incarnation: s.remote_incarnation,
+            credits: s.credits,
+            busy_slots: if is_client {
+                s.busy_slots()
+            } else {
+                s.slots
+                    .iter()
+                    .filter(|sl| {
+                        matches!(
+                            sl.server.state,
+                            session::SrvState::InHandler
+                                | session::SrvState::Deferred
+                                | session::SrvState::Background
+                        )
+                    })
+                    .count()
+            },
+            backlog: s.backlog.len(),
+            req_nums: std::array::from_fn(|i| s.slots[i].cur_req_num),
+            retransmits: s.retransmits,
+            slots: s
+                .slots
+                .iter()
+                .map(|sl| {
+                    if is_client {
+                        if sl.tx_msgbuf.is_some() {
+                            format!("{}/{}", sl.client.num_tx, sl.client.num_rx)
+                        } else {
+                            "-".into()
+                        }
+                    } else {
+                        format!("{:?}", sl.server.state)
+                    }
+                })
+                .collect(),
+        })
+    }
+
+    /// True for a client session, false for a server session, `None` if no
+    /// such session.
+    pub fn session_is_client(&self, sn: SessionNum) -> Option<bool> {
+        self.session(sn).map(|s| s.role == session::Role::Client)
+    }
+
     /// True if the client session is connected.
     pub fn is_connected(&self, sn: SessionNum) -> bool {
         self.session_state(sn) == Some(crate::SessionState::Connected)
@@ -668,6 +763,12 @@ impl<T: Transport, C> Rpc<T, C> {
             }
         }
         Ok(())
+    }
+
+    /// RX ring entries not reserved by sessions, and the ring's size (each
+    /// open session reserves its credits' worth).
+    pub fn rx_ring_unreserved(&self) -> (usize, usize) {
+        (self.ring_entries_available, self.ring_entries)
     }
 
     /// Session numbers of every session (client and server, any state).

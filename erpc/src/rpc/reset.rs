@@ -248,6 +248,10 @@ impl<T: Transport, C> Rpc<T, C> {
             return;
         };
         debug_assert_eq!(s.role, Role::Server);
+        if s.state == SessionState::Resetting {
+            // Already retired; waiting for its handlers.
+            return;
+        }
         let busy = s.slots.iter().any(|sl| {
             matches!(
                 sl.server.state,
@@ -282,7 +286,11 @@ impl<T: Transport, C> Rpc<T, C> {
         if tracked {
             self.nexus.router().untrack(&uri, rpc_id, inc);
         }
-        self.token_map.remove(&token);
+        if self.token_map.get(&token) == Some(&sn) {
+            self.token_map.remove(&token);
+            let now = self.clock.now_ns();
+            self.retired_tokens.retire(token, now);
+        }
         self.open_sessions -= 1;
         self.ring_entries_available += credits;
         // Queued response packets of the session are skipped from now on.

@@ -25,6 +25,28 @@ use crate::stats::DropReason;
 /// SM packets handled per event-loop iteration.
 const SM_PER_LOOP_MAX: usize = 64;
 
+/// A client connect that timed out. The server may still have created the
+/// session (its response was lost, or arrived late, e.g. because the server
+/// was unreachable for a while): nobody would ever disconnect it. So the
+/// client keeps retrying the connect request, quietly, for as long as the
+/// server remembers tokens (`tokens::TOKEN_MEMORY_MS`); if the server
+/// answers, the client disconnects the session it created (as TCP answers
+/// a late SYN-ACK with a reset). At most [`ABANDONED_MAX`] are kept (the
+/// oldest go first).
+const ABANDONED_MAX: usize = 1024;
+
+#[derive(Debug)]
+pub(crate) struct AbandonedConnect {
+    token: u64,
+    uri: Uri,
+    client: SmEndpoint,
+    server: SmEndpoint,
+    since_ns: u64,
+    last_sent_ns: u64,
+    /// The server answered: disconnecting its session.
+    disconnecting: bool,
+}
+
 impl<T: Transport, C> Rpc<T, C> {
     fn local_endpoint(&self, session_num: u16) -> SmEndpoint {
         let mut ep = SmEndpoint {
@@ -203,6 +225,71 @@ impl<T: Transport, C> Rpc<T, C> {
         self.nexus.sm_send(&to, &pkt.encode());
     }
 
+    /// Retries the requests of abandoned connects; forgets them once the
+    /// server would have forgotten the token.
+    fn process_abandoned(&mut self, now: u64) {
+        let retry_ns = self.config.sm_retry_ms * 1_000_000;
+        let timeout_ns = super::tokens::TOKEN_MEMORY_MS * 1_000_000;
+        self.abandoned
+            .retain(|a| now.saturating_sub(a.since_ns) < timeout_ns);
+        let mut out = Vec::new();
+        for a in self.abandoned.iter_mut() {
+            if now.saturating_sub(a.last_sent_ns) < retry_ns {
+                continue;
+            }
+            a.last_sent_ns = now;
+            out.push((
+                a.uri.clone(),
+                SmPkt {
+                    pkt_type: if a.disconnecting {
+                        SmPktType::DisconnectReq
+                    } else {
+                        SmPktType::ConnectReq
+                    },
+                    err: SmErr::NoError,
+                    uniq_token: a.token,
+                    client: a.client,
+                    server: a.server,
+                },
+            ));
+        }
+        for (to, pkt) in out {
+            self.stats.sm_tx += 1;
+            self.nexus.sm_send(&to, &pkt.encode());
+        }
+    }
+
+    /// An SM response for no live session: an abandoned connect's?
+    fn abandoned_resp(&mut self, pkt: &SmPkt) -> bool {
+        let Some(k) = self.abandoned.iter().position(|a| {
+            a.token == pkt.uniq_token && a.client.session_num == pkt.client.session_num
+        }) else {
+            return false;
+        };
+        match pkt.pkt_type {
+            SmPktType::ConnectResp if pkt.err == SmErr::NoError => {
+                let a = &mut self.abandoned[k];
+                if !a.disconnecting {
+                    // The server made the session after we gave up: take it
+                    // down.
+                    a.disconnecting = true;
+                    a.server = pkt.server;
+                    a.last_sent_ns = 0;
+                    self.stats.sm_abandoned_cleanups += 1;
+                }
+            }
+            SmPktType::ConnectResp => {
+                self.abandoned.swap_remove(k);
+            }
+            _ => {
+                if self.abandoned[k].disconnecting {
+                    self.abandoned.swap_remove(k);
+                }
+            }
+        }
+        true
+    }
+
     /// Handles queued SM packets and failure notices, and retries (or
     /// gives up on) overdue SM requests.
     pub(crate) fn process_sm(&mut self) {
@@ -225,10 +312,13 @@ impl<T: Transport, C> Rpc<T, C> {
                 _ => self.stats.drop(DropReason::SmUnexpected),
             }
         }
+        let now = self.clock.now_ns();
+        if !self.abandoned.is_empty() {
+            self.process_abandoned(now);
+        }
         if self.sm_pending.is_empty() {
             return;
         }
-        let now = self.clock.now_ns();
         let retry_ns = self.config.sm_retry_ms * 1_000_000;
         let timeout_ns = self.config.failure_timeout_ms * 1_000_000;
         let mut k = 0;
@@ -245,6 +335,19 @@ impl<T: Transport, C> Rpc<T, C> {
                 self.sm_pending.remove(k);
                 match state {
                     SessionState::ConnectInProgress => {
+                        if self.abandoned.len() >= ABANDONED_MAX {
+                            self.abandoned.remove(0);
+                        }
+                        let s = self.session(sn).expect("looked up above");
+                        self.abandoned.push(AbandonedConnect {
+                            token: s.uniq_token,
+                            uri: s.remote_uri.clone(),
+                            client: s.client_ep,
+                            server: s.server_ep,
+                            since_ns: now,
+                            last_sent_ns: now,
+                            disconnecting: false,
+                        });
                         self.reset_client_session(sn, super::reset::ResetCause::ConnectTimedOut)
                     }
                     SessionState::DisconnectInProgress => self.finish_disconnect(sn),
@@ -278,6 +381,15 @@ impl<T: Transport, C> Rpc<T, C> {
                 return self.send_sm(&r);
             }
             self.token_map.remove(&pkt.uniq_token);
+        }
+        // A late duplicate of a connect request whose session is gone:
+        // never resurrect it.
+        if self
+            .retired_tokens
+            .contains(pkt.uniq_token, self.clock.now_ns())
+        {
+            self.stats.sm_stale_connect += 1;
+            return self.stats.drop(DropReason::SmStale);
         }
         let fail = |rpc: &mut Self, err| rpc.send_sm(&pkt.response(err));
         if pkt.client.transport_type != self.config.transport_type {
@@ -380,6 +492,9 @@ impl<T: Transport, C> Rpc<T, C> {
 
     fn handle_connect_resp(&mut self, pkt: &SmPkt) {
         let Some(sn) = self.client_session_for(pkt, SessionState::ConnectInProgress) else {
+            if self.abandoned_resp(pkt) {
+                return;
+            }
             return self.stats.drop(DropReason::SmStale);
         };
         self.sm_pending.retain(|&x| x != sn);
@@ -441,6 +556,9 @@ impl<T: Transport, C> Rpc<T, C> {
 
     fn handle_disconnect_resp(&mut self, pkt: &SmPkt) {
         let Some(sn) = self.client_session_for(pkt, SessionState::DisconnectInProgress) else {
+            if self.abandoned_resp(pkt) {
+                return;
+            }
             return self.stats.drop(DropReason::SmStale);
         };
         self.sm_pending.retain(|&x| x != sn);
@@ -502,6 +620,8 @@ impl<T: Transport, C> Rpc<T, C> {
         if s.state != SessionState::Resetting {
             if s.role == Role::Server && self.token_map.get(&s.uniq_token) == Some(&sn) {
                 self.token_map.remove(&s.uniq_token);
+                self.retired_tokens
+                    .retire(s.uniq_token, self.clock.now_ns());
             }
             self.open_sessions -= 1;
             self.ring_entries_available += self.config.session_credits;

@@ -50,9 +50,18 @@ pub struct LinkConfig {
     pub dup_ppm: u32,
     /// Probability that a packet may overtake earlier ones, per million.
     pub reorder_ppm: u32,
-    /// Probability that one byte after the IPv4 header is flipped, per
-    /// million (UDP checksums are 0, so eRPC sees the damage).
+    /// Probability that a bit of the frame is flipped on the wire, per
+    /// million. As on a real Ethernet link, the receiving port's frame
+    /// check sequence catches it and the frame is dropped (counted as
+    /// `fcs_errors`): to eRPC a corrupted frame is a lost one.
     pub corrupt_ppm: u32,
+    /// Probability, per million, that one byte after the IPv4 header is
+    /// flipped *past* the frame check (a faulty switch or NIC) and the
+    /// frame is delivered. eRPC, like the C++ eRPC, sends UDP checksum 0
+    /// and relies on the Ethernet FCS, so such damage reaches it: header
+    /// damage is dropped by its consistency checks, payload damage is
+    /// delivered. For robustness tests that check nothing but survival.
+    pub corrupt_undetected_ppm: u32,
 }
 
 impl Default for LinkConfig {
@@ -64,6 +73,7 @@ impl Default for LinkConfig {
             dup_ppm: 0,
             reorder_ppm: 0,
             corrupt_ppm: 0,
+            corrupt_undetected_ppm: 0,
         }
     }
 }
@@ -108,8 +118,11 @@ pub struct NetStats {
     pub duplicated: u64,
     /// Frames allowed to overtake.
     pub reordered: u64,
-    /// Frames with a flipped byte.
-    pub corrupted: u64,
+    /// Frames damaged on the wire and dropped by the receiver's frame
+    /// check.
+    pub fcs_errors: u64,
+    /// Frames damaged past the frame check and delivered.
+    pub corrupted_undetected: u64,
     /// Arrivals dropped because the RX ring was full.
     pub rx_ring_full: u64,
     /// Frames to an address no endpoint has.
@@ -125,6 +138,8 @@ struct InFlight {
     seq: u64,
     dst: usize,
     len: usize,
+    /// Damaged on the wire: the receiver's frame check drops it.
+    fcs_bad: bool,
     frame: Box<[u8]>,
 }
 
@@ -214,8 +229,9 @@ impl NetInner {
         len: usize,
         l: &LinkConfig,
     ) {
-        if self.rng.chance_ppm(l.corrupt_ppm) && len > HEADROOM_BYTES {
-            self.stats.corrupted += 1;
+        let fcs_bad = self.rng.chance_ppm(l.corrupt_ppm);
+        if self.rng.chance_ppm(l.corrupt_undetected_ppm) && len > HEADROOM_BYTES {
+            self.stats.corrupted_undetected += 1;
             let at = HEADROOM_BYTES + self.rng.below((len - HEADROOM_BYTES) as u64) as usize;
             frame[at] ^= 1 << self.rng.below(8);
         }
@@ -238,6 +254,7 @@ impl NetInner {
             seq: self.seq,
             dst,
             len,
+            fcs_bad,
             frame,
         }));
     }
@@ -250,7 +267,12 @@ impl NetInner {
             let Some(Reverse(p)) = self.inflight.pop() else {
                 break;
             };
-            self.deliver(p.dst, &p.frame[..p.len]);
+            if p.fcs_bad {
+                self.stats.fcs_errors += 1;
+                self.endpoints[p.dst].stats.rx_errors += 1;
+            } else {
+                self.deliver(p.dst, &p.frame[..p.len]);
+            }
             self.pool.push(p.frame);
         }
     }
@@ -497,6 +519,7 @@ impl SimNet {
             seq,
             dst,
             len,
+            fcs_bad: false,
             frame: f,
         }));
     }
@@ -523,6 +546,14 @@ impl SimNet {
     /// Data frames in flight.
     pub fn in_flight(&self) -> usize {
         self.inner.borrow().inflight.len()
+    }
+
+    /// RX ring slots of endpoint `ep` holding packets not yet given back
+    /// with `post_recvs` (0 when the Rpc leaked no ring entry).
+    pub fn rx_held(&self, ep: usize) -> u64 {
+        let n = self.inner.borrow();
+        let e = &n.endpoints[ep];
+        e.written - e.reposted
     }
 
     /// Network counters.

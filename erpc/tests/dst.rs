@@ -1,0 +1,804 @@
+//! Deterministic simulation testing: a seed sweep over random clusters on
+//! a faulty network, with invariants checked after every run.
+//!
+//! Each seed draws a cluster (2–4 nodes, each a client and a server), link
+//! faults (loss up to 10 %, duplication, reordering, corruption, delay
+//! jitter), a lossy, duplicating, reordering SM network, a request mix
+//! (dispatch, deferred and background handlers; sizes from 0 bytes to the
+//! largest message), random session create/destroy churn, and sometimes a
+//! node crash followed by a restart (before or after the failure timeout).
+//! Everything runs in one thread on a virtual clock, so a seed replays
+//! exactly.
+//!
+//! Invariants: every request a surviving client enqueued completes exactly
+//! once, with exactly the handler's bytes or an error; a request whose
+//! response arrived ran its handler exactly once, and no handler ever runs
+//! twice for one request; the credit invariant holds throughout; after the
+//! run (all sessions destroyed) no session, buffer, RX ring reservation or
+//! RX ring entry is left anywhere.
+//!
+//! `ERPC_DST_SEEDS` sets the number of seeds (default 1000 on the simulated
+//! network; a tenth of that, at least 20, on the device model);
+//! `ERPC_DST_SEED` replays one. A failure prints the one-line replay
+//! command.
+
+mod common;
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use erpc::rng::Rng;
+use erpc::sim::{LinkConfig, SimConfig, SimNet, SmHubConfig};
+use erpc::{
+    Completion, MAX_MSG_BYTES, Nexus, NexusBuilder, ReqHandle, Request, Rpc, RpcConfig, RpcError,
+    SessionEvent, SessionEventKind, SessionNum, Uri,
+};
+use transport::Transport;
+
+const MS: u64 = 1_000_000;
+const US: u64 = 1_000;
+
+// ------------------------------------------------------------ the world
+
+/// A network the sweep runs on.
+trait Net {
+    type T: Transport + 'static;
+    fn new(seed: u64, faults: &Faults, nodes: usize) -> Self;
+    /// A transport for node `i` (first start, or restart after a crash).
+    fn transport(&mut self, i: usize) -> Self::T;
+    /// An allocator for the transport made last.
+    fn allocator(&mut self) -> mempool::Allocator;
+    fn nexus(&mut self, uri: &str, seed: u64) -> NexusBuilder;
+    /// Node `i`'s process crashes: its port and its Nexus go silent.
+    fn crash(&mut self, i: usize);
+    /// Moves time to the next event, at most `max_ns` ahead.
+    fn step(&mut self, max_ns: u64);
+    fn now_ns(&self) -> u64;
+    /// RX ring slots node `i`'s transport holds (not yet given back).
+    fn rx_held(&self, i: usize) -> u64;
+}
+
+/// Fault settings of one seed.
+#[derive(Debug, Clone, Copy)]
+struct Faults {
+    link: LinkConfig,
+    sm: SmHubConfig,
+}
+
+struct SimNetWorld {
+    net: SimNet,
+    started: Vec<bool>,
+}
+
+impl Net for SimNetWorld {
+    type T = erpc::sim::SimTransport;
+
+    fn new(seed: u64, f: &Faults, nodes: usize) -> Self {
+        let net = SimNet::new(SimConfig {
+            seed,
+            link: f.link,
+            sm: f.sm,
+            ..SimConfig::default()
+        });
+        SimNetWorld {
+            net,
+            started: vec![false; nodes],
+        }
+    }
+
+    fn transport(&mut self, i: usize) -> Self::T {
+        if self.started[i] {
+            self.net.sm_hub().set_cut_off(&node_uri(i), false);
+            self.net.restart(i)
+        } else {
+            self.started[i] = true;
+            let t = self.net.add_transport();
+            assert_eq!(t.endpoint(), i);
+            t
+        }
+    }
+
+    fn allocator(&mut self) -> mempool::Allocator {
+        erpc::sim::test_allocator(4 << 20)
+    }
+
+    fn nexus(&mut self, uri: &str, seed: u64) -> NexusBuilder {
+        Nexus::builder(uri)
+            .sm_link(self.net.sm_link())
+            .clock(self.net.erpc_clock())
+            .seed(seed)
+    }
+
+    fn crash(&mut self, i: usize) {
+        self.net.crash(i);
+        self.net.sm_hub().set_cut_off(&node_uri(i), true);
+    }
+
+    fn step(&mut self, max_ns: u64) {
+        let now = self.net.now_ns();
+        let d = match self.net.next_event_ns() {
+            Some(t) if t > now => (t - now).min(max_ns),
+            Some(_) => 1,
+            None => max_ns,
+        };
+        self.net.advance(d.max(1));
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.net.now_ns()
+    }
+
+    fn rx_held(&self, i: usize) -> u64 {
+        self.net.rx_held(i)
+    }
+}
+
+fn node_uri(i: usize) -> Uri {
+    Uri::new(&format!("node-{i}"), 31850)
+}
+
+// ------------------------------------------------------------- the app
+
+/// Handler kinds (request types).
+const H_DISPATCH: u8 = 1;
+const H_DEFER: u8 = 2;
+const H_BG: u8 = 3;
+/// Request header: id (8), response length (4), defer delay in µs (4).
+const REQ_HDR: usize = 16;
+
+fn pattern(key: u64, i: usize) -> u8 {
+    let x = key
+        .wrapping_add(i as u64)
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (x >> 56) as u8 ^ (i as u8)
+}
+
+fn fill(buf: &mut [u8], key: u64) {
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = pattern(key, i);
+    }
+}
+
+fn resp_key(id: u64) -> u64 {
+    id ^ 0x5555_aaaa_5555_aaaa
+}
+
+fn parse(d: &[u8]) -> Option<(u64, usize, u64)> {
+    if d.len() < REQ_HDR {
+        return None;
+    }
+    let id = u64::from_le_bytes(d[..8].try_into().ok()?);
+    let len = u32::from_le_bytes(d[8..12].try_into().ok()?) as usize;
+    let delay = u64::from(u32::from_le_bytes(d[12..16].try_into().ok()?));
+    let body_ok = d[REQ_HDR..]
+        .iter()
+        .enumerate()
+        .all(|(i, &b)| b == pattern(id, i));
+    body_ok.then_some((id, len, delay))
+}
+
+#[derive(Debug, Default)]
+struct ReqRec {
+    client: usize,
+    /// Void when the client crashed with the request outstanding.
+    void: bool,
+    done: u32,
+    ok: bool,
+}
+
+/// World-wide bookkeeping, shared by every node's context.
+#[derive(Default)]
+struct Book {
+    /// Frames may be damaged past the frame check: payload and handler-run
+    /// checks are off (nothing can detect such damage).
+    lax: bool,
+    /// Handler runs per request id (all kinds; background ones are merged
+    /// in from `bg_runs`).
+    runs: RefCell<HashMap<u64, u32>>,
+    bg_runs: Arc<Mutex<HashMap<u64, u32>>>,
+    reqs: RefCell<HashMap<u64, ReqRec>>,
+    violations: RefCell<Vec<String>>,
+    next_id: Cell<u64>,
+}
+
+impl Book {
+    fn violation(&self, v: String) {
+        self.violations.borrow_mut().push(v);
+    }
+
+    /// A violation only when frames cannot be damaged undetected.
+    fn data_violation(&self, v: String) {
+        if !self.lax {
+            self.violation(v);
+        }
+    }
+
+    fn runs(&self, id: u64) -> u32 {
+        self.runs.borrow().get(&id).copied().unwrap_or(0)
+            + self.bg_runs.lock().unwrap().get(&id).copied().unwrap_or(0)
+    }
+}
+
+struct Ctx {
+    node: usize,
+    book: Rc<Book>,
+    /// Live client sessions: (session, server node).
+    sessions: Vec<(SessionNum, usize)>,
+    /// Deferred requests: handle, id, response length, due time.
+    deferred: Vec<(ReqHandle, u64, usize, u64)>,
+    now_ns: u64,
+    outstanding: usize,
+}
+
+fn sm_handler<T: Transport>(_rpc: &mut Rpc<T, Ctx>, ctx: &mut Ctx, ev: SessionEvent) {
+    if ev.kind != SessionEventKind::Connected {
+        ctx.sessions.retain(|&(s, _)| s != ev.session);
+    }
+}
+
+fn count_run(book: &Book, id: u64) {
+    let mut r = book.runs.borrow_mut();
+    let n = r.entry(id).or_insert(0);
+    *n += 1;
+    if *n > 1 {
+        book.data_violation(format!("handler of request {id:#x} ran {n} times"));
+    }
+}
+
+fn respond<T: Transport>(rpc: &mut Rpc<T, Ctx>, h: ReqHandle, id: u64, len: usize) {
+    // A length from a request damaged past the frame check may be absurd.
+    let len = if len <= MAX_MSG_BYTES { len } else { 0 };
+    let mut m = match rpc.response_buffer(&h, len) {
+        Ok(m) => m,
+        Err(e) => panic!("response buffer of {len} bytes: {e}"),
+    };
+    fill(m.data_mut(), resp_key(id));
+    // A response to a session that was reset meanwhile is refused: fine.
+    let _ = rpc.enqueue_response(h, m);
+}
+
+fn h_dispatch<T: Transport>(rpc: &mut Rpc<T, Ctx>, ctx: &mut Ctx, req: Request<'_>) {
+    let Some((id, len, _)) = parse(req.data) else {
+        ctx.book
+            .data_violation(format!("node {}: corrupt request delivered", ctx.node));
+        return respond(rpc, req.handle, 0, 0);
+    };
+    count_run(&ctx.book, id);
+    respond(rpc, req.handle, id, len);
+}
+
+fn h_defer<T: Transport>(rpc: &mut Rpc<T, Ctx>, ctx: &mut Ctx, req: Request<'_>) {
+    let Some((id, len, delay)) = parse(req.data) else {
+        ctx.book
+            .data_violation(format!("node {}: corrupt request delivered", ctx.node));
+        return respond(rpc, req.handle, 0, 0);
+    };
+    count_run(&ctx.book, id);
+    ctx.deferred
+        .push((req.handle, id, len, ctx.now_ns + delay * US));
+}
+
+fn bg_handler(runs: Arc<Mutex<HashMap<u64, u32>>>) -> impl Fn(&[u8], &mut erpc::BgResponse<'_>) {
+    move |data, resp| match parse(data) {
+        Some((id, len, _)) => {
+            *runs.lock().unwrap().entry(id).or_insert(0) += 1;
+            // A length damaged past the frame check may be absurd.
+            let len = if len <= MAX_MSG_BYTES { len } else { 0 };
+            fill(resp.buf(len), resp_key(id));
+        }
+        None => resp.write(b"CORRUPT"),
+    }
+}
+
+fn cont<T: Transport>(rpc: &mut Rpc<T, Ctx>, ctx: &mut Ctx, c: Completion) {
+    let id = c.tag as u64;
+    ctx.outstanding -= 1;
+    let book = ctx.book.clone();
+    {
+        let mut reqs = book.reqs.borrow_mut();
+        let Some(rec) = reqs.get_mut(&id) else {
+            book.violation(format!("completion for unknown request {id:#x}"));
+            return;
+        };
+        rec.done += 1;
+        if rec.done > 1 {
+            book.violation(format!("request {id:#x} completed {} times", rec.done));
+        }
+        if rec.client != ctx.node {
+            book.violation(format!("request {id:#x} completed at the wrong node"));
+        }
+        match c.result {
+            Ok(()) => {
+                rec.ok = true;
+                let d = c.resp.data();
+                let want_len = u32::from_le_bytes(c.req.data()[8..12].try_into().unwrap()) as usize;
+                let good = d.len() == want_len
+                    && d.iter()
+                        .enumerate()
+                        .all(|(i, &b)| b == pattern(resp_key(id), i));
+                if !good {
+                    book.data_violation(format!(
+                        "request {id:#x}: response of {} bytes is not the handler's {} bytes",
+                        d.len(),
+                        want_len
+                    ));
+                }
+            }
+            Err(RpcError::ResponseTooLarge { .. }) => {
+                book.data_violation(format!("request {id:#x}: response too large"))
+            }
+            Err(_) => {}
+        }
+    }
+    if c.req.len() < 8 || u64::from_le_bytes(c.req.data()[..8].try_into().unwrap()) != id {
+        book.violation(format!("request {id:#x}: request buffer came back changed"));
+    }
+    rpc.free_msg_buffer(c.req);
+    rpc.free_msg_buffer(c.resp);
+}
+
+// ------------------------------------------------------------ the run
+
+struct Node<T: Transport> {
+    rpc: Rpc<T, Ctx>,
+    ctx: Ctx,
+    /// Buffers in use right after creation (the control buffer).
+    baseline: u64,
+}
+
+fn in_use<T: Transport, C>(rpc: &Rpc<T, C>) -> u64 {
+    rpc.alloc_stats().classes.iter().map(|c| c.in_use).sum()
+}
+
+struct Plan {
+    /// Frames may be damaged past the frame check (data not checked).
+    undetected: bool,
+    nodes: usize,
+    faults: Faults,
+    requests: usize,
+    window: usize,
+    max_size: usize,
+    huge: bool,
+    crash: Option<(usize, u64, u64)>,
+    churn_ppm: u32,
+}
+
+fn plan(seed: u64) -> Plan {
+    let mut r = Rng::new(seed ^ 0xd57);
+    let pick = |r: &mut Rng, max: u32| -> u32 {
+        match r.below(3) {
+            0 => 0,
+            1 => r.below(u64::from(max / 10) + 1) as u32,
+            _ => r.below(u64::from(max) + 1) as u32,
+        }
+    };
+    let loss = pick(&mut r, 100_000);
+    let link = LinkConfig {
+        delay_ns: 1_000 + r.below(4_000),
+        jitter_ns: r.below(5_000),
+        loss_ppm: loss,
+        dup_ppm: pick(&mut r, 50_000),
+        reorder_ppm: pick(&mut r, 50_000),
+        corrupt_ppm: pick(&mut r, 10_000),
+        corrupt_undetected_ppm: 0,
+    };
+    // Some seeds also damage frames past the Ethernet frame check. eRPC
+    // (UDP checksum 0, as in C++) cannot detect payload damage, so those
+    // seeds check survival, exactly-once completion and leaks, not bytes.
+    let undetected = r.below(10) == 0;
+    let mut link = link;
+    if undetected {
+        link.corrupt_undetected_ppm = 1 + r.below(5_000) as u32;
+    }
+    let sm = SmHubConfig {
+        delay_ns: 5_000 + r.below(50_000),
+        jitter_ns: r.below(50_000),
+        loss_ppm: pick(&mut r, 50_000),
+        dup_ppm: pick(&mut r, 100_000),
+    };
+    let nodes = 2 + r.below(3) as usize;
+    let crash = (r.below(3) == 0).then(|| {
+        let who = r.below(nodes as u64) as usize;
+        let at = r.below(20 * MS);
+        // Back before the failure timeout, or well after it.
+        let down = if r.below(2) == 0 {
+            MS + r.below(300 * MS)
+        } else {
+            600 * MS + r.below(400 * MS)
+        };
+        (who, at, down)
+    });
+    Plan {
+        undetected,
+        nodes,
+        faults: Faults { link, sm },
+        requests: 40 + r.below(160) as usize,
+        window: 1 + r.below(24) as usize,
+        max_size: match r.below(10) {
+            0..=5 => 968,
+            6..=8 => 20_000,
+            _ => 300_000,
+        },
+        huge: loss <= 10_000 && r.below(20) == 0,
+        crash,
+        churn_ppm: pick(&mut r, 20_000),
+    }
+}
+
+fn start_node<N: Net>(net: &mut N, i: usize, generation: u64, book: &Rc<Book>) -> Node<N::T> {
+    let t = net.transport(i);
+    let alloc = net.allocator();
+    let nexus = net
+        .nexus(&node_uri(i).to_string(), (i as u64) << 32 | generation)
+        .handler::<N::T, Ctx>(H_DISPATCH, h_dispatch::<N::T>)
+        .handler::<N::T, Ctx>(H_DEFER, h_defer::<N::T>)
+        .bg_handler(H_BG, bg_handler(book.bg_runs.clone()))
+        .build()
+        .expect("nexus");
+    let rpc = Rpc::new(
+        &nexus,
+        0,
+        t,
+        alloc,
+        RpcConfig::default(),
+        Some(sm_handler::<N::T>),
+    )
+    .expect("rpc");
+    let baseline = in_use(&rpc);
+    Node {
+        rpc,
+        ctx: Ctx {
+            node: i,
+            book: book.clone(),
+            sessions: Vec::new(),
+            deferred: Vec::new(),
+            now_ns: 0,
+            outstanding: 0,
+        },
+        baseline,
+    }
+}
+
+fn open_session<T: Transport + 'static>(n: &mut Node<T>, server: usize) {
+    let sn = n
+        .rpc
+        .create_session(&node_uri(server).to_string(), 0)
+        .expect("create_session");
+    n.ctx.sessions.push((sn, server));
+}
+
+fn issue<T: Transport + 'static>(n: &mut Node<T>, r: &mut Rng, p: &Plan, huge: &mut bool) {
+    if n.ctx.sessions.is_empty() {
+        return;
+    }
+    let (sn, _) = n.ctx.sessions[r.below(n.ctx.sessions.len() as u64) as usize];
+    let book = n.ctx.book.clone();
+    let id = book.next_id.get();
+    book.next_id.set(id + 1);
+    let size = |r: &mut Rng| -> usize {
+        match r.below(4) {
+            0 => r.below(64) as usize,
+            _ => r.below(p.max_size as u64 + 1) as usize,
+        }
+    };
+    let (mut req_len, mut resp_len) = (size(r).max(REQ_HDR), size(r));
+    if *huge {
+        *huge = false;
+        if r.below(2) == 0 {
+            req_len = MAX_MSG_BYTES;
+        } else {
+            resp_len = MAX_MSG_BYTES;
+        }
+    }
+    let kind = [H_DISPATCH, H_DISPATCH, H_DEFER, H_BG][r.below(4) as usize];
+    let delay = r.below(2000) as u32;
+    let mut req = n.rpc.alloc_msg_buffer(req_len).expect("alloc request");
+    let d = req.data_mut();
+    d[..8].copy_from_slice(&id.to_le_bytes());
+    d[8..12].copy_from_slice(&(resp_len as u32).to_le_bytes());
+    d[12..16].copy_from_slice(&delay.to_le_bytes());
+    fill(&mut d[REQ_HDR..], id);
+    let resp = n.rpc.alloc_msg_buffer(resp_len).expect("alloc response");
+    book.reqs.borrow_mut().insert(
+        id,
+        ReqRec {
+            client: n.ctx.node,
+            ..ReqRec::default()
+        },
+    );
+    match n
+        .rpc
+        .enqueue_request(sn, kind, req, resp, cont::<T>, id as usize)
+    {
+        Ok(()) => n.ctx.outstanding += 1,
+        Err(e) => {
+            // The session went away under us (reset, destroyed): not a
+            // request then.
+            book.reqs.borrow_mut().remove(&id);
+            n.rpc.free_msg_buffer(e.req);
+            n.rpc.free_msg_buffer(e.resp);
+            n.ctx.sessions.retain(|&(s, _)| s != sn);
+        }
+    }
+}
+
+/// One seed on network `N`. Returns the violations (empty if clean).
+fn run<N: Net>(seed: u64) -> Vec<String> {
+    let p = plan(seed);
+    let mut net = N::new(seed, &p.faults, p.nodes);
+    let book = Rc::new(Book {
+        lax: p.undetected,
+        ..Book::default()
+    });
+    let mut r = Rng::new(seed);
+    let mut nodes: Vec<Option<Node<N::T>>> = (0..p.nodes)
+        .map(|i| Some(start_node(&mut net, i, 0, &book)))
+        .collect();
+    let mut gens = vec![0u64; p.nodes];
+    for i in 0..p.nodes {
+        let k = 1 + r.below(2) as usize;
+        for _ in 0..k {
+            let s = (i + 1 + r.below(p.nodes as u64 - 1) as usize) % p.nodes;
+            open_session(nodes[i].as_mut().unwrap(), s);
+        }
+    }
+    let mut issued = vec![0usize; p.nodes];
+    let mut huge = vec![p.huge; p.nodes];
+    let mut crashed_at: Option<u64> = None;
+    let mut restarted = false;
+    let t0 = net.now_ns();
+    let mut steps: u64 = 0;
+    let step_limit: u64 = 40_000_000;
+    loop {
+        steps += 1;
+        if steps > step_limit {
+            book.violation(format!("stuck at t = {} ns", net.now_ns()));
+            break;
+        }
+        let now = net.now_ns();
+        // Crash and restart.
+        if let Some((who, at, down)) = p.crash {
+            if crashed_at.is_none() && now - t0 >= at {
+                crashed_at = Some(now);
+                net.crash(who);
+                let dead = nodes[who].take().expect("alive");
+                // Its own requests die with it.
+                for rec in book.reqs.borrow_mut().values_mut() {
+                    if rec.client == who && rec.done == 0 {
+                        rec.void = true;
+                    }
+                }
+                drop(dead);
+            } else if !restarted && crashed_at.is_some_and(|c| now - c >= down) {
+                restarted = true;
+                gens[who] += 1;
+                let mut n = start_node(&mut net, who, gens[who], &book);
+                let s = (who + 1) % p.nodes;
+                open_session(&mut n, s);
+                nodes[who] = Some(n);
+            }
+        }
+        for (i, slot) in nodes.iter_mut().enumerate() {
+            let Some(n) = slot.as_mut() else { continue };
+            n.ctx.now_ns = now;
+            // Deferred handlers respond when due.
+            let mut k = 0;
+            while k < n.ctx.deferred.len() {
+                if n.ctx.deferred[k].3 <= now {
+                    let (h, id, len, _) = n.ctx.deferred.swap_remove(k);
+                    respond(&mut n.rpc, h, id, len);
+                } else {
+                    k += 1;
+                }
+            }
+            // Closed loop with a window; churn.
+            while issued[i] < p.requests
+                && n.ctx.outstanding < p.window
+                && !n.ctx.sessions.is_empty()
+            {
+                issued[i] += 1;
+                issue(n, &mut r, &p, &mut huge[i]);
+            }
+            if r.chance_ppm(p.churn_ppm) {
+                if r.below(2) == 0 && !n.ctx.sessions.is_empty() {
+                    let k = r.below(n.ctx.sessions.len() as u64) as usize;
+                    let (sn, _) = n.ctx.sessions[k];
+                    if n.rpc.is_connected(sn) {
+                        n.ctx.sessions.remove(k);
+                        n.rpc.destroy_session(sn).expect("destroy");
+                    }
+                } else if n.ctx.sessions.len() < 4 {
+                    let s = (i + 1 + r.below(p.nodes as u64 - 1) as usize) % p.nodes;
+                    open_session(n, s);
+                }
+            }
+            if n.ctx.sessions.is_empty() && issued[i] < p.requests {
+                let s = (i + 1 + r.below(p.nodes as u64 - 1) as usize) % p.nodes;
+                open_session(n, s);
+            }
+            n.rpc.run_event_loop_once(&mut n.ctx);
+            if steps % 64 == 0
+                && let Err(e) = n.rpc.check_credit_invariant()
+            {
+                book.violation(format!("node {i}: {e}"));
+            }
+        }
+        let crash_pending = p.crash.is_some() && !restarted;
+        let all_done = !crash_pending
+            && nodes.iter().enumerate().all(|(i, n)| {
+                n.as_ref().is_none_or(|n| {
+                    issued[i] >= p.requests && n.ctx.outstanding == 0 && n.ctx.deferred.is_empty()
+                })
+            });
+        if all_done {
+            break;
+        }
+        net.step(200 * US);
+    }
+    // Tear down: destroy every client session as soon as it is connected,
+    // let deferred handlers respond, and wait for every session to go
+    // (server sessions of a crashed client go by failure detection).
+    for n in nodes.iter_mut().flatten() {
+        n.ctx.sessions.clear();
+    }
+    let teardown_end = net.now_ns() + 5_000 * MS;
+    loop {
+        let now = net.now_ns();
+        for n in nodes.iter_mut().flatten() {
+            n.ctx.now_ns = now;
+            for (h, id, len, _) in std::mem::take(&mut n.ctx.deferred) {
+                respond(&mut n.rpc, h, id, len);
+            }
+            for sn in n.rpc.session_nums() {
+                if n.rpc.session_is_client(sn) == Some(true) && n.rpc.is_connected(sn) {
+                    n.rpc
+                        .destroy_session(sn)
+                        .expect("destroy a connected session");
+                }
+            }
+            n.rpc.run_event_loop_once(&mut n.ctx);
+        }
+        if nodes
+            .iter()
+            .flatten()
+            .all(|n| n.rpc.session_nums().is_empty())
+            || now > teardown_end
+        {
+            break;
+        }
+        net.step(MS);
+    }
+    // Invariants.
+    let runs_total = |id| book.runs(id);
+    for (id, rec) in book.reqs.borrow().iter() {
+        if rec.void {
+            continue;
+        }
+        if rec.done != 1 {
+            book.violation(format!(
+                "request {id:#x} from node {} completed {} times",
+                rec.client, rec.done
+            ));
+        }
+        let n = runs_total(*id);
+        if rec.ok && n != 1 {
+            book.data_violation(format!(
+                "request {id:#x} succeeded but its handler ran {n} times"
+            ));
+        }
+    }
+    for (id, n) in book.bg_runs.lock().unwrap().iter() {
+        if *n > 1 {
+            book.data_violation(format!("background handler of {id:#x} ran {n} times"));
+        }
+    }
+    for (i, n) in nodes.iter().enumerate() {
+        let Some(n) = n else { continue };
+        for sn in n.rpc.session_nums() {
+            book.violation(format!(
+                "node {i}: session left: {:?}",
+                n.rpc.session_info(sn)
+            ));
+        }
+        let (free, total) = n.rpc.rx_ring_unreserved();
+        if free != total {
+            book.violation(format!(
+                "node {i}: {} RX ring entries still reserved",
+                total - free
+            ));
+        }
+        if in_use(&n.rpc) != n.baseline {
+            book.violation(format!(
+                "node {i}: {} buffers in use, {} at start",
+                in_use(&n.rpc),
+                n.baseline
+            ));
+        }
+        if net.rx_held(i) != 0 {
+            book.violation(format!("node {i}: {} RX ring entries held", net.rx_held(i)));
+        }
+    }
+    let v = book.violations.borrow().clone();
+    if !v.is_empty() && std::env::var_os("ERPC_VERBOSE").is_some() {
+        for n in nodes.iter().flatten() {
+            eprintln!("node {}: {}", n.ctx.node, n.rpc.stats());
+        }
+    }
+    v
+}
+
+// ---------------------------------------------------------- the sweep
+
+fn seeds(default: u64) -> (u64, u64) {
+    if let Some(s) = std::env::var("ERPC_DST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        return (s, 1);
+    }
+    let n = std::env::var("ERPC_DST_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default);
+    (1, n)
+}
+
+fn sweep<N: Net>(test: &str, default: u64) {
+    let (first, count) = seeds(default);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(4) as u64;
+    let failures: Mutex<Vec<(u64, Vec<String>)>> = Mutex::new(Vec::new());
+    let next = std::sync::atomic::AtomicU64::new(first);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                loop {
+                    let seed = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if seed >= first + count {
+                        break;
+                    }
+                    let r = std::panic::catch_unwind(|| run::<N>(seed));
+                    let v = match r {
+                        Ok(v) => v,
+                        Err(e) => vec![format!(
+                            "panicked: {}",
+                            e.downcast_ref::<String>()
+                                .cloned()
+                                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                                .unwrap_or_default()
+                        )],
+                    };
+                    if !v.is_empty() {
+                        failures.lock().unwrap().push((seed, v));
+                    }
+                }
+            });
+        }
+    });
+    let mut f = failures.into_inner().unwrap();
+    f.sort_by_key(|x| x.0);
+    if let Some((seed, v)) = f.first() {
+        for (s, v) in &f {
+            eprintln!("seed {s}: {} violation(s), first: {}", v.len(), v[0]);
+        }
+        panic!(
+            "{} of {count} seeds failed; first seed {seed}:\n  {}\nreplay: ERPC_DST_SEED={seed} cargo test -p erpc --test dst -- {test} --exact",
+            f.len(),
+            v.iter().take(10).cloned().collect::<Vec<_>>().join("\n  ")
+        );
+    }
+    eprintln!("{test}: {count} seeds clean");
+}
+
+#[test]
+fn sweep_simulated_network() {
+    sweep::<SimNetWorld>("sweep_simulated_network", 1000);
+}
+
+#[allow(dead_code)]
+fn unused(_: Duration, _: Ipv4Addr) {}
