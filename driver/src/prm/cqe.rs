@@ -142,7 +142,7 @@ pub const CONSTS: &[ConstDesc] = &[ConstDesc {
 }];
 
 /// A CQE, decoded (a copy, never a reference into the ring).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Cqe {
     /// Opcode, raw (`op_own >> 4`).
     pub opcode: u8,
