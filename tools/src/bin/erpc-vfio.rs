@@ -13,8 +13,18 @@ use mlx5::vfio::sysfs::Sysfs;
 
 /// Prepare PCI functions (mlx5 NICs) for the userspace driver: list them,
 /// check one, bind it to vfio-pci and give it back to its kernel driver.
+/// Exit code of `status` when the function is not ready for VFIO (the
+/// report says what to do). 0: ready, or any other command done; 1: an
+/// error or a refusal; 2: bad arguments.
+const EXIT_NOT_READY: u8 = 3;
+
 #[derive(Debug, Parser)]
-#[command(name = "erpc-vfio", version)]
+#[command(
+    name = "erpc-vfio",
+    version,
+    after_help = "Exit status: 0 done (for `status`: ready for VFIO), 1 error or refusal, \
+                  2 bad arguments, 3 `status`: not ready (the report says what to do)."
+)]
 struct Cli {
     /// Print JSON instead of text.
     #[arg(long, global = true)]
@@ -39,7 +49,8 @@ struct Cli {
 enum Command {
     /// List PCI functions: ids, driver, IOMMU group, NUMA node, mlx5 or not.
     List,
-    /// Show whether a function is ready for VFIO and what is missing.
+    /// Show whether a function is ready for VFIO and what is missing
+    /// (exit status 0 if ready, 3 if not).
     Status {
         /// PCI address, DDDD:BB:DD.F.
         bdf: PciAddress,
@@ -67,6 +78,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    erpc_tools::init_tracing();
     let cli = Cli::parse();
     let env = Env {
         sysfs: Sysfs::new(&cli.sysfs),
@@ -75,7 +87,7 @@ fn main() -> ExitCode {
         state_dir: cli.state_dir.clone(),
     };
     match run(&cli, &env) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(err) => {
             if cli.json {
                 let kind = format!("{err:?}");
@@ -98,7 +110,7 @@ fn print_json(value: &impl serde::Serialize) {
     );
 }
 
-fn run(cli: &Cli, env: &Env) -> Result<(), ToolError> {
+fn run(cli: &Cli, env: &Env) -> Result<ExitCode, ToolError> {
     match &cli.command {
         Command::List => {
             let rows = vfio_tool::list(env)?;
@@ -115,6 +127,9 @@ fn run(cli: &Cli, env: &Env) -> Result<(), ToolError> {
             } else {
                 print!("{}", vfio_tool::render_status(&status));
             }
+            if !status.ready {
+                return Ok(ExitCode::from(EXIT_NOT_READY));
+            }
         }
         Command::Bind {
             bdf,
@@ -129,7 +144,7 @@ fn run(cli: &Cli, env: &Env) -> Result<(), ToolError> {
             execute(cli, env, &plan, *dry_run, "unbind")?;
         }
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
 fn execute(
