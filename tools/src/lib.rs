@@ -1,7 +1,7 @@
 //! Shared code of the command-line tools (benchmark, VFIO binding tool,
 //! examples).
 //!
-//! * [`bench`]: the small-RPC benchmark behind `erpc-bench`.
+//! * [`bench`](mod@bench): the small-RPC benchmark behind `erpc-bench`.
 //! * [`capture`]: `erpc-bench --pcap` (fabric frames and SM packets in one
 //!   file, for `tools/wireshark/erpc.lua`).
 //! * [`memory`]: the hugepages a run needs, and the one note when they are

@@ -32,7 +32,8 @@ const NODE_BASE_BYTES: usize = 8 << 20;
 /// request in flight; as a server of multi-packet messages, a request
 /// (reassembly) and a response buffer per busy session slot (single-packet
 /// requests are read in place and answered from the slot's preallocated
-/// buffer); plus [`NODE_BASE_BYTES`].
+/// buffer); plus 8 MiB for the rest (preallocated responses, control
+/// packets, the raw echo).
 pub fn node_bytes(size: usize, window: usize) -> usize {
     let per_buffer = class_size(mempool::class_for(msgbuf_bytes(size)).unwrap_or(0));
     let server = if size > MAX_DATA_PER_PKT {
