@@ -9,6 +9,12 @@
 //! * [`vfio_tool`]: the logic of `erpc-vfio` (list, status, bind, unbind).
 #![forbid(unsafe_code)]
 
+/// README.md, whose Rust snippets compile as this crate's doctests
+/// (`cargo test --doc`); its other blocks are marked `sh` or `text`.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
 pub mod bench;
 pub mod capture;
 pub mod memory;

@@ -137,6 +137,27 @@ mod tests {
         assert_eq!(bench_pages(32, 60, false), 10);
     }
 
+    /// README gives the same number, for the default run, in the command
+    /// and in the sample note.
+    #[test]
+    fn readme_gives_the_default_runs_number() {
+        let readme = include_str!("../../README.md");
+        let n = default_bench_pages();
+        let cmd = format!("echo {n} | sudo tee /proc/sys/vm/nr_hugepages");
+        assert!(readme.contains(&cmd), "README lacks `{cmd}`");
+        assert!(
+            readme.contains(&format!("a default run needs {n} free 2 MiB pages")),
+            "README states another number than {n}"
+        );
+        let note = MemoryPlan::decide_with("erpc-bench", n, &info(0, 0))
+            .note
+            .unwrap();
+        assert!(
+            readme.contains(&note),
+            "README's sample note differs from\n{note}"
+        );
+    }
+
     #[test]
     fn shortage_gives_one_note_with_the_need_and_the_command() {
         let p = MemoryPlan::decide_with("erpc-bench", 18, &info(0, 0));
