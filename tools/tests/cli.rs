@@ -376,3 +376,29 @@ fn erpc_vfio_status_exit_codes_tell_scripts_ready_or_not() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("must run as root"));
 }
+
+#[test]
+fn erpc_vfio_ends_quietly_when_stdout_is_closed() {
+    use std::process::Stdio;
+    let m = machine();
+    let p = |x: &Path| x.to_str().unwrap().to_string();
+    for cmd in [
+        &["list"][..],
+        &["status", "0000:00:05.0"],
+        &["--json", "list"],
+    ] {
+        let mut child = Command::new(VFIO)
+            .args(["--sysfs", &p(m.fake.root()), "--proc", &p(&m.proc_root)])
+            .args(["--dev-vfio", &p(&m.dev_vfio), "--state-dir", &p(&m.state)])
+            .args(cmd)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = text(&out.stderr);
+        assert!(!err.contains("panicked"), "{cmd:?}: {err}");
+        assert_eq!(out.status.code(), Some(0), "{cmd:?}: {err}");
+    }
+}

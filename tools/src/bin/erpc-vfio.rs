@@ -77,6 +77,28 @@ enum Command {
     },
 }
 
+/// Writes to stdout; a reader that went away (`erpc-vfio list | head`)
+/// ends the process quietly instead of a panic in `println!`. Output
+/// comes after any change the command made, so nothing is cut short.
+fn emit(text: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    if let Err(e) = std::io::stdout().lock().write_fmt(text) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("erpc-vfio: cannot write to standard output: {e}");
+        std::process::exit(1);
+    }
+}
+
+macro_rules! out {
+    ($($arg:tt)*) => { emit(format_args!($($arg)*)) };
+}
+
+macro_rules! outln {
+    ($($arg:tt)*) => { emit(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
 fn main() -> ExitCode {
     erpc_tools::init_tracing();
     let cli = Cli::parse();
@@ -92,7 +114,7 @@ fn main() -> ExitCode {
             if cli.json {
                 let kind = format!("{err:?}");
                 let kind = kind.split([' ', '{', '(']).next().unwrap_or("Error");
-                println!(
+                outln!(
                     "{}",
                     serde_json::json!({ "ok": false, "kind": kind, "error": err.to_string() })
                 );
@@ -104,7 +126,7 @@ fn main() -> ExitCode {
 }
 
 fn print_json(value: &impl serde::Serialize) {
-    println!(
+    outln!(
         "{}",
         serde_json::to_string_pretty(value).expect("reports serialize")
     );
@@ -117,7 +139,7 @@ fn run(cli: &Cli, env: &Env) -> Result<ExitCode, ToolError> {
             if cli.json {
                 print_json(&rows);
             } else {
-                print!("{}", vfio_tool::render_list(&rows));
+                out!("{}", vfio_tool::render_list(&rows));
             }
         }
         Command::Status { bdf } => {
@@ -125,7 +147,7 @@ fn run(cli: &Cli, env: &Env) -> Result<ExitCode, ToolError> {
             if cli.json {
                 print_json(&status);
             } else {
-                print!("{}", vfio_tool::render_status(&status));
+                out!("{}", vfio_tool::render_status(&status));
             }
             if !status.ready {
                 return Ok(ExitCode::from(EXIT_NOT_READY));
@@ -190,21 +212,21 @@ fn execute(
             .unwrap_or_else(|| "none".into())
     };
     if plan.already_done {
-        println!("{} is already bound to vfio-pci; nothing to do", plan.bdf);
+        outln!("{} is already bound to vfio-pci; nothing to do", plan.bdf);
         return Ok(());
     }
     if dry_run {
-        println!("dry run: `erpc-vfio {command} {}` would write:", plan.bdf);
+        outln!("dry run: `erpc-vfio {command} {}` would write:", plan.bdf);
         for line in plan.shell().lines() {
-            println!("  {line}");
+            outln!("  {line}");
         }
         match command {
-            "bind" => println!(
+            "bind" => outln!(
                 "and record the previous driver ({}) in {}",
                 previous(plan),
                 plan.state_file.display()
             ),
-            _ => println!(
+            _ => outln!(
                 "and expect the function to end up on {} ({})",
                 plan.expect_driver.as_deref().unwrap_or("no driver"),
                 if plan.record.is_some() {
@@ -217,14 +239,14 @@ fn execute(
         return Ok(());
     }
     match command {
-        "bind" => println!(
+        "bind" => outln!(
             "bound {} to vfio-pci: {} (previous driver {}, recorded in {})",
             plan.bdf,
             node.map_or("-".into(), |n| n.display().to_string()),
             previous(plan),
             plan.state_file.display()
         ),
-        _ => println!(
+        _ => outln!(
             "unbound {} from vfio-pci; now on {}",
             plan.bdf,
             driver_now.as_deref().unwrap_or("no driver")
