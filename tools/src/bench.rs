@@ -319,32 +319,23 @@ pub fn ratio_to_raw(rpcs_per_sec: f64, size: usize, raw_round_trips_per_sec: f64
         .then(|| rpcs_per_sec * packets_per_direction(size) as f64 / raw_round_trips_per_sec)
 }
 
-/// Progress of a run on the terminal (hidden when stderr is not one).
+/// Progress of a run on the terminal: one bar per phase (raw echo, each
+/// point) on stderr, removed before the phase's result is printed; nothing
+/// at all when stderr is not a terminal.
 #[derive(Debug)]
 pub struct Progress {
-    bar: ProgressBar,
     visible: bool,
+    bar: std::cell::RefCell<Option<ProgressBar>>,
     /// Tenths of a second shown last (the bar redraws only when it moves).
     shown: std::cell::Cell<u64>,
 }
 
 impl Progress {
-    /// A bar on stderr if stderr is a terminal, otherwise a hidden one.
+    /// Bars on stderr if stderr is a terminal, otherwise none.
     pub fn new() -> Progress {
-        let target = if std::io::stderr().is_terminal() {
-            ProgressDrawTarget::stderr()
-        } else {
-            ProgressDrawTarget::hidden()
-        };
-        let bar = ProgressBar::with_draw_target(Some(1000), target);
-        bar.set_style(
-            ProgressStyle::with_template("{prefix:>24} [{bar:30}] {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=> "),
-        );
         Progress {
-            visible: !bar.is_hidden(),
-            bar,
+            visible: std::io::stderr().is_terminal(),
+            bar: std::cell::RefCell::new(None),
             shown: std::cell::Cell::new(u64::MAX),
         }
     }
@@ -352,18 +343,27 @@ impl Progress {
     /// A progress that never draws.
     pub fn hidden() -> Progress {
         Progress {
-            bar: ProgressBar::hidden(),
             visible: false,
-            shown: std::cell::Cell::new(u64::MAX),
+            ..Progress::new()
         }
     }
 
     /// Starts a phase of `total` wall time.
     pub fn phase(&self, name: &str, total: Duration) {
-        self.bar.set_prefix(name.to_string());
-        self.bar.set_length(total.as_millis().max(1) as u64);
-        self.bar.set_position(0);
-        self.bar.set_message(String::new());
+        self.clear();
+        if !self.visible {
+            return;
+        }
+        let bar = ProgressBar::with_draw_target(
+            Some(total.as_millis().max(1) as u64),
+            ProgressDrawTarget::stderr(),
+        );
+        if let Ok(style) = ProgressStyle::with_template("{prefix:>10} [{bar:30}] {msg}") {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.set_prefix(name.to_string());
+        self.shown.set(u64::MAX);
+        *self.bar.borrow_mut() = Some(bar);
     }
 
     /// `done` of the phase has passed. Cheap when nothing is drawn: the
@@ -376,23 +376,27 @@ impl Progress {
         let tenths = done.as_millis() as u64 / 100;
         if tenths != self.shown.get() {
             self.shown.set(tenths);
-            self.bar.set_position(done.as_millis() as u64);
-            self.bar.set_message(format!("{:.1} s", done.as_secs_f64()));
+            if let Some(bar) = self.bar.borrow().as_ref() {
+                bar.set_position(done.as_millis() as u64);
+                bar.set_message(format!("{:.1} s", done.as_secs_f64()));
+            }
         }
     }
 
-    /// Removes the bar (before printing a result line).
+    /// Removes the phase's bar (before printing its result).
     pub fn clear(&self) {
-        self.bar.set_message(String::new());
-        self.bar.set_position(0);
-        self.bar.finish_and_clear();
-        self.bar.reset();
+        if let Some(bar) = self.bar.borrow_mut().take() {
+            bar.finish_and_clear();
+        }
     }
 
-    /// Runs `f` with the bar out of the way, so printed lines do not mix
+    /// Runs `f` with any bar out of the way, so printed lines do not mix
     /// with it.
     pub fn suspend<R>(&self, f: impl FnOnce() -> R) -> R {
-        self.bar.suspend(f)
+        match self.bar.borrow().as_ref() {
+            Some(bar) => bar.suspend(f),
+            None => f(),
+        }
     }
 }
 
@@ -1017,7 +1021,7 @@ pub fn raw_echo<T: Transport>(
             }
             head_a += na;
             a.post_recvs(na);
-            in_flight -= na;
+            in_flight = in_flight.saturating_sub(na);
             done += na as u64;
         }
     }
