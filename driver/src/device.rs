@@ -43,7 +43,7 @@ pub struct DeviceConfig {
     /// log2 of the NIC RX flow table size: the most queue sets (UDP ports)
     /// steered at once.
     pub flow_table_log_size: u8,
-    /// Ask for unicast promiscuous mode (facts sheet §5.8 [unsure]: whether
+    /// Ask for unicast promiscuous mode (facts sheet §5.8 `[unsure]`: whether
     /// a bare VFIO function receives unicast for its MAC without vport MAC
     /// programming). Off by default; the flow rule still filters by MAC.
     pub promiscuous: bool,

@@ -123,7 +123,7 @@ pub struct TxFrame<'a> {
 }
 
 /// Datapath counters of one queue set.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct QueueStats {
     /// WQEs posted (sends and NOPs).
     pub tx_wqes: u64,
@@ -249,7 +249,7 @@ impl RxRingView {
 }
 
 /// Software and hardware state of a queue set, for the queue inspector.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct QueueSnapshot {
     /// Device name.
     pub device: String,
@@ -302,7 +302,7 @@ pub struct QueueSnapshot {
 }
 
 /// Hardware's view (QUERY_SQ/RQ/CQ, QUERY_Q_COUNTER).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct HwQueueState {
     /// SQ state (0 RST, 1 RDY, 3 ERR).
     pub sq_state: u8,

@@ -21,6 +21,91 @@
 //!   requests with explicit credit returns, multi-packet responses pulled
 //!   with requests-for-response; at-most-once execution.
 //!
+//! # Example: a client and a server
+//!
+//! A server Rpc that echoes requests back and a client Rpc that sends one,
+//! each in its own Nexus, on the simulated network (one thread, virtual
+//! time). On a NIC only the setup differs: an [`Rpc`] over
+//! `transport::mlx5::Mlx5Transport` with an allocator registered with the
+//! device, and Nexuses on kernel UDP (see the README and
+//! `examples/hello_world.rs`).
+//!
+//! ```
+//! use erpc::sim::{SimConfig, SimNet, SimTransport, sim_allocator};
+//! use erpc::{Completion, Nexus, Request, Rpc, RpcConfig};
+//! use mempool::{Fallback, RegionOptions};
+//!
+//! const ECHO: u8 = 1;
+//!
+//! /// Per-Rpc application state, handed `&mut` to handlers and continuations.
+//! #[derive(Default)]
+//! struct App {
+//!     reply: Option<Vec<u8>>,
+//! }
+//!
+//! // Server side: runs in the server's event loop; the request is read in
+//! // place and the response goes out from the slot's preallocated buffer.
+//! fn echo(rpc: &mut Rpc<SimTransport, App>, _app: &mut App, req: Request<'_>) {
+//!     let data = req.data.to_vec();
+//!     rpc.respond(req.handle, &data).expect("the request is awaiting a response");
+//! }
+//!
+//! // Client side: both buffers come back with the result.
+//! fn done(rpc: &mut Rpc<SimTransport, App>, app: &mut App, c: Completion) {
+//!     if c.result.is_ok() {
+//!         app.reply = Some(c.resp.data().to_vec());
+//!     }
+//!     rpc.free_msg_buffer(c.req);
+//!     rpc.free_msg_buffer(c.resp);
+//! }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let net = SimNet::new(SimConfig::default()); // links, SM hub and clock
+//! let nexus = |uri: &str| {
+//!     Nexus::builder(uri)
+//!         .handler::<SimTransport, App>(ECHO, echo) // handlers before any Rpc
+//!         .sm_link(net.sm_link())
+//!         .clock(net.erpc_clock())
+//!         .build()
+//! };
+//! let (server_nexus, client_nexus) = (nexus("server:31850")?, nexus("client:31851")?);
+//! // Message buffers: 2 MiB hugepages in production; this example also
+//! // runs where none are reserved.
+//! let memory = RegionOptions { fallback: Fallback::SmallPages, ..Default::default() };
+//! let rpc = |nexus| {
+//!     Rpc::<SimTransport, App>::new(
+//!         nexus,
+//!         0, // Rpc id within its Nexus
+//!         net.add_transport(),
+//!         sim_allocator(2 << 20, memory)?,
+//!         RpcConfig::default(),
+//!         None, // no session-event callback
+//!     )
+//!     .map_err(Box::<dyn std::error::Error>::from)
+//! };
+//! let (mut server, mut client) = (rpc(&server_nexus)?, rpc(&client_nexus)?);
+//!
+//! // Connect to Rpc 0 of the server's Nexus and enqueue a request at once:
+//! // it waits for the session.
+//! let session = client.create_session("server:31850", 0)?;
+//! let mut req = client.alloc_msg_buffer(5)?;
+//! req.data_mut().copy_from_slice(b"hello");
+//! let resp = client.alloc_msg_buffer(64)?;
+//! client.enqueue_request(session, ECHO, req, resp, done, 0)?;
+//!
+//! // Each Rpc runs its own event loop (one per thread in a real program).
+//! let (mut server_app, mut client_app) = (App::default(), App::default());
+//! while client_app.reply.is_none() {
+//!     client.run_event_loop_once(&mut client_app);
+//!     server.run_event_loop_once(&mut server_app);
+//!     net.advance(1_000); // 1 µs of virtual time
+//! #   assert!(net.now_ns() < 1_000_000_000, "no reply in a simulated second");
+//! }
+//! assert_eq!(client_app.reply.as_deref(), Some(&b"hello"[..]));
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Handlers and continuations: no allocation per request
 //!
 //! Handlers and continuations are plain `fn` pointers

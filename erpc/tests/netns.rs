@@ -2,13 +2,80 @@
 //! eRPC, with session management over kernel UDP and the data path either
 //! over kernel UDP or over the mlx5 transport on a device-model NIC whose
 //! fabric is bridged (AF_PACKET) onto the process's veth end. Needs root
-//! and `ip`; skips with a message otherwise, except in CI (`ERPC_CI=1`),
-//! where it must run.
+//! and `ip`; reported as ignored with the reason otherwise (a libtest-mimic
+//! harness checks before running), except in CI (`ERPC_CI=1`), where it
+//! must run.
 //!
 //! The test re-runs this test binary inside each namespace as a child
-//! (`netns_child`, idle unless `ERPC_NETNS_ROLE` is set).
+//! (`netns_child`, an ignored test, idle unless `ERPC_NETNS_ROLE` is set).
 
 mod common;
+
+fn main() -> std::process::ExitCode {
+    use libtest_mimic::{Arguments, Trial};
+    let args = Arguments::from_args();
+    let missing = if std::env::var_os("ERPC_NETNS_ROLE").is_some() {
+        None
+    } else {
+        missing_prerequisite()
+    };
+    let test = |name: &str, f: fn()| {
+        let run = Trial::test(name, move || {
+            f();
+            Ok(())
+        });
+        match &missing {
+            None => run,
+            Some(why) if std::env::var_os("ERPC_CI").is_some() => {
+                let why = why.clone();
+                Trial::test(name, move || {
+                    Err(format!("ERPC_CI is set but the namespace test cannot run: {why}").into())
+                })
+            }
+            Some(why) => {
+                if !args.list {
+                    eprintln!("{name}: ignored: {why}");
+                }
+                Trial::test(name, || Ok(())).with_ignored_flag(true)
+            }
+        }
+    };
+    let trials = vec![
+        test(
+            "two_processes_two_namespaces_over_udp",
+            two_processes_two_namespaces_over_udp,
+        ),
+        test(
+            "two_processes_two_namespaces_over_the_device_model_bridge",
+            two_processes_two_namespaces_over_the_device_model_bridge,
+        ),
+        Trial::test("netns_child", || {
+            netns_child();
+            Ok(())
+        })
+        .with_ignored_flag(true),
+    ];
+    libtest_mimic::run(&args, trials).exit_code()
+}
+
+/// Why two namespaces cannot be made here, if they cannot: root, `ip`, and
+/// a probe namespace created and removed.
+fn missing_prerequisite() -> Option<String> {
+    if !is_root() {
+        return Some("not root (network namespaces need CAP_SYS_ADMIN)".into());
+    }
+    if Command::new("ip").arg("-V").output().is_err() {
+        return Some("the `ip` command (iproute2) is missing".into());
+    }
+    let probe = format!("erpc-probe-{}", std::process::id());
+    match ip(&["netns", "add", &probe]) {
+        Ok(()) => {
+            let _ = ip(&["netns", "del", &probe]);
+            None
+        }
+        Err(e) => Some(format!("cannot create a network namespace: {e}")),
+    }
+}
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::process::{Command, Stdio};
@@ -69,12 +136,10 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-#[test]
 fn two_processes_two_namespaces_over_udp() {
     two_processes("udp");
 }
 
-#[test]
 fn two_processes_two_namespaces_over_the_device_model_bridge() {
     two_processes("bridge");
 }
@@ -122,7 +187,8 @@ fn two_processes(data_path: &str) {
         Command::new("ip")
             .args(["netns", "exec", n])
             .arg(&exe)
-            .args(["--exact", "netns_child", "--nocapture", "--test-threads=1"])
+            .args(["--exact", "netns_child", "--ignored", "--nocapture"])
+            .arg("--test-threads=1")
             .env("ERPC_NETNS_ROLE", id.to_string())
             .env("ERPC_NETNS_SELF", me.to_string())
             .env("ERPC_NETNS_PEER", peer.to_string())
@@ -149,7 +215,6 @@ fn two_processes(data_path: &str) {
 
 /// The child: one Nexus and one Rpc in this namespace, client of the peer
 /// and server for it. Idle unless run by the test above.
-#[test]
 fn netns_child() {
     let Ok(role) = std::env::var("ERPC_NETNS_ROLE") else {
         return;

@@ -1,9 +1,37 @@
-//! Shared code of the command-line tools (benchmark, queue inspector, VFIO
-//! binding tool, examples).
+//! Shared code of the command-line tools (benchmark, VFIO binding tool,
+//! examples).
 //!
+//! * [`bench`](mod@bench): the small-RPC benchmark behind `erpc-bench`.
+//! * [`capture`]: `erpc-bench --pcap` (fabric frames and SM packets in one
+//!   file, for `tools/wireshark/erpc.lua`).
+//! * [`memory`]: the hugepages a run needs, and the one note when they are
+//!   missing.
 //! * [`vfio_tool`]: the logic of `erpc-vfio` (list, status, bind, unbind).
-//! * [`bench`]: the small-RPC benchmark behind `erpc-bench`.
 #![forbid(unsafe_code)]
 
+/// README.md, whose Rust snippets compile as this crate's doctests
+/// (`cargo test --doc`); its other blocks are marked `sh` or `text`.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
 pub mod bench;
+pub mod capture;
+pub mod memory;
 pub mod vfio_tool;
+
+/// Installs the `tracing` subscriber every binary uses: human-readable
+/// events on stderr, filtered by `RUST_LOG` (default: warnings and errors).
+/// A second call does nothing.
+pub fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::filter::LevelFilter;
+    let filter = EnvFilter::builder()
+        .with_default_directive(LevelFilter::WARN.into())
+        .from_env_lossy();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}

@@ -464,6 +464,74 @@ fn iommu_status(env: &Env) -> IommuStatus {
     }
 }
 
+/// What to do, in order, to make `bdf` ready: the same conditions
+/// [`plan_bind`] refuses on, with the same way out, so that following the
+/// advice never runs into a refusal.
+fn next_steps(
+    bdf: PciAddress,
+    group: &Option<GroupStatus>,
+    vfio_pci_loaded: bool,
+    on_vfio: bool,
+    default_route: &Option<String>,
+    hp: &Hugepages,
+) -> Vec<String> {
+    let mut next = Vec::new();
+    let Some(g) = group else {
+        // `bind` refuses a function without a group; nothing else helps
+        // until the IOMMU is on.
+        next.push(IOMMU_HINT.to_string());
+        return next;
+    };
+    if !vfio_pci_loaded {
+        next.push("load vfio-pci: `sudo modprobe vfio-pci`".to_string());
+    }
+    for m in g.members.iter().filter(|m| m.blocks_vfio && m.bdf != bdf) {
+        next.push(format!(
+            "group member {} is on {}: VFIO needs every member of group {} on vfio-pci or \
+             on no driver; bind it first (`sudo erpc-vfio bind {}`), or move the NIC to a \
+             slot with its own IOMMU group",
+            m.bdf,
+            m.driver.as_deref().unwrap_or("?"),
+            g.number,
+            m.bdf
+        ));
+    }
+    if !on_vfio {
+        let then = if next.is_empty() { "" } else { "then " };
+        match default_route {
+            Some(iface) => next.push(format!(
+                "it carries this machine's default route (interface {iface}): `erpc-vfio \
+                 bind` refuses it, since binding it takes the machine off the network; use \
+                 another NIC, or {then}`sudo erpc-vfio bind --force {bdf}` if you really \
+                 mean it"
+            )),
+            None => next.push(format!("{then}bind it: `sudo erpc-vfio bind {bdf}`")),
+        }
+    } else if !g.dev_node_exists && g.viable {
+        next.push(format!(
+            "{} is missing although {bdf} is on vfio-pci: check that udev created it \
+             (`ls -l /dev/vfio`), or rebind (`sudo erpc-vfio unbind {bdf}` and `bind` again)",
+            g.dev_node.display()
+        ));
+    }
+    let want = crate::memory::default_bench_pages();
+    let info = mempool::meminfo::HugepageInfo {
+        total: hp.total,
+        free: hp.free,
+        reserved: hp.reserved,
+        page_size_bytes: hp.page_kib * 1024,
+    };
+    let available = info.available();
+    if available < want {
+        next.push(format!(
+            "reserve hugepages: the driver and erpc-bench need {want} free 2 MiB pages, {available} \
+             are free: `{}`",
+            mempool::meminfo::reserve_command(&info, want)
+        ));
+    }
+    next
+}
+
 /// Everything about `bdf` that decides whether VFIO can use it.
 pub fn status(env: &Env, bdf: PciAddress) -> Result<Status, ToolError> {
     let f = function(env, bdf)?;
@@ -472,38 +540,16 @@ pub fn status(env: &Env, bdf: PciAddress) -> Result<Status, ToolError> {
     let iommu = iommu_status(env);
     let vfio_pci_loaded = env.sysfs.pci_driver_registered(VFIO_DRIVER);
     let hp = hugepages(env);
-    let mut next = Vec::new();
-    if group.is_none() {
-        next.push(IOMMU_HINT.to_string());
-    }
-    if !vfio_pci_loaded {
-        next.push("load vfio-pci: `modprobe vfio-pci`".to_string());
-    }
     let on_vfio = f.driver.as_deref().is_some_and(is_vfio_driver);
-    if !on_vfio {
-        next.push(format!("bind it: `erpc-vfio bind {bdf}`"));
-    }
-    if let Some(g) = &group {
-        for m in g.members.iter().filter(|m| m.blocks_vfio && m.bdf != bdf) {
-            next.push(format!(
-                "group member {} is on {}: bind it to vfio-pci too, or move the NIC",
-                m.bdf,
-                m.driver.as_deref().unwrap_or("?")
-            ));
-        }
-    }
-    if hp.free == 0 {
-        next.push(
-            "reserve hugepages: `echo 1024 | sudo tee /proc/sys/vm/nr_hugepages`".to_string(),
-        );
-    }
+    let default_route = default_route_on(env, bdf);
+    let next = next_steps(bdf, &group, vfio_pci_loaded, on_vfio, &default_route, &hp);
     let ready = on_vfio
         && group
             .as_ref()
             .is_some_and(|g| g.viable && g.dev_node_exists);
     Ok(Status {
         driver_override: env.sysfs.driver_override(bdf).ok().flatten(),
-        default_route: default_route_on(env, bdf),
+        default_route,
         recorded: read_record(env, bdf),
         vfio_container_exists: env.dev_vfio.join("vfio").exists(),
         device,
@@ -1143,6 +1189,70 @@ mod tests {
         let s = status(&m.env, bdf("0000:00:03.0")).unwrap();
         assert!(s.ready, "{s:?}");
         assert!(s.group.unwrap().dev_node_mode.is_some());
+    }
+
+    #[test]
+    fn status_advice_never_leads_into_a_bind_refusal() {
+        let m = machine();
+        // Every non-ready function's advice, followed literally, is accepted
+        // by `plan_bind`: a plain `bind` is suggested only where it works.
+        for f in [
+            "0000:00:02.0",
+            "0000:00:04.0",
+            "0000:01:01.0",
+            "0000:03:00.0",
+        ] {
+            let s = status(&m.env, bdf(f)).unwrap();
+            assert!(!s.ready, "{f}");
+            let plain = format!("bind it: `sudo erpc-vfio bind {f}`");
+            let suggests_plain = s.next_steps.first() == Some(&plain);
+            assert_eq!(
+                suggests_plain,
+                plan_bind(&m.env, bdf(f), false).is_ok(),
+                "{f}: {:?}",
+                s.next_steps
+            );
+        }
+        // The default-route NIC: the refusal and its way out, no plain bind.
+        let s = status(&m.env, bdf("0000:00:04.0")).unwrap();
+        let steps = s.next_steps.join("\n");
+        assert!(steps.contains("default route (interface eth0)"), "{steps}");
+        assert!(
+            steps.contains("`sudo erpc-vfio bind --force 0000:00:04.0`"),
+            "{steps}"
+        );
+        // A shared group: bind the other member first, then this one.
+        let s = status(&m.env, bdf("0000:01:01.0")).unwrap();
+        assert!(s.next_steps[0].contains("`sudo erpc-vfio bind 0000:01:02.0`"));
+        assert!(
+            s.next_steps[1].starts_with("then bind it"),
+            "{:?}",
+            s.next_steps
+        );
+        // Hugepages: the one number erpc-bench uses, and the command for
+        // this machine (16 total, 11 available).
+        let want = crate::memory::default_bench_pages();
+        assert!(
+            steps.contains(&format!("need {want} free 2 MiB pages, 11 are free")),
+            "{steps}"
+        );
+        assert!(
+            steps.contains(&format!("`echo {} | sudo tee", 16 + want - 11)),
+            "{steps}"
+        );
+        // Without vfio-pci: load it first.
+        fs::remove_dir_all(m.fake.root().join("bus/pci/drivers/vfio-pci")).unwrap();
+        let s = status(&m.env, bdf("0000:00:02.0")).unwrap();
+        assert!(
+            s.next_steps[0].contains("modprobe vfio-pci"),
+            "{:?}",
+            s.next_steps
+        );
+        assert!(
+            s.next_steps[1].starts_with("then bind it"),
+            "{:?}",
+            s.next_steps
+        );
     }
 
     #[test]

@@ -83,6 +83,7 @@ struct Ctx {
 }
 
 fn main() {
+    erpc_tools::init_tracing();
     let args: Vec<String> = std::env::args().collect();
     if args.len() == 3 && args[1] == "--try-open" {
         try_open_child(&args[2]);

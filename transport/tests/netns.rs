@@ -14,9 +14,35 @@
 //! `tx_burst` returns and counts when `sendmmsg` says EAGAIN.
 //!
 //! Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) and iproute2; without them
-//! the tests say why and skip, except in CI (`ERPC_CI=1`), where they fail.
+//! the tests are reported as ignored with the reason (a libtest-mimic
+//! harness), except in CI (`ERPC_CI=1`), where they fail.
 
 mod common;
+
+fn main() -> std::process::ExitCode {
+    use common::netns::{peer_trial, prerequisites, trial};
+    let args = libtest_mimic::Arguments::from_args();
+    let missing = prerequisites();
+    let tc = || {
+        missing
+            .clone()
+            .or_else(|| (!tool("tc").is_file()).then(|| "needs `tc` (iproute2)".to_string()))
+    };
+    let trials = vec![
+        trial(
+            "udp_between_two_network_namespaces",
+            udp_between_two_network_namespaces,
+            missing.clone(),
+        ),
+        trial(
+            "full_socket_queue_turns_the_rest_of_a_burst_back",
+            full_socket_queue_turns_the_rest_of_a_burst_back,
+            tc(),
+        ),
+        peer_trial("netns_peer", netns_peer),
+    ];
+    libtest_mimic::run(&args, trials).exit_code()
+}
 
 use std::net::Ipv4Addr;
 use std::process::Command;
@@ -41,7 +67,6 @@ const STREAM_DATA: u16 = 1;
 const STREAM_STOP: u16 = 2;
 const PEER_TIMEOUT: Duration = Duration::from_secs(30);
 
-#[test]
 fn udp_between_two_network_namespaces() {
     let Some(net) = setup("udp_between_two_network_namespaces", "netns_peer") else {
         return;
@@ -91,7 +116,6 @@ fn udp_between_two_network_namespaces() {
     drop(net);
 }
 
-#[test]
 fn full_socket_queue_turns_the_rest_of_a_burst_back() {
     const TEST: &str = "full_socket_queue_turns_the_rest_of_a_burst_back";
     let Some(net) = setup(TEST, "netns_peer") else {
@@ -142,8 +166,8 @@ fn full_socket_queue_turns_the_rest_of_a_burst_back() {
     drop(net);
 }
 
-#[test]
-#[ignore = "the peer process of the namespace tests, which run it inside a namespace"]
+/// The peer process of the namespace tests, which run it inside a namespace
+/// (ignored otherwise).
 fn netns_peer() {
     let Ok(role) = std::env::var(ROLE_ENV) else {
         eprintln!("netns_peer: nothing to do outside the namespace tests");

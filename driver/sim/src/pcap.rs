@@ -1,20 +1,74 @@
-//! pcap writer (nanosecond-resolution classic pcap, Ethernet link type),
-//! one per switch port, stamped with the fabric clock.
+//! pcap capture (nanosecond-resolution classic pcap, Ethernet link type),
+//! one writer per switch port, stamped with the fabric clock. The format
+//! itself is the `pcap-file` crate's; this module adapts it to the fabric
+//! (a type-erased sink that can still be flushed, a frame counter) and
+//! gives tests an in-memory sink and a parser.
 
 use std::fmt;
 use std::io::{self, Write};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-/// Magic of a nanosecond-resolution pcap file.
+use pcap_file::pcap::{PcapHeader, PcapPacket, PcapReader};
+use pcap_file::{DataLink, Endianness, PcapError, TsResolution};
+
+/// Magic of a nanosecond-resolution pcap file (as written, little-endian).
 pub const PCAP_MAGIC_NS: u32 = 0xa1b2_3c4d;
 /// LINKTYPE_ETHERNET.
 pub const LINKTYPE_ETHERNET: u32 = 1;
 /// Snapshot length written in the header.
 pub const SNAPLEN: u32 = 65535;
 
+/// The file header every capture of the fabric starts with.
+pub fn header() -> PcapHeader {
+    PcapHeader {
+        version_major: 2,
+        version_minor: 4,
+        ts_correction: 0,
+        ts_accuracy: 0,
+        snaplen: SNAPLEN,
+        datalink: DataLink::ETHERNET,
+        ts_resolution: TsResolution::NanoSecond,
+        endianness: Endianness::Little,
+    }
+}
+
+fn io_error(e: PcapError) -> io::Error {
+    match e {
+        PcapError::IoError(e) => e,
+        other => io::Error::new(io::ErrorKind::InvalidData, other.to_string()),
+    }
+}
+
+/// The writer `pcap-file` writes into: the sink behind a lock that
+/// [`PcapWriter::flush`] can reach too (`pcap-file`'s writer does not hand
+/// its sink out while it is in use).
+struct SharedSink(Arc<Mutex<Box<dyn Write + Send>>>);
+
+impl SharedSink {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Box<dyn Write + Send>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Write for SharedSink {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.lock().write(buf)
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.lock().write_all(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.lock().flush()
+    }
+}
+
 /// Writes frames in pcap format to any `Write`.
 pub struct PcapWriter {
-    out: Box<dyn Write + Send>,
+    w: pcap_file::pcap::PcapWriter<SharedSink>,
+    out: Arc<Mutex<Box<dyn Write + Send>>>,
     frames: u64,
 }
 
@@ -26,29 +80,20 @@ impl fmt::Debug for PcapWriter {
 
 impl PcapWriter {
     /// Writes the file header.
-    pub fn new(mut out: Box<dyn Write + Send>) -> io::Result<PcapWriter> {
-        let mut h = Vec::with_capacity(24);
-        h.extend_from_slice(&PCAP_MAGIC_NS.to_le_bytes());
-        h.extend_from_slice(&2u16.to_le_bytes());
-        h.extend_from_slice(&4u16.to_le_bytes());
-        h.extend_from_slice(&0i32.to_le_bytes());
-        h.extend_from_slice(&0u32.to_le_bytes());
-        h.extend_from_slice(&SNAPLEN.to_le_bytes());
-        h.extend_from_slice(&LINKTYPE_ETHERNET.to_le_bytes());
-        out.write_all(&h)?;
-        Ok(PcapWriter { out, frames: 0 })
+    pub fn new(out: Box<dyn Write + Send>) -> io::Result<PcapWriter> {
+        let out = Arc::new(Mutex::new(out));
+        let w = pcap_file::pcap::PcapWriter::with_header(SharedSink(out.clone()), header())
+            .map_err(io_error)?;
+        Ok(PcapWriter { w, out, frames: 0 })
     }
 
-    /// Appends one frame captured at `time_ns`.
+    /// Appends one frame captured at `time_ns` (truncated to the snapshot
+    /// length, with its original length recorded).
     pub fn write_frame(&mut self, time_ns: u64, frame: &[u8]) -> io::Result<()> {
         let caplen = frame.len().min(SNAPLEN as usize);
-        let mut h = [0u8; 16];
-        h[0..4].copy_from_slice(&((time_ns / 1_000_000_000) as u32).to_le_bytes());
-        h[4..8].copy_from_slice(&((time_ns % 1_000_000_000) as u32).to_le_bytes());
-        h[8..12].copy_from_slice(&(caplen as u32).to_le_bytes());
-        h[12..16].copy_from_slice(&(frame.len() as u32).to_le_bytes());
-        self.out.write_all(&h)?;
-        self.out.write_all(&frame[..caplen])?;
+        let orig_len = u32::try_from(frame.len()).unwrap_or(u32::MAX);
+        let packet = PcapPacket::new(Duration::from_nanos(time_ns), orig_len, &frame[..caplen]);
+        self.w.write_packet(&packet).map_err(io_error)?;
         self.frames += 1;
         Ok(())
     }
@@ -60,7 +105,7 @@ impl PcapWriter {
 
     /// Flushes the underlying writer.
     pub fn flush(&mut self) -> io::Result<()> {
-        self.out.flush()
+        SharedSink(self.out.clone()).flush()
     }
 }
 
@@ -96,23 +141,22 @@ impl Write for PcapBuffer {
     }
 }
 
-/// Parses a pcap produced by [`PcapWriter`] into `(time_ns, frame)` pairs
-/// (for tests and tools); `None` if it is not one.
+/// Parses a classic pcap file (any byte order and timestamp resolution)
+/// into `(time_ns, frame)` pairs, for tests and tools; `None` if it is not
+/// one or a record is cut short. Records are read raw: `pcap-file`'s
+/// checked reader refuses a frame whose original length exceeds the
+/// snapshot length, which is exactly what a truncated capture holds.
 pub fn parse(bytes: &[u8]) -> Option<Vec<(u64, Vec<u8>)>> {
-    let magic = u32::from_le_bytes(bytes.get(0..4)?.try_into().ok()?);
-    if magic != PCAP_MAGIC_NS {
-        return None;
-    }
-    let mut at = 24;
+    let mut reader = PcapReader::new(bytes).ok()?;
+    let frac_ns = match reader.header().ts_resolution {
+        TsResolution::NanoSecond => 1,
+        TsResolution::MicroSecond => 1000,
+    };
     let mut out = Vec::new();
-    while at < bytes.len() {
-        let h = bytes.get(at..at + 16)?;
-        let sec = u32::from_le_bytes(h[0..4].try_into().ok()?) as u64;
-        let ns = u32::from_le_bytes(h[4..8].try_into().ok()?) as u64;
-        let caplen = u32::from_le_bytes(h[8..12].try_into().ok()?) as usize;
-        let frame = bytes.get(at + 16..at + 16 + caplen)?.to_vec();
-        out.push((sec * 1_000_000_000 + ns, frame));
-        at += 16 + caplen;
+    while let Some(p) = reader.next_raw_packet() {
+        let p = p.ok()?;
+        let ns = u64::from(p.ts_sec) * 1_000_000_000 + u64::from(p.ts_frac) * frac_ns;
+        out.push((ns, p.data.into_owned()));
     }
     Some(out)
 }
@@ -127,11 +171,44 @@ mod tests {
         let mut w = PcapWriter::new(Box::new(buf.clone())).unwrap();
         w.write_frame(1_500_000_123, &[1, 2, 3]).unwrap();
         w.write_frame(2, &[9; 60]).unwrap();
+        assert_eq!(w.frames(), 2);
         let b = buf.bytes();
+        // The classic layout: magic, version 2.4, snaplen, LINKTYPE_ETHERNET,
+        // then 16-byte record headers (sec, nsec, caplen, len).
         assert_eq!(&b[0..4], &PCAP_MAGIC_NS.to_le_bytes());
+        assert_eq!(&b[4..8], &[2, 0, 4, 0]);
+        assert_eq!(&b[16..20], &SNAPLEN.to_le_bytes());
+        assert_eq!(&b[20..24], &LINKTYPE_ETHERNET.to_le_bytes());
         assert_eq!(b.len(), 24 + 16 + 3 + 16 + 60);
+        assert_eq!(&b[24..28], &1u32.to_le_bytes());
+        assert_eq!(&b[28..32], &500_000_123u32.to_le_bytes());
+        assert_eq!(&b[32..36], &3u32.to_le_bytes());
         let p = parse(&b).unwrap();
         assert_eq!(p[0], (1_500_000_123, vec![1, 2, 3]));
-        assert_eq!(p[1].1.len(), 60);
+        assert_eq!(p[1], (2, vec![9; 60]));
+    }
+
+    #[test]
+    fn oversize_frames_are_truncated_to_the_snapshot_length() {
+        let buf = PcapBuffer::new();
+        let mut w = PcapWriter::new(Box::new(buf.clone())).unwrap();
+        let big = vec![7u8; SNAPLEN as usize + 10];
+        w.write_frame(5, &big).unwrap();
+        let b = buf.bytes();
+        assert_eq!(&b[32..36], &SNAPLEN.to_le_bytes(), "caplen");
+        assert_eq!(&b[36..40], &(SNAPLEN + 10).to_le_bytes(), "original length");
+        let p = parse(&b).unwrap();
+        assert_eq!(p[0].1.len(), SNAPLEN as usize);
+    }
+
+    #[test]
+    fn truncated_files_do_not_parse() {
+        let buf = PcapBuffer::new();
+        let mut w = PcapWriter::new(Box::new(buf.clone())).unwrap();
+        w.write_frame(1, &[1; 20]).unwrap();
+        let b = buf.bytes();
+        assert!(parse(&b[..b.len() - 1]).is_none());
+        assert!(parse(&b[..10]).is_none());
+        assert!(parse(b"not a pcap file at all, no").is_none());
     }
 }

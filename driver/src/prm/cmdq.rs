@@ -26,7 +26,7 @@ layout! {
     TOKEN: field = "token" @ 8 * 0x3c, 8;
     /// Signature (only checked with command checksums on).
     SIG: field = "sig" @ 8 * 0x3d, 8;
-    /// Bit 0 ownership (1 = hardware), bits [7:1] delivery status.
+    /// Bit 0 ownership (1 = hardware), bits `[7:1]` delivery status.
     STATUS_OWN: field = "status_own" @ 8 * 0x3f, 8;
 }
 

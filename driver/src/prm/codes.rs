@@ -179,7 +179,7 @@ codes! {
     /// Delivery status of a command entry (`status_own >> 1`): whether the
     /// firmware could read the command at all. These values live in the
     /// kernel's `cmd.c`, not in an installed header, so they have no
-    /// conformance twin (facts sheet §3.2, marked [ext]).
+    /// conformance twin (facts sheet §3.2, marked `[ext]`).
     pub enum DeliveryStatus: u8, Kernel {
         Ok = 0x0, "OK";
         SignatureError = 0x1, "signature error";
@@ -274,7 +274,7 @@ codes! {
 }
 
 codes! {
-    /// Send WQE opcodes (control segment bits [7:0]).
+    /// Send WQE opcodes (control segment bits `[7:0]`).
     pub enum WqeOpcode: u8, Dv {
         Nop = 0x00, "NOP", "MLX5_OPCODE_NOP";
         Send = 0x0a, "SEND", "MLX5_OPCODE_SEND";

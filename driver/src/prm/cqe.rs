@@ -25,25 +25,25 @@ layout! {
     FLAGS_RQPN: field = "flags_rqpn" @ 8 * 0x18, 32;
     /// Bit 0 L2 OK, bit 1 L3 checksum OK, bit 2 L4 checksum OK.
     HDS_IP_EXT: field = "hds_ip_ext" @ 8 * 0x1c, 8;
-    /// [6:4] L4 type, [3:2] L3 type, [0] VLAN present.
+    /// `[6:4]` L4 type, `[3:2]` L3 type, `[0]` VLAN present.
     L4_HDR_TYPE_ETC: field = "l4_hdr_type_etc" @ 8 * 0x1d, 8;
     /// VLAN tag.
     VLAN_INFO: field = "vlan_info" @ 8 * 0x1e, 16;
-    /// [31:24] LRO segments, [23:0] user index (cqe_version 1) or SRQ number.
+    /// `[31:24]` LRO segments, `[23:0]` user index (cqe_version 1) or SRQ number.
     SRQN_UIDX: field = "srqn_uidx" @ 8 * 0x20, 32;
     /// Immediate / invalidated rkey / pkey / flow metadata.
     IMM_INVAL_PKEY: field = "imm_inval_pkey" @ 8 * 0x24, 32;
-    /// Striding RQ: [31] filler, [30:16] strides consumed, [15:0] bytes. Otherwise bytes.
+    /// Striding RQ: `[31]` filler, `[30:16]` strides consumed, `[15:0]` bytes. Otherwise bytes.
     BYTE_CNT: field = "byte_cnt" @ 8 * 0x2c, 32;
     /// Device clock at completion.
     TIMESTAMP: field = "timestamp" @ 8 * 0x30, 64;
-    /// [31:24] opcode of the WQE (send CQE), [23:0] queue number.
+    /// `[31:24]` opcode of the WQE (send CQE), `[23:0]` queue number.
     SOP_DROP_QPN: field = "sop_drop_qpn" @ 8 * 0x38, 32;
     /// SQ: WQE index. Striding RQ: stride index of the packet's first stride.
     WQE_COUNTER: field = "wqe_counter" @ 8 * 0x3c, 16;
     /// Signature / validity iteration count.
     SIGNATURE: field = "signature" @ 8 * 0x3e, 8;
-    /// [7:4] opcode, [3:2] format, [1] solicited, [0] owner.
+    /// `[7:4]` opcode, `[3:2]` format, `[1]` solicited, `[0]` owner.
     OP_OWN: field = "op_own" @ 8 * 0x3f, 8;
 }
 
@@ -56,7 +56,7 @@ layout! {
     VENDOR_ERR_SYND: field = "vendor_err_synd" @ 8 * 0x36, 8;
     /// Syndrome (see `CqeSyndrome`).
     SYNDROME: field = "syndrome" @ 8 * 0x37, 8;
-    /// [31:24] WQE opcode, [23:0] queue number.
+    /// `[31:24]` WQE opcode, `[23:0]` queue number.
     S_WQE_OPCODE_QPN: field = "s_wqe_opcode_qpn" @ 8 * 0x38, 32;
     /// WQE index of the failed WQE.
     WQE_COUNTER: field = "wqe_counter" @ 8 * 0x3c, 16;
@@ -109,7 +109,7 @@ layout! {
 layout! {
     /// CQ-error event data.
     pub struct EqeCqErr: Source::Kernel { header: "device.h", name: "mlx5_eqe_cq_err" }, 12 * 8;
-    /// [23:0] CQ number.
+    /// `[23:0]` CQ number.
     CQN: field = "cqn" @ 0, 32;
     /// Error syndrome (1 overrun, 2 access violation).
     SYNDROME: field = "syndrome" @ 8 * 0x0b, 8;
@@ -119,14 +119,14 @@ layout! {
 pub const CQE_OWNER_MASK: u8 = 1;
 /// `op_own` opcode shift.
 pub const CQE_OPCODE_SHIFT: u32 = 4;
-/// `op_own` format field: bits [3:2]; 3 = compressed.
+/// `op_own` format field: bits `[3:2]`; 3 = compressed.
 pub const CQE_FORMAT_SHIFT: u32 = 2;
 /// What software writes into `op_own` of every CQE before handing a CQ to
 /// the device: opcode INVALID, owner 0.
 pub const CQE_OP_OWN_INVALID: u8 = 0xf0;
 /// Striding RQ `byte_cnt`: filler CQE flag.
 pub const MPWRQ_FILLER: u32 = 1 << 31;
-/// Striding RQ `byte_cnt`: strides consumed, bits [30:16].
+/// Striding RQ `byte_cnt`: strides consumed, bits `[30:16]`.
 pub const MPWRQ_STRIDES_SHIFT: u32 = 16;
 /// Striding RQ `byte_cnt`: strides mask after shifting (15 bits).
 pub const MPWRQ_STRIDES_MASK: u32 = 0x7fff;
@@ -142,7 +142,7 @@ pub const CONSTS: &[ConstDesc] = &[ConstDesc {
 }];
 
 /// A CQE, decoded (a copy, never a reference into the ring).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Cqe {
     /// Opcode, raw (`op_own >> 4`).
     pub opcode: u8,

@@ -10,13 +10,13 @@ use crate::prm::Source;
 layout! {
     /// The initialization segment (BAR0 offset 0).
     pub struct InitSeg: Source::Kernel { header: "device.h", name: "mlx5_init_seg" }, 0x2010 * 8;
-    /// [15:0] FW major, [31:16] FW minor.
+    /// `[15:0]` FW major, `[31:16]` FW minor.
     FW_REV: field = "fw_rev" @ 8 * 0x0000, 32;
-    /// [31:16] command-interface revision (must be 5), [15:0] FW sub-minor.
+    /// `[31:16]` command-interface revision (must be 5), `[15:0]` FW sub-minor.
     CMDIF_REV_FW_SUB: field = "cmdif_rev_fw_sub" @ 8 * 0x0004, 32;
     /// High 32 bits of the command queue address.
     CMDQ_ADDR_H: field = "cmdq_addr_h" @ 8 * 0x0010, 32;
-    /// Write: low address bits. Read: [31:12] address, [10:8] nic_interface, [7:4] log size, [3:0] log stride.
+    /// Write: low address bits. Read: `[31:12]` address, `[10:8]` nic_interface, `[7:4]` log size, `[3:0]` log stride.
     CMDQ_ADDR_L_SZ: field = "cmdq_addr_l_sz" @ 8 * 0x0014, 32;
     /// Write `1 << slot` to start a command.
     CMD_DBELL: field = "cmd_dbell" @ 8 * 0x0018, 32;
@@ -32,7 +32,7 @@ layout! {
     INTERNAL_TIMER_H: field = "internal_timer_h" @ 8 * 0x1000, 32;
     /// Free-running device clock, low half.
     INTERNAL_TIMER_L: field = "internal_timer_l" @ 8 * 0x1004, 32;
-    /// [23:0] firmware heartbeat; must keep changing.
+    /// `[23:0]` firmware heartbeat; must keep changing.
     HEALTH_COUNTER: field = "health_counter" @ 8 * 0x1010, 32;
     /// Real-time clock, high half.
     REAL_TIME_H: field = "real_time_h" @ 8 * 0x1040, 32;
@@ -61,7 +61,7 @@ layout! {
     FW_VER: field = "fw_ver" @ 8 * 0x30, 32;
     /// Hardware id.
     HW_ID: field = "hw_id" @ 8 * 0x34, 32;
-    /// Bit 7: reset required (RFR); [6:0] severity.
+    /// Bit 7: reset required (RFR); `[6:0]` severity.
     RFR_SEVERITY: field = "rfr_severity" @ 8 * 0x38, 8;
     /// iRISC that raised the syndrome.
     IRISC_INDEX: field = "irisc_index" @ 8 * 0x3c, 8;
@@ -71,11 +71,11 @@ layout! {
     EXT_SYND: field = "ext_synd" @ 8 * 0x3e, 16;
 }
 
-/// `cmdif_rev_fw_sub`: command-interface revision is bits [31:16].
+/// `cmdif_rev_fw_sub`: command-interface revision is bits `[31:16]`.
 pub const CMDIF_REV_SHIFT: u32 = 16;
 /// The only command-interface revision this driver speaks.
 pub const CMDIF_REV: u32 = 5;
-/// `cmdq_addr_l_sz`: `nic_interface` is bits [10:8].
+/// `cmdq_addr_l_sz`: `nic_interface` is bits `[10:8]`.
 pub const NIC_IFC_SHIFT: u32 = 8;
 /// `nic_interface` mask after shifting.
 pub const NIC_IFC_MASK: u32 = 0x7;
@@ -87,9 +87,9 @@ pub const NIC_IFC_DISABLED: u32 = 1;
 pub const NIC_IFC_NO_DRAM_NIC: u32 = 2;
 /// `nic_interface`: software reset.
 pub const NIC_IFC_SW_RESET: u32 = 7;
-/// `cmdq_addr_l_sz`: log2 entries in bits [7:4].
+/// `cmdq_addr_l_sz`: log2 entries in bits `[7:4]`.
 pub const LOG_CMDQ_SIZE_SHIFT: u32 = 4;
-/// `cmdq_addr_l_sz`: log2 bytes per entry in bits [3:0].
+/// `cmdq_addr_l_sz`: log2 bytes per entry in bits `[3:0]`.
 pub const LOG_CMDQ_STRIDE_MASK: u32 = 0xf;
 /// `initializing`: bit 31 set while firmware initializes.
 pub const INITIALIZING_BIT: u32 = 1 << 31;

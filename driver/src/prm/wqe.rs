@@ -9,15 +9,15 @@ use crate::prm::{ConstDesc, ConstHeader, Source};
 layout! {
     /// Send WQE control segment (16 bytes, WQE + 0x00).
     pub struct WqeCtrlSeg: Source::Dv("mlx5_wqe_ctrl_seg"), 16 * 8;
-    /// [31:24] opmod, [23:8] WQE index (WQEBB producer counter), [7:0] opcode.
+    /// `[31:24]` opmod, `[23:8]` WQE index (WQEBB producer counter), `[7:0]` opcode.
     OPMOD_IDX_OPCODE: field = "opmod_idx_opcode" @ 8 * 0x00, 32;
-    /// [31:8] SQ number, [5:0] WQE size in 16-byte DS units.
+    /// `[31:8]` SQ number, `[5:0]` WQE size in 16-byte DS units.
     QPN_DS: field = "qpn_ds" @ 8 * 0x04, 32;
     /// WQE signature (0).
     SIGNATURE: field = "signature" @ 8 * 0x08, 8;
     /// DCI stream channel (DC only).
     DCI_STREAM_CHANNEL_ID: field = "dci_stream_channel_id" @ 8 * 0x09, 16;
-    /// [7:5] fence, [3:2] completion mode (CE), [1] solicited.
+    /// `[7:5]` fence, `[3:2]` completion mode (CE), `[1]` solicited.
     FM_CE_SE: field = "fm_ce_se" @ 8 * 0x0b, 8;
     /// Immediate / TIS number << 8.
     IMM: field = "imm" @ 8 * 0x0c, 32;

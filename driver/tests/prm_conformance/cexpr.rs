@@ -298,12 +298,11 @@ impl Parser<'_> {
     }
 }
 
-#[cfg(test)]
-mod tests {
+/// Run by `main` (this test binary has its own harness).
+pub(crate) mod tests {
     use super::*;
 
-    #[test]
-    fn evaluates_enums_defines_and_expressions() {
+    pub(crate) fn evaluates_enums_defines_and_expressions() {
         let mut d = Defs::default();
         d.add_text(
             "#define A 0x10 /* c */\n#define F(x) x\nenum foo {\n X = 2 << 2, // c\n Y,\n Z = (1 << 6) | A,\n};\n\

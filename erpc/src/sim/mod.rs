@@ -734,12 +734,33 @@ impl Transport for SimTransport {
     }
 }
 
-/// A hugepage allocator for tests, examples and benchmarks on the
-/// simulated network (identity DMA mapping). Uses 2 MiB hugepages when
-/// enough are free; otherwise, outside CI (`ERPC_CI` unset), falls back to
-/// 4 KiB pages and says so on stderr. In CI a shortage is an error.
+/// An allocator for the simulated network or kernel UDP (identity DMA
+/// mapping: no device sees the memory), reserving `initial_bytes` up
+/// front. Where its memory comes from is the caller's decision
+/// (`region.fallback`); a missing hugepage is an error that names the
+/// shortfall and the command that fixes it.
+pub fn sim_allocator(
+    initial_bytes: usize,
+    region: mempool::RegionOptions,
+) -> Result<mempool::Allocator, mempool::AllocError> {
+    use mempool::{Allocator, AllocatorConfig, IdentityMapper};
+    Allocator::new(
+        Arc::new(IdentityMapper::new()),
+        AllocatorConfig {
+            initial_bytes,
+            region,
+            ..AllocatorConfig::default()
+        },
+    )
+}
+
+/// The allocator of a test (or a test-like benchmark) on the simulated
+/// network: 2 MiB hugepages when enough are free; otherwise, outside CI
+/// (`ERPC_CI` unset), 4 KiB pages with a note on stderr that names the
+/// test's opt-in. In CI a shortage is an error. Tools and examples decide
+/// for themselves and call [`sim_allocator`].
 pub fn test_allocator(initial_bytes: usize) -> mempool::Allocator {
-    use mempool::{Allocator, AllocatorConfig, Fallback, IdentityMapper, RegionOptions};
+    use mempool::{Fallback, RegionOptions};
     let pages = (initial_bytes as u64).div_ceil(2 << 20).max(1) + 8;
     let fallback = if mempool::hugepages_available(pages) {
         Fallback::Never
@@ -752,18 +773,14 @@ pub fn test_allocator(initial_bytes: usize) -> mempool::Allocator {
         );
         Fallback::SmallPages
     };
-    Allocator::new(
-        Arc::new(IdentityMapper::new()),
-        AllocatorConfig {
-            initial_bytes,
-            region: RegionOptions {
-                fallback,
-                ..RegionOptions::default()
-            },
-            ..AllocatorConfig::default()
-        },
-    )
-    .expect("test allocator")
+    let region = RegionOptions {
+        fallback,
+        ..RegionOptions::default()
+    };
+    match sim_allocator(initial_bytes, region) {
+        Ok(a) => a,
+        Err(e) => panic!("test allocator of {initial_bytes} bytes: {e}"),
+    }
 }
 
 #[cfg(test)]

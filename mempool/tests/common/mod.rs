@@ -12,6 +12,43 @@ pub fn required() -> bool {
     std::env::var_os("ERPC_CI").is_some_and(|v| v == "1")
 }
 
+/// Why a test that needs `pages` free 2 MiB hugepages cannot run here, if
+/// it cannot (with the command that reserves them).
+pub fn missing_hugepages(pages: u64) -> Option<String> {
+    if mempool::hugepages_available(pages) {
+        return None;
+    }
+    let info = mempool::meminfo::HugepageInfo::read().unwrap_or_default();
+    Some(format!(
+        "needs {pages} free 2 MiB hugepages, {} available; reserve with `{}`",
+        info.available(),
+        mempool::meminfo::reserve_command(&info, pages)
+    ))
+}
+
+/// A test of this binary's `main` (a libtest-mimic harness): runs `f`,
+/// or, when `missing` names a missing prerequisite, is reported as
+/// ignored (and fails in CI, `ERPC_CI=1`, where nothing may be skipped).
+pub fn trial(name: &str, f: fn(), missing: Option<String>) -> libtest_mimic::Trial {
+    use libtest_mimic::Trial;
+    match missing {
+        None => Trial::test(name, move || {
+            f();
+            Ok(())
+        }),
+        Some(why) if required() => Trial::test(name, move || {
+            Err(format!("{why} (ERPC_CI=1: hugepage tests may not be skipped)").into())
+        }),
+        Some(why) => {
+            let args: Vec<String> = std::env::args().collect();
+            if !args.iter().any(|a| a == "--list") {
+                eprintln!("{name}: ignored: {why}");
+            }
+            Trial::test(name, || Ok(())).with_ignored_flag(true)
+        }
+    }
+}
+
 /// Returns true if `pages` 2 MiB hugepages are available; otherwise prints
 /// why the test is skipped, or panics when running in CI.
 pub fn have_hugepages(test: &str, pages: u64) -> bool {

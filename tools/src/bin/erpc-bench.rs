@@ -3,29 +3,32 @@
 //! ```sh
 //! cargo run --release -p erpc-tools --bin erpc-bench                 # device model
 //! cargo run --release -p erpc-tools --bin erpc-bench -- --transport udp
+//! cargo run --release -p erpc-tools --bin erpc-bench -- --json run.json --latency-csv lat.csv
+//! cargo run --release -p erpc-tools --bin erpc-bench -- --secs 0.01 --batch 1 --pcap erpc.pcap
 //! ```
 //!
-//! Two nodes, each both client and server, 32-byte requests and responses,
-//! B requests per batch with at most `--window` in flight per node (the
-//! paper's Figure 4 setup on two nodes). Every run also measures a raw echo
-//! of eRPC-sized packets over the same transport and reports eRPC's rate as
-//! a ratio to it.
+//! Two nodes, each both client and server, requests and responses of
+//! `--size` bytes, B requests per batch with at most `--window` in flight
+//! per node (the paper's Figure 4 setup on two nodes). Every run also
+//! measures a raw echo of eRPC-sized packets over the same transport and
+//! reports eRPC's packet rate as a ratio to it.
+//!
+//! Bad settings are refused before anything runs, naming the limit (exit
+//! code 2); a failed setup or run is one error line (exit code 1).
 
-use std::time::Duration;
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
-use clap::{Parser, ValueEnum};
-use erpc_tools::bench::{DeviceModel, Point, Vfio, erpc_on, raw_echo_on, udp_erpc, udp_raw_echo};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Which {
-    /// The mlx5 transport on the device model (a software ConnectX), one thread.
-    Mlx5Sim,
-    /// Kernel UDP over loopback, one thread.
-    Udp,
-    /// A real ConnectX bound to vfio-pci (`--pci`): both nodes are queue
-    /// sets of that function, talking through the NIC's own loopback.
-    Mlx5,
-}
+use clap::Parser;
+use erpc_tools::bench::{
+    BenchError, DeviceModel, Outcome, Point, Progress, Settings, Vfio, Which, erpc_on,
+    packets_per_direction, ratio_to_raw, raw_echo_data_bytes, raw_echo_on, udp_erpc, udp_raw_echo,
+};
+use erpc_tools::capture::{Capture, CaptureStats};
+use erpc_tools::memory::{MemoryPlan, bench_pages};
+use serde::Serialize;
 
 #[derive(Debug, Parser)]
 #[command(version, about = "eRPC small-RPC benchmark (device model by default)")]
@@ -33,13 +36,13 @@ struct Args {
     /// Transport.
     #[arg(long, value_enum, default_value = "mlx5-sim")]
     transport: Which,
-    /// Batch sizes B to measure (comma separated).
+    /// Batch sizes B to measure (comma separated), each 1..=window.
     #[arg(long, value_delimiter = ',', default_values_t = vec![1, 3, 8, 16])]
     batch: Vec<usize>,
-    /// Most requests in flight per node.
+    /// Most requests in flight per node (1..=1024).
     #[arg(long, default_value_t = 60)]
     window: usize,
-    /// Request and response size in bytes.
+    /// Request and response size in bytes (at most erpc::MAX_MSG_BYTES).
     #[arg(long, default_value_t = 32)]
     size: usize,
     /// PCI address of the ConnectX for `--transport mlx5` (bind it first
@@ -47,87 +50,335 @@ struct Args {
     #[arg(long)]
     pci: Option<String>,
     /// Seconds measured per point.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     secs: f64,
+    /// Seconds of warm-up before each point is measured.
+    #[arg(long, default_value_t = 0.2, allow_negative_numbers = true)]
+    warmup: f64,
+    /// Capture the eRPC runs (data and session-management packets) into a
+    /// pcap file; decode it with tools/wireshark/erpc.lua. Device model
+    /// only; slows the run, so keep --secs short.
+    #[arg(long, value_name = "FILE")]
+    pcap: Option<PathBuf>,
+    /// Also write the results (settings, every point, queue snapshots) as
+    /// JSON.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Write each point's latency distribution as CSV (batch, window,
+    /// size, percentile, latency_us, count).
+    #[arg(long, value_name = "FILE")]
+    latency_csv: Option<PathBuf>,
 }
 
-fn main() {
-    let args = Args::parse();
-    let dur = Duration::from_secs_f64(args.secs);
-    let warm = Duration::from_millis(200);
-    let dm = (args.transport == Which::Mlx5Sim).then(DeviceModel::new);
-    let hw = (args.transport == Which::Mlx5).then(|| {
-        let bdf = args.pci.as_deref().unwrap_or_else(|| {
-            eprintln!(
-                "erpc-bench: --transport mlx5 needs --pci DDDD:BB:DD.F (see `erpc-vfio list`)"
-            );
-            std::process::exit(2)
-        });
-        Vfio::open(bdf).unwrap_or_else(|e| {
-            eprintln!("erpc-bench: {e}");
-            std::process::exit(1)
+/// The results of a run, as `--json` writes them.
+#[derive(Debug, Serialize)]
+struct Report {
+    tool: &'static str,
+    version: &'static str,
+    settings: Settings,
+    description: &'static str,
+    hugepages: HugepageUse,
+    raw_echo: RawEcho,
+    points: Vec<PointReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device_model: Option<NicTotals>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    capture: Option<CaptureStats>,
+}
+
+#[derive(Debug, Serialize)]
+struct HugepageUse {
+    pages_needed: u64,
+    small_page_fallback: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct RawEcho {
+    frame_bytes: usize,
+    round_trips_per_sec: f64,
+    /// eRPC packets per direction per RPC, the factor in `ratio_to_raw_echo`.
+    packets_per_rpc_per_direction: usize,
+}
+
+#[derive(Debug, Serialize)]
+struct PointReport {
+    point: Point,
+    mrps: f64,
+    ratio_to_raw_echo: Option<f64>,
+    #[serde(flatten)]
+    outcome: Outcome,
+}
+
+#[derive(Debug, Serialize)]
+struct NicTotals {
+    frames_sent: u64,
+    doorbells: u64,
+    send_cqes: u64,
+    out_of_buffer_drops: u64,
+}
+
+/// stdout, where a closed pipe (`erpc-bench | head`) ends the run quietly
+/// instead of panicking in `println!`.
+struct Out(io::Stdout);
+
+impl Out {
+    fn line(&mut self, progress: &Progress, s: String) -> Result<(), Quit> {
+        progress
+            .suspend(|| writeln!(self.0.lock(), "{s}"))
+            .map_err(|e| {
+                if e.kind() == io::ErrorKind::BrokenPipe {
+                    Quit::Pipe
+                } else {
+                    Quit::Err(BenchError::Output {
+                        path: "standard output".into(),
+                        source: e,
+                    })
+                }
+            })
+    }
+}
+
+enum Quit {
+    Pipe,
+    Err(BenchError),
+}
+
+impl From<BenchError> for Quit {
+    fn from(e: BenchError) -> Self {
+        Quit::Err(e)
+    }
+}
+
+fn create(path: &Path) -> Result<BufWriter<File>, BenchError> {
+    File::create(path)
+        .map(BufWriter::new)
+        .map_err(|source| BenchError::Output {
+            path: path.to_owned(),
+            source,
         })
-    });
-    let name = match args.transport {
-        Which::Mlx5Sim => "mlx5 transport on the device model (2 NICs, 1 thread)",
-        Which::Udp => "kernel UDP over loopback (1 thread)",
-        Which::Mlx5 => "mlx5 transport on a ConnectX via VFIO (2 queue sets, 1 thread)",
+}
+
+fn output_error(path: &Path) -> impl Fn(io::Error) -> BenchError + '_ {
+    move |source| BenchError::Output {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+fn main() -> ExitCode {
+    erpc_tools::init_tracing();
+    let args = Args::parse();
+    match run(args) {
+        Ok(()) | Err(Quit::Pipe) => ExitCode::SUCCESS,
+        Err(Quit::Err(e)) => {
+            eprintln!("erpc-bench: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn run(args: Args) -> Result<(), Quit> {
+    let settings = Settings {
+        transport: args.transport,
+        batches: args.batch.clone(),
+        window: args.window,
+        size: args.size,
+        secs: args.secs,
+        warmup_secs: args.warmup,
+        pci: args.pci.clone(),
+        pcap: args.pcap.clone(),
     };
-    println!(
-        "erpc-bench: {}-byte RPCs, {name}, {:.1} s per point",
-        args.size, args.secs
-    );
+    settings.validate()?;
+    // Open every output before the run, so a bad path fails at once.
+    let mut json_out = args.json.as_deref().map(create).transpose()?;
+    let mut csv_out = args.latency_csv.as_deref().map(create).transpose()?;
+    let capture = match &args.pcap {
+        Some(p) => Some(Capture::create(p).map_err(output_error(p))?),
+        None => None,
+    };
+    let progress = Progress::new();
+    let mut out = Out(io::stdout());
+    let dur = settings.duration();
+    let warmup = settings.warmup();
+
+    let nics = args.transport != Which::Udp;
+    let plan = MemoryPlan::decide("erpc-bench", bench_pages(args.size, args.window, nics));
+    if let Some(note) = &plan.note {
+        eprintln!("{note}");
+    }
+    if let Some(c) = &capture {
+        eprintln!(
+            "capturing the eRPC runs into {} (rates measured while capturing are not \
+             representative)",
+            c.path().display()
+        );
+    }
+    let dm = match args.transport {
+        Which::Mlx5Sim => Some(DeviceModel::new(plan.clone(), capture.clone())?),
+        _ => None,
+    };
+    let hw = match (&args.transport, &args.pci) {
+        (Which::Mlx5, Some(bdf)) => Some(Vfio::open(bdf, plan.clone())?),
+        _ => None,
+    };
+    out.line(
+        &progress,
+        format!(
+            "erpc-bench: {}-byte RPCs, {}, {} s per point",
+            args.size,
+            args.transport.describe(),
+            args.secs
+        ),
+    )?;
     let raw = match (&dm, &hw) {
-        (Some(d), _) => raw_echo_on(d, args.size, args.window, dur),
-        (_, Some(h)) => raw_echo_on(h, args.size, args.window, dur),
-        _ => udp_raw_echo(args.size, args.window, dur),
+        (Some(d), _) => raw_echo_on(d, args.size, args.window, dur, &progress)?,
+        (_, Some(h)) => raw_echo_on(h, args.size, args.window, dur, &progress)?,
+        _ => udp_raw_echo(&plan, args.size, args.window, dur, &progress)?,
     };
-    println!(
-        "raw echo of {}-byte packets over the same transport: {:.3} M round trips/s",
-        transport::PKTHDR_BYTES + args.size,
+    let frame_bytes = transport::PKTHDR_BYTES + raw_echo_data_bytes(args.size);
+    let per_rpc = packets_per_direction(args.size);
+    let mut line = format!(
+        "raw echo of {frame_bytes}-byte packets over the same transport: {:.3} M round trips/s",
         raw / 1e6
     );
-    println!(
-        "{:>4} {:>7} {:>10} {:>12} {:>10} {:>10} {:>10}",
-        "B", "window", "Mrps", "/ raw echo", "median µs", "p99 µs", "p99.9 µs"
-    );
+    if per_rpc > 1 {
+        line.push_str(&format!(
+            "\n(a {}-byte RPC is {per_rpc} packets each way: requests and requests for \
+             response one way, credit returns and responses back; `/ raw echo` compares \
+             packet rates)",
+            args.size
+        ));
+    }
+    out.line(&progress, line)?;
+    out.line(
+        &progress,
+        format!(
+            "{:>4} {:>7} {:>10} {:>12} {:>10} {:>10} {:>10}",
+            "B", "window", "Mrps", "/ raw echo", "median µs", "p99 µs", "p99.9 µs"
+        ),
+    )?;
+    if let Some(d) = &dm {
+        d.start_capture()?;
+    }
+    let mut points = Vec::new();
     for &b in &args.batch {
-        if b == 0 || b > args.window {
-            eprintln!("skipping B = {b}: must be 1..=window");
-            continue;
-        }
         let p = Point {
             batch: b,
             window: args.window,
             size: args.size,
         };
         let o = match (&dm, &hw) {
-            (Some(d), _) => erpc_on(d, p, dur, warm),
-            (_, Some(h)) => erpc_on(h, p, dur, warm),
-            _ => udp_erpc(p, dur, warm),
+            (Some(d), _) => erpc_on(d, p, dur, warmup, &progress)?,
+            (_, Some(h)) => erpc_on(h, p, dur, warmup, &progress)?,
+            _ => udp_erpc(&plan, p, dur, warmup, &progress)?,
         };
-        println!(
-            "{:>4} {:>7} {:>10.3} {:>12.2} {:>10.1} {:>10.1} {:>10.1}",
-            b,
-            args.window,
-            o.rpcs_per_sec / 1e6,
-            o.rpcs_per_sec / raw,
-            o.lat_us.0,
-            o.lat_us.1,
-            o.lat_us.2
-        );
+        let ratio = ratio_to_raw(o.rpcs_per_sec, args.size, raw);
+        out.line(
+            &progress,
+            format!(
+                "{:>4} {:>7} {:>10.3} {:>12} {:>10.1} {:>10.1} {:>10.1}",
+                b,
+                args.window,
+                o.rpcs_per_sec / 1e6,
+                ratio.map_or("-".to_string(), |r| format!("{r:.2}")),
+                o.latency_us.median,
+                o.latency_us.p99,
+                o.latency_us.p99_9
+            ),
+        )?;
+        points.push(PointReport {
+            point: p,
+            mrps: o.rpcs_per_sec / 1e6,
+            ratio_to_raw_echo: ratio,
+            outcome: o,
+        });
     }
-    if let Some(d) = &dm {
+    let totals = dm.as_ref().map(|d| {
         let s: Vec<_> = d.nics().iter().map(|n| n.stats()).collect();
-        println!(
-            "device model: {} frames sent, {} doorbells, {} send CQEs (1 per 64 sends), {} out-of-buffer drops",
-            s.iter().map(|s| s.tx_frames).sum::<u64>(),
-            s.iter().map(|s| s.sq_doorbells).sum::<u64>(),
-            s.iter().map(|s| s.tx_cqes).sum::<u64>(),
-            d.nics()
+        NicTotals {
+            frames_sent: s.iter().map(|s| s.tx_frames).sum(),
+            doorbells: s.iter().map(|s| s.sq_doorbells).sum(),
+            send_cqes: s.iter().map(|s| s.tx_cqes).sum(),
+            out_of_buffer_drops: d
+                .nics()
                 .iter()
                 .map(|n| n.drops(mlx5_sim::DropReason::OutOfBuffer))
-                .sum::<u64>(),
-        );
+                .sum(),
+        }
+    });
+    if let Some(t) = &totals {
+        out.line(
+            &progress,
+            format!(
+                "device model: {} frames sent, {} doorbells, {} send CQEs (1 per 64 sends), \
+                 {} out-of-buffer drops",
+                t.frames_sent, t.doorbells, t.send_cqes, t.out_of_buffer_drops
+            ),
+        )?;
     }
+    let capture_stats = match (&dm, &capture) {
+        (Some(d), Some(c)) => {
+            d.flush_capture()?;
+            let s = c.finish().map_err(output_error(c.path()))?;
+            eprintln!(
+                "wrote {}: {} data frames, {} session-management packets",
+                c.path().display(),
+                s.data_frames,
+                s.sm_frames
+            );
+            Some(s)
+        }
+        _ => None,
+    };
+    if let (Some(w), Some(path)) = (csv_out.as_mut(), args.latency_csv.as_deref()) {
+        write_latency_csv(w, &points).map_err(output_error(path))?;
+    }
+    if let (Some(w), Some(path)) = (json_out.as_mut(), args.json.as_deref()) {
+        let report = Report {
+            tool: "erpc-bench",
+            version: env!("CARGO_PKG_VERSION"),
+            description: args.transport.describe(),
+            settings,
+            hugepages: HugepageUse {
+                pages_needed: plan.pages,
+                small_page_fallback: plan.is_fallback(),
+            },
+            raw_echo: RawEcho {
+                frame_bytes,
+                round_trips_per_sec: raw,
+                packets_per_rpc_per_direction: per_rpc,
+            },
+            points,
+            device_model: totals,
+            capture: capture_stats,
+        };
+        serde_json::to_writer_pretty(&mut *w, &report)
+            .map_err(io::Error::from)
+            .and_then(|()| writeln!(w))
+            .and_then(|()| w.flush())
+            .map_err(output_error(path))?;
+    }
+    Ok(())
+}
+
+/// One row per step of each point's latency distribution (hdrhistogram's
+/// quantile iteration, 1 tick per half-distance), ready for a plot of
+/// latency against percentile.
+fn write_latency_csv(w: &mut impl Write, points: &[PointReport]) -> io::Result<()> {
+    writeln!(w, "batch,window,size,percentile,latency_us,count")?;
+    for p in points {
+        for v in p.outcome.hist.iter_quantiles(1) {
+            writeln!(
+                w,
+                "{},{},{},{:.6},{:.3},{}",
+                p.point.batch,
+                p.point.window,
+                p.point.size,
+                v.quantile_iterated_to() * 100.0,
+                v.value_iterated_to() as f64 / 1000.0,
+                v.count_since_last_iteration()
+            )?;
+        }
+    }
+    w.flush()
 }

@@ -13,8 +13,18 @@ use mlx5::vfio::sysfs::Sysfs;
 
 /// Prepare PCI functions (mlx5 NICs) for the userspace driver: list them,
 /// check one, bind it to vfio-pci and give it back to its kernel driver.
+/// Exit code of `status` when the function is not ready for VFIO (the
+/// report says what to do). 0: ready, or any other command done; 1: an
+/// error or a refusal; 2: bad arguments.
+const EXIT_NOT_READY: u8 = 3;
+
 #[derive(Debug, Parser)]
-#[command(name = "erpc-vfio", version)]
+#[command(
+    name = "erpc-vfio",
+    version,
+    after_help = "Exit status: 0 done (for `status`: ready for VFIO), 1 error or refusal, \
+                  2 bad arguments, 3 `status`: not ready (the report says what to do)."
+)]
 struct Cli {
     /// Print JSON instead of text.
     #[arg(long, global = true)]
@@ -39,7 +49,8 @@ struct Cli {
 enum Command {
     /// List PCI functions: ids, driver, IOMMU group, NUMA node, mlx5 or not.
     List,
-    /// Show whether a function is ready for VFIO and what is missing.
+    /// Show whether a function is ready for VFIO and what is missing
+    /// (exit status 0 if ready, 3 if not).
     Status {
         /// PCI address, DDDD:BB:DD.F.
         bdf: PciAddress,
@@ -66,7 +77,30 @@ enum Command {
     },
 }
 
+/// Writes to stdout; a reader that went away (`erpc-vfio list | head`)
+/// ends the process quietly instead of a panic in `println!`. Output
+/// comes after any change the command made, so nothing is cut short.
+fn emit(text: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    if let Err(e) = std::io::stdout().lock().write_fmt(text) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("erpc-vfio: cannot write to standard output: {e}");
+        std::process::exit(1);
+    }
+}
+
+macro_rules! out {
+    ($($arg:tt)*) => { emit(format_args!($($arg)*)) };
+}
+
+macro_rules! outln {
+    ($($arg:tt)*) => { emit(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
 fn main() -> ExitCode {
+    erpc_tools::init_tracing();
     let cli = Cli::parse();
     let env = Env {
         sysfs: Sysfs::new(&cli.sysfs),
@@ -75,12 +109,12 @@ fn main() -> ExitCode {
         state_dir: cli.state_dir.clone(),
     };
     match run(&cli, &env) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(err) => {
             if cli.json {
                 let kind = format!("{err:?}");
                 let kind = kind.split([' ', '{', '(']).next().unwrap_or("Error");
-                println!(
+                outln!(
                     "{}",
                     serde_json::json!({ "ok": false, "kind": kind, "error": err.to_string() })
                 );
@@ -92,20 +126,20 @@ fn main() -> ExitCode {
 }
 
 fn print_json(value: &impl serde::Serialize) {
-    println!(
+    outln!(
         "{}",
         serde_json::to_string_pretty(value).expect("reports serialize")
     );
 }
 
-fn run(cli: &Cli, env: &Env) -> Result<(), ToolError> {
+fn run(cli: &Cli, env: &Env) -> Result<ExitCode, ToolError> {
     match &cli.command {
         Command::List => {
             let rows = vfio_tool::list(env)?;
             if cli.json {
                 print_json(&rows);
             } else {
-                print!("{}", vfio_tool::render_list(&rows));
+                out!("{}", vfio_tool::render_list(&rows));
             }
         }
         Command::Status { bdf } => {
@@ -113,7 +147,10 @@ fn run(cli: &Cli, env: &Env) -> Result<(), ToolError> {
             if cli.json {
                 print_json(&status);
             } else {
-                print!("{}", vfio_tool::render_status(&status));
+                out!("{}", vfio_tool::render_status(&status));
+            }
+            if !status.ready {
+                return Ok(ExitCode::from(EXIT_NOT_READY));
             }
         }
         Command::Bind {
@@ -129,7 +166,7 @@ fn run(cli: &Cli, env: &Env) -> Result<(), ToolError> {
             execute(cli, env, &plan, *dry_run, "unbind")?;
         }
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
 fn execute(
@@ -175,21 +212,21 @@ fn execute(
             .unwrap_or_else(|| "none".into())
     };
     if plan.already_done {
-        println!("{} is already bound to vfio-pci; nothing to do", plan.bdf);
+        outln!("{} is already bound to vfio-pci; nothing to do", plan.bdf);
         return Ok(());
     }
     if dry_run {
-        println!("dry run: `erpc-vfio {command} {}` would write:", plan.bdf);
+        outln!("dry run: `erpc-vfio {command} {}` would write:", plan.bdf);
         for line in plan.shell().lines() {
-            println!("  {line}");
+            outln!("  {line}");
         }
         match command {
-            "bind" => println!(
+            "bind" => outln!(
                 "and record the previous driver ({}) in {}",
                 previous(plan),
                 plan.state_file.display()
             ),
-            _ => println!(
+            _ => outln!(
                 "and expect the function to end up on {} ({})",
                 plan.expect_driver.as_deref().unwrap_or("no driver"),
                 if plan.record.is_some() {
@@ -202,14 +239,14 @@ fn execute(
         return Ok(());
     }
     match command {
-        "bind" => println!(
+        "bind" => outln!(
             "bound {} to vfio-pci: {} (previous driver {}, recorded in {})",
             plan.bdf,
             node.map_or("-".into(), |n| n.display().to_string()),
             previous(plan),
             plan.state_file.display()
         ),
-        _ => println!(
+        _ => outln!(
             "unbound {} from vfio-pci; now on {}",
             plan.bdf,
             driver_now.as_deref().unwrap_or("no driver")

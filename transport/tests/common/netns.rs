@@ -34,6 +34,67 @@ pub fn skip(test: &str, why: &str) {
     eprintln!("SKIPPED {test}: {why}");
 }
 
+/// Why the namespace tests cannot run on this machine, if they cannot:
+/// checked before any test runs (by the binary's libtest-mimic `main`), by
+/// creating and removing a probe namespace.
+pub fn missing_prerequisite() -> Option<String> {
+    if effective_uid() != Some(0) {
+        return Some("needs root to create network namespaces".into());
+    }
+    if ip(&["-V"]).is_err() {
+        return Some("needs iproute2 (`ip`), e.g. `apt-get install iproute2`".into());
+    }
+    let probe = format!("{NS_PREFIX}{}xprobe", std::process::id());
+    match ip(&["netns", "add", &probe]) {
+        Ok(()) => {
+            let _ = ip(&["netns", "del", &probe]);
+            None
+        }
+        Err(e) => Some(format!("cannot create a network namespace: {e}")),
+    }
+}
+
+/// A test of a libtest-mimic `main`: runs `f`, or is reported as ignored
+/// when `missing` names a missing prerequisite (and fails in CI, where
+/// nothing may be skipped).
+pub fn trial(name: &str, f: fn(), missing: Option<String>) -> libtest_mimic::Trial {
+    use libtest_mimic::Trial;
+    match missing {
+        None => Trial::test(name, move || {
+            f();
+            Ok(())
+        }),
+        Some(why) if ci() => Trial::test(name, move || {
+            Err(format!("{why}; ERPC_CI=1 forbids skipping").into())
+        }),
+        Some(why) => {
+            if !std::env::args().any(|a| a == "--list") {
+                eprintln!("{name}: ignored: {why}");
+            }
+            Trial::test(name, || Ok(())).with_ignored_flag(true)
+        }
+    }
+}
+
+/// The peer test: ignored in ordinary runs, run by [`Netns::spawn`] with
+/// `--exact NAME --ignored` inside a namespace.
+pub fn peer_trial(name: &str, f: fn()) -> libtest_mimic::Trial {
+    libtest_mimic::Trial::test(name, move || {
+        f();
+        Ok(())
+    })
+    .with_ignored_flag(true)
+}
+
+/// The prerequisites of this process's namespace tests: none to check in
+/// a peer (it runs inside a namespace its parent made).
+pub fn prerequisites() -> Option<String> {
+    if std::env::var_os(ROLE_ENV).is_some() {
+        return None;
+    }
+    missing_prerequisite()
+}
+
 pub fn effective_uid() -> Option<u32> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("Uid:"))?;

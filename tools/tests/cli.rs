@@ -1,0 +1,404 @@
+//! The command-line tools as a user meets them: the built binaries run
+//! with bad input must print one line naming the problem and exit non-zero
+//! (2 for bad arguments, 1 for a failed setup), never a panic or a
+//! backtrace; good input must work end to end.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use mlx5::vfio::PciAddress;
+use mlx5::vfio::sysfs::FakeSysfs;
+
+const BENCH: &str = env!("CARGO_BIN_EXE_erpc-bench");
+const VFIO: &str = env!("CARGO_BIN_EXE_erpc-vfio");
+
+fn run(exe: &str, args: &[&str]) -> Output {
+    Command::new(exe)
+        .args(args)
+        .env_remove("RUST_LOG")
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {exe}: {e}"))
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Runs erpc-bench with `args`, expects exit `code` and one stderr line
+/// containing every string of `want`.
+fn bench_refuses(args: &[&str], code: i32, want: &[&str]) {
+    let out = run(BENCH, args);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    assert!(!err.contains("stack backtrace"), "{args:?}: {err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.starts_with("note:")).collect();
+    assert_eq!(lines.len(), 1, "{args:?}: one line expected: {err}");
+    assert!(lines[0].starts_with("erpc-bench: "), "{args:?}: {err}");
+    for w in want {
+        assert!(lines[0].contains(w), "{args:?}: {w:?} missing in {err}");
+    }
+    assert!(
+        out.stdout.is_empty(),
+        "{args:?}: nothing runs: {}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn erpc_bench_refuses_bad_values_naming_the_limit() {
+    let max = erpc::MAX_MSG_BYTES.to_string();
+    bench_refuses(&["--size", "8000000"], 2, &["--size 8000000", &max]);
+    bench_refuses(&["--size", "100000000"], 2, &["--size 100000000", &max]);
+    for secs in ["nan", "inf", "0", "-1", "1e9"] {
+        bench_refuses(&["--secs", secs], 2, &["--secs", "above 0", "86400"]);
+    }
+    bench_refuses(
+        &["--warmup", "nan"],
+        2,
+        &["--warmup NaN", "from 0 to 86400"],
+    );
+    bench_refuses(&["--window", "0"], 2, &["--window 0", "1 to 1024"]);
+    bench_refuses(&["--window", "5000"], 2, &["--window 5000", "1 to 1024"]);
+    bench_refuses(&["--batch", "0"], 2, &["--batch 0", "1 to --window (60)"]);
+    bench_refuses(
+        &["--batch", "1,61"],
+        2,
+        &["--batch 61", "1 to --window (60)"],
+    );
+    bench_refuses(
+        &["--size", "7000000", "--window", "1024"],
+        2,
+        &["MiB of message buffers per node", "the limit is 4096 MiB"],
+    );
+    bench_refuses(
+        &["--pci", "0000:03:00.0"],
+        2,
+        &["--pci is for --transport mlx5", "mlx5-sim"],
+    );
+    bench_refuses(
+        &["--transport", "udp", "--pci", "0000:03:00.0"],
+        2,
+        &["--pci is for --transport mlx5", "udp"],
+    );
+    bench_refuses(&["--transport", "mlx5"], 2, &["needs --pci"]);
+    bench_refuses(
+        &["--transport", "mlx5", "--pci", "garbage"],
+        2,
+        &["--pci garbage", "not a PCI address"],
+    );
+    bench_refuses(
+        &["--transport", "udp", "--pcap", "/tmp/never-written.pcap"],
+        2,
+        &["--pcap with --transport udp is not supported yet"],
+    );
+    bench_refuses(
+        &[
+            "--transport",
+            "mlx5",
+            "--pci",
+            "0000:03:00.0",
+            "--pcap",
+            "x",
+        ],
+        2,
+        &["--pcap works on the device model only"],
+    );
+}
+
+#[test]
+fn erpc_bench_setup_failures_are_one_line_not_a_backtrace() {
+    // A function that does not exist (no VFIO here either way).
+    bench_refuses(
+        &["--transport", "mlx5", "--pci", "0000:99:1f.7"],
+        1,
+        &["0000:99:1f.7"],
+    );
+    // Output files are opened before anything runs.
+    bench_refuses(
+        &["--json", "/nonexistent-dir/run.json"],
+        1,
+        &["cannot write /nonexistent-dir/run.json"],
+    );
+    bench_refuses(
+        &["--latency-csv", "/nonexistent-dir/lat.csv"],
+        1,
+        &["cannot write /nonexistent-dir/lat.csv"],
+    );
+    bench_refuses(
+        &["--pcap", "/nonexistent-dir/x.pcap"],
+        1,
+        &["cannot write /nonexistent-dir/x.pcap"],
+    );
+}
+
+#[test]
+fn erpc_bench_clap_errors_exit_2() {
+    for args in [
+        &["--size", "-1"][..],
+        &["--window", "many"],
+        &["--transport", "rdma"],
+        &["--bogus"],
+    ] {
+        let out = run(BENCH, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(!text(&out.stderr).contains("panicked"), "{args:?}");
+    }
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("erpc-cli-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&d);
+    fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A short run on the device model, multi-packet messages, with every
+/// output: the table on stdout, JSON with the points and the NICs' queue
+/// snapshots, the latency CSV.
+#[test]
+fn erpc_bench_writes_json_and_latency_csv() {
+    let dir = temp_dir("json");
+    let (json, csv) = (dir.join("run.json"), dir.join("lat.csv"));
+    let out = run(
+        BENCH,
+        &[
+            "--secs",
+            "0.05",
+            "--warmup",
+            "0",
+            "--batch",
+            "1,2",
+            "--window",
+            "4",
+            "--size",
+            "2000",
+            "--json",
+            json.to_str().unwrap(),
+            "--latency-csv",
+            csv.to_str().unwrap(),
+        ],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("this test"), "{stderr}");
+    // The hugepage note, if any, comes once.
+    assert!(stderr.matches("hugepages").count() <= 1, "{stderr}");
+    assert!(stdout.contains("raw echo of 1024-byte packets"), "{stdout}");
+    assert!(!stdout.contains("inf"), "{stdout}");
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with(['1', '2']))
+        .collect();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    let v: serde_json::Value = serde_json::from_slice(&fs::read(&json).unwrap()).unwrap();
+    assert_eq!(v["tool"], "erpc-bench");
+    assert_eq!(v["settings"]["transport"], "mlx5-sim");
+    assert_eq!(v["raw_echo"]["frame_bytes"], 1024);
+    assert_eq!(v["raw_echo"]["packets_per_rpc_per_direction"], 5);
+    let points = v["points"].as_array().unwrap();
+    assert_eq!(points.len(), 2);
+    for (p, b) in points.iter().zip([1, 2]) {
+        assert_eq!(p["point"]["batch"], b);
+        assert!(p["completed"].as_u64().unwrap() > 0, "{p}");
+        assert!(p["ratio_to_raw_echo"].as_f64().unwrap() > 0.0, "{p}");
+        let lat = &p["latency_us"];
+        assert!(lat["median"].as_f64().unwrap() <= lat["p99"].as_f64().unwrap());
+        // Both nodes' queue sets, with the driver's counters.
+        let q = p["queues"].as_array().unwrap();
+        assert_eq!(q.len(), 2);
+        assert_eq!(q[0]["udp_port"], 31850);
+        assert_eq!(q[1]["udp_port"], 31851);
+        assert!(q[0]["stats"]["tx_wqes"].as_u64().unwrap() > 0);
+    }
+    assert!(v["device_model"]["frames_sent"].as_u64().unwrap() > 0);
+    let csv = fs::read_to_string(&csv).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next(),
+        Some("batch,window,size,percentile,latency_us,count")
+    );
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert!(rows.iter().all(|r| r.len() == 6));
+    assert!(rows.iter().any(|r| r[0] == "1") && rows.iter().any(|r| r[0] == "2"));
+    // The counts of a point add up to its completed RPCs.
+    let count = |b: &str| -> u64 {
+        rows.iter()
+            .filter(|r| r[0] == b)
+            .map(|r| r[5].parse::<u64>().unwrap())
+            .sum()
+    };
+    assert_eq!(count("1"), points[0]["completed"].as_u64().unwrap());
+    assert_eq!(count("2"), points[1]["completed"].as_u64().unwrap());
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn erpc_bench_ends_quietly_when_stdout_is_closed() {
+    use std::process::Stdio;
+    let mut child = Command::new(BENCH)
+        .args(["--secs", "0.01", "--warmup", "0", "--batch", "1,1,1,1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read nothing: close the pipe at once.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(out.status.success(), "{err}");
+}
+
+/// A fake machine for `erpc-vfio`: a lone function with no driver, the
+/// default-route NIC, a bound function with its VFIO node.
+struct Machine {
+    fake: FakeSysfs,
+    proc_root: PathBuf,
+    dev_vfio: PathBuf,
+    state: PathBuf,
+}
+
+fn bdf(s: &str) -> PciAddress {
+    s.parse().unwrap()
+}
+
+fn machine() -> Machine {
+    let fake = FakeSysfs::new().unwrap();
+    fake.add_device(bdf("0000:00:02.0"), 0x15b3, 0x1017, 0x020000, Some(2))
+        .unwrap();
+    fake.add_device(bdf("0000:00:04.0"), 0x1af4, 0x1000, 0x020000, Some(4))
+        .unwrap();
+    fake.add_device(bdf("0000:00:05.0"), 0x15b3, 0x1017, 0x020000, Some(5))
+        .unwrap();
+    fake.add_driver("vfio-pci").unwrap();
+    fake.bind(bdf("0000:00:04.0"), "virtio-pci").unwrap();
+    fake.bind(bdf("0000:00:05.0"), "vfio-pci").unwrap();
+    fake.add_iommu_unit("dmar0").unwrap();
+    fake.add_interface(bdf("0000:00:04.0"), "eth0", true)
+        .unwrap();
+    let root = fake.root().to_owned();
+    let proc_root = root.join("proc");
+    fs::create_dir_all(proc_root.join("net")).unwrap();
+    fs::create_dir_all(proc_root.join("self")).unwrap();
+    fs::write(
+        proc_root.join("net/route"),
+        "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
+         eth0\t00000000\t0202000A\t0003\t0\t0\t0\t00000000\t0\t0\t0\n",
+    )
+    .unwrap();
+    fs::write(
+        proc_root.join("meminfo"),
+        "HugePages_Total:    1024\nHugePages_Free:     1024\nHugePages_Rsvd:        0\n\
+         Hugepagesize:       2048 kB\n",
+    )
+    .unwrap();
+    fs::write(proc_root.join("cmdline"), "intel_iommu=on\n").unwrap();
+    fs::write(
+        proc_root.join("self/status"),
+        "Uid:\t1000\t1000\t1000\t1000\n",
+    )
+    .unwrap();
+    let dev_vfio = root.join("dev-vfio");
+    fs::create_dir_all(&dev_vfio).unwrap();
+    fs::write(dev_vfio.join("5"), "").unwrap();
+    Machine {
+        state: root.join("run"),
+        fake,
+        proc_root,
+        dev_vfio,
+    }
+}
+
+impl Machine {
+    fn vfio(&self, args: &[&str]) -> Output {
+        let p = |x: &Path| x.to_str().unwrap().to_string();
+        let mut all = vec![
+            "--sysfs".to_string(),
+            p(self.fake.root()),
+            "--proc".into(),
+            p(&self.proc_root),
+            "--dev-vfio".into(),
+            p(&self.dev_vfio),
+            "--state-dir".into(),
+            p(&self.state),
+        ];
+        all.extend(args.iter().map(|s| s.to_string()));
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        run(VFIO, &refs)
+    }
+}
+
+#[test]
+fn erpc_vfio_status_exit_codes_tell_scripts_ready_or_not() {
+    let m = machine();
+    // Ready: exit 0.
+    let out = m.vfio(&["status", "0000:00:05.0"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert!(text(&out.stdout).contains("ready for VFIO  yes"));
+    // Not ready: exit 3, and the advice is the bind that will work.
+    let out = m.vfio(&["status", "0000:00:02.0"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{stdout}");
+    assert!(stdout.contains("ready for VFIO  no"), "{stdout}");
+    assert!(
+        stdout.contains("next step       bind it: `sudo erpc-vfio bind 0000:00:02.0`"),
+        "{stdout}"
+    );
+    // The same with --json.
+    let out = m.vfio(&["--json", "status", "0000:00:02.0"]);
+    assert_eq!(out.status.code(), Some(3));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ready"], false);
+    // The default-route NIC: not ready, and no plain `bind` advice, since
+    // bind refuses it.
+    let out = m.vfio(&["status", "0000:00:04.0"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{stdout}");
+    assert!(
+        !stdout.contains("bind it: `sudo erpc-vfio bind 0000:00:04.0`"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("--force 0000:00:04.0"), "{stdout}");
+    let out = m.vfio(&["bind", "--dry-run", "0000:00:04.0"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("refusing to bind 0000:00:04.0"));
+    // Errors: exit 1; bad arguments: exit 2.
+    let out = m.vfio(&["status", "0000:00:09.0"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("does not exist"));
+    let out = m.vfio(&["status", "nonsense"]);
+    assert_eq!(out.status.code(), Some(2));
+    // Not root: bind refuses with exit 1 and says what to do.
+    let out = m.vfio(&["bind", "0000:00:02.0"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("must run as root"));
+}
+
+#[test]
+fn erpc_vfio_ends_quietly_when_stdout_is_closed() {
+    use std::process::Stdio;
+    let m = machine();
+    let p = |x: &Path| x.to_str().unwrap().to_string();
+    for cmd in [
+        &["list"][..],
+        &["status", "0000:00:05.0"],
+        &["--json", "list"],
+    ] {
+        let mut child = Command::new(VFIO)
+            .args(["--sysfs", &p(m.fake.root()), "--proc", &p(&m.proc_root)])
+            .args(["--dev-vfio", &p(&m.dev_vfio), "--state-dir", &p(&m.state)])
+            .args(cmd)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = text(&out.stderr);
+        assert!(!err.contains("panicked"), "{cmd:?}: {err}");
+        assert_eq!(out.status.code(), Some(0), "{cmd:?}: {err}");
+    }
+}
