@@ -30,6 +30,7 @@ use std::fmt;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod mlx5;
+pub mod rss;
 pub mod udp;
 pub mod wire;
 
