@@ -112,13 +112,13 @@ fn device_model() {
             dev.info().fw_version,
             dev.info().mac
         );
-        let cfg = Mlx5Config {
-            ipv4: std::net::Ipv4Addr::new(10, 0, 0, i),
-            queue: mlx5::QueueConfig {
+        let cfg = Mlx5Config::new(
+            std::net::Ipv4Addr::new(10, 0, 0, i),
+            mlx5::QueueConfig {
                 udp_port: 31850 + u16::from(i),
                 ..Default::default()
             },
-        };
+        );
         let t = Mlx5Transport::new(&dev, cfg).expect("mlx5 transport");
         let alloc = Allocator::new(
             dev.dma_mapper(),

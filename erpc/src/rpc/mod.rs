@@ -194,6 +194,9 @@ pub enum CreateError {
     /// The transport's TX burst limit is zero or too large.
     #[error("transport tx_burst_max {0} must be in 1..={max}", max = crate::consts::TX_BATCH_MAX)]
     TxBurst(usize),
+    /// The transport's RX ring handle was taken before the Rpc got it.
+    #[error("the transport's RX ring handle was already taken: give the Rpc a fresh transport")]
+    RingTaken,
     /// Hugepage memory for control packets.
     #[error(transparent)]
     Alloc(#[from] mempool::AllocError),
@@ -386,12 +389,12 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
     pub fn new(
         nexus: &Arc<Nexus>,
         rpc_id: u8,
-        transport: T,
+        mut transport: T,
         mut alloc: Allocator,
         config: RpcConfig,
         sm_handler: Option<SessionHandler<T, C>>,
     ) -> Result<Rpc<T, C>, CreateError> {
-        let ring = transport.rx_ring();
+        let ring = transport.take_rx_ring().ok_or(CreateError::RingTaken)?;
         let ring_entries = ring.entries();
         if config.session_credits == 0 || config.session_credits > ring_entries {
             return Err(CreateError::Credits {

@@ -110,8 +110,8 @@ struct TransportEcho {
 
 impl TransportEcho {
     fn new() -> TransportEcho {
-        let t = UdpTransport::new(&UdpConfig::loopback()).expect("bind server");
-        let ring = t.rx_ring();
+        let mut t = UdpTransport::new(&UdpConfig::loopback()).expect("bind server");
+        let ring = t.take_rx_ring().expect("the RX ring");
         TransportEcho {
             hdrs: vec![[0u8; PKTHDR_BYTES]; ring.entries()],
             t,
@@ -148,7 +148,7 @@ impl TransportEcho {
             });
             sent += self.t.tx_burst(&burst[..m]);
         }
-        self.t.post_recvs(n);
+        self.t.post_recvs(&mut self.ring, n);
         self.head += n;
         n
     }
@@ -165,10 +165,10 @@ struct TransportClient {
 
 impl TransportClient {
     fn new(server: impl FnOnce(RoutingInfo) -> RoutingInfo) -> TransportClient {
-        let t = UdpTransport::new(&UdpConfig::loopback()).expect("bind client");
+        let mut t = UdpTransport::new(&UdpConfig::loopback()).expect("bind client");
         let route = t.resolve(&server(t.local_routing_info())).unwrap();
         TransportClient {
-            ring: t.rx_ring(),
+            ring: t.take_rx_ring().expect("the RX ring"),
             pkts: vec![vec![0xab; PKTHDR_BYTES + DATA_BYTES]; t.tx_burst_max()],
             t,
             route,
@@ -199,7 +199,7 @@ impl TransportClient {
             assert_eq!(p.len(), PAYLOAD_BYTES);
             f(seq_of(p));
         }
-        self.t.post_recvs(n);
+        self.t.post_recvs(&mut self.ring, n);
         self.head += n;
         n
     }

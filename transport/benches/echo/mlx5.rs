@@ -58,15 +58,15 @@ impl Node {
             },
         )
         .expect("bring-up");
-        let t = Mlx5Transport::new(
+        let mut t = Mlx5Transport::new(
             &device,
-            Mlx5Config {
-                ipv4: Ipv4Addr::new(10, 99, 0, id),
-                queue: QueueConfig {
+            Mlx5Config::new(
+                Ipv4Addr::new(10, 99, 0, id),
+                QueueConfig {
                     udp_port: 7000,
                     ..Default::default()
                 },
-            },
+            ),
         )
         .expect("transport");
         let mut alloc = Allocator::new(
@@ -82,7 +82,7 @@ impl Node {
             .map(|_| alloc.alloc(PKTHDR_BYTES + DATA_BYTES).unwrap())
             .collect();
         Node {
-            ring: t.rx_ring(),
+            ring: t.take_rx_ring().expect("the RX ring"),
             t,
             alloc,
             bufs,
@@ -141,7 +141,7 @@ impl Mlx5Echo {
                 let p = self
                     .n
                     .ring
-                    .packet(self.n.head + done + k)
+                    .packet((self.n.head + done + k) % self.n.ring.entries())
                     .expect("valid request");
                 let b = self.n.bufs[k].as_mut_slice();
                 b[HEADROOM_BYTES..HEADROOM_BYTES + p.len()].copy_from_slice(p);
@@ -157,7 +157,7 @@ impl Mlx5Echo {
             done += m;
         }
         self.n.head += got;
-        self.n.t.post_recvs(got);
+        self.n.t.post_recvs(&mut self.n.ring, got);
         got
     }
 }
@@ -202,12 +202,16 @@ impl Client for Mlx5Client {
     fn poll(&mut self, f: &mut dyn FnMut(u64)) -> usize {
         let got = self.n.t.rx_burst();
         for k in 0..got {
-            let p = self.n.ring.packet(self.n.head + k).expect("valid echo");
+            let p = self
+                .n
+                .ring
+                .packet((self.n.head + k) % self.n.ring.entries());
+            let p = p.expect("valid echo");
             assert_eq!(p.len(), PAYLOAD_BYTES);
             f(seq_of(p));
         }
         self.n.head += got;
-        self.n.t.post_recvs(got);
+        self.n.t.post_recvs(&mut self.n.ring, got);
         got
     }
 }
