@@ -209,7 +209,11 @@ pub trait Transport {
     /// The routing info peers need to reach this transport.
     fn local_routing_info(&self) -> RoutingInfo;
 
-    /// Turns a peer's routing info into a route.
+    /// Turns a peer's routing info into a route. Called when a session is
+    /// set up, never on the datapath: it may create OS resources (the UDP
+    /// transport's send socket on a peer's RSS source port). Routing info
+    /// comes from the network: anything unusable is an error, never a
+    /// panic (an RSS table size of 0 included).
     fn resolve(&self, info: &RoutingInfo) -> Result<Self::Route, TransportError>;
 
     /// Writes the Ethernet/IPv4/UDP header for a frame of `frame_len` bytes

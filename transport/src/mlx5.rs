@@ -218,14 +218,12 @@ impl<B: HwBackend> Mlx5Transport<B> {
         self.pcap.as_ref().map_or(0, |c| c.frames())
     }
 
-    /// The driver's queue set (snapshot, hardware queries, error recovery).
+    /// The driver's queue set (snapshots, hardware queries). There is no
+    /// mutable access: reposting RX slots behind the ring handle's back
+    /// (`QueueSet::post_recvs`) would let the NIC overwrite packets the
+    /// application still reads.
     pub fn queue_set(&self) -> &QueueSet<B> {
         &self.qs
-    }
-
-    /// Mutable access to the queue set.
-    pub fn queue_set_mut(&mut self) -> &mut QueueSet<B> {
-        &mut self.qs
     }
 }
 
