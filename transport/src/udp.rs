@@ -15,8 +15,8 @@
 //!   behaves like a NIC's receive queue. `recvmmsg` writes datagrams straight
 //!   into the free slots that come next in ring order; a slot is free again
 //!   only after eRPC gives it back with [`Transport::post_recvs`]. The ring
-//!   is shared (`Rc`) with its [`UdpRing`] handles, which read held slots
-//!   without borrowing the transport.
+//!   is shared (`Rc`) with its one [`UdpRing`] handle, which reads held
+//!   slots without borrowing the transport.
 //!
 //! # Routing info
 //! The advertised IPv4 address and the bound port, the MAC of the
@@ -59,11 +59,11 @@
 //! [`RxRing::packet`], and are counted by reason in [`TransportStats`].
 //!
 //! The per-packet path allocates nothing, takes no lock and makes no
-//! syscall besides one `sendmmsg` per burst and one `recvmmsg` per
-//! `rx_burst` (none when the ring has no free slot).
+//! syscall besides one `sendmmsg` per burst (per run of one source socket)
+//! and one `recvmmsg` per `rx_burst` (none when the ring has no free slot).
 //!
-//! A `UdpTransport` and its ring handles belong to one thread (`!Send`),
-//! like the Rpc that owns them.
+//! A `UdpTransport`, its ring handle and its routes belong to one thread
+//! (`!Send`), like the Rpc that owns them.
 #![deny(unsafe_code)]
 
 mod sys;

@@ -43,6 +43,11 @@ struct Node {
 
 impl Node {
     fn new(fabric: &Fabric, id: u8) -> Node {
+        Node::with_pcap(fabric, id, None)
+    }
+
+    /// A node whose transport captures every frame to `pcap`.
+    fn with_pcap(fabric: &Fabric, id: u8, pcap: Option<std::path::PathBuf>) -> Node {
         let nic = SimNic::new(
             fabric,
             NicConfig {
@@ -60,13 +65,16 @@ impl Node {
         .expect("bring-up");
         let mut t = Mlx5Transport::new(
             &device,
-            Mlx5Config::new(
-                Ipv4Addr::new(10, 99, 0, id),
-                QueueConfig {
-                    udp_port: 7000,
-                    ..Default::default()
-                },
-            ),
+            Mlx5Config {
+                pcap,
+                ..Mlx5Config::new(
+                    Ipv4Addr::new(10, 99, 0, id),
+                    QueueConfig {
+                        udp_port: 7000,
+                        ..Default::default()
+                    },
+                )
+            },
         )
         .expect("transport");
         let mut alloc = Allocator::new(
@@ -219,16 +227,28 @@ impl Client for Mlx5Client {
 /// One thread, deterministic fabric: client, server and the fabric's clock
 /// stepped in turn.
 pub(crate) fn mlx5_one_thread(a: &Args) -> Row {
+    mlx5_one_thread_with(a, false)
+}
+
+/// The one-thread echo with both transports capturing every frame to a
+/// pcap file (in the temp directory, removed afterwards).
+pub(crate) fn mlx5_one_thread_pcap(a: &Args) -> Row {
+    mlx5_one_thread_with(a, true)
+}
+
+fn mlx5_one_thread_with(a: &Args, pcap: bool) -> Row {
     let fabric = Fabric::new(FabricConfig {
         seed: 1,
         deterministic: true,
         ..Default::default()
     });
+    let files = pcap.then(|| crate::PcapFiles::new("mlx5"));
+    let path = |i: usize| files.as_ref().map(|f| f.0[i].clone());
     let mut s = Mlx5Echo {
-        n: Node::new(&fabric, 2),
+        n: Node::with_pcap(&fabric, 2, path(0)),
         route: None,
     };
-    let c = Mlx5Client::new(Node::new(&fabric, 1), &s.n.routing());
+    let c = Mlx5Client::new(Node::with_pcap(&fabric, 1, path(1)), &s.n.routing());
     s.route = Some(s.n.t.resolve(&c.n.routing()).unwrap());
     let f2 = fabric.clone();
     let mut both = SameThread {
@@ -239,7 +259,12 @@ pub(crate) fn mlx5_one_thread(a: &Args) -> Row {
             f2.advance(Duration::from_nanos(200));
         },
     };
-    measure(a, "Mlx5Transport on the device model", &mut both)
+    let name = if pcap {
+        "Mlx5Transport on the device model, pcap on"
+    } else {
+        "Mlx5Transport on the device model"
+    };
+    measure(a, name, &mut both)
 }
 
 /// Two threads, threaded fabric.
