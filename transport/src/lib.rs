@@ -110,6 +110,44 @@ impl<R> TxItem<'_, R> {
 /// borrow. There is one handle per transport ([`Transport::take_rx_ring`]),
 /// and giving slots back ([`Transport::post_recvs`]) borrows it mutably:
 /// a packet slice, which borrows the handle, cannot outlive its slot.
+///
+/// The receive loop, with the transport used mutably (to send) while
+/// packets are read in place:
+///
+/// ```
+/// use transport::udp::{UdpConfig, UdpTransport};
+/// use transport::{RxRing, Transport};
+///
+/// let mut t = UdpTransport::new(&UdpConfig::loopback())?;
+/// let mut ring = t.take_rx_ring().expect("the first call hands it out");
+/// let mut head = 0;
+/// let n = t.rx_burst();
+/// for k in 0..n {
+///     if let Some(pkt) = ring.packet((head + k) % ring.entries()) {
+///         t.tx_flush(); // the transport is free to use meanwhile
+///         let _ = pkt[0];
+///     }
+/// }
+/// head += n;
+/// t.post_recvs(&mut ring, n);
+/// # let _ = head;
+/// # Ok::<(), transport::TransportError>(())
+/// ```
+///
+/// Keeping a packet across `post_recvs`, after which the kernel or the NIC
+/// may refill its slot, does not compile:
+///
+/// ```compile_fail,E0502
+/// use transport::udp::{UdpConfig, UdpTransport};
+/// use transport::{RxRing, Transport};
+///
+/// let mut t = UdpTransport::new(&UdpConfig::loopback()).unwrap();
+/// let mut ring = t.take_rx_ring().unwrap();
+/// let n = t.rx_burst();
+/// let kept = ring.packet(0);
+/// t.post_recvs(&mut ring, n);
+/// println!("{kept:?}");
+/// ```
 pub trait RxRing {
     /// Number of slots.
     fn entries(&self) -> usize;
