@@ -184,6 +184,13 @@ impl UdpConfig {
                 ));
             }
         }
+        if let Some(mac) = self.mac {
+            if mac[0] & 1 != 0 {
+                return Err(format!(
+                    "mac = {mac:02x?}: a multicast MAC cannot name this host"
+                ));
+            }
+        }
         Ok(())
     }
 }

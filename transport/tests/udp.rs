@@ -462,6 +462,14 @@ fn routing_info_is_usable_by_a_cpp_peer() {
     })
     .unwrap();
     assert_eq!(t.local_routing_info().mac, mac);
+    let text = io_error_text(
+        UdpTransport::new(&UdpConfig {
+            mac: Some([0x01, 0, 0x5e, 0, 0, 1]),
+            ..UdpConfig::loopback()
+        })
+        .unwrap_err(),
+    );
+    assert!(text.contains("multicast MAC"), "{text}");
 }
 
 #[test]
