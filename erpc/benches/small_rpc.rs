@@ -168,7 +168,8 @@ fn raw_echo<T: Transport>(a: &mut T, b: &mut T, mut between: impl FnMut(), dur: 
     let flen = PKTHDR_BYTES + MSG;
     a.fill_headroom(&ra, &mut frame_a[..42], flen);
     b.fill_headroom(&rb, &mut frame_b[..42], flen);
-    let (ring_a, ring_b) = (a.rx_ring(), b.rx_ring());
+    let mut ring_a = a.take_rx_ring().expect("the RX ring");
+    let mut ring_b = b.take_rx_ring().expect("the RX ring");
     let item = |route, pkt| TxItem {
         route,
         pkt,
@@ -192,7 +193,7 @@ fn raw_echo<T: Transport>(a: &mut T, b: &mut T, mut between: impl FnMut(), dur: 
             let _ = ring_b.packet((head_b + k) % ring_b.entries());
         }
         head_b += n;
-        b.post_recvs(n);
+        b.post_recvs(&mut ring_b, n);
         let mut left = n;
         while left > 0 {
             left -= b.tx_burst(&burst_b[..left.min(16)]);
@@ -203,7 +204,7 @@ fn raw_echo<T: Transport>(a: &mut T, b: &mut T, mut between: impl FnMut(), dur: 
             let _ = ring_a.packet((head_a + k) % ring_a.entries());
         }
         head_a += n;
-        a.post_recvs(n);
+        a.post_recvs(&mut ring_a, n);
         in_flight -= n;
         done += n as u64;
         between();
@@ -350,7 +351,7 @@ fn udp_raw_echo_threads(dur: Duration) -> f64 {
                 let mut t = UdpTransport::new(&UdpConfig::loopback()).unwrap();
                 send_info.send(t.local_routing_info()).unwrap();
                 let peer = t.resolve(&recv_info.recv().unwrap()).unwrap();
-                let ring = t.rx_ring();
+                let mut ring = t.take_rx_ring().expect("the RX ring");
                 // Byte 0 of the eRPC header: 0 = request, 1 = echo.
                 let req = [0u8; PKTHDR_BYTES + MSG];
                 let mut rsp = [0u8; PKTHDR_BYTES + MSG];
@@ -385,7 +386,7 @@ fn udp_raw_echo_threads(dur: Duration) -> f64 {
                         }
                     }
                     head += n;
-                    t.post_recvs(n);
+                    t.post_recvs(&mut ring, n);
                     while echoes > 0 {
                         echoes -= t.tx_burst(&rsps[..echoes.min(16)]);
                     }

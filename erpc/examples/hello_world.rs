@@ -77,10 +77,8 @@ fn on_session<T: Transport>(_rpc: &mut Rpc<T, App>, app: &mut App, ev: SessionEv
             println!("session {}: connected", ev.session);
             app.connected = true;
         }
-        SessionEventKind::ConnectFailed(e) => {
-            app.error = Some(format!("session {}: connect failed: {e}", ev.session));
-        }
         SessionEventKind::Disconnected => println!("session {}: disconnected", ev.session),
+        other => app.error = Some(format!("session {}: {other}", ev.session)),
     }
 }
 
@@ -162,13 +160,13 @@ fn device_model(region: RegionOptions) -> Result<()> {
             "NIC {i}: firmware {major}.{minor}.{sub}, MAC {}",
             mac(dev.info().mac)
         );
-        let cfg = Mlx5Config {
-            ipv4: std::net::Ipv4Addr::new(10, 0, 0, i),
-            queue: mlx5::QueueConfig {
+        let cfg = Mlx5Config::new(
+            std::net::Ipv4Addr::new(10, 0, 0, i),
+            mlx5::QueueConfig {
                 udp_port: 31850 + u16::from(i),
                 ..Default::default()
             },
-        };
+        );
         let t = Mlx5Transport::new(&dev, cfg)?;
         let alloc = Allocator::new(
             dev.dma_mapper(),

@@ -100,13 +100,13 @@ fn three_rpcs_on_real_threads_over_the_device_model() {
             let (ready, done, dev) = (ready.clone(), done.clone(), devs[nic].clone());
             std::thread::spawn(move || {
                 rpc_thread(nexus, id, peers, ready, done, n, move || {
-                    let cfg = Mlx5Config {
-                        ipv4: Ipv4Addr::new(10, 30, 0, nic as u8 + 1),
-                        queue: QueueConfig {
+                    let cfg = Mlx5Config::new(
+                        Ipv4Addr::new(10, 30, 0, nic as u8 + 1),
+                        QueueConfig {
                             udp_port: port,
                             ..Default::default()
                         },
-                    };
+                    );
                     let t = Mlx5Transport::new(&dev, cfg).map_err(|e| e.to_string())?;
                     let a = Allocator::new(
                         dev.dma_mapper(),

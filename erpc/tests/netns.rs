@@ -248,13 +248,13 @@ fn netns_child() {
             },
         )
         .expect("bring-up");
-        let cfg = transport::mlx5::Mlx5Config {
-            ipv4: Ipv4Addr::new(10, 233, 0, id),
-            queue: mlx5::QueueConfig {
+        let cfg = transport::mlx5::Mlx5Config::new(
+            Ipv4Addr::new(10, 233, 0, id),
+            mlx5::QueueConfig {
                 udp_port: 31900,
                 ..Default::default()
             },
-        };
+        );
         let t = transport::mlx5::Mlx5Transport::new(&device, cfg).expect("mlx5 transport");
         let alloc = Allocator::new(
             device.dma_mapper(),

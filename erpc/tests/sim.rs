@@ -465,11 +465,11 @@ impl transport::Transport for Bogus {
     fn rx_burst(&mut self) -> usize {
         self.0.rx_burst()
     }
-    fn post_recvs(&mut self, n: usize) {
-        self.0.post_recvs(n)
+    fn post_recvs(&mut self, ring: &mut Self::Ring, n: usize) {
+        self.0.post_recvs(ring, n)
     }
-    fn rx_ring(&self) -> Self::Ring {
-        self.0.rx_ring()
+    fn take_rx_ring(&mut self) -> Option<Self::Ring> {
+        self.0.take_rx_ring()
     }
     fn stats(&self) -> transport::TransportStats {
         self.0.stats()

@@ -563,13 +563,13 @@ pub trait Testbed {
     fn transport(&self, i: usize, port: u16) -> Result<Mlx5Transport<Self::B>, BenchError> {
         Mlx5Transport::new(
             self.device(i),
-            Mlx5Config {
-                ipv4: node_ipv4(i),
-                queue: QueueConfig {
+            Mlx5Config::new(
+                node_ipv4(i),
+                QueueConfig {
                     udp_port: port,
                     ..Default::default()
                 },
-            },
+            ),
         )
         .map_err(|e| BenchError::setup(format!("mlx5 transport of node {i}"), e))
     }
@@ -984,7 +984,8 @@ pub fn raw_echo<T: Transport>(
             drop: false,
         }
     }
-    let (ring_a, ring_b) = (a.rx_ring(), b.rx_ring());
+    let mut ring_a = a.take_rx_ring().expect("the RX ring");
+    let mut ring_b = b.take_rx_ring().expect("the RX ring");
     let (mut head_a, mut head_b) = (0usize, 0usize);
     let (mut in_flight, mut done) = (0usize, 0u64);
     progress.phase("raw echo", dur);
@@ -1002,7 +1003,7 @@ pub fn raw_echo<T: Transport>(
             let nb = b.rx_burst();
             if nb > 0 {
                 for i in 0..nb {
-                    std::hint::black_box(ring_b.packet(head_b + i));
+                    std::hint::black_box(ring_b.packet((head_b + i) % ring_b.entries()));
                 }
                 head_b += nb;
                 let mut left = nb;
@@ -1012,15 +1013,15 @@ pub fn raw_echo<T: Transport>(
                         std::array::from_fn(|_| item(&rb, &bb, len));
                     left -= b.tx_burst(&items[..k]);
                 }
-                b.post_recvs(nb);
+                b.post_recvs(&mut ring_b, nb);
             }
             step();
             let na = a.rx_burst();
             for i in 0..na {
-                std::hint::black_box(ring_a.packet(head_a + i));
+                std::hint::black_box(ring_a.packet((head_a + i) % ring_a.entries()));
             }
             head_a += na;
-            a.post_recvs(na);
+            a.post_recvs(&mut ring_a, na);
             in_flight = in_flight.saturating_sub(na);
             done += na as u64;
         }

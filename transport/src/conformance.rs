@@ -14,14 +14,17 @@
 //! }
 //! ```
 //!
-//! The cases check: routing info and resolution; bursts in both
-//! directions with every packet layout and size, verified byte for byte,
-//! with exact counters; that one burst costs one doorbell; zero-copy RX
-//! (fixed slot addresses, packets stable while held, the ring readable
-//! while the transport is borrowed mutably); ring wrap-around; the
-//! `post_recvs` accounting of a full ring; rejection of oversize and
-//! malformed TX items; rejection and counting of malformed datagrams (when
-//! the fixture can inject them); the drop flag; and `tx_flush`.
+//! The cases check: routing info a C++ peer can use, and resolution
+//! (including peers that use RSS); bursts in both directions with every
+//! packet layout and size, verified byte for byte, with exact counters;
+//! that one burst costs one doorbell; zero-copy RX (fixed slot addresses,
+//! packets stable while held, the ring readable while the transport is
+//! borrowed mutably); ring wrap-around; the `post_recvs` accounting of a
+//! full ring; rejection of oversize and malformed TX items; rejection and
+//! counting of malformed datagrams (when the fixture can inject them); the
+//! drop flag; `tx_flush`; routes with and without RSS mixed in one burst;
+//! and the ownership checks of the ring handle (unique, own transport's,
+//! no more slots given back than held).
 //!
 //! Every packet the suite sends is a *probe* ([`probe`]): an eRPC-header-
 //! sized header naming its stream and sequence number and the data length,
@@ -54,7 +57,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::wire::{self, FrameError, ParsedFrame};
+use crate::wire::{self, FrameError, ParseOptions, ParsedFrame};
 use crate::{
     ERPC_HDR_BYTES, HEADROOM_BYTES, MAX_DATA_PER_PKT, MTU, PKTHDR_BYTES, RoutingInfo, RxRing,
     Transport, TransportStats, TxItem,
@@ -355,6 +358,12 @@ impl<M: TxMemory> TxPool<M> {
 /// The receiving side's view of a ring: which slots it holds, in order.
 struct RxState<R> {
     ring: R,
+    cur: Cursor,
+}
+
+/// The counters of an [`RxState`], apart from the ring so that packets can
+/// borrow the ring while the counters move.
+struct Cursor {
     entries: usize,
     /// Packets received so far (the sum of `rx_burst` results).
     head: u64,
@@ -366,8 +375,14 @@ struct RxState<R> {
 }
 
 impl<R: RxRing> RxState<R> {
-    fn new<T: Transport<Ring = R>>(t: &T) -> RxState<R> {
-        let ring = t.rx_ring();
+    fn new<T: Transport<Ring = R>>(t: &mut T) -> RxState<R> {
+        let ring = t
+            .take_rx_ring()
+            .expect("the first take_rx_ring returns the ring");
+        assert!(
+            t.take_rx_ring().is_none(),
+            "take_rx_ring must hand out the ring handle only once"
+        );
         let entries = ring.entries();
         assert!(
             entries.is_power_of_two(),
@@ -375,10 +390,12 @@ impl<R: RxRing> RxState<R> {
         );
         RxState {
             ring,
-            entries,
-            head: 0,
-            held: 0,
-            slot_addr: vec![None; entries],
+            cur: Cursor {
+                entries,
+                head: 0,
+                held: 0,
+                slot_addr: vec![None; entries],
+            },
         }
     }
 
@@ -386,6 +403,25 @@ impl<R: RxRing> RxState<R> {
     /// order. Returns how many arrived.
     fn poll<T: Transport<Ring = R>>(
         &mut self,
+        t: &mut T,
+        each: impl FnMut(usize, Option<&[u8]>),
+    ) -> usize {
+        self.cur.poll(&self.ring, t, each)
+    }
+
+    /// Gives the `n` oldest held slots back.
+    fn post<T: Transport<Ring = R>>(&mut self, t: &mut T, n: usize) {
+        assert!(n <= self.cur.held);
+        t.post_recvs(&mut self.ring, n);
+        self.cur.held -= n;
+    }
+}
+
+impl Cursor {
+    /// [`RxState::poll`], reading packets from `ring`.
+    fn poll<T: Transport>(
+        &mut self,
+        ring: &T::Ring,
         t: &mut T,
         mut each: impl FnMut(usize, Option<&[u8]>),
     ) -> usize {
@@ -398,7 +434,7 @@ impl<R: RxRing> RxState<R> {
         );
         for k in 0..n {
             let idx = ((self.head + k as u64) % self.entries as u64) as usize;
-            let p = self.ring.packet(idx);
+            let p = ring.packet(idx);
             if let Some(p) = p {
                 let addr = p.as_ptr() as usize;
                 let first = *self.slot_addr[idx].get_or_insert(addr);
@@ -412,13 +448,6 @@ impl<R: RxRing> RxState<R> {
         self.head += n as u64;
         self.held += n;
         n
-    }
-
-    /// Gives the `n` oldest held slots back.
-    fn post<T: Transport<Ring = R>>(&mut self, t: &mut T, n: usize) {
-        assert!(n <= self.held);
-        t.post_recvs(n);
-        self.held -= n;
     }
 }
 
@@ -539,8 +568,10 @@ fn transfer<F: Fixture>(
             last_progress = Instant::now();
         }
         if let Post::Every(batch) = plan.post {
-            if bs.held >= batch || (bs.held > 0 && (inflight == 0 || bs.held == bs.entries)) {
-                bs.post(b, bs.held);
+            if bs.cur.held >= batch
+                || (bs.cur.held > 0 && (inflight == 0 || bs.cur.held == bs.cur.entries))
+            {
+                bs.post(b, bs.cur.held);
             }
         }
         if last_progress.elapsed() > IDLE_TIMEOUT {
@@ -553,7 +584,7 @@ fn transfer<F: Fixture>(
                  {inflight} in flight, first missing {missing:?}, {} slots held\n\
                  sender: {:?}\nreceiver: {:?}",
                 plan.stream,
-                bs.held,
+                bs.cur.held,
                 a.stats(),
                 b.stats()
             );
@@ -567,7 +598,7 @@ fn transfer<F: Fixture>(
         extra.len()
     );
     if let Post::Every(_) = plan.post {
-        bs.post(b, bs.held);
+        bs.post(b, bs.cur.held);
     }
     out
 }
@@ -618,6 +649,7 @@ fn delta(after: TransportStats, before: TransportStats) -> TransportStats {
         rx_not_for_us: after.rx_not_for_us - before.rx_not_for_us,
         rx_oversize: after.rx_oversize - before.rx_oversize,
         rx_errors: after.rx_errors - before.rx_errors,
+        rx_ip_csum_zero: after.rx_ip_csum_zero - before.rx_ip_csum_zero,
     }
 }
 
@@ -641,7 +673,7 @@ fn assert_no_rx_errors(s: &TransportStats, who: &str) {
 /// Routing info survives its wire form, each side resolves the other, and
 /// resolving nonsense fails. The limits are the eRPC ones.
 pub fn routing_info<F: Fixture>(fx: &mut F) {
-    let (a, b) = fx.pair();
+    let (mut a, mut b) = fx.pair();
     let (ra, rb) = (a.local_routing_info(), b.local_routing_info());
     for (who, ri) in [("a", ra), ("b", rb)] {
         assert_eq!(
@@ -661,14 +693,53 @@ pub fn routing_info<F: Fixture>(fx: &mut F) {
         a.resolve(&RoutingInfo::default()).is_err(),
         "all-zero routing info must not resolve"
     );
-    for t in [&a, &b] {
+    for (who, ri) in [("a", ra), ("b", rb)] {
+        // What a C++ DPDK sender needs: a table size it may divide by, and
+        // a queue its formula can produce.
+        assert_ne!(ri.rss_table_size, 0, "{who}: RSS table size 0: {ri}");
+        assert!(
+            ri.rxq_id < ri.rss_table_size.min(crate::rss::CPP_MAX_QUEUES_PER_PORT),
+            "{who}: RX queue unreachable through its own RSS table: {ri}"
+        );
+    }
+    // A peer that uses RSS resolves too (the source port is then chosen
+    // for its queue); one whose queue no RSS can reach does not.
+    for q in [0, 5, 15] {
+        let rss_peer = RoutingInfo {
+            rxq_id: q,
+            rss_table_size: 128,
+            ..rb
+        };
+        a.resolve(&rss_peer)
+            .unwrap_or_else(|e| panic!("a resolves an RSS peer (queue {q}): {e}"));
+    }
+    let unreachable = RoutingInfo {
+        rxq_id: 16,
+        rss_table_size: 128,
+        ..rb
+    };
+    assert!(a.resolve(&unreachable).is_err(), "RX queue 16 of 16");
+    // Table size 0 (a C++ raw transport's routing info) means no RSS.
+    a.resolve(&RoutingInfo {
+        rss_table_size: 0,
+        rxq_id: 0,
+        ..rb
+    })
+    .expect("RSS table size 0 resolves (exact-port steering)");
+    for t in [&mut a, &mut b] {
         assert_eq!(t.mtu(), MTU);
         assert_eq!(t.max_data_per_pkt(), MAX_DATA_PER_PKT);
         assert!((1..=1024).contains(&t.tx_burst_max()));
-        let entries = t.rx_ring().entries();
+        let ring = t.take_rx_ring().expect("the ring handle");
+        let entries = ring.entries();
         assert!(
             entries.is_power_of_two() && entries >= 2,
             "{entries} RX entries"
+        );
+        assert!(t.take_rx_ring().is_none(), "a second ring handle");
+        assert!(
+            (0..entries + 2).all(|i| ring.packet(i).is_none()),
+            "a fresh ring holds no packet"
         );
         assert_eq!(t.stats(), TransportStats::default(), "fresh counters");
     }
@@ -678,8 +749,8 @@ pub fn routing_info<F: Fixture>(fx: &mut F) {
 /// exact counters on both sides.
 pub fn bursts_both_directions<F: Fixture>(fx: &mut F) {
     let (mut a, mut b) = fx.pair();
-    let mut a_rx = RxState::new(&a);
-    let mut b_rx = RxState::new(&b);
+    let mut a_rx = RxState::new(&mut a);
+    let mut b_rx = RxState::new(&mut b);
     for (stream, dir) in [(1u16, "a->b"), (2, "b->a")] {
         let (tx, rx, rxs) = if stream == 1 {
             (&mut a, &mut b, &mut b_rx)
@@ -696,7 +767,7 @@ pub fn bursts_both_directions<F: Fixture>(fx: &mut F) {
             &Plan {
                 stream,
                 count,
-                window: window_for(rxs.entries),
+                window: window_for(rxs.cur.entries),
                 data_len: varied_len,
                 drop: never,
                 post: Post::Every(5),
@@ -729,9 +800,9 @@ pub fn bursts_both_directions<F: Fixture>(fx: &mut F) {
 /// A full burst is announced with one doorbell / one send call.
 pub fn burst_is_batched<F: Fixture>(fx: &mut F) {
     let (mut a, mut b) = fx.pair();
-    let mut b_rx = RxState::new(&b);
+    let mut b_rx = RxState::new(&mut b);
     let route = a.resolve(&b.local_routing_info()).unwrap();
-    let n = a.tx_burst_max().min(b_rx.entries);
+    let n = a.tx_burst_max().min(b_rx.cur.entries);
     let mut pool = TxPool::new(fx, n);
     let specs: Vec<Spec> = (0..n as u32)
         .map(|s| Spec::new(7, s, small_len(s)))
@@ -753,11 +824,23 @@ fn wait_for<F: Fixture>(
     rx: &mut RxState<<F::T as Transport>::Ring>,
     n: usize,
 ) -> Vec<ProbeId> {
+    wait_for_in(fx, t, &rx.ring, &mut rx.cur, n)
+}
+
+/// [`wait_for`], with the ring borrowed apart from the counters (so that
+/// the caller may hold packets read from it meanwhile).
+fn wait_for_in<F: Fixture>(
+    fx: &mut F,
+    t: &mut F::T,
+    ring: &<F::T as Transport>::Ring,
+    cur: &mut Cursor,
+    n: usize,
+) -> Vec<ProbeId> {
     let mut ids = Vec::with_capacity(n);
     let start = Instant::now();
     while ids.len() < n {
         fx.pump();
-        rx.poll(t, |idx, p| {
+        cur.poll(ring, t, |idx, p| {
             let p = p.unwrap_or_else(|| panic!("slot {idx}: a valid probe was rejected"));
             ids.push(probe::check(p).unwrap_or_else(|e| panic!("slot {idx}: {e}")));
         });
@@ -773,15 +856,16 @@ fn wait_for<F: Fixture>(
 }
 
 /// Received packets are read in place: each slot has a fixed address,
-/// distinct slots do not overlap, every handle sees the same bytes, and a
-/// held packet stays intact while the transport sends and receives more.
+/// distinct slots do not overlap, and a held packet stays intact while the
+/// transport sends and receives more (the ring handle is independent of
+/// the transport's borrow).
 pub fn zero_copy_rx<F: Fixture>(fx: &mut F) {
     let (mut a, mut b) = fx.pair();
-    let mut a_rx = RxState::new(&a);
-    let mut b_rx = RxState::new(&b);
+    let mut a_rx = RxState::new(&mut a);
+    let mut b_rx = RxState::new(&mut b);
     let ab = a.resolve(&b.local_routing_info()).unwrap();
     let ba = b.resolve(&a.local_routing_info()).unwrap();
-    let k = (b_rx.entries / 2).min(a.tx_burst_max());
+    let k = (b_rx.cur.entries / 2).min(a.tx_burst_max());
     let mut a_pool = TxPool::new(fx, 2 * k);
     let mut b_pool = TxPool::new(fx, k);
 
@@ -795,18 +879,17 @@ pub fn zero_copy_rx<F: Fixture>(fx: &mut F) {
         (0..k as u32).collect::<Vec<_>>()
     );
 
-    let ring = b.rx_ring();
-    let other = ring.clone();
+    let ring = &b_rx.ring;
     let held: Vec<&[u8]> = (0..k)
         .map(|i| ring.packet(i).expect("held packet"))
         .collect();
     let copies: Vec<Vec<u8>> = held.iter().map(|p| p.to_vec()).collect();
     for (i, p) in held.iter().enumerate() {
-        let q = other.packet(i).unwrap();
+        let q = ring.packet(i).unwrap();
         assert_eq!(
             (p.as_ptr(), p.len()),
             (q.as_ptr(), q.len()),
-            "slot {i}: handles disagree"
+            "slot {i}: two reads disagree"
         );
         for (j, r) in held.iter().enumerate().skip(i + 1) {
             let (ps, rs) = (p.as_ptr() as usize, r.as_ptr() as usize);
@@ -827,14 +910,14 @@ pub fn zero_copy_rx<F: Fixture>(fx: &mut F) {
         .map(|s| Spec::new(1, s, varied_len(s)))
         .collect();
     assert_eq!(a_pool.send(&mut a, &ab, &more, |_| false), more.len());
-    let ids2 = wait_for(fx, &mut b, &mut b_rx, more.len());
+    let ids2 = wait_for_in(fx, &mut b, ring, &mut b_rx.cur, more.len());
     assert!(ids2.iter().all(|id| id.stream == 1 && id.seq >= k as u32));
     wait_for(fx, &mut a, &mut a_rx, k);
     for (i, (p, c)) in held.iter().zip(&copies).enumerate() {
         assert_eq!(p, c, "slot {i} changed while held");
         assert_eq!(ring.packet(i).unwrap().as_ptr(), p.as_ptr());
     }
-    b_rx.post(&mut b, b_rx.held);
+    b_rx.post(&mut b, b_rx.cur.held);
 }
 
 /// Many laps around the ring, giving slots back in odd-sized batches:
@@ -842,8 +925,8 @@ pub fn zero_copy_rx<F: Fixture>(fx: &mut F) {
 /// keeps its address on every lap.
 pub fn ring_wrap_around<F: Fixture>(fx: &mut F) {
     let (mut a, mut b) = fx.pair();
-    let mut b_rx = RxState::new(&b);
-    let entries = b_rx.entries;
+    let mut b_rx = RxState::new(&mut b);
+    let entries = b_rx.cur.entries;
     let count = (2 * entries + entries / 2 + 3) as u32;
     let before = b.stats();
     transfer(
@@ -860,7 +943,7 @@ pub fn ring_wrap_around<F: Fixture>(fx: &mut F) {
             post: Post::Every(7.min(entries - 1).max(1)),
         },
     );
-    assert_eq!(b_rx.head, u64::from(count));
+    assert_eq!(b_rx.cur.head, u64::from(count));
     let d = delta(b.stats(), before);
     assert_eq!(d.rx_pkts, u64::from(count));
     assert_no_rx_errors(&d, "receiver");
@@ -870,8 +953,8 @@ pub fn ring_wrap_around<F: Fixture>(fx: &mut F) {
 /// exactly `k` packets in; giving all back lets traffic flow again.
 pub fn post_recvs_accounting<F: Fixture>(fx: &mut F) {
     let (mut a, mut b) = fx.pair();
-    let mut b_rx = RxState::new(&b);
-    let entries = b_rx.entries;
+    let mut b_rx = RxState::new(&mut b);
+    let entries = b_rx.cur.entries;
     let route = a.resolve(&b.local_routing_info()).unwrap();
 
     // Fill every slot and keep them.
@@ -889,7 +972,7 @@ pub fn post_recvs_accounting<F: Fixture>(fx: &mut F) {
             post: Post::Never,
         },
     );
-    assert_eq!(b_rx.held, entries);
+    assert_eq!(b_rx.cur.held, entries);
 
     // Full ring: whatever is sent now must not show up (the UDP transport
     // leaves it in the socket buffer, a NIC drops it).
@@ -948,7 +1031,7 @@ pub fn post_recvs_accounting<F: Fixture>(fx: &mut F) {
     ids.dedup();
     assert_eq!(ids.len(), k, "duplicates among the {k} packets");
     assert!(ids.iter().all(|id| id.stream == 2 || id.stream == 3));
-    assert_eq!(b_rx.held, entries);
+    assert_eq!(b_rx.cur.held, entries);
     let nothing = settle(fx, &mut b, &mut b_rx);
     assert!(
         nothing.is_empty(),
@@ -985,7 +1068,7 @@ pub fn post_recvs_accounting<F: Fixture>(fx: &mut F) {
         after.len(),
         fresh as usize + queued
     );
-    b_rx.post(&mut b, b_rx.held);
+    b_rx.post(&mut b, b_rx.cur.held);
 }
 
 /// TX items the transport cannot send (frame over the MTU, header slot
@@ -993,7 +1076,7 @@ pub fn post_recvs_accounting<F: Fixture>(fx: &mut F) {
 /// never reach the peer; valid items around them in the same burst do.
 pub fn oversize_and_malformed_tx<F: Fixture>(fx: &mut F) {
     let (mut a, mut b) = fx.pair();
-    let mut b_rx = RxState::new(&b);
+    let mut b_rx = RxState::new(&mut b);
     let route = a.resolve(&b.local_routing_info()).unwrap();
     let mut pool = TxPool::new(fx, 4);
     let specs = [
@@ -1037,7 +1120,7 @@ pub fn oversize_and_malformed_tx<F: Fixture>(fx: &mut F) {
 /// while a valid one next to them arrives. Needs [`Fixture::inject`].
 pub fn malformed_rx<F: Fixture>(fx: &mut F) {
     let (_a, mut b) = fx.pair();
-    let mut b_rx = RxState::new(&b);
+    let mut b_rx = RxState::new(&mut b);
     let max_payload = MTU - HEADROOM_BYTES;
     let valid = probe::payload(ProbeId { stream: 6, seq: 0 }, MAX_DATA_PER_PKT);
     assert_eq!(valid.len(), max_payload);
@@ -1095,9 +1178,9 @@ pub fn malformed_rx<F: Fixture>(fx: &mut F) {
 /// Items with `drop` set are accepted and counted but never sent.
 pub fn drop_flag_honoured<F: Fixture>(fx: &mut F) {
     let (mut a, mut b) = fx.pair();
-    let mut b_rx = RxState::new(&b);
+    let mut b_rx = RxState::new(&mut b);
     let count = 3 * a.tx_burst_max() as u32 + 5;
-    let window = window_for(b_rx.entries);
+    let window = window_for(b_rx.cur.entries);
     let out = transfer(
         fx,
         &mut a,
@@ -1129,9 +1212,9 @@ pub fn drop_flag_honoured<F: Fixture>(fx: &mut F) {
 /// was in them at `tx_burst`.
 pub fn tx_flush_releases_buffers<F: Fixture>(fx: &mut F) {
     let (mut a, mut b) = fx.pair();
-    let mut b_rx = RxState::new(&b);
+    let mut b_rx = RxState::new(&mut b);
     let route = a.resolve(&b.local_routing_info()).unwrap();
-    let n = a.tx_burst_max().min(b_rx.entries);
+    let n = a.tx_burst_max().min(b_rx.cur.entries);
     let mut pool = TxPool::new(fx, n);
     let specs: Vec<Spec> = (0..n as u32)
         .map(|s| Spec::new(9, s, varied_len(s)))
@@ -1143,6 +1226,91 @@ pub fn tx_flush_releases_buffers<F: Fixture>(fx: &mut F) {
     }
     let ids = wait_for(fx, &mut b, &mut b_rx, n);
     assert_eq!(ids.len(), n);
+}
+
+/// Routes to a peer that uses RSS (its routing info claims an RSS table of
+/// 128 entries and various queues) and to the same peer without RSS, mixed
+/// in one burst: every packet arrives, in order, intact. (Our transports
+/// steer by exact port, so the receiver takes all of them; which source
+/// port each route uses is checked by each transport's own tests.)
+pub fn rss_routes_in_one_burst<F: Fixture>(fx: &mut F) {
+    let (mut a, mut b) = fx.pair();
+    let mut b_rx = RxState::new(&mut b);
+    let info = b.local_routing_info();
+    let routes: Vec<<F::T as Transport>::Route> = [None, Some(3), Some(3), Some(11), Some(0)]
+        .into_iter()
+        .map(|q| {
+            let ri = match q {
+                None => info,
+                Some(q) => RoutingInfo {
+                    rxq_id: q,
+                    rss_table_size: 128,
+                    ..info
+                },
+            };
+            a.resolve(&ri).expect("resolve")
+        })
+        .collect();
+    let n = a.tx_burst_max().min(b_rx.cur.entries).min(16);
+    let mut pool = TxPool::new(fx, n);
+    let specs: Vec<Spec> = (0..n as u32)
+        .map(|s| Spec::new(12, s, varied_len(s)))
+        .collect();
+    // Packet i goes on route i / 2 mod 5: runs of two, then a switch.
+    let route_of = |s: &Spec| &routes[(s.id.seq as usize / 2) % routes.len()];
+    for (j, s) in specs.iter().enumerate() {
+        prepare(&a, route_of(s), &mut pool.bufs[j], s);
+    }
+    let items: Vec<TxItem<'_, _>> = specs
+        .iter()
+        .enumerate()
+        .map(|(j, s)| item(route_of(s), &pool.bufs[j], s))
+        .collect();
+    assert_eq!(a.tx_burst(&items), n);
+    let ids = wait_for(fx, &mut b, &mut b_rx, n);
+    assert_eq!(
+        ids.iter().map(|i| i.seq).collect::<Vec<_>>(),
+        (0..n as u32).collect::<Vec<_>>(),
+        "all packets, in order"
+    );
+    let d = a.stats();
+    assert_eq!((d.tx_pkts, d.tx_errors), (n as u64, 0), "{d:?}");
+    b_rx.post(&mut b, b_rx.cur.held);
+}
+
+/// The ring handle is the transport's own: giving slots back through
+/// another transport's handle, or more slots than are held, panics (before
+/// anything is given back), and slots not held read as `None`.
+pub fn ring_ownership_is_checked<F: Fixture>(fx: &mut F) {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    let (mut a, mut b) = fx.pair();
+    let mut a_rx = RxState::new(&mut a);
+    let mut b_rx = RxState::new(&mut b);
+    let route = a.resolve(&b.local_routing_info()).unwrap();
+    let mut pool = TxPool::new(fx, 2);
+    let specs = [Spec::new(13, 0, 5), Spec::new(13, 1, 7)];
+    assert_eq!(pool.send(&mut a, &route, &specs, |_| false), 2);
+    wait_for(fx, &mut b, &mut b_rx, 2);
+    let entries = b_rx.cur.entries;
+    assert!(b_rx.ring.packet(0).is_some() && b_rx.ring.packet(1).is_some());
+    assert!(b_rx.ring.packet(2).is_none(), "slot 2 was never reported");
+    assert!(b_rx.ring.packet(entries).is_none(), "out of range");
+
+    let foreign = catch_unwind(AssertUnwindSafe(|| b.post_recvs(&mut a_rx.ring, 1)));
+    assert!(foreign.is_err(), "post_recvs took another transport's ring");
+    let too_many = catch_unwind(AssertUnwindSafe(|| b.post_recvs(&mut b_rx.ring, 3)));
+    assert!(too_many.is_err(), "post_recvs gave back 3 of 2 held slots");
+    // Nothing was given back by either refusal.
+    assert!(b_rx.ring.packet(0).is_some() && b_rx.ring.packet(1).is_some());
+
+    b_rx.post(&mut b, 1);
+    assert!(b_rx.ring.packet(0).is_none(), "slot 0 was given back");
+    assert_eq!(
+        probe::check(b_rx.ring.packet(1).expect("slot 1 is still held")),
+        Ok(ProbeId { stream: 13, seq: 1 })
+    );
+    b_rx.post(&mut b, 1);
+    assert!(b_rx.ring.packet(1).is_none(), "slot 1 was given back");
 }
 
 /// Runs every case, each on a fresh pair.
@@ -1157,6 +1325,8 @@ pub fn run_all<F: Fixture>(fx: &mut F) {
     malformed_rx(fx);
     drop_flag_honoured(fx);
     tx_flush_releases_buffers(fx);
+    rss_routes_in_one_burst(fx);
+    ring_ownership_is_checked(fx);
 }
 
 /// Writes one `#[test]` per conformance case, each building its fixture
@@ -1167,7 +1337,8 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@cases $fixture;
             routing_info, bursts_both_directions, burst_is_batched, zero_copy_rx,
             ring_wrap_around, post_recvs_accounting, oversize_and_malformed_tx,
-            malformed_rx, drop_flag_honoured, tx_flush_releases_buffers);
+            malformed_rx, drop_flag_honoured, tx_flush_releases_buffers,
+            rss_routes_in_one_burst, ring_ownership_is_checked);
     };
     (@cases $fixture:expr; $($case:ident),* $(,)?) => {
         $(
@@ -1185,8 +1356,38 @@ macro_rules! conformance_tests {
 /// for a reason the bytes show. Panics on any inconsistency; shared by the
 /// property tests and the fuzz target.
 pub fn parse_frame_checked(frame: &[u8]) -> Result<ParsedFrame<'_>, FrameError> {
+    parse_frame_checked_with(frame, ParseOptions::STRICT)
+}
+
+/// [`parse_frame_checked`] for [`wire::parse_frame_with`]: the same checks,
+/// plus that a relaxation only ever turns a rejection for a zero IPv4
+/// checksum into an acceptance (flagged), and changes nothing else.
+pub fn parse_frame_checked_with(
+    frame: &[u8],
+    opts: ParseOptions,
+) -> Result<ParsedFrame<'_>, FrameError> {
     use wire::{ETH_HDR_BYTES, ETHERTYPE_IPV4, IPPROTO_UDP, IPV4_HDR_BYTES, UDP_HDR_BYTES};
-    let r = wire::parse_frame(frame);
+    let r = wire::parse_frame_with(frame, opts);
+    let zero_field = frame.len() >= ETH_HDR_BYTES + 12
+        && frame[ETH_HDR_BYTES + 10] == 0
+        && frame[ETH_HDR_BYTES + 11] == 0;
+    if opts != ParseOptions::STRICT {
+        let strict = wire::parse_frame(frame);
+        match (&strict, &r) {
+            (Ok(s), _) => assert_eq!(r, Ok(*s), "a relaxation changed a strict acceptance"),
+            (Err(e), Ok(p)) => {
+                assert_eq!(*e, FrameError::BadIp, "relaxed past {e:?}");
+                assert!(p.ip_checksum_zero && zero_field, "relaxed past a checksum");
+            }
+            (Err(e), Err(l)) if e != l => {
+                assert!(
+                    *e == FrameError::BadIp && zero_field,
+                    "strict says {e:?}, relaxed says {l:?}"
+                );
+            }
+            (Err(_), Err(_)) => {}
+        }
+    }
     if frame.len() < HEADROOM_BYTES {
         assert_eq!(r, Err(FrameError::Short), "{} bytes", frame.len());
         return r;
@@ -1217,7 +1418,19 @@ pub fn parse_frame_checked(frame: &[u8]) -> Result<ParsedFrame<'_>, FrameError> 
     );
     assert!(end <= MTU, "accepted a frame over the MTU");
     assert_eq!(be16(20) & 0x3fff, 0, "accepted a fragment");
-    assert_eq!(wire::ipv4_checksum(ip), 0, "accepted a bad IPv4 checksum");
+    if p.ip_checksum_zero {
+        assert!(
+            opts.accept_zero_ip_checksum && zero_field,
+            "flagged a zero checksum that is not allowed or not zero"
+        );
+        assert_ne!(
+            wire::ipv4_checksum(ip),
+            0,
+            "flagged a checksum that verifies"
+        );
+    } else {
+        assert_eq!(wire::ipv4_checksum(ip), 0, "accepted a bad IPv4 checksum");
+    }
     assert_eq!(ip[9], IPPROTO_UDP, "accepted protocol {}", ip[9]);
     assert_eq!(
         be16(38),
@@ -1241,10 +1454,48 @@ pub fn parse_frame_checked(frame: &[u8]) -> Result<ParsedFrame<'_>, FrameError> 
     // The verdict depends on nothing past the frame's end, and a frame cut
     // short is reported as short.
     assert_eq!(
-        wire::parse_frame(&frame[..end]),
+        wire::parse_frame_with(&frame[..end], opts),
         Ok(p),
         "bytes past the end changed the verdict"
     );
-    assert_eq!(wire::parse_frame(&frame[..end - 1]), Err(FrameError::Short));
+    assert_eq!(
+        wire::parse_frame_with(&frame[..end - 1], opts),
+        Err(FrameError::Short)
+    );
     Ok(p)
+}
+
+/// Checks what a peer's routing info (any 48 bytes from the network) does
+/// to the RSS source-port choice: no panic (a table size of 0 is not a
+/// divisor), and a chosen port follows the C++ rule and is the first that
+/// does. Shared by the property tests and the fuzz target.
+pub fn rss_source_port_checked(
+    src_ip: std::net::Ipv4Addr,
+    info: &RoutingInfo,
+) -> Result<Option<u16>, crate::rss::RssError> {
+    use crate::rss;
+    let r = rss::source_port(src_ip, info);
+    match r {
+        Ok(None) => assert!(info.rss_table_size <= 1, "no port for an RSS peer: {info}"),
+        Ok(Some(p)) => {
+            assert!(info.rss_table_size > 1);
+            assert!((rss::RSS_BASE_SRC_PORT..u16::MAX).contains(&p));
+            let q = |port| {
+                rss::queue_of(
+                    rss::hash_v4_udp(src_ip, info.ipv4, port, info.udp_port),
+                    info.rss_table_size,
+                )
+            };
+            assert_eq!(q(p), info.rxq_id, "port {p} misses the queue: {info}");
+            assert_eq!(rss::source_ports(src_ip, info).next(), Some(p));
+        }
+        Err(rss::RssError::QueueUnreachable { .. }) => assert!(
+            info.rss_table_size > 1
+                && info.rxq_id >= info.rss_table_size.min(rss::CPP_MAX_QUEUES_PER_PORT)
+        ),
+        Err(rss::RssError::NoPort { .. }) => {
+            assert_eq!(rss::source_ports(src_ip, info).next(), None)
+        }
+    }
+    r
 }

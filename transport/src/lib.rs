@@ -24,12 +24,37 @@
 //! [`RxRing`] reads them without borrowing the transport, so a dispatch
 //! handler can look at its request in the ring while the event loop keeps
 //! sending.
+//!
+//! # Who may write a ring slot, and when
+//! A slot the application holds (reported by `rx_burst`, not yet given
+//! back) is never written by the NIC or the kernel. The type system keeps
+//! every packet slice inside that window, at no run-time cost per packet:
+//!
+//! * a transport hands out its RX ring handle once
+//!   ([`Transport::take_rx_ring`]); the handle is not `Clone`;
+//! * [`RxRing::packet`] borrows the handle, so the slice lives no longer
+//!   than that borrow;
+//! * [`Transport::post_recvs`], the only way to give slots back, needs the
+//!   handle *mutably*, so the compiler rejects any call while a packet
+//!   slice is alive; it checks (once per call, not per packet) that the
+//!   handle is its own;
+//! * `packet` returns `None` for a slot the application does not hold.
+//!
+//! The one thing left to the caller is logic, not memory safety: reading
+//! only the slots that `rx_burst` reported as new.
+//!
+//! # Talking to C++ eRPC peers
+//! Both transports advertise routing info a C++ peer can use (real MAC,
+//! RX queue 0, RSS table size 1: they steer by exact UDP port) and, when a
+//! peer uses RSS, pick the UDP source port the way C++ does ([`rss`]).
 
 use std::fmt;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod mlx5;
+pub mod pcap;
+pub mod rss;
 pub mod udp;
 pub mod wire;
 
@@ -82,15 +107,56 @@ impl<R> TxItem<'_, R> {
 }
 
 /// Read access to a transport's RX ring, independent of the transport's
-/// borrow (a cheap handle, cloned once by eRPC).
-pub trait RxRing: Clone {
+/// borrow. There is one handle per transport ([`Transport::take_rx_ring`]),
+/// and giving slots back ([`Transport::post_recvs`]) borrows it mutably:
+/// a packet slice, which borrows the handle, cannot outlive its slot.
+///
+/// The receive loop, with the transport used mutably (to send) while
+/// packets are read in place:
+///
+/// ```
+/// use transport::udp::{UdpConfig, UdpTransport};
+/// use transport::{RxRing, Transport};
+///
+/// let mut t = UdpTransport::new(&UdpConfig::loopback())?;
+/// let mut ring = t.take_rx_ring().expect("the first call hands it out");
+/// let mut head = 0;
+/// let n = t.rx_burst();
+/// for k in 0..n {
+///     if let Some(pkt) = ring.packet((head + k) % ring.entries()) {
+///         t.tx_flush(); // the transport is free to use meanwhile
+///         let _ = pkt[0];
+///     }
+/// }
+/// head += n;
+/// t.post_recvs(&mut ring, n);
+/// # let _ = head;
+/// # Ok::<(), transport::TransportError>(())
+/// ```
+///
+/// Keeping a packet across `post_recvs`, after which the kernel or the NIC
+/// may refill its slot, does not compile:
+///
+/// ```compile_fail,E0502
+/// use transport::udp::{UdpConfig, UdpTransport};
+/// use transport::{RxRing, Transport};
+///
+/// let mut t = UdpTransport::new(&UdpConfig::loopback()).unwrap();
+/// let mut ring = t.take_rx_ring().unwrap();
+/// let n = t.rx_burst();
+/// let kept = ring.packet(0);
+/// t.post_recvs(&mut ring, n);
+/// println!("{kept:?}");
+/// ```
+pub trait RxRing {
     /// Number of slots.
     fn entries(&self) -> usize;
 
     /// The packet in ring slot `idx`, from the eRPC header to the end of the
-    /// data, or `None` if the frame in that slot is malformed (the transport
-    /// has counted the reason). Valid until the slot is given back with
-    /// [`Transport::post_recvs`].
+    /// data. `None` if the frame in that slot is malformed (the transport
+    /// has counted the reason), or if the application does not hold the
+    /// slot (never reported by `rx_burst`, or already given back), or if
+    /// `idx` is out of range.
     fn packet(&self, idx: usize) -> Option<&[u8]>;
 }
 
@@ -154,6 +220,11 @@ pub struct TransportStats {
     pub rx_oversize: u64,
     /// Receive calls that failed.
     pub rx_errors: u64,
+    /// Frames accepted although their IPv4 header checksum was 0 (not
+    /// computed by the sender, as the C++ raw transport sends them). Also
+    /// counted in `rx_pkts`; a transport configured to refuse them counts
+    /// them in `rx_bad_ip` instead.
+    pub rx_ip_csum_zero: u64,
 }
 
 /// An unreliable packet transport with bursty, zero-copy TX and RX.
@@ -180,7 +251,11 @@ pub trait Transport {
     /// The routing info peers need to reach this transport.
     fn local_routing_info(&self) -> RoutingInfo;
 
-    /// Turns a peer's routing info into a route.
+    /// Turns a peer's routing info into a route. Called when a session is
+    /// set up, never on the datapath: it may create OS resources (the UDP
+    /// transport's send socket on a peer's RSS source port). Routing info
+    /// comes from the network: anything unusable is an error, never a
+    /// panic (an RSS table size of 0 included).
     fn resolve(&self, info: &RoutingInfo) -> Result<Self::Route, TransportError>;
 
     /// Writes the Ethernet/IPv4/UDP header for a frame of `frame_len` bytes
@@ -205,11 +280,18 @@ pub trait Transport {
     /// the sum of all previous `rx_burst` results.
     fn rx_burst(&mut self) -> usize;
 
-    /// Gives `n` more ring slots back (in ring order) for reuse.
-    fn post_recvs(&mut self, n: usize);
+    /// Gives the `n` oldest held ring slots back for reuse. `ring` is this
+    /// transport's ring handle, borrowed mutably so that no packet slice
+    /// read from it is still alive.
+    ///
+    /// # Panics
+    /// If `ring` belongs to another transport, or `n` is more than the
+    /// slots the application holds.
+    fn post_recvs(&mut self, ring: &mut Self::Ring, n: usize);
 
-    /// The RX ring reader.
-    fn rx_ring(&self) -> Self::Ring;
+    /// The RX ring reader: `Some` on the first call, `None` after (the
+    /// handle is unique; see [`RxRing`]).
+    fn take_rx_ring(&mut self) -> Option<Self::Ring>;
 
     /// Counters.
     fn stats(&self) -> TransportStats;

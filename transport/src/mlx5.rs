@@ -8,18 +8,31 @@
 //! only every 64 WQEs, and rings one doorbell per burst.
 //!
 //! RX: the driver counts arrivals from the overrunning 8-entry CQ; each new
-//! frame is validated once, in `rx_burst` (`wire::parse_frame`, plus our MAC
-//! and port), with every rejected frame counted by reason, and is then read
-//! in place from the striding ring.
+//! frame is validated once, in `rx_burst` (`wire::parse_frame_with`, plus
+//! our MAC and port), with every rejected frame counted by reason, and is
+//! then read in place from the striding ring. Frames whose IPv4 checksum is
+//! 0 (the C++ raw transport does not compute it) are accepted and counted
+//! in `rx_ip_csum_zero`, unless [`Mlx5Config::accept_zero_ip_checksum`] is
+//! off; a wrong non-zero checksum is always a drop.
+//!
+//! Routing info: the port's MAC, the configured IPv4 address and UDP port,
+//! RX queue 0 and an RSS table size of 1 (the flow rule steers the exact
+//! UDP destination port to this queue set; no RSS). Toward a peer that
+//! uses RSS (a multi-queue C++ DPDK receiver) the prebuilt frame header
+//! carries the source port the peer's RSS maps to its queue
+//! ([`crate::rss`]); toward any other peer, our own UDP port.
 
 use std::cell::Cell;
 use std::net::Ipv4Addr;
+use std::path::PathBuf;
 use std::rc::Rc;
 
 use mlx5::hw::HwBackend;
 use mlx5::{Device, Gather, QueueConfig, QueueSet, RxRingView, TxFrame};
 
-use crate::wire::{self, FrameError, FrameTemplate, RoutingInfo};
+use crate::pcap::Capture;
+use crate::rss;
+use crate::wire::{self, FrameError, FrameTemplate, ParseOptions, RoutingInfo};
 use crate::{
     ERPC_HDR_BYTES, HEADROOM_BYTES, MTU, PKTHDR_BYTES, RxRing, Transport, TransportError,
     TransportStats, TxItem,
@@ -28,13 +41,34 @@ use crate::{
 /// Largest burst (eRPC's postlist).
 pub const POSTLIST: usize = 16;
 
-/// Settings of one mlx5 transport (one per Rpc).
-#[derive(Debug, Clone, Copy)]
+/// Settings of one mlx5 transport (one per Rpc). Start from
+/// [`Mlx5Config::new`].
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mlx5Config {
     /// IPv4 address this endpoint claims (the NIC has no IP of its own).
     pub ipv4: Ipv4Addr,
     /// Queue-set settings, including the UDP port steered to it.
     pub queue: QueueConfig,
+    /// Accept received frames whose IPv4 header checksum is 0, as the C++
+    /// raw transport sends them (counted in `rx_ip_csum_zero`). Default
+    /// on; off, they are dropped as `rx_bad_ip`.
+    pub accept_zero_ip_checksum: bool,
+    /// Write every frame sent and received to this pcap file (created or
+    /// truncated). Default `None`: no capture, and no cost. See
+    /// [`crate::pcap`].
+    pub pcap: Option<PathBuf>,
+}
+
+impl Mlx5Config {
+    /// `ipv4` and `queue`, zero IPv4 checksums accepted, no capture.
+    pub fn new(ipv4: Ipv4Addr, queue: QueueConfig) -> Mlx5Config {
+        Mlx5Config {
+            ipv4,
+            queue,
+            accept_zero_ip_checksum: true,
+            pcap: None,
+        }
+    }
 }
 
 /// A resolved peer: the fixed part of every frame to it.
@@ -43,13 +77,39 @@ pub struct Mlx5Route {
     template: FrameTemplate,
 }
 
-/// Reads packets in the striding RX ring. Frames are validated once, in
-/// `rx_burst`; this handle only returns what passed.
-#[derive(Debug, Clone)]
+impl Mlx5Route {
+    /// The UDP source port of frames to this peer: ours, or the one its
+    /// RSS needs.
+    pub fn src_port(&self) -> u16 {
+        self.template.src_port
+    }
+}
+
+/// Ring state shared by the transport (which validates arrivals and gives
+/// slots back) and its ring handle (which reads held slots).
+#[derive(Debug)]
+struct RingState {
+    /// UDP payload length of the frame in each slot, 0 if it was rejected.
+    lens: Box<[Cell<u16>]>,
+    /// Slots reported by rx_burst, in total.
+    delivered: Cell<u64>,
+    /// Slots given back by post_recvs, in total.
+    released: Cell<u64>,
+}
+
+impl RingState {
+    fn held(&self) -> u64 {
+        self.delivered.get() - self.released.get()
+    }
+}
+
+/// Reads packets in the striding RX ring (the one handle of its
+/// transport). Frames are validated once, in `rx_burst`; this handle only
+/// returns what passed, and only from slots the application holds.
+#[derive(Debug)]
 pub struct Mlx5Ring {
     view: RxRingView,
-    /// UDP payload length of the frame in each slot, 0 if it was rejected.
-    lens: Rc<[Cell<u16>]>,
+    state: Rc<RingState>,
 }
 
 impl RxRing for Mlx5Ring {
@@ -59,16 +119,23 @@ impl RxRing for Mlx5Ring {
 
     #[inline]
     fn packet(&self, idx: usize) -> Option<&[u8]> {
-        let i = idx & (self.lens.len() - 1);
-        let len = usize::from(self.lens[i].get());
+        let st = &*self.state;
+        let entries = st.lens.len();
+        let age = (idx as u64).wrapping_sub(st.released.get()) & (entries as u64 - 1);
+        if idx >= entries || age >= st.held() {
+            return None;
+        }
+        let len = usize::from(st.lens[idx].get());
         if len == 0 {
             return None;
         }
-        // SAFETY: eRPC reads slot `idx` only between the rx_burst that
-        // reported it and the post_recvs that gives it back (the contract of
-        // `RxRing::packet`); the driver never reposts a WQE whose strides
-        // have not all been given back, so the NIC leaves the slot alone.
-        let slot = unsafe { self.view.slot(i) };
+        // SAFETY: the slot is held: reported by rx_burst and not yet given
+        // back (checked just above). The driver reposts a WQE only once
+        // all its strides are given back, so the NIC leaves a held slot
+        // alone. The slice borrows this handle, the only one of its
+        // transport, and `Mlx5Transport::post_recvs` takes the handle
+        // mutably: the slot cannot be given back while the slice lives.
+        let slot = unsafe { self.view.slot(idx) };
         Some(&slot[HEADROOM_BYTES..HEADROOM_BYTES + len])
     }
 }
@@ -76,8 +143,13 @@ impl RxRing for Mlx5Ring {
 /// eRPC over an mlx5 queue set.
 pub struct Mlx5Transport<B: HwBackend> {
     qs: QueueSet<B>,
-    ring: Mlx5Ring,
+    /// The transport's own view of the RX ring (for validation).
+    view: RxRingView,
+    state: Rc<RingState>,
+    ring_taken: bool,
     local: RoutingInfo,
+    parse: ParseOptions,
+    pcap: Option<Box<Capture>>,
     stats: TransportStats,
     /// Next ring slot rx_burst validates.
     rx_head: usize,
@@ -90,39 +162,68 @@ impl<B: HwBackend> std::fmt::Debug for Mlx5Transport<B> {
 }
 
 impl<B: HwBackend> Mlx5Transport<B> {
-    /// Creates the queue set and the flow rule for `cfg.queue.udp_port`.
+    /// Creates the queue set and the flow rule for `cfg.queue.udp_port`,
+    /// and the pcap file if one is configured.
     pub fn new(device: &Device<B>, cfg: Mlx5Config) -> Result<Self, TransportError> {
+        let pcap = match &cfg.pcap {
+            Some(path) => Some(Box::new(Capture::create(path)?)),
+            None => None,
+        };
         let qs = device
             .create_queue_set(cfg.queue)
             .map_err(|e| TransportError::Device(e.to_string()))?;
         let mac = qs.mac();
         let view = qs.rx_ring();
-        let lens = (0..view.entries()).map(|_| Cell::new(0)).collect();
-        let ring = Mlx5Ring { view, lens };
+        let state = Rc::new(RingState {
+            lens: (0..view.entries()).map(|_| Cell::new(0)).collect(),
+            delivered: Cell::new(0),
+            released: Cell::new(0),
+        });
         let local = RoutingInfo {
             mac,
             ipv4: cfg.ipv4,
             udp_port: cfg.queue.udp_port,
             rxq_id: 0,
-            rss_table_size: 0,
+            rss_table_size: 1,
         };
         Ok(Mlx5Transport {
             qs,
-            ring,
+            view,
+            state,
+            ring_taken: false,
             local,
+            parse: ParseOptions {
+                accept_zero_ip_checksum: cfg.accept_zero_ip_checksum,
+            },
+            pcap,
             stats: TransportStats::default(),
             rx_head: 0,
         })
     }
 
-    /// The driver's queue set (snapshot, hardware queries, error recovery).
-    pub fn queue_set(&self) -> &QueueSet<B> {
-        &self.qs
+    /// Pushes captured frames to the pcap file (they are buffered).
+    ///
+    /// # Errors
+    /// If there is no capture, it stopped after a write error, or the
+    /// write fails.
+    pub fn flush_pcap(&mut self) -> std::io::Result<()> {
+        match self.pcap.as_mut() {
+            Some(c) => c.flush(),
+            None => Err(std::io::Error::other("no pcap capture configured")),
+        }
     }
 
-    /// Mutable access to the queue set.
-    pub fn queue_set_mut(&mut self) -> &mut QueueSet<B> {
-        &mut self.qs
+    /// Frames written to the pcap capture so far (0 without one).
+    pub fn pcap_frames(&self) -> u64 {
+        self.pcap.as_ref().map_or(0, |c| c.frames())
+    }
+
+    /// The driver's queue set (snapshots, hardware queries). There is no
+    /// mutable access: reposting RX slots behind the ring handle's back
+    /// (`QueueSet::post_recvs`) would let the NIC overwrite packets the
+    /// application still reads.
+    pub fn queue_set(&self) -> &QueueSet<B> {
+        &self.qs
     }
 }
 
@@ -132,10 +233,11 @@ impl<B: HwBackend> Mlx5Transport<B> {
     #[inline]
     fn validate(&mut self, idx: usize) -> u16 {
         // SAFETY: the slot was just reported by the driver's rx_burst and is
-        // not given back before this read ends.
-        let slot = unsafe { self.ring.view.slot(idx) };
+        // not given back before this read ends (giving back needs the ring
+        // handle mutably, and `&mut self` is held here).
+        let slot = unsafe { self.view.slot(idx) };
         let s = &mut self.stats;
-        match wire::parse_frame(slot) {
+        match wire::parse_frame_with(slot, self.parse) {
             Ok(f) if f.dst_mac != self.local.mac || f.dst_port != self.local.udp_port => {
                 s.rx_not_for_us += 1;
                 0
@@ -146,6 +248,7 @@ impl<B: HwBackend> Mlx5Transport<B> {
             }
             Ok(f) => {
                 s.rx_bytes += (HEADROOM_BYTES + f.payload.len()) as u64;
+                s.rx_ip_csum_zero += u64::from(f.ip_checksum_zero);
                 f.payload.len() as u16
             }
             Err(e) => {
@@ -183,13 +286,17 @@ impl<B: HwBackend> Transport for Mlx5Transport<B> {
         if info.ipv4.is_unspecified() || info.udp_port == 0 {
             return fail("no IPv4 address or UDP port");
         }
+        let src_port = match rss::source_port(self.local.ipv4, info) {
+            Ok(p) => p.unwrap_or(self.local.udp_port),
+            Err(e) => return fail(&e.to_string()),
+        };
         Ok(Mlx5Route {
             template: FrameTemplate {
                 dst_mac: info.mac,
                 src_mac: self.local.mac,
                 src_ip: self.local.ipv4,
                 dst_ip: info.ipv4,
-                src_port: self.local.udp_port,
+                src_port,
                 dst_port: info.udp_port,
             },
         })
@@ -208,8 +315,8 @@ impl<B: HwBackend> Transport for Mlx5Transport<B> {
             rest: Gather::default(),
         }; POSTLIST];
         // Item index of each frame: a partial post accepts exactly the items
-        // before the first frame not posted.
-        let mut item_of = [0usize; POSTLIST];
+        // before the first frame not posted (and the capture writes them).
+        let mut item_of = [0u8; POSTLIST];
         let mut n = 0;
         let considered = items.len().min(POSTLIST);
         for (i, item) in items[..considered].iter().enumerate() {
@@ -231,7 +338,7 @@ impl<B: HwBackend> Transport for Mlx5Transport<B> {
                     lkey: item.lkey,
                 },
             };
-            item_of[n] = i;
+            item_of[n] = i as u8;
             n += 1;
         }
         if n == 0 {
@@ -256,11 +363,14 @@ impl<B: HwBackend> Transport for Mlx5Transport<B> {
             .sum::<u64>();
         if posted > 0 {
             self.stats.tx_doorbells += 1;
+            if let Some(cap) = self.pcap.as_deref_mut() {
+                capture_tx(cap, items, &item_of[..posted]);
+            }
         }
         if posted < n {
             // The SQ is full (or in error): the caller keeps the rest queued.
             self.stats.tx_refused += (n - posted) as u64;
-            return item_of[posted];
+            return usize::from(item_of[posted]);
         }
         considered
     }
@@ -281,28 +391,104 @@ impl<B: HwBackend> Transport for Mlx5Transport<B> {
     #[inline]
     fn rx_burst(&mut self) -> usize {
         let n = self.qs.rx_burst();
-        let mask = self.ring.lens.len() - 1;
+        let mask = self.state.lens.len() - 1;
+        let first = self.rx_head;
         for _ in 0..n {
             let idx = self.rx_head;
             self.rx_head = (idx + 1) & mask;
             let len = self.validate(idx);
-            self.ring.lens[idx].set(len);
+            self.state.lens[idx].set(len);
         }
+        let st = &self.state;
+        st.delivered.set(st.delivered.get() + n as u64);
         self.stats.rx_pkts += n as u64;
+        if let Some(cap) = self.pcap.as_deref_mut() {
+            capture_rx(cap, &self.view, &self.state, first, n);
+        }
         n
     }
 
+    /// # Panics
+    /// If `ring` is another transport's, or `n` is more than the slots the
+    /// application holds (the NIC could then overwrite held packets).
     #[inline]
-    fn post_recvs(&mut self, n: usize) {
+    fn post_recvs(&mut self, ring: &mut Mlx5Ring, n: usize) {
+        assert!(
+            Rc::ptr_eq(&ring.state, &self.state),
+            "post_recvs: the ring handle belongs to another transport"
+        );
+        let st = &self.state;
+        let held = st.held();
+        assert!(
+            n as u64 <= held,
+            "post_recvs({n}): only {held} RX ring slots are held by the application"
+        );
+        st.released.set(st.released.get() + n as u64);
         self.qs.post_recvs(n)
     }
 
-    fn rx_ring(&self) -> Mlx5Ring {
-        self.ring.clone()
+    fn take_rx_ring(&mut self) -> Option<Mlx5Ring> {
+        if std::mem::replace(&mut self.ring_taken, true) {
+            return None;
+        }
+        Some(Mlx5Ring {
+            view: self.view.clone(),
+            state: Rc::clone(&self.state),
+        })
     }
 
     fn stats(&self) -> TransportStats {
         self.stats
+    }
+}
+
+/// Writes the frames of one posted burst to the capture, as they left host
+/// memory (headers, then the gathered data).
+#[cold]
+#[inline(never)]
+fn capture_tx(cap: &mut Capture, items: &[TxItem<'_, Mlx5Route>], posted: &[u8]) {
+    let ts = Capture::now();
+    for &i in posted {
+        let item = &items[usize::from(i)];
+        cap.write_parts(ts, &[item.pkt, item.data]);
+    }
+}
+
+/// Writes the `n` frames that arrived in slots `first..` to the capture,
+/// cut to their IPv4 length (the whole stride when that is not sane).
+#[cold]
+#[inline(never)]
+fn capture_rx(cap: &mut Capture, view: &RxRingView, state: &RingState, first: usize, n: usize) {
+    let ts = Capture::now();
+    let mask = state.lens.len() - 1;
+    for k in 0..n {
+        let idx = (first + k) & mask;
+        // SAFETY: the slot was just reported by rx_burst; it is held, and
+        // giving it back needs the transport mutably, which our caller
+        // holds until the slice is gone.
+        let slot = unsafe { view.slot(idx) };
+        let len = match usize::from(state.lens[idx].get()) {
+            0 => frame_len_hint(slot),
+            payload => HEADROOM_BYTES + payload,
+        };
+        cap.write_parts(ts, &[&slot[..len]]);
+    }
+}
+
+/// The length of a rejected frame, as far as its headers tell: its IPv4
+/// total length when that fits in the slot and covers the IPv4 and UDP
+/// headers, else the whole slot.
+fn frame_len_hint(slot: &[u8]) -> usize {
+    use wire::{ETH_HDR_BYTES, ETHERTYPE_IPV4, IPV4_HDR_BYTES, UDP_HDR_BYTES};
+    if slot.len() < HEADROOM_BYTES || slot[12..14] != ETHERTYPE_IPV4.to_be_bytes() {
+        return slot.len();
+    }
+    let ip_len = usize::from(u16::from_be_bytes([slot[16], slot[17]]));
+    let len = ETH_HDR_BYTES + ip_len;
+    if ip_len >= IPV4_HDR_BYTES + UDP_HDR_BYTES && len <= slot.len() {
+        len
+    } else {
+        slot.len()
     }
 }
 

@@ -15,11 +15,43 @@
 //!   behaves like a NIC's receive queue. `recvmmsg` writes datagrams straight
 //!   into the free slots that come next in ring order; a slot is free again
 //!   only after eRPC gives it back with [`Transport::post_recvs`]. The ring
-//!   is shared (`Rc`) with its [`UdpRing`] handles, which read held slots
-//!   without borrowing the transport.
+//!   is shared (`Rc`) with its one [`UdpRing`] handle, which reads held
+//!   slots without borrowing the transport.
 //!
-//! Routing info is the bound IPv4 address and port (MAC zero); a route is
-//! the peer's socket address, prebuilt in the kernel's layout.
+//! # Routing info
+//! The advertised IPv4 address and the bound port, the MAC of the
+//! interface that carries that address (looked up with `getifaddrs` when
+//! the transport is created; zero on loopback, which has no link-layer
+//! address: only a process on the same host can reach 127.0.0.1 anyway, and
+//! our own transports do not need a MAC), RX queue 0 and an RSS table size
+//! of 1: the socket receives exactly what is sent to its port, whatever the
+//! source port, so a C++ DPDK peer's source-port search ends at its first
+//! port. [`UdpConfig::mac`] overrides the lookup.
+//!
+//! # Routes, and source ports for peers that use RSS
+//! A route is the peer's socket address, prebuilt in the kernel's layout.
+//! Datagrams go out of the transport's own socket, so their source port is
+//! the bound port, except toward a peer whose routing info has an RSS table
+//! of more than one entry (a multi-queue C++ DPDK receiver): its NIC picks
+//! the RX queue from a hash that includes our source port, so the port must
+//! be one that lands on the peer's queue ([`crate::rss`]). For such a peer,
+//! [`Transport::resolve`] (called when a session is set up, never on the
+//! datapath) binds an extra send-only socket to the advertised address and
+//! the first such port from 10000 upward that is free on this host (C++
+//! picks the first port outright; any of them reaches the same queue) and
+//! puts it in the route. Routes to peers that need the same port share the
+//! socket; a socket no route uses any more is closed at the next resolve.
+//! `tx_burst` sends each run of consecutive items with the same source
+//! socket with one `sendmmsg` (one run, one call, in the common case).
+//! Nobody sends *to* those ports (peers reply to the advertised port), so
+//! the extra sockets receive nothing.
+//!
+//! A raw-Ethernet peer (C++ DPDK or raw transport, or our mlx5 transport)
+//! answers no ARP: the kernel on this side needs a route and a permanent
+//! neighbour entry for its address (`ip route add PEER_IP dev IF`, `ip
+//! neigh add PEER_IP lladdr PEER_MAC dev IF nud permanent`), and it drops
+//! frames whose IPv4 checksum is 0 (the C++ raw transport's), so only a
+//! peer that computes checksums (C++ DPDK, our mlx5) can reach it.
 //!
 //! Datagrams the ring cannot accept as eRPC packets (longer than
 //! `MTU - HEADROOM_BYTES`, or shorter than an eRPC header) still take a slot
@@ -27,21 +59,26 @@
 //! [`RxRing::packet`], and are counted by reason in [`TransportStats`].
 //!
 //! The per-packet path allocates nothing, takes no lock and makes no
-//! syscall besides one `sendmmsg` per burst and one `recvmmsg` per
-//! `rx_burst` (none when the ring has no free slot).
+//! syscall besides one `sendmmsg` per burst (per run of one source socket)
+//! and one `recvmmsg` per `rx_burst` (none when the ring has no free slot).
 //!
-//! A `UdpTransport` and its ring handles belong to one thread (`!Send`),
-//! like the Rpc that owns them.
+//! A `UdpTransport`, its ring handle and its routes belong to one thread
+//! (`!Send`), like the Rpc that owns them.
 #![deny(unsafe_code)]
 
 mod sys;
 
+use std::cell::RefCell;
 use std::fmt;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsFd;
+use std::path::PathBuf;
 use std::rc::Rc;
 
+use crate::pcap::Capture;
+use crate::rss::{self, RssError};
+use crate::wire::{self, FrameTemplate};
 use crate::{
     ERPC_HDR_BYTES, HEADROOM_BYTES, MTU, PKTHDR_BYTES, RoutingInfo, RxRing, Transport,
     TransportError, TransportStats, TxItem,
@@ -56,6 +93,14 @@ pub const MAX_BATCH: usize = 1024;
 
 /// Default RX ring size, as in the C++ eRPC.
 pub const DEFAULT_RX_RING_ENTRIES: usize = 4096;
+
+/// Most extra send sockets (one per RSS source port in use) a transport
+/// keeps open at once.
+pub const MAX_RSS_SOURCE_SOCKETS: usize = 1024;
+
+/// Most candidate source ports tried (each found in use by someone else)
+/// before resolving a peer that uses RSS fails.
+const MAX_RSS_PORT_TRIES: usize = 256;
 
 /// Settings of a [`UdpTransport`]. Start from [`UdpConfig::new`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,6 +125,17 @@ pub struct UdpConfig {
     /// caps it at `net.core.rmem_max`/`wmem_max` unless the process has
     /// CAP_NET_ADMIN. Default 4 MiB: a default-sized ring of MTU frames.
     pub socket_buffer_bytes: usize,
+    /// The MAC to advertise. `None` (default): the MAC of the interface
+    /// that carries the advertised address, looked up at creation (zero
+    /// on loopback); creation fails if no interface of this host (in this
+    /// network namespace) has that address. Set it when the advertised
+    /// address belongs to another box (NAT) whose MAC peers must use.
+    pub mac: Option<[u8; 6]>,
+    /// Write every datagram sent and received, with the Ethernet/IPv4/UDP
+    /// framing it would have had on the wire, to this pcap file (created
+    /// or truncated). Default `None`: no capture, and no cost. See
+    /// [`crate::pcap`] for what is written and what it costs.
+    pub pcap: Option<PathBuf>,
 }
 
 impl UdpConfig {
@@ -92,6 +148,8 @@ impl UdpConfig {
             rx_burst_max: 32,
             tx_burst_max: 16,
             socket_buffer_bytes: DEFAULT_RX_RING_ENTRIES * MTU,
+            mac: None,
+            pcap: None,
         }
     }
 
@@ -126,15 +184,34 @@ impl UdpConfig {
                 ));
             }
         }
+        if let Some(mac) = self.mac {
+            if mac[0] & 1 != 0 {
+                return Err(format!(
+                    "mac = {mac:02x?}: a multicast MAC cannot name this host"
+                ));
+            }
+        }
         Ok(())
     }
 }
 
-/// A resolved peer: its socket address, prebuilt in the kernel's layout.
+/// A send-only socket bound to a source port chosen for a peer's RSS.
+struct SourceSocket {
+    socket: UdpSocket,
+    port: u16,
+}
+
+/// A resolved peer: its socket address, prebuilt in the kernel's layout,
+/// and the socket to send from.
 #[derive(Clone)]
 pub struct UdpRoute {
     addr: SocketAddrV4,
     raw: sys::SockAddr,
+    /// The socket bound to the source port the peer's RSS needs; `None`:
+    /// the transport's own socket.
+    source: Option<Rc<SourceSocket>>,
+    /// The framing the datagrams would have on the wire (for captures).
+    template: FrameTemplate,
 }
 
 impl UdpRoute {
@@ -142,16 +219,24 @@ impl UdpRoute {
     pub fn addr(&self) -> SocketAddrV4 {
         self.addr
     }
+
+    /// The UDP source port chosen for the peer's RSS, if it uses RSS
+    /// (otherwise datagrams leave from the transport's bound port).
+    pub fn rss_source_port(&self) -> Option<u16> {
+        self.source.as_ref().map(|s| s.port)
+    }
 }
 
 impl fmt::Debug for UdpRoute {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "UdpRoute({})", self.addr)
+        match self.rss_source_port() {
+            None => write!(f, "UdpRoute({})", self.addr),
+            Some(p) => write!(f, "UdpRoute({} from port {p})", self.addr),
+        }
     }
 }
 
-/// Reads a [`UdpTransport`]'s RX ring; a cheap clone of a shared handle.
-#[derive(Clone)]
+/// Reads a [`UdpTransport`]'s RX ring (the one handle of its transport).
 pub struct UdpRing(Rc<sys::Ring>);
 
 impl UdpRing {
@@ -192,13 +277,22 @@ pub struct UdpTransport {
     local_addr: SocketAddrV4,
     routing_info: RoutingInfo,
     rx: sys::RxQueue,
+    ring_taken: bool,
     tx: sys::TxQueue,
-    /// For each message of the TX batch being sent, the index of its item.
+    /// For each message of the TX batch being sent, the index of its item
+    /// (`REFUSED` once the kernel refused it for good).
     tx_item_of: Box<[usize]>,
     tx_burst_max: usize,
     socket_buffer_bytes: usize,
+    /// Send sockets bound to RSS source ports (see the module docs).
+    /// Touched only by `resolve`, never on the datapath.
+    source_sockets: RefCell<Vec<Rc<SourceSocket>>>,
+    pcap: Option<Box<Capture>>,
     stats: TransportStats,
 }
+
+/// Marks a batch message the kernel refused for good.
+const REFUSED: usize = usize::MAX;
 
 impl UdpTransport {
     /// Opens and binds the socket and preallocates the RX ring.
@@ -206,8 +300,10 @@ impl UdpTransport {
     /// # Errors
     /// [`TransportError::Io`] naming the address when the bind fails
     /// ("port in use", "address not assigned to this host", ...) or a
-    /// socket option cannot be set, and for an invalid configuration (with
-    /// an `InvalidInput` source).
+    /// socket option cannot be set, when no interface carries the
+    /// advertised address (and [`UdpConfig::mac`] is unset), when the pcap
+    /// file cannot be created, and for an invalid configuration (with an
+    /// `InvalidInput` source).
     pub fn new(config: &UdpConfig) -> Result<UdpTransport, TransportError> {
         let invalid = |why: String| TransportError::Io {
             what: format!("invalid UDP transport configuration (bind {})", config.bind),
@@ -240,24 +336,112 @@ impl UdpTransport {
             sys::set_socket_buffers(socket.as_fd(), config.socket_buffer_bytes)
                 .map_err(|e| io_error(format!("set buffer sizes of UDP socket {local_addr}"), e))?;
 
+        let mac = match config.mac {
+            Some(mac) => mac,
+            None => interface_mac(advertise)?,
+        };
+        let pcap = match &config.pcap {
+            Some(path) => Some(Box::new(Capture::create(path)?)),
+            None => None,
+        };
+
         let rx_burst = config.rx_burst_max.min(config.rx_ring_entries);
         Ok(UdpTransport {
             socket,
             local_addr,
             routing_info: RoutingInfo {
-                mac: [0; 6],
+                mac,
                 ipv4: advertise,
                 udp_port: local_addr.port(),
                 rxq_id: 0,
-                rss_table_size: 0,
+                rss_table_size: 1,
             },
-            rx: sys::RxQueue::new(config.rx_ring_entries, rx_burst),
+            rx: sys::RxQueue::new(config.rx_ring_entries, rx_burst, pcap.is_some()),
+            ring_taken: false,
             tx: sys::TxQueue::new(config.tx_burst_max),
             tx_item_of: vec![0; config.tx_burst_max].into_boxed_slice(),
             tx_burst_max: config.tx_burst_max,
             socket_buffer_bytes,
+            source_sockets: RefCell::new(Vec::new()),
+            pcap,
             stats: TransportStats::default(),
         })
+    }
+
+    /// Pushes captured frames to the pcap file (they are buffered).
+    ///
+    /// # Errors
+    /// If there is no capture, it stopped after a write error, or the
+    /// write fails.
+    pub fn flush_pcap(&mut self) -> io::Result<()> {
+        match self.pcap.as_mut() {
+            Some(c) => c.flush(),
+            None => Err(io::Error::other("no pcap capture configured")),
+        }
+    }
+
+    /// Frames written to the pcap capture so far (0 without one).
+    pub fn pcap_frames(&self) -> u64 {
+        self.pcap.as_ref().map_or(0, |c| c.frames())
+    }
+
+    /// Extra send sockets open for peers that use RSS.
+    pub fn rss_source_sockets(&self) -> usize {
+        self.source_sockets.borrow().len()
+    }
+
+    /// The send socket for `peer`, which uses RSS: an open one bound to a
+    /// port that lands on the peer's queue, or a new one bound to the first
+    /// such port that is free.
+    fn rss_source(&self, peer: &RoutingInfo) -> Result<Rc<SourceSocket>, TransportError> {
+        let src_ip = self.routing_info.ipv4;
+        let fail = |why: String| TransportError::Resolve { info: *peer, why };
+        rss::source_port(src_ip, peer).map_err(|e| fail(e.to_string()))?;
+        let mut open = self.source_sockets.borrow_mut();
+        // Close the sockets that no route uses any more.
+        open.retain(|s| Rc::strong_count(s) > 1);
+        let mut in_use = 0;
+        for port in rss::source_ports(src_ip, peer) {
+            if let Some(s) = open.iter().find(|s| s.port == port) {
+                return Ok(Rc::clone(s));
+            }
+            if open.len() >= MAX_RSS_SOURCE_SOCKETS {
+                return Err(fail(format!(
+                    "{MAX_RSS_SOURCE_SOCKETS} RSS source sockets are open already"
+                )));
+            }
+            let addr = SocketAddrV4::new(src_ip, port);
+            match bind_send_socket(addr, self.socket_buffer_bytes) {
+                Ok(socket) => {
+                    let s = Rc::new(SourceSocket { socket, port });
+                    open.push(Rc::clone(&s));
+                    return Ok(s);
+                }
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+                    in_use += 1;
+                    if in_use == MAX_RSS_PORT_TRIES {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    return Err(fail(format!(
+                        "cannot bind a send socket to RSS source port {addr}: {e}"
+                    )));
+                }
+            }
+        }
+        Err(fail(if in_use > 0 {
+            format!(
+                "the first {in_use} UDP source ports that reach RX queue {} are in use on {src_ip}",
+                peer.rxq_id
+            )
+        } else {
+            RssError::NoPort {
+                rxq_id: peer.rxq_id,
+                rss_table_size: peer.rss_table_size,
+            }
+            .to_string()
+        }))
     }
 
     /// The address the socket is bound to (with the port the kernel chose).
@@ -283,15 +467,27 @@ impl UdpTransport {
             batch.push(&item.route.raw, &item.pkt[HEADROOM_BYTES..], item.data);
         }
         let msgs = batch.len();
+        let own = &self.socket;
+        let source_of = |item_of: &[usize], k: usize| match &items[item_of[k]].route.source {
+            Some(s) => &s.socket,
+            None => own,
+        };
         // Messages handled so far: sent, or refused for good.
         let mut done = 0;
         let mut refused = 0u64;
         let mut refused_bytes = 0u64;
         // Each iteration handles at least one message or stops: bounded.
         while done < msgs {
+            // The run of messages from the same socket (all of them, unless
+            // the burst goes to peers that use RSS).
+            let socket = source_of(&self.tx_item_of, done);
+            let mut end = done + 1;
+            while end < msgs && std::ptr::eq(source_of(&self.tx_item_of, end), socket) {
+                end += 1;
+            }
             self.stats.tx_doorbells += 1;
-            match batch.send(self.socket.as_fd(), done) {
-                Ok(n) => done += n.max(1).min(msgs - done),
+            match batch.send(socket.as_fd(), done, end) {
+                Ok(n) => done += n.max(1).min(end - done),
                 Err(e) if is_transient(&e) => break,
                 Err(_) => {
                     // This datagram cannot be sent (no route, EACCES for a
@@ -299,9 +495,13 @@ impl UdpTransport {
                     // go on with the rest.
                     refused += 1;
                     refused_bytes += items[self.tx_item_of[done]].frame_len() as u64;
+                    self.tx_item_of[done] = REFUSED;
                     done += 1;
                 }
             }
+        }
+        if let Some(cap) = self.pcap.as_deref_mut() {
+            capture_tx(cap, items, &self.tx_item_of[..done]);
         }
         let accepted = if done == msgs {
             items.len()
@@ -326,6 +526,61 @@ impl UdpTransport {
         self.stats.tx_refused += (msgs - done) as u64;
         accepted
     }
+}
+
+/// Writes the datagrams of one sent batch to the capture, with the framing
+/// they would have had on the wire.
+#[cold]
+#[inline(never)]
+fn capture_tx(cap: &mut Capture, items: &[TxItem<'_, UdpRoute>], sent: &[usize]) {
+    let ts = Capture::now();
+    for &i in sent.iter().filter(|&&i| i != REFUSED) {
+        let item = &items[i];
+        let len = item.frame_len();
+        let scratch = cap.scratch();
+        wire::build_headroom(&item.route.template, scratch, len);
+        let head = &item.pkt[HEADROOM_BYTES..];
+        scratch[HEADROOM_BYTES..HEADROOM_BYTES + head.len()].copy_from_slice(head);
+        scratch[HEADROOM_BYTES + head.len()..len].copy_from_slice(item.data);
+        cap.commit(ts, len, len);
+    }
+}
+
+/// The MAC of the interface that carries `ip` (zero if it has no 6-byte
+/// link-layer address, as loopback).
+fn interface_mac(ip: Ipv4Addr) -> Result<[u8; 6], TransportError> {
+    let addrs: Vec<_> = nix::ifaddrs::getifaddrs()
+        .map_err(|e| io_error("getifaddrs".into(), e.into()))?
+        .collect();
+    let carries_ip = |a: &nix::ifaddrs::InterfaceAddress| {
+        a.address
+            .as_ref()
+            .and_then(|s| s.as_sockaddr_in())
+            .is_some_and(|sin| sin.ip() == ip)
+    };
+    let Some(iface) = addrs.iter().find(|a| carries_ip(a)) else {
+        return Err(io_error(
+            format!(
+                "no network interface of this host has the address {ip} to advertise; \
+                 bind or advertise an address of this host, or set UdpConfig::mac"
+            ),
+            io::Error::from(io::ErrorKind::AddrNotAvailable),
+        ));
+    };
+    let mac = addrs
+        .iter()
+        .filter(|a| a.interface_name == iface.interface_name)
+        .filter_map(|a| a.address.as_ref()?.as_link_addr()?.addr())
+        .next();
+    Ok(mac.unwrap_or([0; 6]))
+}
+
+/// A non-blocking UDP socket bound to `addr`, for sending only.
+fn bind_send_socket(addr: SocketAddrV4, buffer_bytes: usize) -> io::Result<UdpSocket> {
+    let socket = UdpSocket::bind(SocketAddr::V4(addr))?;
+    socket.set_nonblocking(true)?;
+    sys::set_socket_buffers(socket.as_fd(), buffer_bytes)?;
+    Ok(socket)
 }
 
 /// True if the kernel can take the item: a whole packet header slot, and a
@@ -367,8 +622,11 @@ impl Transport for UdpTransport {
         self.routing_info
     }
 
-    /// Accepts any unicast IPv4 address and non-zero port; the MAC and the
-    /// RX queue fields are ignored.
+    /// Accepts any unicast IPv4 address and non-zero port. The MAC is not
+    /// needed (the kernel resolves the next hop). A peer with an RSS table
+    /// of more than one entry gets a send socket on a source port that its
+    /// RSS maps to its RX queue (see the module docs); resolution fails if
+    /// no such port can be had.
     fn resolve(&self, info: &RoutingInfo) -> Result<UdpRoute, TransportError> {
         let why = if info.ipv4.is_unspecified() {
             "IPv4 address 0.0.0.0"
@@ -378,9 +636,25 @@ impl Transport for UdpTransport {
             "UDP port 0"
         } else {
             let addr = SocketAddrV4::new(info.ipv4, info.udp_port);
+            let source = if rss::uses_rss(info) {
+                Some(self.rss_source(info)?)
+            } else {
+                None
+            };
+            let me = &self.routing_info;
+            let template = FrameTemplate {
+                dst_mac: info.mac,
+                src_mac: me.mac,
+                src_ip: me.ipv4,
+                dst_ip: info.ipv4,
+                src_port: source.as_ref().map_or(me.udp_port, |s| s.port),
+                dst_port: info.udp_port,
+            };
             return Ok(UdpRoute {
                 addr,
                 raw: sys::SockAddr::new(addr),
+                source,
+                template,
             });
         };
         Err(TransportError::Resolve {
@@ -429,10 +703,16 @@ impl Transport for UdpTransport {
     /// no slot is free: the datagrams wait in the socket buffer).
     fn rx_burst(&mut self) -> usize {
         let stats = &mut self.stats;
-        let got = self.rx.recv(self.socket.as_fd(), |len, truncated| {
+        let mut pcap = self.pcap.as_deref_mut().map(|c| (c, Capture::now()));
+        let me = &self.routing_info;
+        let got = self.rx.recv(self.socket.as_fd(), |d| {
+            if let Some((cap, ts)) = pcap.as_mut() {
+                capture_rx(cap, *ts, me, &d);
+            }
+            let len = d.len;
             stats.rx_pkts += 1;
             stats.rx_bytes += (len + HEADROOM_BYTES) as u64;
-            if truncated || len > MAX_PAYLOAD_BYTES {
+            if d.truncated || len > MAX_PAYLOAD_BYTES {
                 stats.rx_oversize += 1;
                 0
             } else if len < ERPC_HDR_BYTES {
@@ -454,13 +734,21 @@ impl Transport for UdpTransport {
     }
 
     /// # Panics
-    /// If `n` is more than the number of slots the application holds.
-    fn post_recvs(&mut self, n: usize) {
+    /// If `ring` is another transport's, or `n` is more than the number of
+    /// slots the application holds.
+    fn post_recvs(&mut self, ring: &mut UdpRing, n: usize) {
+        assert!(
+            Rc::ptr_eq(&ring.0, self.rx.ring()),
+            "post_recvs: the ring handle belongs to another transport"
+        );
         self.rx.ring().release(n);
     }
 
-    fn rx_ring(&self) -> UdpRing {
-        UdpRing(Rc::clone(self.rx.ring()))
+    fn take_rx_ring(&mut self) -> Option<UdpRing> {
+        if std::mem::replace(&mut self.ring_taken, true) {
+            return None;
+        }
+        Some(UdpRing(Rc::clone(self.rx.ring())))
     }
 
     /// `tx_bytes` and `rx_bytes` count whole frames as the mlx5 transport
@@ -475,10 +763,39 @@ impl fmt::Debug for UdpTransport {
         f.debug_struct("UdpTransport")
             .field("local_addr", &self.local_addr)
             .field("routing_info", &self.routing_info)
-            .field("rx_ring", &self.rx_ring())
+            .field("rx_ring_entries", &self.rx.ring().entries())
+            .field("rx_ring_held", &self.rx.ring().held())
             .field("tx_burst_max", &self.tx_burst_max)
             .field("socket_buffer_bytes", &self.socket_buffer_bytes)
+            .field("rss_source_sockets", &self.rss_source_sockets())
+            .field("pcap", &self.pcap)
             .field("stats", &self.stats)
             .finish()
     }
+}
+
+/// Writes one received datagram to the capture with the framing it had:
+/// the sender's address and port, our advertised address and port.
+#[cold]
+#[inline(never)]
+fn capture_rx(cap: &mut Capture, ts: std::time::Duration, me: &RoutingInfo, d: &sys::Datagram<'_>) {
+    let src = d
+        .source
+        .unwrap_or(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0));
+    let template = FrameTemplate {
+        dst_mac: me.mac,
+        src_mac: [0; 6],
+        src_ip: *src.ip(),
+        dst_ip: me.ipv4,
+        src_port: src.port(),
+        dst_port: me.udp_port,
+    };
+    let orig_len = HEADROOM_BYTES + d.len;
+    let scratch = cap.scratch();
+    let captured = (HEADROOM_BYTES + d.bytes.len()).min(scratch.len());
+    // The IPv4 length field holds at most 65535: a datagram that big
+    // cannot arrive over UDP/IPv4 anyway.
+    wire::build_headroom(&template, scratch, orig_len.min(usize::from(u16::MAX)));
+    scratch[HEADROOM_BYTES..captured].copy_from_slice(&d.bytes[..captured - HEADROOM_BYTES]);
+    cap.commit(ts, captured, orig_len);
 }

@@ -43,15 +43,19 @@ pub const IPV4_TTL: u8 = 128;
 /// id at 14, RSS indirection-table size at 16.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RoutingInfo {
-    /// MAC address (zero for the UDP transport).
+    /// MAC address of the interface that carries `ipv4` (zero on
+    /// loopback, which has none).
     pub mac: [u8; 6],
     /// IPv4 address.
     pub ipv4: Ipv4Addr,
     /// UDP port of the Rpc's RX queue.
     pub udp_port: u16,
-    /// RX queue id.
+    /// RX queue id: the queue a sender's RSS must pick (see [`crate::rss`]).
+    /// 0 for a receiver that steers by exact UDP port.
     pub rxq_id: u16,
-    /// RSS indirection table size.
+    /// RSS indirection table size: 1 for a receiver that steers by exact
+    /// UDP port (ours), 0 from a C++ raw transport (same meaning), more
+    /// for a C++ DPDK receiver.
     pub rss_table_size: u16,
 }
 
@@ -97,8 +101,18 @@ impl fmt::Display for RoutingInfo {
         let m = self.mac;
         write!(
             f,
-            "[MAC {:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}, IP {}, UDP port {}, RX queue {}]",
-            m[0], m[1], m[2], m[3], m[4], m[5], self.ipv4, self.udp_port, self.rxq_id
+            "[MAC {:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}, IP {}, UDP port {}, RX queue {}, \
+             RSS table {}]",
+            m[0],
+            m[1],
+            m[2],
+            m[3],
+            m[4],
+            m[5],
+            self.ipv4,
+            self.udp_port,
+            self.rxq_id,
+            self.rss_table_size
         )
     }
 }
@@ -199,14 +213,42 @@ pub struct ParsedFrame<'a> {
     pub dst_port: u16,
     /// UDP payload (eRPC header + data), exactly as long as UDP says.
     pub payload: &'a [u8],
+    /// The IPv4 header checksum field was 0 and did not verify: the sender
+    /// did not compute it (the C++ raw transport). Only ever true when
+    /// [`ParseOptions::accept_zero_ip_checksum`] is set.
+    pub ip_checksum_zero: bool,
+}
+
+/// What [`parse_frame_with`] accepts beyond the strict rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ParseOptions {
+    /// Accept an IPv4 header whose checksum field is 0 (not computed), as
+    /// the C++ eRPC raw transport sends it. A non-zero checksum that does
+    /// not verify is rejected either way.
+    pub accept_zero_ip_checksum: bool,
+}
+
+impl ParseOptions {
+    /// Every check on, as a Linux host applies them.
+    pub const STRICT: ParseOptions = ParseOptions {
+        accept_zero_ip_checksum: false,
+    };
 }
 
 /// Validates an Ethernet/IPv4/UDP frame. `frame` may be longer than the
-/// frame itself (a ring slot): lengths come from the IPv4 header and are
-/// checked against `frame.len()`. IPv4 options are rejected (eRPC never
-/// sends them), as are fragments. A zero UDP checksum is accepted; a
-/// non-zero one is not verified (eRPC sends zero).
+/// frame itself (a ring slot, or a frame padded to the 60-byte Ethernet
+/// minimum, or followed by bytes that are no part of it): lengths come from
+/// the IPv4 and UDP headers and are checked against `frame.len()`; nothing
+/// past the IPv4 total length is read. IPv4 options are rejected (eRPC
+/// never sends them), as are fragments and a wrong header checksum. A zero
+/// UDP checksum is accepted; a non-zero one is not verified (eRPC sends
+/// zero).
 pub fn parse_frame(frame: &[u8]) -> Result<ParsedFrame<'_>, FrameError> {
+    parse_frame_with(frame, ParseOptions::STRICT)
+}
+
+/// [`parse_frame`], with the relaxations of `opts`.
+pub fn parse_frame_with(frame: &[u8], opts: ParseOptions) -> Result<ParsedFrame<'_>, FrameError> {
     if frame.len() < HEADROOM_BYTES {
         return Err(FrameError::Short);
     }
@@ -231,8 +273,12 @@ pub fn parse_frame(frame: &[u8]) -> Result<ParsedFrame<'_>, FrameError> {
     if u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0 {
         return Err(FrameError::BadIp);
     }
+    let mut ip_checksum_zero = false;
     if ipv4_checksum(ip) != 0 {
-        return Err(FrameError::BadIp);
+        if !(opts.accept_zero_ip_checksum && ip[10] == 0 && ip[11] == 0) {
+            return Err(FrameError::BadIp);
+        }
+        ip_checksum_zero = true;
     }
     if ip[9] != IPPROTO_UDP {
         return Err(FrameError::BadUdp);
@@ -260,6 +306,7 @@ pub fn parse_frame(frame: &[u8]) -> Result<ParsedFrame<'_>, FrameError> {
         src_port: u16::from_be_bytes([udp[0], udp[1]]),
         dst_port: u16::from_be_bytes([udp[2], udp[3]]),
         payload: &udp[UDP_HDR_BYTES..],
+        ip_checksum_zero,
     })
 }
 
@@ -322,6 +369,86 @@ mod tests {
         let mut g = vec![0u8; 1100];
         build_headroom(&template(), &mut g, 1100);
         assert_eq!(parse_frame(&g), Err(FrameError::Oversize));
+    }
+
+    /// A frame of `payload_len` UDP payload bytes in a buffer of `buf_len`
+    /// bytes (the rest filled with `fill`).
+    fn frame(payload_len: usize, buf_len: usize, fill: u8) -> Vec<u8> {
+        let len = HEADROOM_BYTES + payload_len;
+        let mut f = vec![fill; buf_len.max(len)];
+        build_headroom(&template(), &mut f, len);
+        for (i, b) in f[HEADROOM_BYTES..len].iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        f
+    }
+
+    #[test]
+    fn padded_control_packet_takes_its_length_from_the_headers() {
+        // A credit return: 14-byte eRPC header, a 56-byte frame, padded by
+        // the NIC to the 60-byte Ethernet minimum with zeros.
+        let f = frame(ERPC_HDR_BYTES, 60, 0);
+        assert_eq!(f.len(), 60);
+        let p = parse_frame(&f).unwrap();
+        assert_eq!(p.payload.len(), ERPC_HDR_BYTES);
+        assert_eq!(p.payload.as_ptr(), f[HEADROOM_BYTES..].as_ptr());
+        // The C++ form: 8 zero bytes after the header (UDP length 30), a
+        // 64-byte frame with no padding needed.
+        let f = frame(ERPC_HDR_BYTES + 8, 60, 0);
+        assert_eq!(f.len(), 64);
+        assert_eq!(parse_frame(&f).unwrap().payload.len(), 22);
+        assert_eq!(u16::from_be_bytes([f[38], f[39]]), 30);
+    }
+
+    #[test]
+    fn trailing_garbage_is_no_part_of_the_frame() {
+        for fill in [0x00, 0xff, 0x45, 0xa5] {
+            let f = frame(100, 400, fill);
+            let p = parse_frame(&f).unwrap();
+            assert_eq!(p.payload.len(), 100);
+            assert!(p.payload.iter().enumerate().all(|(i, &b)| b == i as u8));
+            // The garbage is not read: changing it changes nothing.
+            let mut g = f.clone();
+            g[HEADROOM_BYTES + 100..].fill(fill ^ 0x5a);
+            let q = parse_frame(&g).unwrap();
+            assert_eq!(q.payload, p.payload);
+            assert_eq!(
+                (q.src_ip, q.dst_ip, q.src_port, q.dst_port, q.dst_mac),
+                (p.src_ip, p.dst_ip, p.src_port, p.dst_port, p.dst_mac)
+            );
+        }
+        // A frame followed by a whole second frame still parses as the first.
+        let mut two = frame(20, 0, 0);
+        two.extend_from_slice(&frame(500, 0, 0));
+        assert_eq!(parse_frame(&two).unwrap().payload.len(), 20);
+    }
+
+    #[test]
+    fn zero_ip_checksum_is_accepted_only_when_asked() {
+        let lax = ParseOptions {
+            accept_zero_ip_checksum: true,
+        };
+        let good = frame(30, 0, 0);
+        let mut zero = good.clone();
+        zero[24..26].fill(0);
+        assert_eq!(parse_frame(&zero), Err(FrameError::BadIp), "strict");
+        let p = parse_frame_with(&zero, lax).unwrap();
+        assert!(p.ip_checksum_zero);
+        assert_eq!(p.payload.len(), 30);
+        // A computed checksum is not "zero" under either option.
+        assert!(!parse_frame_with(&good, lax).unwrap().ip_checksum_zero);
+        assert!(!parse_frame(&good).unwrap().ip_checksum_zero);
+        // A wrong non-zero checksum stays a drop.
+        let mut wrong = good.clone();
+        wrong[25] ^= 0x10;
+        assert_eq!(parse_frame_with(&wrong, lax), Err(FrameError::BadIp));
+        // Zero checksum does not excuse other header errors.
+        let mut bad = zero.clone();
+        bad[14] = 0x46;
+        assert_eq!(parse_frame_with(&bad, lax), Err(FrameError::BadIp));
+        let mut frag = zero.clone();
+        frag[20] = 0x20; // more fragments
+        assert_eq!(parse_frame_with(&frag, lax), Err(FrameError::BadIp));
     }
 
     #[test]

@@ -5,6 +5,11 @@
 //! server echoes them, and the client checks every byte; both check that
 //! the bridges ignored the kernel's own chatter instead of passing it on.
 //!
+//! A second test puts the kernel UDP transport on one end instead: the
+//! device-model client reaches it with nothing but the routing info it
+//! advertises (the veth's real MAC, its address and port), as a C++ raw or
+//! DPDK peer would.
+//!
 //! Needs root and iproute2 (reported as ignored with the reason otherwise,
 //! a libtest-mimic harness; in CI it fails instead).
 
@@ -19,6 +24,11 @@ fn main() -> std::process::ExitCode {
             mlx5_over_the_bridge_between_two_namespaces,
             prerequisites(),
         ),
+        trial(
+            "mlx5_client_reaches_the_udp_transport_by_its_advertised_routing_info",
+            mlx5_client_reaches_the_udp_transport_by_its_advertised_routing_info,
+            prerequisites(),
+        ),
         peer_trial("bridge_peer", bridge_peer),
     ];
     libtest_mimic::run(&args, trials).exit_code()
@@ -27,14 +37,18 @@ fn main() -> std::process::ExitCode {
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use common::netns::{ROLE_ENV, field, setup};
+use common::netns::{ROLE_ENV, SERVER, field, ip, setup};
 use mempool::{Allocator, AllocatorConfig, Buffer, Fallback, RegionOptions};
 use mlx5::{Device, DeviceConfig, QueueConfig};
 use mlx5_sim::{Fabric, FabricConfig, NicConfig, SimBackend, SimNic};
 use transport::mlx5::{Mlx5Config, Mlx5Transport};
+use transport::udp::{UdpConfig, UdpTransport};
 use transport::{HEADROOM_BYTES, PKTHDR_BYTES, RoutingInfo, RxRing, Transport, TxItem};
 
 const DEV_ENV: &str = "ERPC_BRIDGE_DEV";
+/// The server's routing info (hex), for a client that talks to the UDP
+/// transport.
+const SERVER_INFO_ENV: &str = "ERPC_BRIDGE_SERVER_INFO";
 const SERVER_MAC: [u8; 6] = [0x02, 0xb0, 0, 0, 0, 2];
 const CLIENT_MAC: [u8; 6] = [0x02, 0xb0, 0, 0, 0, 1];
 /// Device-model addresses: not assigned to any kernel interface.
@@ -118,10 +132,174 @@ fn mlx5_over_the_bridge_between_two_namespaces() {
     );
 }
 
-/// The peer process (run by the test above inside a namespace; ignored
+/// The device-model client against the kernel UDP transport: it resolves
+/// the routing info the UDP transport advertises, unchanged, and sends raw
+/// frames across the bridge. The server's kernel needs a route and a
+/// neighbour entry for the device model's address (it answers no ARP, like
+/// a DPDK or raw C++ peer).
+fn mlx5_client_reaches_the_udp_transport_by_its_advertised_routing_info() {
+    const TEST: &str = "mlx5_client_reaches_the_udp_transport_by_its_advertised_routing_info";
+    let Some(net) = setup(TEST, "bridge_peer") else {
+        return;
+    };
+    let mac = CLIENT_MAC
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":");
+    let client = CLIENT_IP.to_string();
+    let (ns, dev) = (net.server_ns.as_str(), net.server_dev.as_str());
+    ip(&["-n", ns, "route", "add", &client, "dev", dev]).expect("route");
+    ip(&[
+        "-n",
+        ns,
+        "neigh",
+        "add",
+        &client,
+        "lladdr",
+        &mac,
+        "dev",
+        dev,
+        "nud",
+        "permanent",
+    ])
+    .expect("neighbour");
+    let mut server = net.spawn(ns, "udp_server", &[]);
+    let info_hex = server.expect_line("PEER READY ", Duration::from_secs(30));
+    let info = RoutingInfo::from_bytes(&unhex(&info_hex));
+    // The advertised MAC is the veth's, as the kernel reports it.
+    let out = std::process::Command::new(common::netns::tool("ip"))
+        .args(["netns", "exec", ns, "cat"])
+        .arg(format!("/sys/class/net/{dev}/address"))
+        .output()
+        .expect("read the veth's MAC");
+    let sys_mac = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(hex_mac(&info.mac), sys_mac, "advertised {info}");
+    assert_ne!(info.mac, [0; 6]);
+    assert_eq!((info.ipv4, info.udp_port), (*SERVER.ip(), SERVER.port()));
+    assert_eq!((info.rxq_id, info.rss_table_size), (0, 1));
+
+    let mut client = net.spawn(
+        &net.client_ns,
+        "client_to_udp",
+        &[(DEV_ENV, &net.client_dev), (SERVER_INFO_ENV, &info_hex)],
+    );
+    let (cs, creport) = client.wait(Duration::from_secs(60));
+    let (ss, sreport) = server.wait(Duration::from_secs(10));
+    assert!(
+        cs.is_some_and(|s| s.success()),
+        "client failed:
+{creport}
+{sreport}"
+    );
+    assert!(
+        ss.is_some_and(|s| s.success()),
+        "server failed:
+{sreport}
+{creport}"
+    );
+    assert_eq!(
+        field(&creport, "client", "echoed"),
+        Some(u64::from(PACKETS)),
+        "{creport}"
+    );
+    assert!(
+        field(&sreport, "udp_server", "echoed").is_some_and(|n| n >= u64::from(PACKETS)),
+        "{sreport}"
+    );
+    assert_eq!(
+        field(&sreport, "udp_server", "rx_errors"),
+        Some(0),
+        "{sreport}"
+    );
+}
+
+fn hex_mac(mac: &[u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+fn unhex(s: &str) -> [u8; transport::ROUTING_INFO_BYTES] {
+    let mut out = [0u8; transport::ROUTING_INFO_BYTES];
+    assert_eq!(s.len(), 2 * out.len(), "routing info {s:?}");
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex routing info");
+    }
+    out
+}
+
+/// The UDP transport as an echo server: every datagram back to the device
+/// model's address (from the routing info it would have got in session
+/// management), until a STOP packet.
+fn run_udp_server() {
+    let mut t = UdpTransport::new(&UdpConfig::new(SERVER)).expect("bind");
+    let to_client = t
+        .resolve(&RoutingInfo {
+            mac: CLIENT_MAC,
+            ipv4: CLIENT_IP,
+            udp_port: PORT,
+            rxq_id: 0,
+            rss_table_size: 1,
+        })
+        .expect("route");
+    let info: String = t
+        .local_routing_info()
+        .to_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    println!("PEER READY {info}");
+    let mut ring = t.take_rx_ring().expect("the RX ring");
+    let mut head = 0usize;
+    let mut echoed = 0u64;
+    let mut pkt = vec![0u8; transport::MTU];
+    let deadline = Instant::now() + Duration::from_secs(45);
+    'serve: while Instant::now() < deadline {
+        let n = t.rx_burst();
+        for i in 0..n {
+            let Some(p) = ring.packet((head + i) % ring.entries()) else {
+                continue;
+            };
+            let seq = u32::from_le_bytes(p[..4].try_into().unwrap());
+            let len = HEADROOM_BYTES + p.len();
+            pkt[HEADROOM_BYTES..len].copy_from_slice(p);
+            let item = TxItem {
+                route: &to_client,
+                pkt: &pkt[..len],
+                pkt_iova: 0,
+                data: &[],
+                data_iova: 0,
+                lkey: 0,
+                drop: false,
+            };
+            while t.tx_burst(std::slice::from_ref(&item)) == 0 {}
+            echoed += 1;
+            if seq == STOP {
+                t.post_recvs(&mut ring, n);
+                break 'serve;
+            }
+        }
+        head += n;
+        t.post_recvs(&mut ring, n);
+    }
+    let s = t.stats();
+    println!(
+        "PEER udp_server echoed={echoed} rx_errors={} tx_errors={}",
+        s.rx_errors + s.rx_short + s.rx_oversize,
+        s.tx_errors
+    );
+}
+
+/// The peer process (run by the tests above inside a namespace).
+/// The peer process (run by the tests above inside a namespace; ignored
 /// otherwise).
 fn bridge_peer() {
     let role = std::env::var(ROLE_ENV).expect("role");
+    if role == "udp_server" {
+        return run_udp_server();
+    }
     let dev = std::env::var(DEV_ENV).expect("interface");
     let server = role == "server";
     let (mac, ip, peer_mac, peer_ip) = if server {
@@ -156,24 +334,26 @@ fn bridge_peer() {
     .expect("bring-up");
     let mut t: Mlx5Transport<SimBackend> = Mlx5Transport::new(
         &device,
-        Mlx5Config {
-            ipv4: ip,
-            queue: QueueConfig {
+        Mlx5Config::new(
+            ip,
+            QueueConfig {
                 udp_port: PORT,
                 ..Default::default()
             },
-        },
+        ),
     )
     .expect("transport");
-    let route = t
-        .resolve(&RoutingInfo {
+    let peer = match std::env::var(SERVER_INFO_ENV) {
+        Ok(hex) => RoutingInfo::from_bytes(&unhex(&hex)),
+        Err(_) => RoutingInfo {
             mac: peer_mac,
             ipv4: peer_ip,
             udp_port: PORT,
             rxq_id: 0,
-            rss_table_size: 0,
-        })
-        .expect("route");
+            rss_table_size: 1,
+        },
+    };
+    let route = t.resolve(&peer).expect("route");
     let mut alloc = Allocator::new(
         device.dma_mapper(),
         AllocatorConfig {
@@ -184,7 +364,7 @@ fn bridge_peer() {
     )
     .expect("allocator");
     let mut bufs: Vec<Buffer> = (0..WINDOW).map(|_| alloc.alloc(1024).unwrap()).collect();
-    let ring = t.rx_ring();
+    let mut ring = t.take_rx_ring().expect("the RX ring");
     let mut head = 0usize;
     let len_of = |seq: u32| PKTHDR_BYTES + 4 + (seq as usize * 37) % 900;
     let fill = |b: &mut Buffer, t: &Mlx5Transport<SimBackend>, seq: u32, len: usize| {
@@ -214,7 +394,7 @@ fn bridge_peer() {
         'serve: while Instant::now() < deadline {
             let n = t.rx_burst();
             for i in 0..n {
-                let Some(p) = ring.packet(head + i) else {
+                let Some(p) = ring.packet((head + i) % ring.entries()) else {
                     continue;
                 };
                 let seq = u32::from_le_bytes(p[..4].try_into().unwrap());
@@ -225,12 +405,12 @@ fn bridge_peer() {
                 send(&mut t, b, len);
                 echoed += 1;
                 if seq == STOP {
-                    t.post_recvs(n);
+                    t.post_recvs(&mut ring, n);
                     break 'serve;
                 }
             }
             head += n;
-            t.post_recvs(n);
+            t.post_recvs(&mut ring, n);
         }
         t.tx_flush();
         let s = bridge.stats();
@@ -260,7 +440,9 @@ fn bridge_peer() {
         }
         let n = t.rx_burst();
         for i in 0..n {
-            let p = ring.packet(head + i).expect("echo is a valid frame");
+            let p = ring
+                .packet((head + i) % ring.entries())
+                .expect("echo is a valid frame");
             let seq = u32::from_le_bytes(p[..4].try_into().unwrap());
             assert_eq!(seq, expect, "echoes arrive in order");
             assert_eq!(HEADROOM_BYTES + p.len(), len_of(seq));
@@ -272,7 +454,7 @@ fn bridge_peer() {
             in_flight -= 1;
         }
         head += n;
-        t.post_recvs(n);
+        t.post_recvs(&mut ring, n);
     }
     let b = &mut bufs[0];
     let len = PKTHDR_BYTES + 4;

@@ -1,6 +1,7 @@
 //! The mlx5 transport on the device model: the shared conformance suite,
 //! plus what only this transport does (frames that are not for us, frames
-//! across two NICs of a lossy fabric).
+//! across two NICs of a lossy fabric, frames as the C++ raw transport sends
+//! them, RSS source ports in the frame header, pcap capture).
 
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -11,7 +12,7 @@ use mlx5_sim::{Fabric, FabricConfig, NicConfig, SimBackend, SimNic};
 use transport::conformance::{Fixture, TxMemory};
 use transport::mlx5::{Mlx5Config, Mlx5Transport};
 use transport::wire::{self, FrameTemplate};
-use transport::{HEADROOM_BYTES, RxRing, Transport};
+use transport::{HEADROOM_BYTES, PKTHDR_BYTES, RxRing, Transport};
 
 fn region() -> RegionOptions {
     RegionOptions {
@@ -64,13 +65,13 @@ impl SimFixture {
 fn transport(dev: &Device<SimBackend>, ip: u8, port: u16) -> Mlx5Transport<SimBackend> {
     Mlx5Transport::new(
         dev,
-        Mlx5Config {
-            ipv4: Ipv4Addr::new(10, 9, 0, ip),
-            queue: QueueConfig {
+        Mlx5Config::new(
+            Ipv4Addr::new(10, 9, 0, ip),
+            QueueConfig {
                 udp_port: port,
                 ..Default::default()
             },
-        },
+        ),
     )
     .expect("mlx5 transport")
 }
@@ -209,11 +210,11 @@ fn malformed_frames_in_the_ring_are_counted_by_reason() {
     fabric.advance(Duration::from_micros(5));
     let n = b.rx_burst();
     assert_eq!(n, 3, "each frame took one slot");
-    let ring = b.rx_ring();
+    let mut ring = b.take_rx_ring().expect("the RX ring");
     for i in 0..n {
         assert!(ring.packet(i).is_none(), "slot {i} must not parse");
     }
-    b.post_recvs(n);
+    b.post_recvs(&mut ring, n);
     let s = b.stats();
     assert_eq!(s.rx_bad_ip, 1, "bad checksum: {s:?}");
     assert_eq!(s.rx_bad_udp, 1, "bad UDP length: {s:?}");
@@ -273,7 +274,7 @@ fn two_nics_over_a_lossy_link() {
     )
     .unwrap();
     let mut buf = alloc.alloc(1024).unwrap();
-    let ring = tb.rx_ring();
+    let mut ring = tb.take_rx_ring().expect("the RX ring");
     let mut got = Vec::new();
     for seq in 0u32..3000 {
         let len = 56 + (seq as usize % 900);
@@ -294,11 +295,13 @@ fn two_nics_over_a_lossy_link() {
         fabric.advance(Duration::from_micros(1));
         let n = tb.rx_burst();
         for i in 0..n {
-            let p = ring.packet(got.len()).expect("valid frame");
+            let p = ring
+                .packet(got.len() % ring.entries())
+                .expect("valid frame");
             got.push(u32::from_le_bytes(p[0..4].try_into().unwrap()));
             let _ = i;
         }
-        tb.post_recvs(n);
+        tb.post_recvs(&mut ring, n);
     }
     assert_eq!(got.len() as u64, nb.stats().rx_delivered);
     assert!(
@@ -307,4 +310,261 @@ fn two_nics_over_a_lossy_link() {
     );
     assert!(got.len() > 2700, "{}", got.len());
     alloc.free(buf);
+}
+
+/// A frame to `to` with `payload` and a valid IPv4 checksum, padded with
+/// zeros to `min_len` (the Ethernet minimum is 60 bytes without FCS).
+fn frame_to(to: &transport::RoutingInfo, payload: &[u8], min_len: usize) -> Vec<u8> {
+    let len = HEADROOM_BYTES + payload.len();
+    let mut f = vec![0u8; len.max(min_len)];
+    let t = FrameTemplate {
+        dst_mac: to.mac,
+        src_mac: [2, 0, 0, 0, 0, 0x55],
+        src_ip: Ipv4Addr::new(10, 9, 0, 77),
+        dst_ip: to.ipv4,
+        src_port: 31_850,
+        dst_port: to.udp_port,
+    };
+    wire::build_headroom(&t, &mut f, len);
+    f[HEADROOM_BYTES..len].copy_from_slice(payload);
+    f
+}
+
+/// The captured C++ request-for-response: a 14-byte header with message
+/// size 0 and 8 zero bytes after it.
+const CPP_RFR: [u8; 22] = [
+    0x02, 0, 0, 0, 0, 0, 0x09, 0, 0x08, 0, 0, 0, 0, 0xb0, 0, 0, 0, 0, 0, 0, 0, 0,
+];
+
+#[test]
+fn routing_info_is_usable_by_a_cpp_peer() {
+    let mut fx = SimFixture::new();
+    let (a, _b) = fx.pair();
+    let ri = a.local_routing_info();
+    assert_eq!(ri.mac, [2, 0, 0, 0, 0, 1], "the port's MAC");
+    assert_eq!(
+        (ri.rxq_id, ri.rss_table_size),
+        (0, 1),
+        "exact-port steering"
+    );
+    assert_eq!((ri.ipv4, ri.udp_port), (Ipv4Addr::new(10, 9, 0, 1), 7001));
+}
+
+#[test]
+fn frames_to_an_rss_peer_carry_the_source_port_its_rss_needs() {
+    use transport::rss;
+    let mut fx = SimFixture::new();
+    let (a, b) = fx.pair();
+    let me = a.local_routing_info();
+    let peer = transport::RoutingInfo {
+        rxq_id: 9,
+        rss_table_size: 256,
+        ..b.local_routing_info()
+    };
+    let route = a.resolve(&peer).unwrap();
+    let want = rss::source_port(me.ipv4, &peer).unwrap().unwrap();
+    assert_eq!(route.src_port(), want);
+    let h = rss::hash_v4_udp(me.ipv4, peer.ipv4, want, peer.udp_port);
+    assert_eq!(rss::queue_of(h, 256), 9);
+    let mut hdr = [0u8; HEADROOM_BYTES];
+    a.fill_headroom(&route, &mut hdr, 100);
+    assert_eq!(u16::from_be_bytes([hdr[34], hdr[35]]), want);
+    // Without RSS (table size 1, or 0 from a C++ raw transport) frames
+    // leave from our own port.
+    for size in [0, 1] {
+        let r = a
+            .resolve(&transport::RoutingInfo {
+                rss_table_size: size,
+                rxq_id: 0,
+                ..peer
+            })
+            .unwrap();
+        assert_eq!(r.src_port(), me.udp_port);
+    }
+    assert!(
+        a.resolve(&transport::RoutingInfo { rxq_id: 16, ..peer })
+            .is_err()
+    );
+}
+
+/// Frames as the C++ raw transport sends them (IPv4 checksum 0), a
+/// control packet padded to the 60-byte minimum, and the counter and the
+/// switch for zero checksums.
+#[test]
+fn zero_checksum_and_padded_frames_from_cpp() {
+    let mut fx = SimFixture::new();
+    let (_a, mut b) = fx.pair();
+    let dev = fx.device.as_ref().unwrap();
+    let mut strict = Mlx5Transport::new(
+        dev,
+        Mlx5Config {
+            accept_zero_ip_checksum: false,
+            ..Mlx5Config::new(
+                Ipv4Addr::new(10, 9, 0, 3),
+                QueueConfig {
+                    udp_port: 7003,
+                    ..Default::default()
+                },
+            )
+        },
+    )
+    .unwrap();
+    let fabric = fx.fabric.clone().unwrap();
+    let port = fx.nic.as_ref().unwrap().port();
+    for t in [&b, &strict] {
+        let ri = t.local_routing_info();
+        let mut zero = frame_to(&ri, &CPP_RFR, 0);
+        zero[24..26].fill(0);
+        let mut wrong = frame_to(&ri, &[0xab; 40], 0);
+        wrong[24] ^= 0x01;
+        // A bare 14-byte header: a 56-byte frame, padded to 60.
+        let padded = frame_to(&ri, &CPP_RFR[..14], 60);
+        assert_eq!(padded.len(), 60);
+        let mut padded_zero = padded.clone();
+        padded_zero[24..26].fill(0);
+        for f in [&zero, &wrong, &padded, &padded_zero] {
+            fabric.inject(port, f);
+        }
+    }
+    fabric.advance(Duration::from_micros(5));
+
+    let n = b.rx_burst();
+    assert_eq!(n, 4);
+    let mut ring = b.take_rx_ring().unwrap();
+    assert_eq!(ring.packet(0), Some(&CPP_RFR[..]), "zero checksum accepted");
+    assert_eq!(ring.packet(1), None, "a wrong checksum is a drop");
+    assert_eq!(
+        ring.packet(2),
+        Some(&CPP_RFR[..14]),
+        "length from the headers"
+    );
+    assert_eq!(ring.packet(3), Some(&CPP_RFR[..14]));
+    b.post_recvs(&mut ring, n);
+    let s = b.stats();
+    assert_eq!(
+        (s.rx_ip_csum_zero, s.rx_bad_ip, s.rx_pkts),
+        (2, 1, 4),
+        "{s:?}"
+    );
+    assert_eq!(
+        s.rx_bytes,
+        (3 * HEADROOM_BYTES + CPP_RFR.len() + 2 * 14) as u64,
+        "padding is not counted"
+    );
+
+    let n = strict.rx_burst();
+    assert_eq!(n, 4);
+    let mut ring = strict.take_rx_ring().unwrap();
+    assert_eq!(ring.packet(0), None, "switched off: zero checksum dropped");
+    assert_eq!(ring.packet(1), None);
+    assert_eq!(ring.packet(2), Some(&CPP_RFR[..14]));
+    assert_eq!(ring.packet(3), None);
+    strict.post_recvs(&mut ring, n);
+    let s = strict.stats();
+    assert_eq!((s.rx_ip_csum_zero, s.rx_bad_ip), (0, 3), "{s:?}");
+}
+
+/// A unique path in the temp directory, removed on drop.
+struct TempPath(std::path::PathBuf);
+
+impl TempPath {
+    fn new(name: &str) -> TempPath {
+        TempPath(
+            std::env::temp_dir().join(format!("erpc-transport-{}-{name}.pcap", std::process::id())),
+        )
+    }
+}
+
+impl Drop for TempPath {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn read_pcap(path: &std::path::Path) -> Vec<(u32, Vec<u8>)> {
+    let file = std::fs::File::open(path).unwrap();
+    let mut r = pcap_file::pcap::PcapReader::new(file).unwrap();
+    assert_eq!(r.header().datalink, pcap_file::DataLink::ETHERNET);
+    let mut out = Vec::new();
+    while let Some(p) = r.next_packet() {
+        let p = p.unwrap();
+        out.push((p.orig_len, p.data.into_owned()));
+    }
+    out
+}
+
+#[test]
+fn pcap_capture_writes_frames_as_sent_and_received() {
+    let mut fx = SimFixture::new();
+    let _ = fx.pair();
+    let (pa, pb) = (TempPath::new("mlx5-a"), TempPath::new("mlx5-b"));
+    let dev = fx.device.as_ref().unwrap();
+    let cfg = |ip: u8, port: u16, path: &TempPath| Mlx5Config {
+        pcap: Some(path.0.clone()),
+        ..Mlx5Config::new(
+            Ipv4Addr::new(10, 9, 0, ip),
+            QueueConfig {
+                udp_port: port,
+                ..Default::default()
+            },
+        )
+    };
+    let mut a = Mlx5Transport::new(dev, cfg(11, 7011, &pa)).unwrap();
+    let mut b = Mlx5Transport::new(dev, cfg(12, 7012, &pb)).unwrap();
+    let route = a.resolve(&b.local_routing_info()).unwrap();
+    let mut bufs: Vec<DmaBuf> = (0..3).map(|_| fx.tx_memory(1024)).collect();
+    let lens = [HEADROOM_BYTES + 14, HEADROOM_BYTES + 500, 1024];
+    for (i, (buf, &len)) in bufs.iter_mut().zip(&lens).enumerate() {
+        let s = buf.bytes_mut();
+        a.fill_headroom(&route, &mut s[..HEADROOM_BYTES], len);
+        for (k, x) in s[HEADROOM_BYTES..len].iter_mut().enumerate() {
+            *x = (i * 31 + k) as u8;
+        }
+    }
+    // Frame 1 goes as two gather entries (header slot, then data).
+    let items: Vec<_> = bufs
+        .iter()
+        .zip(&lens)
+        .enumerate()
+        .map(|(i, (m, &len))| {
+            let split = if i == 1 { PKTHDR_BYTES } else { len };
+            transport::TxItem {
+                route: &route,
+                pkt: &m.bytes()[..split],
+                pkt_iova: m.iova(),
+                data: &m.bytes()[split..len],
+                data_iova: m.iova() + split as u64,
+                lkey: m.lkey(),
+                drop: false,
+            }
+        })
+        .collect();
+    assert_eq!(a.tx_burst(&items), 3);
+    a.tx_flush();
+    // And one malformed frame (wrong checksum) straight onto the fabric.
+    let mut bad = frame_to(&b.local_routing_info(), &[0xee; 100], 0);
+    bad[25] ^= 0x40;
+    let fabric = fx.fabric.clone().unwrap();
+    fabric.inject(fx.nic.as_ref().unwrap().port(), &bad);
+    fabric.advance(Duration::from_micros(10));
+    let n = b.rx_burst();
+    assert_eq!(n, 4);
+    let mut ring = b.take_rx_ring().unwrap();
+    b.post_recvs(&mut ring, n);
+    a.flush_pcap().unwrap();
+    b.flush_pcap().unwrap();
+    assert_eq!((a.pcap_frames(), b.pcap_frames()), (3, 4));
+
+    let sent = read_pcap(&pa.0);
+    let received = read_pcap(&pb.0);
+    assert_eq!(sent.len(), 3);
+    for (i, (orig, f)) in sent.iter().enumerate() {
+        assert_eq!(*orig as usize, lens[i]);
+        assert_eq!(&f[..], &bufs[i].bytes()[..lens[i]], "frame {i} as sent");
+        // What arrived is what left.
+        assert_eq!(received[i].1, *f, "frame {i} as received");
+    }
+    // The rejected frame is captured too, cut to its IPv4 length.
+    assert_eq!(received[3].1, bad);
+    drop(items);
 }

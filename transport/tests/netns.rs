@@ -288,7 +288,7 @@ fn run_server() {
         })
         .unwrap();
     println!("PEER READY {}", hex(&t.local_routing_info().to_bytes()));
-    let ring = t.rx_ring();
+    let mut ring = t.take_rx_ring().expect("the RX ring");
     let mut hdrs = vec![[0u8; PKTHDR_BYTES]; ring.entries()];
     let mut head = 0usize;
     let mut echoed = 0u64;
@@ -330,7 +330,7 @@ fn run_server() {
         }
         echoed += sent as u64;
         drop(replies);
-        t.post_recvs(n);
+        t.post_recvs(&mut ring, n);
         head += n;
         if n == 0 {
             std::thread::yield_now();
@@ -355,7 +355,7 @@ fn run_client() {
     );
     let mut t = UdpTransport::new(&UdpConfig::new(CLIENT)).expect("bind the client");
     let to_server = t.resolve(&server_info).unwrap();
-    let ring = t.rx_ring();
+    let mut ring = t.take_rx_ring().expect("the RX ring");
     let mut head = 0usize;
     let deadline = Instant::now() + PEER_TIMEOUT;
     let packet = |id: ProbeId, len: usize| {
@@ -388,7 +388,7 @@ fn run_client() {
         }
         let n = t.rx_burst();
         answered = n > 0;
-        t.post_recvs(n);
+        t.post_recvs(&mut ring, n);
         head += n;
     }
 
@@ -447,7 +447,7 @@ fn run_client() {
             got[id.seq as usize] = true;
             echoed += 1;
         }
-        t.post_recvs(n);
+        t.post_recvs(&mut ring, n);
         head += n;
     }
 

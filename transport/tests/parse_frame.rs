@@ -1,17 +1,25 @@
-//! Property tests of the RX frame parser (`wire::parse_frame`), the same
-//! checks the fuzz target (`transport/fuzz`) runs: it never panics, never
-//! needs bytes past the frame's end, every accepted frame is exactly what
-//! its headers say, and each kind of malformation is rejected for its own
-//! reason.
+//! Property tests of the RX frame parser (`wire::parse_frame`, and
+//! `parse_frame_with` accepting zero IPv4 checksums), the same checks the
+//! fuzz targets (`transport/fuzz`) run: it never panics, never needs bytes
+//! past the frame's end, every accepted frame is exactly what its headers
+//! say, and each kind of malformation is rejected for its own reason. Also
+//! the RSS source-port choice from arbitrary routing info.
 
 use std::net::Ipv4Addr;
 
 use proptest::prelude::*;
-use transport::conformance::parse_frame_checked;
-use transport::wire::{
-    ETH_HDR_BYTES, FrameError, FrameTemplate, IPV4_HDR_BYTES, build_headroom, ipv4_checksum,
+use transport::conformance::{
+    parse_frame_checked, parse_frame_checked_with, rss_source_port_checked,
 };
-use transport::{HEADROOM_BYTES, MTU};
+use transport::wire::{
+    ETH_HDR_BYTES, FrameError, FrameTemplate, IPV4_HDR_BYTES, ParseOptions, build_headroom,
+    ipv4_checksum,
+};
+use transport::{HEADROOM_BYTES, MTU, RoutingInfo};
+
+const LAX: ParseOptions = ParseOptions {
+    accept_zero_ip_checksum: true,
+};
 
 const IP: usize = ETH_HDR_BYTES;
 const UDP: usize = ETH_HDR_BYTES + IPV4_HDR_BYTES;
@@ -240,5 +248,56 @@ proptest! {
         prop_assume!(usize::from(udp_len) != f.len() - UDP);
         f[UDP + 4..UDP + 6].copy_from_slice(&udp_len.to_be_bytes());
         prop_assert_eq!(parse_frame_checked(&f).unwrap_err(), FrameError::BadUdp);
+    }
+
+    #[test]
+    fn zero_checksums_pass_only_when_relaxed(
+        (t, payload) in valid_frame(),
+        pad in 0..20usize,
+    ) {
+        let mut f = frame(&t, &payload);
+        // Zeroing an already-zero checksum (a header summing to 0xffff)
+        // changes nothing: that frame is valid either way.
+        prop_assume!(f[IP + 10..IP + 12] != [0, 0]);
+        f[IP + 10..IP + 12].fill(0);
+        f.extend(std::iter::repeat_n(0u8, pad));
+        prop_assert_eq!(parse_frame_checked(&f).unwrap_err(), FrameError::BadIp);
+        let p = parse_frame_checked_with(&f, LAX).expect("relaxed");
+        prop_assert!(p.ip_checksum_zero);
+        prop_assert_eq!(p.payload, &payload[..]);
+    }
+
+    #[test]
+    fn mutated_frames_relaxed_are_consistent(
+        (t, payload) in valid_frame(),
+        muts in prop::collection::vec(mutation(), 1..5),
+        zero in any::<bool>(),
+    ) {
+        let mut f = frame(&t, &payload);
+        for m in &muts {
+            apply(&mut f, m);
+        }
+        if zero && f.len() >= UDP {
+            f[IP + 10..IP + 12].fill(0);
+        }
+        let _ = parse_frame_checked_with(&f, LAX);
+        let _ = parse_frame_checked(&f);
+    }
+
+    #[test]
+    fn rss_source_ports_from_any_routing_info(
+        bytes in any::<[u8; 48]>(),
+        src in any::<u32>(),
+        rxq_id in 0..20u16,
+        size in prop_oneof![0..4u16, 4..600u16, any::<u16>()],
+        raw in any::<bool>(),
+    ) {
+        let mut info = RoutingInfo::from_bytes(&bytes);
+        if !raw {
+            // Mostly plausible queue ids and table sizes.
+            info.rxq_id = rxq_id;
+            info.rss_table_size = size;
+        }
+        let _ = rss_source_port_checked(Ipv4Addr::from(src), &info);
     }
 }

@@ -240,7 +240,7 @@ fn item<'a, R>(route: &'a R, pkt: &'a [u8], data: &'a [u8]) -> TxItem<'a, R> {
 /// Polls until `n` datagrams arrived; returns their slots' contents
 /// (`None` for rejected ones) and gives the slots back.
 fn receive(t: &mut UdpTransport, n: usize) -> Vec<Option<Vec<u8>>> {
-    let ring = t.rx_ring();
+    let mut ring = t.take_rx_ring().expect("the RX ring");
     let mut out = Vec::new();
     let mut head = 0usize;
     let start = Instant::now();
@@ -250,7 +250,7 @@ fn receive(t: &mut UdpTransport, n: usize) -> Vec<Option<Vec<u8>>> {
             out.push(ring.packet((head + k) % ring.entries()).map(<[u8]>::to_vec));
         }
         head += got;
-        t.post_recvs(got);
+        t.post_recvs(&mut ring, got);
         assert!(start.elapsed() < Duration::from_secs(5), "{:?}", t.stats());
     }
     out
@@ -304,7 +304,7 @@ fn only_held_slots_are_readable() {
         ..UdpConfig::loopback()
     })
     .unwrap();
-    let ring = t.rx_ring();
+    let mut ring = t.take_rx_ring().expect("the RX ring");
     let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
     for i in 0..3u8 {
         tx.send_to(&[i; 20], t.local_addr()).unwrap();
@@ -319,7 +319,7 @@ fn only_held_slots_are_readable() {
     assert_eq!(ring.packet(2), Some(&[2u8; 20][..]));
     assert_eq!(ring.packet(3), None, "never delivered");
     assert_eq!(ring.packet(4), None, "out of range");
-    t.post_recvs(2);
+    t.post_recvs(&mut ring, 2);
     assert_eq!(ring.packet(0), None, "given back");
     assert_eq!(ring.packet(1), None, "given back");
     assert_eq!(ring.packet(2), Some(&[2u8; 20][..]), "still held");
@@ -329,7 +329,8 @@ fn only_held_slots_are_readable() {
 #[should_panic(expected = "slots are held by the application")]
 fn giving_back_slots_that_are_not_held_panics() {
     let mut t = UdpTransport::new(&UdpConfig::loopback()).unwrap();
-    t.post_recvs(1);
+    let mut ring = t.take_rx_ring().unwrap();
+    t.post_recvs(&mut ring, 1);
 }
 
 #[test]
@@ -340,7 +341,7 @@ fn echo_straight_from_the_rx_ring() {
     let mut server = UdpTransport::new(&UdpConfig::loopback()).unwrap();
     let to_server = client.resolve(&server.local_routing_info()).unwrap();
     let to_client = server.resolve(&client.local_routing_info()).unwrap();
-    let ring = server.rx_ring();
+    let mut ring = server.take_rx_ring().expect("the RX ring");
     let mut hdrs = vec![vec![0u8; PKTHDR_BYTES]; 16];
     let requests: Vec<Vec<u8>> = (0..16u32)
         .map(|s| {
@@ -370,7 +371,7 @@ fn echo_straight_from_the_rx_ring() {
         // `ring` is borrowed by `echo` while `server` is borrowed mutably.
         assert_eq!(server.tx_burst(&echo), n);
         drop(echo);
-        server.post_recvs(n);
+        server.post_recvs(&mut ring, n);
         head += n;
         assert!(start.elapsed() < Duration::from_secs(5));
     }
@@ -439,4 +440,304 @@ fn debug_output_names_the_socket() {
     let text = format!("{t:?}");
     assert!(text.contains(&t.local_addr().to_string()), "{text}");
     assert!(text.contains("entries: 4096"), "{text}");
+}
+
+#[test]
+fn routing_info_is_usable_by_a_cpp_peer() {
+    let t = UdpTransport::new(&UdpConfig::loopback()).unwrap();
+    let ri = t.local_routing_info();
+    // Exact-port steering: a one-entry table, queue 0; loopback has no MAC.
+    assert_eq!((ri.rxq_id, ri.rss_table_size), (0, 1), "{ri}");
+    assert_eq!(ri.mac, [0; 6], "loopback's link-layer address is zero");
+    // The formula a C++ DPDK sender runs on it ends at its first port.
+    assert_eq!(
+        transport::rss::source_port(Ipv4Addr::new(10, 0, 0, 1), &ri),
+        Ok(None)
+    );
+    // An explicit MAC wins over the lookup.
+    let mac = [0x02, 0x11, 0x22, 0x33, 0x44, 0x55];
+    let t = UdpTransport::new(&UdpConfig {
+        mac: Some(mac),
+        ..UdpConfig::loopback()
+    })
+    .unwrap();
+    assert_eq!(t.local_routing_info().mac, mac);
+    let text = io_error_text(
+        UdpTransport::new(&UdpConfig {
+            mac: Some([0x01, 0, 0x5e, 0, 0, 1]),
+            ..UdpConfig::loopback()
+        })
+        .unwrap_err(),
+    );
+    assert!(text.contains("multicast MAC"), "{text}");
+}
+
+#[test]
+fn advertising_an_address_of_no_local_interface_needs_a_mac() {
+    let any = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0);
+    let foreign = Ipv4Addr::new(198, 51, 100, 9);
+    let text = io_error_text(
+        UdpTransport::new(&UdpConfig {
+            advertise: Some(foreign),
+            ..UdpConfig::new(any)
+        })
+        .unwrap_err(),
+    );
+    assert!(text.contains("198.51.100.9"), "{text}");
+    assert!(text.contains("UdpConfig::mac"), "{text}");
+    let mac = [0x02, 0, 0, 0, 0, 0x42];
+    let t = UdpTransport::new(&UdpConfig {
+        advertise: Some(foreign),
+        mac: Some(mac),
+        ..UdpConfig::new(any)
+    })
+    .unwrap();
+    assert_eq!(t.local_routing_info().mac, mac);
+    assert_eq!(t.local_routing_info().ipv4, foreign);
+}
+
+/// A peer's routing info claiming RSS over `rss_table_size` entries, for
+/// the socket at `at`.
+fn rss_peer(at: SocketAddrV4, rxq_id: u16, rss_table_size: u16) -> RoutingInfo {
+    RoutingInfo {
+        mac: [0x02, 0, 0, 0, 0, 0x99],
+        ipv4: *at.ip(),
+        udp_port: at.port(),
+        rxq_id,
+        rss_table_size,
+    }
+}
+
+fn local_v4(s: &UdpSocket) -> SocketAddrV4 {
+    match s.local_addr().unwrap() {
+        std::net::SocketAddr::V4(a) => a,
+        a => panic!("{a}"),
+    }
+}
+
+/// Receives `n` datagrams on `s`; returns (source port, first payload byte).
+fn recv_sources(s: &UdpSocket, n: usize) -> Vec<(u16, u8)> {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 2048];
+    (0..n)
+        .map(|_| {
+            let (len, from) = s.recv_from(&mut buf).expect("a datagram");
+            assert!(len >= ERPC_HDR_BYTES);
+            (from.port(), buf[0])
+        })
+        .collect()
+}
+
+#[test]
+fn datagrams_to_an_rss_peer_leave_from_the_port_its_rss_needs() {
+    use transport::rss;
+    let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let at = local_v4(&peer);
+    let mut t = UdpTransport::new(&UdpConfig::loopback()).unwrap();
+    let me = t.local_routing_info().ipv4;
+    let plain = t.resolve(&rss_peer(at, 0, 1)).unwrap();
+    assert_eq!(plain.rss_source_port(), None, "no RSS, no extra socket");
+    let queues = [3u16, 3, 7, 0, 15];
+    let routes: Vec<_> = queues
+        .iter()
+        .map(|&q| t.resolve(&rss_peer(at, q, 128)).unwrap())
+        .collect();
+    for (route, &q) in routes.iter().zip(&queues) {
+        let port = route.rss_source_port().expect("an RSS source port");
+        let h = rss::hash_v4_udp(me, *at.ip(), port, at.port());
+        assert_eq!(rss::queue_of(h, 128), q, "port {port} for queue {q}");
+        // Normally the first candidate (what C++ picks), unless another
+        // process on this host holds it.
+        let first = rss::source_port(me, &rss_peer(at, q, 128)).unwrap();
+        assert!(
+            Some(port) >= first,
+            "port {port} before the first {first:?}"
+        );
+    }
+    // Two routes to the same queue share one socket.
+    assert_eq!(routes[0].rss_source_port(), routes[1].rss_source_port());
+    assert_eq!(t.rss_source_sockets(), 4);
+
+    // One burst over all routes, the plain one in the middle: every
+    // datagram leaves from its route's port, in order.
+    let pkts: Vec<Vec<u8>> = (0..7u8)
+        .map(|i| {
+            let mut p = header_slot(u32::from(i), 0);
+            p[HEADROOM_BYTES] = i;
+            p
+        })
+        .collect();
+    let order: Vec<&transport::udp::UdpRoute> = vec![
+        &routes[0], &routes[1], &plain, &routes[2], &routes[3], &routes[4], &routes[4],
+    ];
+    let items: Vec<_> = pkts
+        .iter()
+        .zip(&order)
+        .map(|(p, r)| item(*r, p, &[]))
+        .collect();
+    assert_eq!(t.tx_burst(&items), 7);
+    let got = recv_sources(&peer, 7);
+    let want: Vec<(u16, u8)> = order
+        .iter()
+        .zip(0u8..)
+        .map(|(r, i)| (r.rss_source_port().unwrap_or(t.local_addr().port()), i))
+        .collect();
+    assert_eq!(got, want);
+    let s = t.stats();
+    assert_eq!((s.tx_pkts, s.tx_errors), (7, 0), "{s:?}");
+    // Runs: [0,1] [plain] [2] [3] [4,4].
+    assert_eq!(s.tx_doorbells, 5, "one sendmmsg per run of one socket");
+
+    // Sockets no route uses are closed at the next resolve.
+    drop(order);
+    drop(items);
+    drop(routes);
+    let again = t.resolve(&rss_peer(at, 9, 128)).unwrap();
+    assert_eq!(t.rss_source_sockets(), 1);
+    drop(again);
+    let mut ring = t.take_rx_ring().unwrap();
+    assert_eq!(t.rx_burst(), 0, "the extra sockets receive nothing");
+    t.post_recvs(&mut ring, 0);
+}
+
+#[test]
+fn a_taken_rss_port_moves_to_the_next_one_that_reaches_the_queue() {
+    use transport::rss;
+    let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let at = local_v4(&peer);
+    let info = rss_peer(at, 6, 64);
+    let a = UdpTransport::new(&UdpConfig::loopback()).unwrap();
+    let b = UdpTransport::new(&UdpConfig::loopback()).unwrap();
+    let ra = a.resolve(&info).unwrap();
+    let rb = b.resolve(&info).unwrap();
+    let (pa, pb) = (ra.rss_source_port().unwrap(), rb.rss_source_port().unwrap());
+    assert_ne!(pa, pb, "two transports cannot bind the same port");
+    let candidates: Vec<u16> = rss::source_ports(Ipv4Addr::LOCALHOST, &info)
+        .take(64)
+        .collect();
+    assert!(candidates.contains(&pa) && candidates.contains(&pb));
+}
+
+#[test]
+fn rss_peers_that_no_port_can_reach_are_refused() {
+    let t = UdpTransport::new(&UdpConfig::loopback()).unwrap();
+    let at = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 4000);
+    for (q, size) in [(16, 128), (4, 4), (200, 512)] {
+        let e = t.resolve(&rss_peer(at, q, size)).unwrap_err();
+        assert!(matches!(e, TransportError::Resolve { .. }), "{e:?}");
+        assert!(e.to_string().contains("cannot be reached"), "{e}");
+    }
+    // Table size 0 (a C++ raw transport) is not a divisor: no RSS.
+    let r = t.resolve(&rss_peer(at, 0, 0)).unwrap();
+    assert_eq!(r.rss_source_port(), None);
+    assert_eq!(t.rss_source_sockets(), 0);
+}
+
+/// A unique path in the temp directory, removed on drop.
+struct TempPath(std::path::PathBuf);
+
+impl TempPath {
+    fn new(name: &str) -> TempPath {
+        TempPath(
+            std::env::temp_dir().join(format!("erpc-transport-{}-{name}.pcap", std::process::id())),
+        )
+    }
+}
+
+impl Drop for TempPath {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The frames of a pcap file.
+fn read_pcap(path: &std::path::Path) -> Vec<(u32, Vec<u8>)> {
+    let file = std::fs::File::open(path).unwrap();
+    let mut r = pcap_file::pcap::PcapReader::new(file).unwrap();
+    assert_eq!(r.header().datalink, pcap_file::DataLink::ETHERNET);
+    let mut out = Vec::new();
+    while let Some(p) = r.next_packet() {
+        let p = p.unwrap();
+        out.push((p.orig_len, p.data.into_owned()));
+    }
+    out
+}
+
+#[test]
+fn pcap_capture_writes_the_framing_datagrams_would_have_had() {
+    let (pa, pb) = (TempPath::new("udp-a"), TempPath::new("udp-b"));
+    let mut a = UdpTransport::new(&UdpConfig {
+        pcap: Some(pa.0.clone()),
+        ..UdpConfig::loopback()
+    })
+    .unwrap();
+    let mut b = UdpTransport::new(&UdpConfig {
+        pcap: Some(pb.0.clone()),
+        ..UdpConfig::loopback()
+    })
+    .unwrap();
+    let (ia, ib) = (a.local_routing_info(), b.local_routing_info());
+    let to_b = a.resolve(&ib).unwrap();
+    // Packet 0 contiguous, packet 1 split (header slot + data).
+    let p0 = {
+        let mut p = header_slot(0, 30);
+        p.extend((0..30u8).map(|i| i ^ 0x5a));
+        p
+    };
+    let p1_hdr = header_slot(1, 500);
+    let p1_data: Vec<u8> = (0..500u32).map(|i| i as u8).collect();
+    let items = [item(&to_b, &p0, &[]), item(&to_b, &p1_hdr, &p1_data)];
+    assert_eq!(a.tx_burst(&items), 2);
+    // And a datagram from a plain socket that the ring rejects (too short).
+    let plain = UdpSocket::bind("127.0.0.1:0").unwrap();
+    plain.send_to(&[7; 5], b.local_addr()).unwrap();
+    let got = receive(&mut b, 3);
+    assert_eq!(got.iter().filter(|p| p.is_some()).count(), 2);
+    a.flush_pcap().unwrap();
+    b.flush_pcap().unwrap();
+    assert_eq!((a.pcap_frames(), b.pcap_frames()), (2, 3));
+
+    let sent = read_pcap(&pa.0);
+    assert_eq!(sent.len(), 2);
+    let payloads: [Vec<u8>; 2] = [
+        p0[HEADROOM_BYTES..].to_vec(),
+        [&p1_hdr[HEADROOM_BYTES..], &p1_data[..]].concat(),
+    ];
+    for ((orig, f), want) in sent.iter().zip(&payloads) {
+        assert_eq!(*orig as usize, f.len());
+        let p = transport::wire::parse_frame(f).expect("a valid frame");
+        assert_eq!(p.payload, &want[..]);
+        assert_eq!((p.src_ip, p.src_port), (ia.ipv4, ia.udp_port));
+        assert_eq!((p.dst_ip, p.dst_port), (ib.ipv4, ib.udp_port));
+        assert_eq!((p.src_mac, p.dst_mac), (ia.mac, ib.mac));
+    }
+    let received = read_pcap(&pb.0);
+    assert_eq!(received.len(), 3);
+    // The two from `a`, in order, then the short one from `plain`.
+    for ((_, f), want) in received.iter().zip(&payloads) {
+        let p = transport::wire::parse_frame(f).expect("a valid frame");
+        assert_eq!(p.payload, &want[..]);
+        assert_eq!((p.src_ip, p.src_port), (ia.ipv4, ia.udp_port));
+        assert_eq!((p.dst_ip, p.dst_port), (ib.ipv4, ib.udp_port));
+    }
+    let p = transport::wire::parse_frame(&received[2].1).unwrap();
+    assert_eq!(p.payload, &[7; 5]);
+    assert_eq!(p.src_port, local_v4(&plain).port());
+
+    // Without a capture there is nothing to flush.
+    let mut c = UdpTransport::new(&UdpConfig::loopback()).unwrap();
+    assert!(c.flush_pcap().is_err());
+    assert_eq!(c.pcap_frames(), 0);
+}
+
+#[test]
+fn a_pcap_file_that_cannot_be_created_is_a_clear_error() {
+    let text = io_error_text(
+        UdpTransport::new(&UdpConfig {
+            pcap: Some("/nonexistent-dir/x.pcap".into()),
+            ..UdpConfig::loopback()
+        })
+        .unwrap_err(),
+    );
+    assert!(text.contains("/nonexistent-dir/x.pcap"), "{text}");
 }

@@ -182,6 +182,19 @@ pub enum SessionEventKind {
     Reset,
 }
 
+impl fmt::Display for SessionEventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SessionEventKind::Connected => f.write_str("connected"),
+            SessionEventKind::ConnectFailed(e) => write!(f, "connect failed: {e}"),
+            SessionEventKind::ConnectTimedOut => f.write_str("connect timed out"),
+            SessionEventKind::Disconnected => f.write_str("disconnected"),
+            SessionEventKind::PeerFailed => f.write_str("peer failed"),
+            SessionEventKind::Reset => f.write_str("reset"),
+        }
+    }
+}
+
 /// A session event for the application's callback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionEvent {
@@ -303,6 +316,9 @@ pub enum CreateError {
         /// Configured scan interval.
         scan_us: u64,
     },
+    /// The transport's RX ring handle was taken before the Rpc got it.
+    #[error("the transport's RX ring handle was already taken: give the Rpc a fresh transport")]
+    RingTaken,
     /// Hugepage memory for control packets.
     #[error(transparent)]
     Alloc(#[from] mempool::AllocError),
@@ -514,12 +530,12 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
     pub fn new(
         nexus: &Arc<Nexus>,
         rpc_id: u8,
-        transport: T,
+        mut transport: T,
         mut alloc: Allocator,
         config: RpcConfig,
         sm_handler: Option<SessionHandler<T, C>>,
     ) -> Result<Rpc<T, C>, CreateError> {
-        let ring = transport.rx_ring();
+        let ring = transport.take_rx_ring().ok_or(CreateError::RingTaken)?;
         let ring_entries = ring.entries();
         if config.session_credits == 0 || config.session_credits > ring_entries {
             return Err(CreateError::Credits {

@@ -21,7 +21,7 @@ impl<T: Transport, C> Rpc<T, C> {
         if n == 0 {
             return 0;
         }
-        let ring = self
+        let mut ring = self
             .ring
             .take()
             .expect("run_event_loop_once must not be called from a handler or continuation");
@@ -35,8 +35,8 @@ impl<T: Transport, C> Rpc<T, C> {
             }
         }
         self.rx_head = (self.rx_head + n) % self.ring_entries;
+        self.transport.post_recvs(&mut ring, n);
         self.ring = Some(ring);
-        self.transport.post_recvs(n);
         n
     }
 

@@ -426,7 +426,7 @@ impl SimNet {
             clock: self.clock.clone(),
             ep,
             generation: 0,
-            ring: SimRing(ring),
+            ring: Some(SimRing(ring)),
             routing,
             tx_burst_max,
         }
@@ -463,7 +463,7 @@ impl SimNet {
             clock: self.clock.clone(),
             ep,
             generation,
-            ring: SimRing(ring),
+            ring: Some(SimRing(ring)),
             routing,
             tx_burst_max,
         }
@@ -569,8 +569,7 @@ pub struct SimRoute {
     template: FrameTemplate,
 }
 
-/// Read handle of a simulated RX ring.
-#[derive(Clone)]
+/// Read handle of a simulated RX ring (one per transport).
 pub struct SimRing(Rc<RingMem>);
 
 impl fmt::Debug for SimRing {
@@ -596,7 +595,8 @@ pub struct SimTransport {
     clock: VirtualClock,
     ep: usize,
     generation: u32,
-    ring: SimRing,
+    /// The ring handle, until `take_rx_ring` hands it out.
+    ring: Option<SimRing>,
     routing: RoutingInfo,
     tx_burst_max: usize,
 }
@@ -708,12 +708,16 @@ impl Transport for SimTransport {
         k as usize
     }
 
-    fn post_recvs(&mut self, k: usize) {
+    fn post_recvs(&mut self, ring: &mut SimRing, k: usize) {
         let mut n = self.net.borrow_mut();
         if !self.current(&n) {
             return;
         }
         let ep = &mut n.endpoints[self.ep];
+        assert!(
+            Rc::ptr_eq(&ring.0, &ep.ring),
+            "post_recvs: the ring handle belongs to another transport"
+        );
         let entries = ep.ring.entries() as u64;
         for _ in 0..k {
             assert!(
@@ -725,8 +729,8 @@ impl Transport for SimTransport {
         }
     }
 
-    fn rx_ring(&self) -> SimRing {
-        self.ring.clone()
+    fn take_rx_ring(&mut self) -> Option<SimRing> {
+        self.ring.take()
     }
 
     fn stats(&self) -> TransportStats {
@@ -824,11 +828,11 @@ mod tests {
         assert_eq!(b.rx_burst(), 0, "not before the 1 µs delay");
         net.advance(1);
         assert_eq!(b.rx_burst(), 3);
-        let ring = b.rx_ring();
+        let mut ring = b.take_rx_ring().unwrap();
         for i in 0..3 {
             assert_eq!(ring.packet(i).unwrap(), &[7u8; 20][..]);
         }
-        b.post_recvs(3);
+        b.post_recvs(&mut ring, 3);
         assert_eq!(b.stats().rx_pkts, 3);
         assert_eq!(a.stats().tx_pkts, 3);
         assert!(a.resolve(&RoutingInfo::default()).is_err());
@@ -876,12 +880,12 @@ mod tests {
         net.inject_frame(b.endpoint(), &[0u8; 30]);
         net.advance(1);
         assert_eq!(b.rx_burst(), 51);
-        let ring = b.rx_ring();
+        let mut ring = b.take_rx_ring().unwrap();
         for i in 0..50u8 {
             assert_eq!(ring.packet(usize::from(i)).unwrap()[0], i, "order kept");
         }
         assert!(ring.packet(50).is_none());
         assert_eq!(b.stats().rx_short, 1);
-        b.post_recvs(51);
+        b.post_recvs(&mut ring, 51);
     }
 }

@@ -5,10 +5,10 @@
 //! slot is owned either by the NIC (free, may be written) or by software
 //! (holds a received packet, may be read). `write` requires NIC ownership
 //! and `packet` software ownership, both checked at run time, so the two
-//! never touch the same slot while the ownership protocol of
-//! [`transport::RxRing`] is followed: a packet slice is used only until its
-//! slot is given back with `post_recvs`. The Rpc keeps every packet slice
-//! inside the RX loop that reposts the slots afterwards.
+//! never touch the same slot. A packet slice cannot outlive its slot's
+//! software ownership: it borrows the transport's one `SimRing` handle, and
+//! `repost` is reached only through `SimTransport::post_recvs`, which takes
+//! that handle mutably (the ownership rule of [`transport::RxRing`]).
 
 #![allow(unsafe_code)]
 
@@ -94,8 +94,10 @@ impl RingMem {
             return None;
         }
         // SAFETY: software owns the slot (checked above), so the NIC side
-        // (`write`) will not touch it until `repost`, which by the RxRing
-        // contract happens only after the caller is done with this slice.
+        // (`write`) will not touch it until `repost`. `repost` is called
+        // only from `SimTransport::post_recvs`, which borrows the one
+        // `SimRing` handle mutably, and this slice borrows that handle: the
+        // slice is gone before the slot can be reposted.
         let buf = unsafe { &*s.data.get() };
         Some(&buf[..usize::from(s.len.get())])
     }

@@ -87,13 +87,13 @@ impl World for DevWorld {
         .expect("driver bring-up on the device model");
         let t = Mlx5Transport::new(
             &dev,
-            Mlx5Config {
-                ipv4: Ipv4Addr::new(10, 20, 0, i),
-                queue: QueueConfig {
+            Mlx5Config::new(
+                Ipv4Addr::new(10, 20, 0, i),
+                QueueConfig {
                     udp_port: 31850 + u16::from(i),
                     ..Default::default()
                 },
-            },
+            ),
         )
         .expect("mlx5 transport");
         self.nics.push(nic);

@@ -110,8 +110,12 @@ struct TransportEcho {
 
 impl TransportEcho {
     fn new() -> TransportEcho {
-        let t = UdpTransport::new(&UdpConfig::loopback()).expect("bind server");
-        let ring = t.rx_ring();
+        TransportEcho::with_config(&UdpConfig::loopback())
+    }
+
+    fn with_config(config: &UdpConfig) -> TransportEcho {
+        let mut t = UdpTransport::new(config).expect("bind server");
+        let ring = t.take_rx_ring().expect("the RX ring");
         TransportEcho {
             hdrs: vec![[0u8; PKTHDR_BYTES]; ring.entries()],
             t,
@@ -148,7 +152,7 @@ impl TransportEcho {
             });
             sent += self.t.tx_burst(&burst[..m]);
         }
-        self.t.post_recvs(n);
+        self.t.post_recvs(&mut self.ring, n);
         self.head += n;
         n
     }
@@ -165,10 +169,17 @@ struct TransportClient {
 
 impl TransportClient {
     fn new(server: impl FnOnce(RoutingInfo) -> RoutingInfo) -> TransportClient {
-        let t = UdpTransport::new(&UdpConfig::loopback()).expect("bind client");
+        TransportClient::with_config(&UdpConfig::loopback(), server)
+    }
+
+    fn with_config(
+        config: &UdpConfig,
+        server: impl FnOnce(RoutingInfo) -> RoutingInfo,
+    ) -> TransportClient {
+        let mut t = UdpTransport::new(config).expect("bind client");
         let route = t.resolve(&server(t.local_routing_info())).unwrap();
         TransportClient {
-            ring: t.rx_ring(),
+            ring: t.take_rx_ring().expect("the RX ring"),
             pkts: vec![vec![0xab; PKTHDR_BYTES + DATA_BYTES]; t.tx_burst_max()],
             t,
             route,
@@ -199,7 +210,7 @@ impl TransportClient {
             assert_eq!(p.len(), PAYLOAD_BYTES);
             f(seq_of(p));
         }
-        self.t.post_recvs(n);
+        self.t.post_recvs(&mut self.ring, n);
         self.head += n;
         n
     }
@@ -330,9 +341,46 @@ fn transport_two_threads(a: &Args) -> Row {
 }
 
 fn transport_one_thread(a: &Args) -> Row {
-    let mut s = TransportEcho::new();
+    transport_one_thread_with(a, None)
+}
+
+/// Two pcap files in the temp directory, removed on drop.
+struct PcapFiles([std::path::PathBuf; 2]);
+
+impl PcapFiles {
+    fn new(what: &str) -> PcapFiles {
+        let p = |side: &str| {
+            std::env::temp_dir().join(format!(
+                "erpc-echo-bench-{}-{what}-{side}.pcap",
+                std::process::id()
+            ))
+        };
+        PcapFiles([p("server"), p("client")])
+    }
+}
+
+impl Drop for PcapFiles {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// The one-thread echo with both transports capturing every datagram.
+fn transport_one_thread_pcap(a: &Args) -> Row {
+    let files = PcapFiles::new("udp");
+    transport_one_thread_with(a, Some(&files))
+}
+
+fn transport_one_thread_with(a: &Args, pcap: Option<&PcapFiles>) -> Row {
+    let config = |i: usize| UdpConfig {
+        pcap: pcap.map(|f| f.0[i].clone()),
+        ..UdpConfig::loopback()
+    };
+    let mut s = TransportEcho::with_config(&config(0));
     let server_info = s.t.local_routing_info();
-    let client = TransportClient::new(|me| {
+    let client = TransportClient::with_config(&config(1), |me| {
         s.connect(&me);
         server_info
     });
@@ -342,7 +390,12 @@ fn transport_one_thread(a: &Args) -> Row {
             s.step();
         },
     };
-    measure(a, "UdpTransport", &mut both)
+    let name = if pcap.is_some() {
+        "UdpTransport, pcap on"
+    } else {
+        "UdpTransport"
+    };
+    measure(a, name, &mut both)
 }
 
 /// A `std::net::UdpSocket` client, one packet per syscall.
@@ -508,7 +561,10 @@ fn table(title: &str, rows: &[Row]) {
 }
 
 mod mlx5;
-use mlx5::{bridge_client, bridge_server, mlx5_bridge, mlx5_one_thread, mlx5_two_threads};
+use mlx5::{
+    bridge_client, bridge_server, mlx5_bridge, mlx5_one_thread, mlx5_one_thread_pcap,
+    mlx5_two_threads,
+};
 
 #[path = "../../tests/common/netns.rs"]
 #[allow(unused_imports)]
@@ -529,7 +585,11 @@ fn main() {
         return;
     }
     let (poll_transport, poll_std) = empty_poll_ns();
-    let one = [transport_one_thread(&a), std_one_thread(&a)];
+    let one = [
+        transport_one_thread(&a),
+        transport_one_thread_pcap(&a),
+        std_one_thread(&a),
+    ];
     let two = [
         transport_two_threads(&a),
         std_two_threads(&a, false),
@@ -546,7 +606,11 @@ fn main() {
     );
     table("One thread (client and server polled in turn):", &one);
     table("Two threads (client and server each busy-polling):", &two);
-    let mut mlx5 = vec![mlx5_one_thread(&a), mlx5_two_threads(&a)];
+    let mut mlx5 = vec![
+        mlx5_one_thread(&a),
+        mlx5_one_thread_pcap(&a),
+        mlx5_two_threads(&a),
+    ];
     mlx5.extend(mlx5_bridge(&a));
     mlx5.push(std_one_thread(&a));
     table(

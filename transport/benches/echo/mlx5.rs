@@ -43,6 +43,11 @@ struct Node {
 
 impl Node {
     fn new(fabric: &Fabric, id: u8) -> Node {
+        Node::with_pcap(fabric, id, None)
+    }
+
+    /// A node whose transport captures every frame to `pcap`.
+    fn with_pcap(fabric: &Fabric, id: u8, pcap: Option<std::path::PathBuf>) -> Node {
         let nic = SimNic::new(
             fabric,
             NicConfig {
@@ -58,14 +63,17 @@ impl Node {
             },
         )
         .expect("bring-up");
-        let t = Mlx5Transport::new(
+        let mut t = Mlx5Transport::new(
             &device,
             Mlx5Config {
-                ipv4: Ipv4Addr::new(10, 99, 0, id),
-                queue: QueueConfig {
-                    udp_port: 7000,
-                    ..Default::default()
-                },
+                pcap,
+                ..Mlx5Config::new(
+                    Ipv4Addr::new(10, 99, 0, id),
+                    QueueConfig {
+                        udp_port: 7000,
+                        ..Default::default()
+                    },
+                )
             },
         )
         .expect("transport");
@@ -82,7 +90,7 @@ impl Node {
             .map(|_| alloc.alloc(PKTHDR_BYTES + DATA_BYTES).unwrap())
             .collect();
         Node {
-            ring: t.rx_ring(),
+            ring: t.take_rx_ring().expect("the RX ring"),
             t,
             alloc,
             bufs,
@@ -141,7 +149,7 @@ impl Mlx5Echo {
                 let p = self
                     .n
                     .ring
-                    .packet(self.n.head + done + k)
+                    .packet((self.n.head + done + k) % self.n.ring.entries())
                     .expect("valid request");
                 let b = self.n.bufs[k].as_mut_slice();
                 b[HEADROOM_BYTES..HEADROOM_BYTES + p.len()].copy_from_slice(p);
@@ -157,7 +165,7 @@ impl Mlx5Echo {
             done += m;
         }
         self.n.head += got;
-        self.n.t.post_recvs(got);
+        self.n.t.post_recvs(&mut self.n.ring, got);
         got
     }
 }
@@ -202,12 +210,16 @@ impl Client for Mlx5Client {
     fn poll(&mut self, f: &mut dyn FnMut(u64)) -> usize {
         let got = self.n.t.rx_burst();
         for k in 0..got {
-            let p = self.n.ring.packet(self.n.head + k).expect("valid echo");
+            let p = self
+                .n
+                .ring
+                .packet((self.n.head + k) % self.n.ring.entries());
+            let p = p.expect("valid echo");
             assert_eq!(p.len(), PAYLOAD_BYTES);
             f(seq_of(p));
         }
         self.n.head += got;
-        self.n.t.post_recvs(got);
+        self.n.t.post_recvs(&mut self.n.ring, got);
         got
     }
 }
@@ -215,16 +227,28 @@ impl Client for Mlx5Client {
 /// One thread, deterministic fabric: client, server and the fabric's clock
 /// stepped in turn.
 pub(crate) fn mlx5_one_thread(a: &Args) -> Row {
+    mlx5_one_thread_with(a, false)
+}
+
+/// The one-thread echo with both transports capturing every frame to a
+/// pcap file (in the temp directory, removed afterwards).
+pub(crate) fn mlx5_one_thread_pcap(a: &Args) -> Row {
+    mlx5_one_thread_with(a, true)
+}
+
+fn mlx5_one_thread_with(a: &Args, pcap: bool) -> Row {
     let fabric = Fabric::new(FabricConfig {
         seed: 1,
         deterministic: true,
         ..Default::default()
     });
+    let files = pcap.then(|| crate::PcapFiles::new("mlx5"));
+    let path = |i: usize| files.as_ref().map(|f| f.0[i].clone());
     let mut s = Mlx5Echo {
-        n: Node::new(&fabric, 2),
+        n: Node::with_pcap(&fabric, 2, path(0)),
         route: None,
     };
-    let c = Mlx5Client::new(Node::new(&fabric, 1), &s.n.routing());
+    let c = Mlx5Client::new(Node::with_pcap(&fabric, 1, path(1)), &s.n.routing());
     s.route = Some(s.n.t.resolve(&c.n.routing()).unwrap());
     let f2 = fabric.clone();
     let mut both = SameThread {
@@ -235,7 +259,12 @@ pub(crate) fn mlx5_one_thread(a: &Args) -> Row {
             f2.advance(Duration::from_nanos(200));
         },
     };
-    measure(a, "Mlx5Transport on the device model", &mut both)
+    let name = if pcap {
+        "Mlx5Transport on the device model, pcap on"
+    } else {
+        "Mlx5Transport on the device model"
+    };
+    measure(a, name, &mut both)
 }
 
 /// Two threads, threaded fabric.

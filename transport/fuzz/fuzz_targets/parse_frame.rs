@@ -3,18 +3,29 @@
 //! with the bytes (the checks of `conformance::parse_frame_checked`, which
 //! the proptests in `transport/tests/parse_frame.rs` share).
 //!
-//! Each input is parsed twice: as it is, and with its IPv4 header checksum
-//! made valid, so that the fuzzer reaches the checks behind the checksum
-//! (protocol, UDP length, payload bounds) instead of stopping at it.
+//! Each input is parsed as it is, then with its IPv4 header checksum made
+//! valid (so that the fuzzer reaches the checks behind the checksum:
+//! protocol, UDP length, payload bounds), then with the checksum field
+//! zeroed, and each of those strictly and accepting zero checksums (as the
+//! mlx5 transport does by default, for C++ raw peers).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use transport::MTU;
-use transport::conformance::parse_frame_checked;
-use transport::wire::{ETH_HDR_BYTES, IPV4_HDR_BYTES, ipv4_checksum};
+use transport::conformance::{parse_frame_checked, parse_frame_checked_with};
+use transport::wire::{ETH_HDR_BYTES, IPV4_HDR_BYTES, ParseOptions, ipv4_checksum};
+
+const LAX: ParseOptions = ParseOptions {
+    accept_zero_ip_checksum: true,
+};
+
+fn both(frame: &[u8]) {
+    let _ = parse_frame_checked(frame);
+    let _ = parse_frame_checked_with(frame, LAX);
+}
 
 fuzz_target!(|frame: &[u8]| {
-    let _ = parse_frame_checked(frame);
+    both(frame);
 
     let ip = ETH_HDR_BYTES..ETH_HDR_BYTES + IPV4_HDR_BYTES;
     if frame.len() >= ip.end && frame.len() <= 2 * MTU {
@@ -24,6 +35,8 @@ fuzz_target!(|frame: &[u8]| {
         fixed[ip.start + 10..ip.start + 12].fill(0);
         let csum = ipv4_checksum(&fixed[ip.clone()]);
         fixed[ip.start + 10..ip.start + 12].copy_from_slice(&csum.to_be_bytes());
-        let _ = parse_frame_checked(fixed);
+        both(fixed);
+        fixed[ip.start + 10..ip.start + 12].fill(0);
+        both(fixed);
     }
 });

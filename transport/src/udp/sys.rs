@@ -126,11 +126,11 @@ impl Ring {
         // SAFETY: `start..start + len` lies inside `mem` (idx < entries,
         // len <= SLOT_BYTES) and was initialised at creation. The slot is
         // held, so no write reaches it until `release` frees it: the kernel
-        // writes only free slots (`RxQueue::recv`). The reference can
-        // outlive that only if the caller breaks the documented contract of
-        // `RxRing::packet` (valid until `post_recvs` gives the slot back),
-        // which the trait's signatures cannot enforce: the borrow is tied
-        // to the ring handle, not to the transport that reposts slots.
+        // writes only free slots (`RxQueue::recv`). The reference cannot
+        // outlive that: it borrows the one `UdpRing` handle of this ring
+        // (through which it was asked for), and `release` is reached only
+        // through `UdpTransport::post_recvs`, which takes that handle
+        // mutably (and checks it is this ring's).
         Some(unsafe { std::slice::from_raw_parts(start, len) })
     }
 
@@ -150,6 +150,18 @@ impl Ring {
     }
 }
 
+/// One received datagram, as `RxQueue::recv` shows it to its classifier.
+pub(crate) struct Datagram<'a> {
+    /// Its real length (may exceed the slot).
+    pub(crate) len: usize,
+    /// The kernel cut it to the slot.
+    pub(crate) truncated: bool,
+    /// What the slot holds of it (at most `SLOT_BYTES`).
+    pub(crate) bytes: &'a [u8],
+    /// The sender, when the queue was created to learn it.
+    pub(crate) source: Option<SocketAddrV4>,
+}
+
 /// The receive side: the ring plus the preallocated `recvmmsg` vectors.
 pub(crate) struct RxQueue {
     ring: Rc<Ring>,
@@ -157,14 +169,18 @@ pub(crate) struct RxQueue {
     iovs: Box<[libc::iovec]>,
     /// One message header per datagram of a burst.
     msgs: Box<[libc::mmsghdr]>,
+    /// One sender address per message of a burst; empty unless the queue
+    /// was created to learn senders (for captures).
+    names: Box<[libc::sockaddr_in]>,
     /// `(first slot total, count)` the headers in `msgs` are set up for:
     /// an empty poll (the common case when busy polling) reuses them.
     prepared: (u64, usize),
 }
 
 impl RxQueue {
-    /// A ring of `entries` slots, received into at most `burst` at a time.
-    pub(crate) fn new(entries: usize, burst: usize) -> RxQueue {
+    /// A ring of `entries` slots, received into at most `burst` at a time;
+    /// with `sources`, the kernel also reports each datagram's sender.
+    pub(crate) fn new(entries: usize, burst: usize, sources: bool) -> RxQueue {
         let ring = Rc::new(Ring::new(entries));
         let base = ring.mem.as_ptr() as *mut u8;
         let iovs = (0..entries)
@@ -174,10 +190,14 @@ impl RxQueue {
             })
             .collect();
         let msgs = (0..burst).map(|_| zeroed_mmsghdr()).collect();
+        let names = (0..if sources { burst } else { 0 })
+            .map(|_| SockAddr::new(SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, 0)).0)
+            .collect();
         RxQueue {
             ring,
             iovs,
             msgs,
+            names,
             prepared: (0, 0),
         }
     }
@@ -188,14 +208,15 @@ impl RxQueue {
 
     /// Receives up to one burst of datagrams into the free slots that come
     /// next in ring order, with one `recvmmsg`, and delivers them to the
-    /// application. `classify(len, truncated)` sees each datagram's real
-    /// length and returns the payload length to record, or 0 to mark the
-    /// slot rejected. Returns how many datagrams were delivered; `Ok(0)`
-    /// without a syscall when no slot is free.
+    /// application. `classify` sees each datagram (its real length, what
+    /// the slot holds, the sender if asked for) and returns the payload
+    /// length to record, or 0 to mark the slot rejected. Returns how many
+    /// datagrams were delivered; `Ok(0)` without a syscall when no slot is
+    /// free.
     pub(crate) fn recv(
         &mut self,
         fd: BorrowedFd<'_>,
-        mut classify: impl FnMut(usize, bool) -> usize,
+        mut classify: impl FnMut(Datagram<'_>) -> usize,
     ) -> io::Result<usize> {
         let n = self.ring.free().min(self.msgs.len());
         if n == 0 {
@@ -220,6 +241,15 @@ impl RxQueue {
             }
             self.prepared = (first, n);
         }
+        if !self.names.is_empty() {
+            // The kernel overwrites the length with the sender's; reset it
+            // (and the pointer, in case the headers were just rebuilt).
+            let names = self.names.as_mut_ptr();
+            for (k, msg) in self.msgs[..n].iter_mut().enumerate() {
+                msg.msg_hdr.msg_name = names.wrapping_add(k).cast();
+                msg.msg_hdr.msg_namelen = mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            }
+        }
         // SAFETY: `msgs[..n]` are initialised headers; each points at one
         // iovec of `iovs`, which covers exactly one slot of `ring.mem`
         // (kept alive by the `Rc` we hold). Those slots are the next `n` in
@@ -228,7 +258,8 @@ impl RxQueue {
         // memory is `UnsafeCell`, so writing it through a pointer derived
         // from a shared reference is allowed. With MSG_TRUNC the kernel
         // reports each datagram's real length in `msg_len` but still writes
-        // at most `iov_len` bytes.
+        // at most `iov_len` bytes. A non-null `msg_name` points at one
+        // `sockaddr_in` of `names` with `msg_namelen` its size.
         let r = unsafe {
             libc::recvmmsg(
                 fd.as_raw_fd(),
@@ -245,9 +276,30 @@ impl RxQueue {
         debug_assert!(got <= n);
         for (k, msg) in self.msgs[..got].iter().enumerate() {
             let slot = ((first + k as u64) & self.ring.mask) as usize;
-            let truncated = msg.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
-            let len = classify(msg.msg_len as usize, truncated).min(SLOT_BYTES);
-            self.ring.lens[slot].set(len as u16);
+            let len = msg.msg_len as usize;
+            let source = self.names.get(k).and_then(|sa| {
+                let full = msg.msg_hdr.msg_namelen as usize >= mem::size_of::<libc::sockaddr_in>();
+                (full && sa.sin_family == libc::AF_INET as libc::sa_family_t).then(|| {
+                    SocketAddrV4::new(
+                        sa.sin_addr.s_addr.to_ne_bytes().into(),
+                        u16::from_be(sa.sin_port),
+                    )
+                })
+            });
+            let start = self.ring.mem.as_ptr().wrapping_add(slot * SLOT_BYTES) as *const u8;
+            // SAFETY: the slot lies inside `mem` (slot < entries) and the
+            // kernel has just filled it; it is now delivered, so no write
+            // reaches it until the application gives it back, and the slice
+            // does not outlive this iteration.
+            let bytes = unsafe { std::slice::from_raw_parts(start, len.min(SLOT_BYTES)) };
+            let d = Datagram {
+                len,
+                truncated: msg.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
+                bytes,
+                source,
+            };
+            let keep = classify(d).min(SLOT_BYTES);
+            self.ring.lens[slot].set(keep as u16);
         }
         self.ring.delivered.set(first + got as u64);
         Ok(got)
@@ -324,18 +376,22 @@ impl<'a> TxBatch<'_, 'a> {
         self.len += 1;
     }
 
-    /// Sends messages `from..len` with one non-blocking `sendmmsg`; returns
-    /// how many the kernel took (at least one), or the error that stopped
-    /// the first of them.
-    pub(crate) fn send(&mut self, fd: BorrowedFd<'_>, from: usize) -> io::Result<usize> {
-        debug_assert!(from < self.len);
+    /// Sends messages `from..to` with one non-blocking `sendmmsg` on `fd`;
+    /// returns how many the kernel took (at least one), or the error that
+    /// stopped the first of them.
+    pub(crate) fn send(&mut self, fd: BorrowedFd<'_>, from: usize, to: usize) -> io::Result<usize> {
+        assert!(
+            from < to && to <= self.len,
+            "sendmmsg range {from}..{to} of {}",
+            self.len
+        );
         let iov_base = self.q.iovs.as_mut_ptr();
         for (i, msg) in self.q.msgs[..self.len].iter_mut().enumerate() {
             msg.msg_hdr.msg_iov = iov_base.wrapping_add(2 * i);
             msg.msg_len = 0;
         }
-        let msgs = self.q.msgs[from..self.len].as_mut_ptr();
-        // SAFETY: messages `from..len` were filled by `push` in this batch:
+        let msgs = self.q.msgs[from..to].as_mut_ptr();
+        // SAFETY: messages `from..to` were filled by `push` in this batch:
         // their names point at `SockAddr`s and their iovecs at byte slices,
         // all borrowed for `'a`, which outlives `self`; each `msg_iov` points
         // at that message's iovec pair inside `iovs` (derived just above,
@@ -345,7 +401,7 @@ impl<'a> TxBatch<'_, 'a> {
             libc::sendmmsg(
                 fd.as_raw_fd(),
                 msgs,
-                (self.len - from) as libc::c_uint,
+                (to - from) as libc::c_uint,
                 libc::MSG_DONTWAIT,
             )
         };
