@@ -49,6 +49,10 @@ fn main() -> std::process::ExitCode {
             "two_processes_two_namespaces_over_the_device_model_bridge",
             two_processes_two_namespaces_over_the_device_model_bridge,
         ),
+        test(
+            "a_killed_server_process_fails_the_clients_requests",
+            a_killed_server_process_fails_the_clients_requests,
+        ),
         Trial::test("netns_child", || {
             netns_child();
             Ok(())
@@ -144,18 +148,29 @@ fn two_processes_two_namespaces_over_the_device_model_bridge() {
     two_processes("bridge");
 }
 
-fn two_processes(data_path: &str) {
+/// Two namespaces joined by a veth pair with addresses, or why not.
+struct Pair {
+    ns: Netns,
+    va: String,
+    vb: String,
+    ipa: Ipv4Addr,
+    ipb: Ipv4Addr,
+}
+
+fn make_pair(variant: u32) -> Option<Pair> {
     if std::env::var_os("ERPC_NETNS_ROLE").is_some() {
-        return;
+        return None;
     }
     if !is_root() {
-        return skip_or_fail("not root (network namespaces need CAP_SYS_ADMIN)");
+        skip_or_fail("not root (network namespaces need CAP_SYS_ADMIN)");
+        return None;
     }
     if Command::new("ip").arg("-V").output().is_err() {
-        return skip_or_fail("the `ip` command (iproute2) is missing");
+        skip_or_fail("the `ip` command (iproute2) is missing");
+        return None;
     }
-    let tag = (std::process::id() % 50_000) * 2 + u32::from(data_path == "bridge");
-    let net = ((std::process::id() % 100) * 2 + 20 + u32::from(data_path == "bridge")) as u8;
+    let tag = (std::process::id() % 20_000) * 3 + variant;
+    let net = ((std::process::id() % 70) * 3 + 20 + variant) as u8;
     let ns = Netns {
         a: format!("erpc-a-{tag}"),
         b: format!("erpc-b-{tag}"),
@@ -180,8 +195,29 @@ fn two_processes(data_path: &str) {
     };
     if let Err(e) = setup() {
         drop(ns);
-        return skip_or_fail(&e);
+        skip_or_fail(&e);
+        return None;
     }
+    Some(Pair {
+        ns,
+        va,
+        vb,
+        ipa,
+        ipb,
+    })
+}
+
+fn two_processes(data_path: &str) {
+    let Some(Pair {
+        ns,
+        va,
+        vb,
+        ipa,
+        ipb,
+    }) = make_pair(u32::from(data_path == "bridge"))
+    else {
+        return;
+    };
     let exe = std::env::current_exe().unwrap();
     let spawn = |n: &str, dev: &str, me: Ipv4Addr, peer: Ipv4Addr, id: u64| {
         Command::new("ip")
@@ -213,12 +249,170 @@ fn two_processes(data_path: &str) {
     }
 }
 
+/// A server process in one namespace holds a client's requests (its
+/// handler keeps them unanswered) and is killed (SIGKILL): the client, in
+/// the other namespace, must see every request fail with `PeerFailed`
+/// once the failure timeout passes, and say how long it took.
+fn a_killed_server_process_fails_the_clients_requests() {
+    use std::io::{BufRead, BufReader};
+    let Some(p) = make_pair(2) else {
+        return;
+    };
+    let exe = std::env::current_exe().unwrap();
+    let spawn = |n: &str, role: &str, me: Ipv4Addr, peer: Ipv4Addr| {
+        Command::new("ip")
+            .args(["netns", "exec", n])
+            .arg(&exe)
+            .args(["--exact", "netns_child", "--ignored", "--nocapture"])
+            .arg("--test-threads=1")
+            .env("ERPC_NETNS_ROLE", role)
+            .env("ERPC_NETNS_SELF", me.to_string())
+            .env("ERPC_NETNS_PEER", peer.to_string())
+            .env("ERPC_NETNS_DATA", "udp")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn child")
+    };
+    let mut server = spawn(&p.ns.a, "holder", p.ipa, p.ipb);
+    let mut client = spawn(&p.ns.b, "victim", p.ipb, p.ipa);
+    // Kill the server once it holds every request.
+    let out = server.stdout.take().expect("piped");
+    let mut held = false;
+    let mut seen = Vec::new();
+    for line in BufReader::new(out).lines() {
+        let line = line.expect("server output");
+        seen.push(line.clone());
+        if line.contains(&format!("HOLDING {HELD}")) {
+            held = true;
+            break;
+        }
+    }
+    if !held {
+        let _ = client.kill();
+        let c = client.wait_with_output().expect("client");
+        let s = server.wait_with_output().expect("server");
+        panic!(
+            "the server exited before holding the requests:\nserver: {seen:?}\n{}\nclient: {}\n{}",
+            String::from_utf8_lossy(&s.stderr),
+            String::from_utf8_lossy(&c.stdout),
+            String::from_utf8_lossy(&c.stderr)
+        );
+    }
+    server.kill().expect("kill the server");
+    let _ = server.wait();
+    let out = client.wait_with_output().expect("client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains(&format!("KILL-OK {HELD} PeerFailed")),
+        "client failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("KILL-OK"))
+        .unwrap_or_default();
+    println!("{line}");
+}
+
+/// Requests the killed server holds.
+const HELD: usize = 4;
+
+/// The two sides of the kill test.
+fn kill_test_child(role: &str, me: Ipv4Addr, peer: Ipv4Addr) {
+    let t = UdpTransport::new(&UdpConfig::new(SocketAddrV4::new(me, 0))).expect("udp");
+    let nexus = app::register::<UdpTransport>(Nexus::builder(&format!("{me}:31850")))
+        .build()
+        .expect("nexus");
+    let mut rpc: Rpc<UdpTransport, Ctx> = Rpc::new(
+        &nexus,
+        0,
+        t,
+        erpc::sim::test_allocator(8 << 20),
+        RpcConfig::default(),
+        Some(app::sm_handler::<UdpTransport>),
+    )
+    .expect("rpc");
+    let mut ctx = Ctx::new(1);
+    let clock = nexus.clock().clone();
+    let deadline = clock.now_ns() + 60_000_000_000;
+    if role == "holder" {
+        let mut told = 0;
+        loop {
+            rpc.run_event_loop_once(&mut ctx);
+            if ctx.deferred.len() != told {
+                told = ctx.deferred.len();
+                println!("HOLDING {told}");
+            }
+            assert!(clock.now_ns() < deadline, "never killed");
+        }
+    }
+    let sn = loop {
+        ctx.events.clear();
+        let sn = rpc
+            .create_session(&format!("{peer}:31850"), 0)
+            .expect("session");
+        while ctx.events.is_empty() {
+            rpc.run_event_loop_once(&mut ctx);
+            assert!(clock.now_ns() < deadline, "no session event");
+        }
+        if rpc.is_connected(sn) {
+            break sn;
+        }
+        rpc.run_event_loop(&mut ctx, std::time::Duration::from_millis(50));
+    };
+    ctx.sessions.push(sn);
+    ctx.todo = (0..HELD)
+        .map(|_| app::Op {
+            req_type: app::DEFER,
+            req_len: 64,
+            resp_len: 64,
+        })
+        .collect();
+    app::start(&mut rpc, &mut ctx, HELD);
+    let mut first_failure = None;
+    while ctx.failed + ctx.completed < HELD as u64 {
+        rpc.run_event_loop_once(&mut ctx);
+        if ctx.failed > 0 {
+            first_failure.get_or_insert_with(|| clock.now_ns());
+        }
+        assert!(
+            clock.now_ns() < deadline,
+            "{} of {HELD} requests failed; {}",
+            ctx.failed,
+            rpc.stats()
+        );
+    }
+    let all_peer_failed = ctx
+        .failures
+        .iter()
+        .all(|e| matches!(e, erpc::RpcError::PeerFailed { .. }));
+    assert!(all_peer_failed && ctx.completed == 0, "{:?}", ctx.failures);
+    assert!(
+        ctx.events
+            .iter()
+            .any(|e| e.kind == erpc::SessionEventKind::PeerFailed)
+    );
+    assert_eq!(rpc.num_sessions(), 0);
+    println!(
+        "KILL-OK {HELD} PeerFailed (pings sent {}, failure timeout {} ms)",
+        nexus.liveness_stats().pings_sent,
+        nexus.failure_timeout_ns() / 1_000_000
+    );
+}
+
 /// The child: one Nexus and one Rpc in this namespace, client of the peer
 /// and server for it. Idle unless run by the test above.
 fn netns_child() {
     let Ok(role) = std::env::var("ERPC_NETNS_ROLE") else {
         return;
     };
+    if role == "holder" || role == "victim" {
+        let me: Ipv4Addr = std::env::var("ERPC_NETNS_SELF").unwrap().parse().unwrap();
+        let peer: Ipv4Addr = std::env::var("ERPC_NETNS_PEER").unwrap().parse().unwrap();
+        return kill_test_child(&role, me, peer);
+    }
     let me: Ipv4Addr = std::env::var("ERPC_NETNS_SELF").unwrap().parse().unwrap();
     let peer: Ipv4Addr = std::env::var("ERPC_NETNS_PEER").unwrap().parse().unwrap();
     let data = std::env::var("ERPC_NETNS_DATA").unwrap();

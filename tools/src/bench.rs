@@ -51,6 +51,9 @@ pub const RAW_ECHO_PORT: u16 = 41000;
 /// Bound on event-loop rounds while sessions connect (device model: rounds
 /// of virtual time, so this is about 0.5 s of simulated time).
 const CONNECT_ROUNDS: usize = 1_000_000;
+/// Bound on event-loop rounds while the RPCs in flight at the end of a
+/// device-model point complete (about 10 s of virtual time).
+const DRAIN_ROUNDS: usize = 20_000_000;
 /// Wall-clock bound for connecting over kernel UDP (SM retries every
 /// 100 ms; a refusal arrives within one round trip).
 const UDP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -107,7 +110,7 @@ pub enum BenchError {
 }
 
 impl BenchError {
-    fn setup(what: impl Into<String>, why: impl std::fmt::Display) -> BenchError {
+    pub(crate) fn setup(what: impl Into<String>, why: impl std::fmt::Display) -> BenchError {
         BenchError::Setup {
             what: what.into(),
             why: why.to_string(),
@@ -142,6 +145,9 @@ pub struct Settings {
     pub pci: Option<String>,
     /// Packet capture file.
     pub pcap: Option<PathBuf>,
+    /// Probability that a frame is lost on each device-model link (both
+    /// directions); loss recovery must repair it.
+    pub loss: f64,
 }
 
 impl Settings {
@@ -209,6 +215,19 @@ impl Settings {
             }
             _ => {}
         }
+        if !self.loss.is_finite() || !(0.0..0.5).contains(&self.loss) {
+            return usage(format!(
+                "--loss {}: must be a frame loss probability from 0 to below 0.5",
+                self.loss
+            ));
+        }
+        if self.loss > 0.0 && self.transport != Which::Mlx5Sim {
+            return usage(format!(
+                "--loss is injected by the device model's fabric; it means nothing with \
+                 --transport {}",
+                self.transport_name()
+            ));
+        }
         if self.pcap.is_some() {
             match self.transport {
                 Which::Mlx5Sim => {}
@@ -262,7 +281,14 @@ pub struct Point {
     pub window: usize,
     /// Request and response size.
     pub size: usize,
+    /// Keep measuring past the duration until this many RPCs completed
+    /// (slow points, e.g. large messages under heavy loss), for at most
+    /// [`MAX_STRETCH`] times the duration.
+    pub min_rpcs: u64,
 }
+
+/// How far past its duration a point with `min_rpcs` may run.
+pub const MAX_STRETCH: u32 = 100;
 
 /// Latency percentiles in µs, from enqueue to continuation.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -295,6 +321,16 @@ pub struct Outcome {
     pub hist: Histogram<u64>,
     /// The nodes' queue sets at the end of the point (mlx5 transports).
     pub queues: Vec<QueueSnapshot>,
+    /// Go-back-N rollbacks (retransmission timeouts), both nodes.
+    pub retransmissions: u64,
+    /// TX queue drains (around retransmissions and duplicate answers).
+    pub tx_flushes: u64,
+    /// RPCs in flight at the end of the measurement that completed
+    /// afterwards (device model: drained before the buffers go back).
+    pub drained: u64,
+    /// RPCs still in flight when the drain gave up (0 unless something is
+    /// stuck).
+    pub unfinished: u64,
 }
 
 /// Packets one RPC of `size` bytes puts on the wire in each direction
@@ -441,13 +477,9 @@ fn handler<T: Transport>(rpc: &mut Rpc<T, Ctx>, c: &mut Ctx, req: Request<'_>) {
 
 fn cont<T: Transport>(_rpc: &mut Rpc<T, Ctx>, c: &mut Ctx, comp: Completion) {
     if let Err(e) = &comp.result {
-        fail(
-            c,
-            format!(
-                "RPC failed: {e} (eRPC has no loss recovery yet; the benchmark's links \
-                 are lossless, so this is a bug)"
-            ),
-        );
+        // Loss is repaired by retransmission; the peer is alive: an error
+        // here is a bug.
+        fail(c, format!("RPC failed: {e}"));
     }
     c.in_flight -= 1;
     c.completed += 1;
@@ -535,6 +567,10 @@ fn summarize(ctxs: &[&Ctx], elapsed: Duration) -> Outcome {
         },
         hist: h,
         queues: Vec::new(),
+        retransmissions: 0,
+        tx_flushes: 0,
+        drained: 0,
+        unfinished: 0,
     }
 }
 
@@ -763,6 +799,20 @@ impl DeviceModel {
     pub fn nics(&self) -> &[SimNic] {
         &self.nics
     }
+
+    /// Loses each frame with probability `rate` on every NIC's link, both
+    /// directions (0: lossless).
+    pub fn set_loss(&self, rate: f64) {
+        for n in &self.nics {
+            self.fabric.set_link_faults(
+                n.port(),
+                mlx5_sim::LinkFaults {
+                    loss: rate,
+                    ..Default::default()
+                },
+            );
+        }
+    }
 }
 
 /// eRPC at one point on a testbed, for `dur` after `warmup`.
@@ -800,8 +850,10 @@ where
         nodes.push((rpc, c));
     }
     let out = run_points(&mut nodes, &uris, p, dur, warmup, progress, || w.step());
-    // Let requests in flight complete before the buffers go back.
-    for _ in 0..100_000 {
+    // Let requests in flight complete before the buffers go back (under
+    // heavy loss a large message needs seconds of retransmissions).
+    let done_before: u64 = nodes.iter().map(|(_, c)| c.completed).sum();
+    for _ in 0..DRAIN_ROUNDS {
         if nodes.iter().all(|(_, c)| c.in_flight == 0) {
             break;
         }
@@ -811,10 +863,14 @@ where
         w.step();
     }
     let mut out = out?;
+    out.drained = nodes.iter().map(|(_, c)| c.completed).sum::<u64>() - done_before;
+    out.unfinished = nodes.iter().map(|(_, c)| c.in_flight as u64).sum();
     out.queues = nodes
         .iter()
         .map(|(r, _)| r.transport().queue_set().snapshot())
         .collect();
+    out.retransmissions = nodes.iter().map(|(r, _)| r.stats().retransmissions).sum();
+    out.tx_flushes = nodes.iter().map(|(r, _)| r.stats().tx_flushes).sum();
     for (r, c) in nodes.iter_mut() {
         while let Some((a, b)) = c.pool.pop() {
             r.free_msg_buffer(a);
@@ -883,7 +939,10 @@ fn run_points<T: Transport + 'static>(
             }
         }
         if measuring && now - t0 >= dur {
-            break;
+            let done: u64 = nodes.iter().map(|(_, c)| c.completed).sum();
+            if done >= p.min_rpcs || now - t0 >= dur * MAX_STRETCH {
+                break;
+            }
         }
         for _ in 0..64 {
             for (r, c) in nodes.iter_mut() {
@@ -1090,7 +1149,10 @@ pub fn udp_erpc(
             r.run_event_loop_once(c);
         }
     }
-    out
+    let mut out = out?;
+    out.retransmissions = nodes.iter().map(|(r, _)| r.stats().retransmissions).sum();
+    out.tx_flushes = nodes.iter().map(|(r, _)| r.stats().tx_flushes).sum();
+    Ok(out)
 }
 
 /// Raw echo over two UDP transports on loopback, same shape as eRPC's run.
@@ -1135,6 +1197,7 @@ mod tests {
             warmup_secs: 0.2,
             pci: None,
             pcap: None,
+            loss: 0.0,
         }
     }
 

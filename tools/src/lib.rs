@@ -4,6 +4,8 @@
 //! * [`bench`](mod@bench): the small-RPC benchmark behind `erpc-bench`.
 //! * [`capture`]: `erpc-bench --pcap` (fabric frames and SM packets in one
 //!   file, for `tools/wireshark/erpc.lua`).
+//! * [`experiments`]: `erpc-bench --experiment loss` and
+//!   `failure-detection`.
 //! * [`memory`]: the hugepages a run needs, and the one note when they are
 //!   missing.
 //! * [`vfio_tool`]: the logic of `erpc-vfio` (list, status, bind, unbind).
@@ -17,6 +19,7 @@ pub struct ReadmeDoctests;
 
 pub mod bench;
 pub mod capture;
+pub mod experiments;
 pub mod memory;
 pub mod vfio_tool;
 

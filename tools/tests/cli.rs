@@ -109,6 +109,82 @@ fn erpc_bench_refuses_bad_values_naming_the_limit() {
 }
 
 #[test]
+fn erpc_bench_experiment_options_are_checked() {
+    for l in ["0.5", "-0.1", "nan", "2"] {
+        bench_refuses(&["--loss", l], 2, &["--loss", "below 0.5"]);
+    }
+    bench_refuses(
+        &["--transport", "udp", "--loss", "0.01"],
+        2,
+        &["--loss is injected by the device model", "udp"],
+    );
+    bench_refuses(
+        &["--experiment", "loss", "--transport", "udp"],
+        2,
+        &["--experiment loss runs on the device model"],
+    );
+    bench_refuses(
+        &["--experiment", "loss", "--loss", "0.1"],
+        2,
+        &["--loss", "does not apply to --experiment loss"],
+    );
+    bench_refuses(
+        &["--experiment", "failure-detection", "--pcap", "x.pcap"],
+        2,
+        &["--pcap does not apply to --experiment failure-detection"],
+    );
+    bench_refuses(
+        &["--experiment", "failure-detection", "--trials", "0"],
+        2,
+        &["--trials 0", "1 to 1000"],
+    );
+    bench_refuses(
+        &[
+            "--experiment",
+            "failure-detection",
+            "--failure-timeout-ms",
+            "1",
+        ],
+        2,
+        &["--failure-timeout-ms 1", "10 to 60000"],
+    );
+}
+
+#[test]
+fn erpc_bench_failure_detection_kills_a_peer_and_reports_the_time() {
+    // Two trials with a short timeout: the peer process holds requests, is
+    // killed, and the client's continuations fail. (Times are reported,
+    // not checked: this machine may be loaded.)
+    let dir = temp_dir("failure-detection");
+    let json = dir.join("d.json");
+    let out = run(
+        BENCH,
+        &[
+            "--experiment",
+            "failure-detection",
+            "--trials",
+            "2",
+            "--failure-timeout-ms",
+            "100",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    let (o, e) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{o}{e}");
+    assert!(o.contains("kill -> error continuation: median"), "{o}");
+    let v: serde_json::Value = serde_json::from_str(&fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["timeout_ms"], 100);
+    assert_eq!(v["trials_ms"].as_array().map(|a| a.len()), Some(2), "{v}");
+    for t in v["trials_ms"].as_array().unwrap() {
+        // Never before the peer could have been declared failed: the last
+        // answered ping is at most one ping interval (timeout / 10) older
+        // than the kill.
+        assert!(t.as_f64().unwrap() >= 90.0, "{v}");
+    }
+}
+
+#[test]
 fn erpc_bench_setup_failures_are_one_line_not_a_backtrace() {
     // A function that does not exist (no VFIO here either way).
     bench_refuses(

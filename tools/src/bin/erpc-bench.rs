@@ -13,6 +13,13 @@
 //! measures a raw echo of eRPC-sized packets over the same transport and
 //! reports eRPC's packet rate as a ratio to it.
 //!
+//! Other experiments (`--experiment`): `loss` measures the goodput of the
+//! largest messages while the device model's fabric loses frames at
+//! 10⁻⁶ … 10⁻² (a ratio to lossless in the same run), then the small-RPC
+//! rate at loss 10⁻³; `failure-detection` kills a server process on kernel
+//! UDP (loopback) and measures how long the client takes to see its
+//! requests fail, against the failure timeout.
+//!
 //! Bad settings are refused before anything runs, naming the limit (exit
 //! code 2); a failed setup or run is one error line (exit code 1).
 
@@ -27,12 +34,44 @@ use erpc_tools::bench::{
     packets_per_direction, ratio_to_raw, raw_echo_data_bytes, raw_echo_on, udp_erpc, udp_raw_echo,
 };
 use erpc_tools::capture::{Capture, CaptureStats};
+use erpc_tools::experiments::{self, LOSS_RATES, SMALL_RPC_LOSS};
 use erpc_tools::memory::{MemoryPlan, bench_pages};
 use serde::Serialize;
 
+/// What to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum Experiment {
+    /// Small-RPC rate and latency against a raw echo (the paper's Figure 4).
+    SmallRpc,
+    /// Goodput of ~8 MB messages under frame loss 1e-6..1e-2, and the
+    /// small-RPC rate at loss 1e-3, each against lossless (device model).
+    Loss,
+    /// Time from killing a server process (kernel UDP) to the client's
+    /// error continuations, against the failure timeout.
+    FailureDetection,
+}
+
 #[derive(Debug, Parser)]
-#[command(version, about = "eRPC small-RPC benchmark (device model by default)")]
+#[command(version, about = "eRPC benchmarks (device model by default)")]
 struct Args {
+    /// What to measure.
+    #[arg(long, value_enum, default_value = "small-rpc")]
+    experiment: Experiment,
+    /// Frame loss probability on each device-model link (small-rpc only;
+    /// loss recovery repairs it).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    loss: f64,
+    /// Trials of `--experiment failure-detection`.
+    #[arg(long, default_value_t = 20)]
+    trials: usize,
+    /// Failure timeout in ms for `--experiment failure-detection`.
+    #[arg(long, default_value_t = erpc::consts::FAILURE_TIMEOUT_MS)]
+    failure_timeout_ms: u64,
+    /// (internal) Run as the peer process of the failure-detection
+    /// experiment at this URI.
+    #[arg(long, hide = true, value_name = "URI")]
+    failure_peer: Option<String>,
     /// Transport.
     #[arg(long, value_enum, default_value = "mlx5-sim")]
     transport: Which,
@@ -178,6 +217,246 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<(), Quit> {
+    if let Some(uri) = &args.failure_peer {
+        return Err(Quit::Err(
+            experiments::failure_peer(uri)
+                .err()
+                .unwrap_or_else(|| BenchError::Run("the failure-detection peer returned".into())),
+        ));
+    }
+    match args.experiment {
+        Experiment::SmallRpc => run_small_rpc(args),
+        Experiment::Loss => run_loss(args),
+        Experiment::FailureDetection => run_failure_detection(args),
+    }
+}
+
+/// Settings that apply to every experiment but the one named, refused.
+fn refuse_other_options(args: &Args, exp: &str) -> Result<(), Quit> {
+    let bad = |o: &str| {
+        Err(Quit::Err(BenchError::Usage(format!(
+            "{o} does not apply to --experiment {exp}"
+        ))))
+    };
+    if args.pcap.is_some() {
+        return bad("--pcap");
+    }
+    if args.latency_csv.is_some() {
+        return bad("--latency-csv");
+    }
+    if args.pci.is_some() {
+        return bad("--pci");
+    }
+    if args.loss != 0.0 {
+        return bad("--loss (the experiment sets its own loss rates)");
+    }
+    Ok(())
+}
+
+fn write_json(path: Option<&Path>, value: &impl Serialize) -> Result<(), Quit> {
+    let Some(path) = path else { return Ok(()) };
+    let mut w = create(path)?;
+    serde_json::to_writer_pretty(&mut w, value)
+        .map_err(io::Error::from)
+        .and_then(|()| writeln!(w))
+        .and_then(|()| w.flush())
+        .map_err(output_error(path))?;
+    Ok(())
+}
+
+fn run_loss(args: Args) -> Result<(), Quit> {
+    refuse_other_options(&args, "loss")?;
+    if args.transport != Which::Mlx5Sim {
+        return Err(Quit::Err(BenchError::Usage(
+            "--experiment loss runs on the device model (its fabric loses the frames); \
+             drop --transport"
+                .into(),
+        )));
+    }
+    let settings = Settings {
+        transport: args.transport,
+        batches: args.batch.clone(),
+        window: args.window,
+        size: args.size,
+        secs: args.secs,
+        warmup_secs: args.warmup,
+        pci: None,
+        pcap: None,
+        loss: 0.0,
+    };
+    settings.validate()?;
+    let size = erpc::MAX_MSG_BYTES;
+    let large_window = LARGE_WINDOW;
+    let pages =
+        bench_pages(size, large_window, true).max(bench_pages(args.size, args.window, true));
+    let plan = MemoryPlan::decide("erpc-bench", pages);
+    if let Some(note) = &plan.note {
+        eprintln!("{note}");
+    }
+    let progress = Progress::new();
+    let mut out = Out(io::stdout());
+    let (dur, warmup) = (settings.duration(), settings.warmup());
+    out.line(
+        &progress,
+        format!(
+            "erpc-bench loss: {size}-byte requests and responses, {large_window} in flight per \
+             node, one session each way, mlx5 transport on the device model, {} s per point",
+            args.secs
+        ),
+    )?;
+    out.line(
+        &progress,
+        format!(
+            "{:>8} {:>8} {:>8} {:>12} {:>12} {:>16} {:>12}",
+            "loss", "RPCs", "+drained", "Gbit/s", "/ lossless", "retransmissions", "TX drains"
+        ),
+    )?;
+    let mut pending: Option<Quit> = None;
+    let large =
+        experiments::large_message_loss(&plan, size, large_window, dur, warmup, &progress, |r| {
+            let line = format!(
+                "{:>8} {:>8} {:>8} {:>12.3} {:>12} {:>16} {:>12}",
+                loss_label(r.loss),
+                r.rpcs,
+                r.drained,
+                r.goodput_gbps,
+                r.ratio_to_lossless
+                    .map_or("-".into(), |x| format!("{x:.3}")),
+                r.retransmissions,
+                r.tx_flushes
+            );
+            if let Err(e) = out.line(&progress, line) {
+                pending = Some(e);
+            }
+            Ok(())
+        })?;
+    if let Some(q) = pending.take() {
+        return Err(q);
+    }
+    let batches: Vec<usize> = if args.batch == [1, 3, 8, 16] {
+        vec![1, 8]
+    } else {
+        args.batch.clone()
+    };
+    out.line(
+        &progress,
+        format!(
+            "small RPCs ({} B, window {}): lossless against loss {SMALL_RPC_LOSS}",
+            args.size, args.window
+        ),
+    )?;
+    out.line(
+        &progress,
+        format!(
+            "{:>4} {:>8} {:>10} {:>12} {:>16}",
+            "B", "loss", "Mrps", "/ lossless", "retransmissions"
+        ),
+    )?;
+    let small = experiments::small_rpc_loss(
+        &plan,
+        &batches,
+        args.window,
+        args.size,
+        dur,
+        warmup,
+        &progress,
+        |r| {
+            let line = format!(
+                "{:>4} {:>8} {:>10.3} {:>12} {:>16}",
+                r.batch,
+                loss_label(r.loss),
+                r.mrps,
+                r.ratio_to_lossless
+                    .map_or("-".into(), |x| format!("{x:.3}")),
+                r.retransmissions
+            );
+            if let Err(e) = out.line(&progress, line) {
+                pending = Some(e);
+            }
+            Ok(())
+        },
+    )?;
+    if let Some(q) = pending {
+        return Err(q);
+    }
+    #[derive(Serialize)]
+    struct LossReport<'a> {
+        tool: &'static str,
+        experiment: Experiment,
+        loss_rates: &'a [f64],
+        large_messages: Vec<experiments::LossRow>,
+        small_rpcs: Vec<experiments::SmallLossRow>,
+    }
+    write_json(
+        args.json.as_deref(),
+        &LossReport {
+            tool: "erpc-bench",
+            experiment: Experiment::Loss,
+            loss_rates: &LOSS_RATES,
+            large_messages: large,
+            small_rpcs: small,
+        },
+    )
+}
+
+/// Large messages in flight per node in the loss experiment (one session
+/// has 8 slots).
+const LARGE_WINDOW: usize = 4;
+
+fn loss_label(l: f64) -> String {
+    if l == 0.0 {
+        "0".into()
+    } else {
+        format!("{l:.0e}")
+    }
+}
+
+fn run_failure_detection(args: Args) -> Result<(), Quit> {
+    refuse_other_options(&args, "failure-detection")?;
+    if args.trials == 0 || args.trials > 1000 {
+        return Err(Quit::Err(BenchError::Usage(format!(
+            "--trials {}: must be 1 to 1000",
+            args.trials
+        ))));
+    }
+    if !(10..=60_000).contains(&args.failure_timeout_ms) {
+        return Err(Quit::Err(BenchError::Usage(format!(
+            "--failure-timeout-ms {}: must be 10 to 60000",
+            args.failure_timeout_ms
+        ))));
+    }
+    let exe = std::env::current_exe().map_err(|e| {
+        Quit::Err(BenchError::Run(format!(
+            "cannot find this program to start the peer: {e}"
+        )))
+    })?;
+    let progress = Progress::new();
+    let mut out = Out(io::stdout());
+    out.line(
+        &progress,
+        format!(
+            "erpc-bench failure-detection: {} trials, two processes over kernel UDP \
+             (loopback), failure timeout {} ms",
+            args.trials, args.failure_timeout_ms
+        ),
+    )?;
+    let d = experiments::failure_detection(&exe, args.trials, args.failure_timeout_ms, &progress)?;
+    out.line(
+        &progress,
+        format!(
+            "kill -> error continuation: median {:.1} ms, min {:.1} ms, max {:.1} ms \
+             ({:.2} / {:.2} x the timeout)",
+            d.median_ms,
+            d.min_ms,
+            d.max_ms,
+            d.median_ms / d.timeout_ms as f64,
+            d.max_ms / d.timeout_ms as f64
+        ),
+    )?;
+    write_json(args.json.as_deref(), &d)
+}
+
+fn run_small_rpc(args: Args) -> Result<(), Quit> {
     let settings = Settings {
         transport: args.transport,
         batches: args.batch.clone(),
@@ -187,6 +466,7 @@ fn run(args: Args) -> Result<(), Quit> {
         warmup_secs: args.warmup,
         pci: args.pci.clone(),
         pcap: args.pcap.clone(),
+        loss: args.loss,
     };
     settings.validate()?;
     // Open every output before the run, so a bad path fails at once.
@@ -217,6 +497,9 @@ fn run(args: Args) -> Result<(), Quit> {
         Which::Mlx5Sim => Some(DeviceModel::new(plan.clone(), capture.clone())?),
         _ => None,
     };
+    if let Some(d) = &dm {
+        d.set_loss(args.loss);
+    }
     let hw = match (&args.transport, &args.pci) {
         (Which::Mlx5, Some(bdf)) => Some(Vfio::open(bdf, plan.clone())?),
         _ => None,
@@ -266,6 +549,7 @@ fn run(args: Args) -> Result<(), Quit> {
             batch: b,
             window: args.window,
             size: args.size,
+            min_rpcs: 0,
         };
         let o = match (&dm, &hw) {
             (Some(d), _) => erpc_on(d, p, dur, warmup, &progress)?,
