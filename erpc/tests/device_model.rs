@@ -2,7 +2,9 @@
 //! software ConnectX, brought up by the mlx5 driver, talking through the
 //! mlx5 raw-Ethernet transport (striding RQ, overrunning RX CQ, unsignaled
 //! TX, doorbell batching), all in one thread on the fabric's virtual clock.
-//! A failing run prints its seed and a one-line replay command.
+//! Unless a test's name says `lossless`, the NICs' links lose, duplicate
+//! and reorder frames (`common::LOSSY`) and loss recovery has to repair
+//! them. A failing run prints its seed and a one-line replay command.
 
 mod common;
 
@@ -20,7 +22,7 @@ const FILE: &str = "device_model";
 #[test]
 fn single_packet_echo() {
     with_seeds("single_packet_echo", FILE, &[1, 2], |seed| {
-        let mut w = DevWorld::new(seed);
+        let mut w = DevWorld::lossy(seed);
         let mut rng = Rng::new(seed);
         let ops = app::random_ops(&mut rng, 2000, &[ECHO, SIZED], &[0, 1, 12, 100, 967, 968]);
         client_server(&mut w, seed, ops, 4, 1);
@@ -31,9 +33,9 @@ fn single_packet_echo() {
 }
 
 #[test]
-fn every_size_class_up_to_the_largest_message() {
+fn every_size_class_up_to_the_largest_message_lossless() {
     with_seeds(
-        "every_size_class_up_to_the_largest_message",
+        "every_size_class_up_to_the_largest_message_lossless",
         FILE,
         &[7],
         |seed| {
@@ -69,7 +71,7 @@ fn many_concurrent_requests_per_session() {
         FILE,
         &[11],
         |seed| {
-            let mut w = DevWorld::new(seed);
+            let mut w = DevWorld::lossy(seed);
             let mut rng = Rng::new(seed);
             let ops = app::random_ops(
                 &mut rng,
@@ -85,7 +87,7 @@ fn many_concurrent_requests_per_session() {
 #[test]
 fn nested_rpcs() {
     with_seeds("nested_rpcs", FILE, &[31], |seed| {
-        let mut w = DevWorld::new(seed);
+        let mut w = DevWorld::lossy(seed);
         common::scenarios::nested_rpcs(&mut w, seed);
     });
 }
@@ -93,7 +95,7 @@ fn nested_rpcs() {
 #[test]
 fn background_handlers() {
     with_seeds("background_handlers", FILE, &[41], |seed| {
-        let mut w = DevWorld::new(seed);
+        let mut w = DevWorld::lossy(seed);
         let mut rng = Rng::new(seed);
         let ops = app::random_ops(&mut rng, 600, &[BG_SIZED, SIZED], &[12, 968, 969, 30_000]);
         client_server(&mut w, seed, ops, 20, 1);
@@ -104,7 +106,7 @@ fn background_handlers() {
 fn many_sessions_per_rpc() {
     // 4096-entry striding rings and 32 credits: 128 sessions per Rpc.
     with_seeds("many_sessions_per_rpc", FILE, &[51], |seed| {
-        let mut w = DevWorld::new(seed);
+        let mut w = DevWorld::lossy(seed);
         let mut ns = nodes(&mut w, 3, seed);
         connect(&mut w, &mut ns, 0, 1, 64);
         connect(&mut w, &mut ns, 0, 2, 64);
@@ -126,7 +128,7 @@ fn many_sessions_per_rpc() {
 #[test]
 fn session_create_destroy_churn() {
     with_seeds("session_create_destroy_churn", FILE, &[61], |seed| {
-        let mut w = DevWorld::new(seed);
+        let mut w = DevWorld::lossy(seed);
         common::scenarios::session_create_destroy_churn(&mut w, seed);
     });
 }
@@ -134,7 +136,7 @@ fn session_create_destroy_churn() {
 #[test]
 fn few_credits_stall_and_resume() {
     with_seeds("few_credits_stall_and_resume", FILE, &[111], |seed| {
-        let mut w = DevWorld::new(seed);
+        let mut w = DevWorld::lossy(seed);
         common::scenarios::few_credits_stall_and_resume(&mut w, seed);
     });
 }
@@ -143,7 +145,7 @@ fn few_credits_stall_and_resume() {
 #[test]
 fn replays_exactly_from_a_seed() {
     let run = |seed: u64| {
-        let mut w = DevWorld::new(seed);
+        let mut w = DevWorld::lossy(seed);
         let mut rng = Rng::new(seed);
         let ops = app::random_ops(&mut rng, 300, &[ECHO, SIZED], &[12, 968, 5000]);
         client_server(&mut w, seed, ops, 8, 1);

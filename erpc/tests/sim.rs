@@ -1,8 +1,10 @@
 //! Deterministic simulation scenarios. Each scenario is generic over the
-//! [`World`] (the transport and how time moves); today they run on the
-//! simulated network, and the mlx5 transport on the device model plugs in
-//! by implementing `World`. A failing run prints its seed and a one-line
-//! replay command.
+//! [`World`] (the transport and how time moves); here they run on the
+//! simulated network, `device_model.rs` runs them on the mlx5 transport on
+//! the device model. Unless a test's name says `lossless`, its links lose,
+//! duplicate and reorder frames ([`common::LOSSY`]) and loss recovery has
+//! to repair them; the `lossless` ones also check that nothing was dropped.
+//! A failing run prints its seed and a one-line replay command.
 
 mod common;
 
@@ -21,6 +23,16 @@ use common::scenarios::{check_done, client_server, connect, nodes};
 #[test]
 fn single_packet_echo() {
     with_seeds("single_packet_echo", FILE, &[1, 2, 3], |seed| {
+        let mut w = SimWorld::lossy(seed);
+        let mut rng = Rng::new(seed);
+        let ops = app::random_ops(&mut rng, 2000, &[ECHO, SIZED], &[0, 1, 12, 100, 967, 968]);
+        client_server(&mut w, seed, ops, 4, 1);
+    });
+}
+
+#[test]
+fn single_packet_echo_lossless() {
+    with_seeds("single_packet_echo_lossless", FILE, &[1], |seed| {
         let mut w = SimWorld::new(seed);
         let mut rng = Rng::new(seed);
         let ops = app::random_ops(&mut rng, 2000, &[ECHO, SIZED], &[0, 1, 12, 100, 967, 968]);
@@ -33,7 +45,7 @@ fn multi_packet_size_classes() {
     // Every size class, requests and responses independently, data
     // checked byte for byte; up to the largest message both ways.
     with_seeds("multi_packet_size_classes", FILE, &[7], |seed| {
-        let mut w = SimWorld::new(seed);
+        let mut w = SimWorld::lossy(seed);
         let sizes = [
             SIZED_HDR,
             967,
@@ -93,7 +105,7 @@ fn many_concurrent_requests_per_session() {
         FILE,
         &[11, 12],
         |seed| {
-            let mut w = SimWorld::new(seed);
+            let mut w = SimWorld::lossy(seed);
             let mut rng = Rng::new(seed);
             let ops = app::random_ops(
                 &mut rng,
@@ -150,7 +162,7 @@ fn nested_rpcs() {
     // Node 0 calls node 1's NESTED handler, which calls node 2 and responds
     // from its continuation; the request stays valid until then.
     with_seeds("nested_rpcs", FILE, &[31], |seed| {
-        let mut w = SimWorld::new(seed);
+        let mut w = SimWorld::lossy(seed);
         common::scenarios::nested_rpcs(&mut w, seed);
     });
 }
@@ -160,7 +172,7 @@ fn background_handlers() {
     // Worker-mode handlers (inline and deterministic under simulation),
     // small responses in the preallocated buffer and large ones copied.
     with_seeds("background_handlers", FILE, &[41], |seed| {
-        let mut w = SimWorld::new(seed);
+        let mut w = SimWorld::lossy(seed);
         let mut rng = Rng::new(seed);
         let ops = app::random_ops(&mut rng, 600, &[BG_SIZED, SIZED], &[12, 968, 969, 30_000]);
         client_server(&mut w, seed, ops, 20, 1);
@@ -220,7 +232,7 @@ fn many_sessions_up_to_the_ring_limit() {
 #[test]
 fn session_create_destroy_churn() {
     with_seeds("session_create_destroy_churn", FILE, &[61, 62], |seed| {
-        let mut w = SimWorld::new(seed);
+        let mut w = SimWorld::lossy(seed);
         common::scenarios::session_create_destroy_churn(&mut w, seed);
     });
 }
@@ -603,9 +615,22 @@ fn few_credits_stall_and_resume() {
     // With 2 credits per session, every multi-packet request and response
     // waits in the credit-stall queue between credit returns.
     with_seeds("few_credits_stall_and_resume", FILE, &[111], |seed| {
-        let mut w = SimWorld::new(seed);
+        let mut w = SimWorld::lossy(seed);
         common::scenarios::few_credits_stall_and_resume(&mut w, seed);
     });
+}
+
+#[test]
+fn few_credits_stall_and_resume_lossless() {
+    with_seeds(
+        "few_credits_stall_and_resume_lossless",
+        FILE,
+        &[111],
+        |seed| {
+            let mut w = SimWorld::new(seed);
+            common::scenarios::few_credits_stall_and_resume(&mut w, seed);
+        },
+    );
 }
 
 #[test]

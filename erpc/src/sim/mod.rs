@@ -480,6 +480,11 @@ impl SimNet {
         self.inner.borrow_mut().links[src][dst] = Some(cfg);
     }
 
+    /// The default link behaviour.
+    pub fn default_link(&self) -> LinkConfig {
+        self.inner.borrow().cfg.link
+    }
+
     /// Changes the default link behaviour (pairs without an override).
     pub fn set_default_link(&self, cfg: LinkConfig) {
         self.inner.borrow_mut().cfg.link = cfg;

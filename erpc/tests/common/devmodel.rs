@@ -42,9 +42,33 @@ pub struct DevWorld {
     pub seed: u64,
     pub step_ns: u64,
     nexuses: u64,
+    /// Faults of every NIC's link (lossless when `None`).
+    faults: Option<mlx5_sim::LinkFaults>,
+    /// Frames the NICs had sent at the last step.
+    last_sent: u64,
+    /// The fabric moved frames at the last step.
+    busy: bool,
 }
 
 impl DevWorld {
+    /// A world whose NICs' links lose, duplicate and reorder frames as
+    /// [`super::LOSSY`] says.
+    pub fn lossy(seed: u64) -> DevWorld {
+        let l = super::LOSSY;
+        let ppm = |x: u32| f64::from(x) / 1e6;
+        DevWorld {
+            faults: Some(mlx5_sim::LinkFaults {
+                loss: ppm(l.loss_ppm),
+                duplicate: ppm(l.dup_ppm),
+                reorder: ppm(l.reorder_ppm),
+                reorder_delay: Duration::from_nanos(l.delay_ns + l.jitter_ns),
+                delay: Duration::from_nanos(l.delay_ns),
+                ..Default::default()
+            }),
+            ..DevWorld::new(seed)
+        }
+    }
+
     pub fn new(seed: u64) -> DevWorld {
         DevWorld {
             net: SimNet::new(SimConfig {
@@ -61,6 +85,9 @@ impl DevWorld {
             seed,
             step_ns: 500,
             nexuses: 0,
+            faults: None,
+            last_sent: 0,
+            busy: true,
         }
     }
 }
@@ -85,6 +112,9 @@ impl World for DevWorld {
             },
         )
         .expect("driver bring-up on the device model");
+        if let Some(f) = self.faults {
+            self.fabric.set_link_faults(nic.port(), f);
+        }
         let t = Mlx5Transport::new(
             &dev,
             Mlx5Config::new(
@@ -113,13 +143,33 @@ impl World for DevWorld {
             )
     }
 
+    /// `step_ns` while frames move; when no NIC sent anything since the
+    /// last step and the fabric delivered nothing, up to
+    /// [`super::IDLE_STEP_NS`] (or the next SM delivery), so that waiting
+    /// for a retransmission timeout costs few steps.
     fn step(&mut self) {
-        self.net.advance(self.step_ns);
-        self.fabric.advance(Duration::from_nanos(self.step_ns));
+        let sent: u64 = self.nics.iter().map(|n| n.stats().tx_frames).sum();
+        let idle = sent == self.last_sent && !self.busy;
+        self.last_sent = sent;
+        let mut d = self.step_ns;
+        if idle {
+            let now = self.net.now_ns();
+            d = match self.net.next_event_ns() {
+                Some(t) if t > now => (t - now).clamp(self.step_ns, super::IDLE_STEP_NS),
+                Some(_) => self.step_ns,
+                None => super::IDLE_STEP_NS,
+            };
+        }
+        self.net.advance(d);
+        self.busy = self.fabric.advance(Duration::from_nanos(d)) > 0;
     }
 
     fn now_ns(&self) -> u64 {
         self.net.now_ns()
+    }
+
+    fn lossless(&self) -> bool {
+        self.faults.is_none()
     }
 
     /// Message buffers registered with the NIC of the transport made last

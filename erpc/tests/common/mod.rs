@@ -32,7 +32,27 @@ pub trait World {
     fn allocator(&mut self, initial_bytes: usize) -> mempool::Allocator {
         erpc::sim::test_allocator(initial_bytes)
     }
+    /// True if the links neither lose, duplicate nor reorder: scenarios
+    /// then also check that nothing was dropped or retransmitted.
+    fn lossless(&self) -> bool {
+        true
+    }
 }
+
+/// The faults of a lossy world: 1% of frames lost, 1% duplicated, 1%
+/// reordered, with delay jitter. Loss recovery must repair everything.
+pub const LOSSY: erpc::sim::LinkConfig = erpc::sim::LinkConfig {
+    delay_ns: 1_000,
+    jitter_ns: 1_000,
+    loss_ppm: 10_000,
+    dup_ppm: 10_000,
+    reorder_ppm: 10_000,
+    corrupt_ppm: 0,
+    corrupt_undetected_ppm: 0,
+};
+
+/// Longest step of virtual time when the network is idle.
+pub const IDLE_STEP_NS: u64 = 50_000;
 
 /// The deterministic simulated network.
 pub struct SimWorld {
@@ -46,6 +66,15 @@ impl SimWorld {
     pub fn new(seed: u64) -> SimWorld {
         SimWorld::with_config(SimConfig {
             seed,
+            ..SimConfig::default()
+        })
+    }
+
+    /// A world whose links have the [`LOSSY`] faults.
+    pub fn lossy(seed: u64) -> SimWorld {
+        SimWorld::with_config(SimConfig {
+            seed,
+            link: LOSSY,
             ..SimConfig::default()
         })
     }
@@ -79,12 +108,26 @@ impl World for SimWorld {
             )
     }
 
+    /// At least `step_ns`; when nothing is due that soon, up to the next
+    /// delivery, at most [`IDLE_STEP_NS`] (timers are checked on every
+    /// poll, so a retransmission timeout waits no more than that extra).
     fn step(&mut self) {
-        self.net.advance(self.step_ns);
+        let now = self.net.now_ns();
+        let d = match self.net.next_event_ns() {
+            Some(t) if t > now => (t - now).clamp(self.step_ns, self.step_ns.max(IDLE_STEP_NS)),
+            Some(_) => self.step_ns,
+            None => self.step_ns.max(IDLE_STEP_NS),
+        };
+        self.net.advance(d);
     }
 
     fn now_ns(&self) -> u64 {
         self.net.now_ns()
+    }
+
+    fn lossless(&self) -> bool {
+        let l = self.net.default_link();
+        l.loss_ppm == 0 && l.dup_ppm == 0 && l.reorder_ppm == 0 && l.corrupt_ppm == 0
     }
 }
 

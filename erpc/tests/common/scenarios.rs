@@ -70,7 +70,9 @@ pub fn check_done<W: World>(ns: &[N<W>]) {
     }
 }
 
-/// Runs `ops` from node 0 to node 1 with `window` in flight.
+/// Runs `ops` from node 0 to node 1 with `window` in flight. On a lossless
+/// world it also checks that nothing was dropped or retransmitted; on a
+/// lossy one that loss recovery had work to do.
 pub fn client_server<W: World>(
     w: &mut W,
     seed: u64,
@@ -99,10 +101,19 @@ pub fn client_server<W: World>(
         );
     }
     assert_eq!(ns[0].ctx.completed, total);
-    // At-most-once on a lossless network: one handler run per request.
+    // Exactly once: every request completed, and at-most-once execution.
     assert_eq!(ns[1].ctx.handled + ns[1].rpc.stats().bg_jobs, total);
-    assert_eq!(ns[0].rpc.stats().total_drops(), 0, "{}", ns[0].rpc.stats());
-    assert_eq!(ns[1].rpc.stats().total_drops(), 0, "{}", ns[1].rpc.stats());
+    if w.lossless() {
+        assert_eq!(ns[0].rpc.stats().total_drops(), 0, "{}", ns[0].rpc.stats());
+        assert_eq!(ns[1].rpc.stats().total_drops(), 0, "{}", ns[1].rpc.stats());
+        assert_eq!(ns[0].rpc.stats().retransmissions, 0);
+    } else if total >= 100 {
+        assert!(
+            ns[0].rpc.stats().retransmissions > 0,
+            "{}",
+            ns[0].rpc.stats()
+        );
+    }
     // Every credit came back.
     for &sn in &ns[0].ctx.sessions {
         assert_eq!(ns[0].rpc.session_credits(sn), Some(erpc::SESSION_CREDITS));
@@ -198,8 +209,10 @@ pub fn few_credits_stall_and_resume<W: World>(w: &mut W, seed: u64) {
     check_done::<W>(&ns);
     let sn = ns[0].ctx.sessions[0];
     assert_eq!(ns[0].rpc.session_credits(sn), Some(2));
-    assert_eq!(
-        ns[0].rpc.stats().total_drops() + ns[1].rpc.stats().total_drops(),
-        0
-    );
+    if w.lossless() {
+        assert_eq!(
+            ns[0].rpc.stats().total_drops() + ns[1].rpc.stats().total_drops(),
+            0
+        );
+    }
 }
