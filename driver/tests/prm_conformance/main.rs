@@ -129,24 +129,13 @@ fn mutated(
 
 /// A one-bit change to any checked member makes the comparison fail: its
 /// offset moved by one bit either way, or (for integer fields and array
-/// elements) its width grown by one bit. Uses the real headers when they
-/// are installed, otherwise facts derived from our own table (which still
-/// shows the rules catch every change).
+/// elements) its width grown by one bit. Needs the real headers: skips like
+/// its sibling when they are missing (fails under `ERPC_CI=1`).
 #[test]
 fn one_bit_change_to_any_field_is_caught() {
+    let Some(facts) = gather() else { return };
     let layouts = all_layouts();
     let consts = all_consts();
-    let own;
-    let facts: &[Facts] = match gather() {
-        Some(f) => f,
-        None => {
-            own = [
-                self_facts(&layouts, "linux (self)"),
-                self_facts(&layouts, "mlx5dv (self)"),
-            ];
-            &own
-        }
-    };
     let mut mutations = 0;
     for facts in facts {
         let (_, base) = compare(&layouts, &consts, facts);
@@ -197,22 +186,4 @@ fn one_bit_change_to_any_field_is_caught() {
         );
     }
     println!("{mutations} single-bit mutations, all caught");
-}
-
-/// Facts that say exactly what our table says (for machines without headers).
-fn self_facts(layouts: &[LayoutInfo], label: &str) -> Facts {
-    let mut f = Facts {
-        label: label.into(),
-        ..Default::default()
-    };
-    for l in layouts {
-        f.sizes.insert(l.rust, Ok(l.bits));
-        for m in l.fields {
-            f.members.insert(
-                (l.rust, m.rust),
-                (m.names[0].to_string(), Ok((m.bit, m.width))),
-            );
-        }
-    }
-    f
 }
