@@ -44,6 +44,7 @@ pub mod nic;
 mod objects;
 pub mod packet;
 pub mod pcap;
+pub mod profile;
 mod queues;
 pub mod rng;
 mod rx;
@@ -68,6 +69,7 @@ pub use firmware::{CommandRecord, HcaState, Why};
 pub use inject::{FailCommand, InjectError, Injection};
 pub use nic::{BF_REG_BYTES, FIRST_UAR, Limits, NicConfig, SimNic};
 pub use pcap::PcapBuffer;
+pub use profile::Profile;
 pub use stats::{
     CqInfo, DropReason, EqInfo, NicStats, ObjectCounts, Queues, RqInfo, SqInfo, WqState,
 };

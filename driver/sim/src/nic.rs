@@ -115,7 +115,7 @@ impl Default for Limits {
 pub struct NicConfig {
     /// The vport's permanent MAC (also pre-learned by the switch).
     pub mac: [u8; 6],
-    /// PCI device id (0x1017 ConnectX-5).
+    /// PCI device id (0x1017 ConnectX-5; the profiles set it).
     pub device_id: u16,
     /// Firmware version: major, minor, sub-minor.
     pub fw_version: (u16, u16, u16),
@@ -160,14 +160,22 @@ pub struct NicConfig {
 }
 
 impl Default for NicConfig {
+    /// The ConnectX-5 PF profile ([`crate::Profile::ConnectX5Pf`]).
     fn default() -> Self {
+        crate::Profile::ConnectX5Pf.config()
+    }
+}
+
+impl NicConfig {
+    /// The ConnectX-5 PF, which the other profiles start from.
+    pub(crate) fn base() -> NicConfig {
         NicConfig {
             mac: [2, 0, 0, 0, 0, 1],
             device_id: 0x1017,
             fw_version: (16, 35, 2000),
-            boot_pages: 8,
-            init_pages: 16,
-            regular_pages: 8,
+            boot_pages: 96,
+            init_pages: 6144,
+            regular_pages: 2048,
             fw_init_delay: Duration::from_millis(1),
             init_requires_cmdq: true,
             wqe_inline_mode: 1,

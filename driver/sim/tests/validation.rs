@@ -459,7 +459,7 @@ fn reserved_uid_and_manage_pages_checks() {
     nop[3] = 1; // uid
     expect(&mut h, &nop, 16, CmdStatus::BadParameter, Why::Reserved);
     // A page that is not 4 KiB aligned / given twice / unmapped.
-    let given = h.fw_pages[0].iova();
+    let given = *h.fw_given.first().unwrap();
     for (addr, why) in [
         (given + 0x800, Why::Alignment),
         (given, Why::Duplicate),

@@ -169,7 +169,11 @@ pub struct Host {
     pub cmdq: HostMem,
     pub mbox: Vec<HostMem>,
     pub token: u8,
-    pub fw_pages: Vec<HostMem>,
+    /// Memory the pages given to firmware come from (kept until the host
+    /// is dropped; chunks of up to 512 pages, as a driver would use).
+    pub fw_chunks: Vec<HostMem>,
+    /// IOVAs of the pages the firmware holds.
+    pub fw_given: std::collections::BTreeSet<u64>,
     pub eq: Option<Eq>,
     pub events: Vec<EqeDecoded>,
     pub uar_eq: u32,
@@ -202,7 +206,8 @@ impl Host {
             cmdq,
             mbox,
             token: 0x5a,
-            fw_pages: Vec::new(),
+            fw_chunks: Vec::new(),
+            fw_given: Default::default(),
             eq: None,
             events: Vec::new(),
             uar_eq: 0,
@@ -405,24 +410,47 @@ impl Host {
 
     // ---------------------------------------------------------------- pages
 
+    /// MANAGE_PAGES GIVE of `n` pages in commands of at most 512 pages;
+    /// returns the last command's result (the first failure stops).
     pub fn give_pages(&mut self, n: usize, slot: u8) -> CmdOut {
-        let pages: Vec<HostMem> = (0..n).map(|_| self.alloc(4096)).collect();
-        let mut inp = input::<ManagePagesIn>(
-            Opcode::ManagePages,
-            manage_pages_op_mod::GIVE,
-            0x10 + 8 * n,
-            |v| {
-                v.set(ManagePagesIn::INPUT_NUM_ENTRIES, n as u64);
-            },
-        );
-        for (i, p) in pages.iter().enumerate() {
-            inp[0x10 + 8 * i..0x18 + 8 * i].copy_from_slice(&p.iova().to_be_bytes());
+        let mut left = n;
+        let mut last = None;
+        while left > 0 || last.is_none() {
+            let batch = left.min(512);
+            let chunk = self.alloc(4096 * batch.max(1));
+            let mut inp = input::<ManagePagesIn>(
+                Opcode::ManagePages,
+                manage_pages_op_mod::GIVE,
+                0x10 + 8 * batch,
+                |v| {
+                    v.set(ManagePagesIn::INPUT_NUM_ENTRIES, batch as u64);
+                },
+            );
+            for i in 0..batch {
+                inp[0x10 + 8 * i..0x18 + 8 * i]
+                    .copy_from_slice(&chunk.iova_at(i * 4096).to_be_bytes());
+            }
+            let r = self.exec_slot(slot, &inp, 0x10);
+            if !r.ok() {
+                return r;
+            }
+            self.fw_given
+                .extend((0..batch).map(|i| chunk.iova_at(i * 4096)));
+            self.fw_chunks.push(chunk);
+            left -= batch;
+            last = Some(r);
         }
-        let r = self.exec_slot(slot, &inp, 0x10);
-        if r.ok() {
-            self.fw_pages.extend(pages);
-        }
-        r
+        last.expect("at least one command")
+    }
+
+    /// The first `n` bytes of a page given to firmware.
+    pub fn fw_page_bytes(&self, iova: u64, n: usize) -> Vec<u8> {
+        let c = self
+            .fw_chunks
+            .iter()
+            .find(|c| iova >= c.iova() && iova < c.iova() + c.len() as u64)
+            .expect("a page we gave");
+        c.read_vec((iova - c.iova()) as usize, n)
     }
 
     pub fn take_pages(&mut self, n: usize, slot: u8) -> usize {
@@ -435,12 +463,10 @@ impl Host {
         let k = be32(&r.out, 8) as usize;
         for i in 0..k {
             let a = u64::from_be_bytes(r.out[0x10 + 8 * i..0x18 + 8 * i].try_into().unwrap());
-            let pos = self
-                .fw_pages
-                .iter()
-                .position(|p| p.iova() == a)
-                .expect("page we gave");
-            self.fw_pages.swap_remove(pos);
+            assert!(
+                self.fw_given.remove(&a),
+                "firmware returned {a:#x}, a page we never gave"
+            );
         }
         k
     }
@@ -954,7 +980,7 @@ impl Host {
         self.ok(&simple(Opcode::DeallocUar, 0, self.uar_eq), 0x10);
         self.ok(&simple(Opcode::TeardownHca, 0, 0), 0x10);
         loop {
-            let k = self.take_pages(64, 0);
+            let k = self.take_pages(512, 0);
             if k == 0 {
                 break;
             }
