@@ -374,6 +374,12 @@ impl<B: HwBackend> Device<B> {
         let bar = Bar::new(backend);
         let name = bar.name();
         let pool = DmaPool::new(bar.backend().dma_mapper(), config.region);
+        // The kernel's order: bus mastering, wait for the firmware to come
+        // out of reset (vfio-pci resets the function when it is opened;
+        // until `initializing` clears, the firmware ignores the command
+        // queue address), program the command queue, wait again.
+        enable_bus_master(&bar)?;
+        wait_ready(&bar, config.init_timeout, "firmware start after reset")?;
         let cmdq = CmdQueue::setup(&bar, &pool)?;
         let mut ctl = Ctl {
             cmdq,
@@ -656,14 +662,32 @@ fn query_cap<B: HwBackend>(
     Ok(out[at..at + CAP_BYTES].to_vec())
 }
 
-fn wait_ready<B: HwBackend>(bar: &Bar<B>, timeout: Duration) -> Result<(), Error> {
+/// Memory space and bus master on, keeping the other command bits.
+fn enable_bus_master<B: HwBackend>(bar: &Bar<B>) -> Result<(), Error> {
+    let mut cmd = [0u8; 2];
+    let pci_err = |what, source| Error::Pci {
+        device: bar.name(),
+        what,
+        source,
+    };
+    bar.backend()
+        .config_read(pci::COMMAND, &mut cmd)
+        .map_err(|e| pci_err("read of the command register", e))?;
+    let v = u16::from_le_bytes(cmd) | pci::COMMAND_MEMORY | pci::COMMAND_MASTER;
+    bar.backend()
+        .config_write(pci::COMMAND, &v.to_le_bytes())
+        .map_err(|e| pci_err("write of the command register", e))
+}
+
+/// Polls `initializing` (2 ms steps, as rdma-core) until it clears.
+fn wait_ready<B: HwBackend>(bar: &Bar<B>, timeout: Duration, what: &str) -> Result<(), Error> {
     let step = Duration::from_millis(2);
     let mut waited = Duration::ZERO;
     while bar.read32(InitSeg::INITIALIZING.dword()) & init_seg::INITIALIZING_BIT != 0 {
         if waited >= timeout {
             return Err(Error::Timeout {
                 device: bar.name(),
-                what: "firmware initialization".into(),
+                what: what.into(),
                 waited,
             });
         }
@@ -680,21 +704,7 @@ fn bring_up<B: HwBackend>(
     cfg: &DeviceConfig,
 ) -> Result<DeviceInfo, Error> {
     let name = bar.name();
-    // Bus mastering: memory space + bus master, keeping the other bits.
-    let mut cmd = [0u8; 2];
-    let pci_err = |what, source| Error::Pci {
-        device: name.clone(),
-        what,
-        source,
-    };
-    bar.backend()
-        .config_read(pci::COMMAND, &mut cmd)
-        .map_err(|e| pci_err("read of the command register", e))?;
-    let v = u16::from_le_bytes(cmd) | pci::COMMAND_MEMORY | pci::COMMAND_MASTER;
-    bar.backend()
-        .config_write(pci::COMMAND, &v.to_le_bytes())
-        .map_err(|e| pci_err("write of the command register", e))?;
-    wait_ready(bar, cfg.init_timeout)?;
+    wait_ready(bar, cfg.init_timeout, "firmware initialization")?;
     let to = bar.read32(InitSeg::CMD_EXEC_TO.dword());
     if to != 0 && to != 0xffff_ffff {
         ctl.cmdq

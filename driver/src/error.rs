@@ -56,6 +56,18 @@ pub enum Error {
         /// What the init segment says.
         found: u32,
     },
+    /// The command queue address did not stick.
+    #[error(
+        "{device}: the firmware did not take the command queue address (wrote {wrote:#x}, reads back {read:#x}); was it still initializing?"
+    )]
+    CmdqAddress {
+        /// Device name.
+        device: String,
+        /// The address written.
+        wrote: u64,
+        /// What `cmdq_addr_h`/`cmdq_addr_l_sz` read back.
+        read: u64,
+    },
     /// The device lacks a feature the datapath relies on.
     #[error("{device}: missing capability {cap}: {why}")]
     MissingCapability {

@@ -125,11 +125,16 @@ pub struct NicConfig {
     pub init_pages: u32,
     /// Pages requested with a page-request EQE after INIT_HCA.
     pub regular_pages: u32,
-    /// How long `initializing` stays set after the cmdq address is written.
+    /// How long `initializing` stays set after reset (the NIC's creation:
+    /// vfio-pci resets a function when it is opened). Until it clears, the
+    /// firmware ignores writes to the command queue address.
+    pub reset_init_delay: Duration,
+    /// How long `initializing` stays set (again) after the cmdq address is
+    /// written.
     pub fw_init_delay: Duration,
-    /// Keep `initializing` set until the cmdq address is written (the
-    /// brief's model). `false`: it clears `fw_init_delay` after the NIC is
-    /// created, for drivers that wait before programming the cmdq.
+    /// Set `initializing` again for `fw_init_delay` once the cmdq address
+    /// is written (the kernel waits before and after programming it).
+    /// `false`: it only covers the reset phase.
     pub init_requires_cmdq: bool,
     /// Ethernet cap `wqe_inline_mode`: 0 = L2 always inlined (ConnectX-4
     /// Lx), 1 = per vport (ConnectX-5), 2 = none.
@@ -176,6 +181,7 @@ impl NicConfig {
             boot_pages: 96,
             init_pages: 6144,
             regular_pages: 2048,
+            reset_init_delay: Duration::from_millis(5),
             fw_init_delay: Duration::from_millis(1),
             init_requires_cmdq: true,
             wqe_inline_mode: 1,
@@ -285,17 +291,22 @@ impl NicInner {
         }
     }
 
+    /// Still coming out of reset: `initializing` is set and the command
+    /// queue address registers do not take writes.
+    fn in_reset(&self, fw: &Firmware) -> bool {
+        let delay = self.cfg.reset_init_delay.as_nanos() as u64 + fw.inject.extra_init_delay_ns;
+        fw.regs.programmed_at.is_none() && self.now_ns() < self.created_ns.saturating_add(delay)
+    }
+
     fn initializing(&self, fw: &Firmware) -> bool {
+        if self.in_reset(fw) {
+            return true;
+        }
         let delay = self.cfg.fw_init_delay.as_nanos() as u64 + fw.inject.extra_init_delay_ns;
-        let since = if self.cfg.init_requires_cmdq {
-            match fw.regs.programmed_at {
-                Some(t) => t,
-                None => return true,
-            }
-        } else {
-            self.created_ns
-        };
-        self.now_ns() < since.saturating_add(delay)
+        match fw.regs.programmed_at {
+            Some(t) if self.cfg.init_requires_cmdq => self.now_ns() < t.saturating_add(delay),
+            _ => false,
+        }
     }
 
     // ----------------------------------------------------------- registers
@@ -361,6 +372,12 @@ impl NicInner {
             return self.ignored("misaligned or out-of-range write32", off);
         }
         match off {
+            0x0010 | 0x0014 if self.in_reset(&lock(&self.fw)) => {
+                self.stats
+                    .cmdq_writes_ignored
+                    .fetch_add(1, Ordering::Relaxed);
+                self.ignored("command queue address written while initializing", off);
+            }
             0x0010 => lock(&self.fw).regs.addr_h = v,
             0x0014 => {
                 let now = self.now_ns();

@@ -126,6 +126,10 @@ counters! {
         /// Accesses to offsets that mean nothing (or misaligned, or to a UAR
         /// the function does not own): ignored.
         mmio_ignored,
+        /// Writes of the command queue address while the firmware was
+        /// still coming out of reset (`initializing` set): ignored, as the
+        /// firmware does not accept the init segment yet.
+        cmdq_writes_ignored,
         /// Command doorbell writes.
         cmd_doorbells,
         /// Command doorbells ignored (firmware initializing, no cmdq, entry

@@ -52,11 +52,12 @@ fn full_bringup_datapath_and_teardown_return_every_page_and_object() {
 }
 
 #[test]
-fn initializing_clears_only_after_the_cmdq_address_and_delay() {
+fn initializing_is_set_again_while_the_firmware_takes_the_cmdq() {
     let fab = det_fabric(2);
     let h = Host::new(
         &fab,
         NicConfig {
+            reset_init_delay: Duration::from_millis(2),
             fw_init_delay: Duration::from_millis(5),
             ..Default::default()
         },
@@ -64,12 +65,14 @@ fn initializing_clears_only_after_the_cmdq_address_and_delay() {
     h.nic
         .inject(Injection::InitDelay(Duration::from_millis(3)))
         .unwrap();
-    assert_ne!(h.hw.read32(0x1fc) & (1 << 31), 0);
-    fab.advance(Duration::from_secs(1));
-    assert_ne!(
+    assert_ne!(h.hw.read32(0x1fc) & (1 << 31), 0, "set after reset");
+    fab.advance(Duration::from_millis(4));
+    assert_ne!(h.hw.read32(0x1fc) & (1 << 31), 0, "2 ms + 3 ms injected");
+    fab.advance(Duration::from_millis(1));
+    assert_eq!(
         h.hw.read32(0x1fc) & (1 << 31),
         0,
-        "still set: no cmdq address yet"
+        "clear: ready for the command queue"
     );
     let iova = h.cmdq.iova();
     h.hw.write32(0x10, (iova >> 32) as u32);
@@ -123,10 +126,11 @@ fn init_segment_identity_timer_and_health() {
 fn no_dma_before_bus_mastering() {
     let fab = det_fabric(4);
     let mut h = Host::new(&fab, NicConfig::default());
+    h.wait_ready();
     let iova = h.cmdq.iova();
     h.hw.write32(0x10, (iova >> 32) as u32);
     h.hw.write32(0x14, iova as u32);
-    h.hw.wait(Duration::from_millis(5));
+    h.wait_ready();
     h.submit(0, &simple(Opcode::EnableHca, 0, 0), 16, &mut |_, _| {});
     assert!(h.busy(0), "the entry could not be fetched");
     let s = h.nic.stats();
@@ -243,7 +247,7 @@ fn kernel_style_pre_init_wait_is_possible_when_configured() {
         &fab,
         NicConfig {
             init_requires_cmdq: false,
-            fw_init_delay: Duration::from_millis(4),
+            reset_init_delay: Duration::from_millis(4),
             ..Default::default()
         },
     );
@@ -256,4 +260,42 @@ fn kernel_style_pre_init_wait_is_possible_when_configured() {
     );
     h.init_cmdq();
     assert!(h.exec(&simple(Opcode::EnableHca, 0, 0), 16).ok());
+}
+
+/// vfio-pci resets the function at open; until `initializing` clears the
+/// firmware does not take the command queue address (the kernel waits
+/// before `mlx5_cmd_init` for this reason).
+#[test]
+fn command_queue_address_is_ignored_while_coming_out_of_reset() {
+    let fab = det_fabric(10);
+    let h = Host::new(
+        &fab,
+        NicConfig {
+            reset_init_delay: Duration::from_millis(20),
+            fw_init_delay: Duration::from_millis(3),
+            ..Default::default()
+        },
+    );
+    let iova = h.cmdq.iova();
+    let program = || {
+        h.hw.write32(0x10, (iova >> 32) as u32);
+        h.hw.write32(0x14, iova as u32);
+    };
+    program();
+    assert_eq!(h.hw.read32(0x10), 0, "high address dropped");
+    assert_eq!(h.hw.read32(0x14) & !0xfff, 0, "low address dropped");
+    assert_eq!(h.nic.stats().cmdq_writes_ignored, 2);
+    h.hw.write32(0x18, 1);
+    assert_eq!(h.nic.stats().cmd_doorbells_ignored, 1, "no command queue");
+    h.wait_ready();
+    assert!(fab.now_ns() >= 20_000_000);
+    program();
+    assert_eq!(h.hw.read32(0x14) & !0xfff, iova as u32 & !0xfff);
+    assert_ne!(
+        h.hw.read32(0x1fc) & (1 << 31),
+        0,
+        "set again while the firmware takes the command queue"
+    );
+    h.wait_ready();
+    assert_eq!(h.nic.stats().cmdq_writes_ignored, 2);
 }

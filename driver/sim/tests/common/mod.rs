@@ -243,9 +243,21 @@ impl Host {
 
     // ------------------------------------------------------------- commands
 
-    /// Programs the command queue and enables bus mastering; waits for
-    /// firmware readiness (§8 step 1).
+    /// Waits for `initializing` to clear.
+    pub fn wait_ready(&self) {
+        let mut waited = 0;
+        while self.hw.read32(0x1fc) & (1 << 31) != 0 {
+            self.hw.wait(Duration::from_millis(2));
+            waited += 1;
+            assert!(waited < 1000, "firmware never became ready");
+        }
+    }
+
+    /// Enables bus mastering, waits for the firmware to come out of reset,
+    /// programs the command queue and waits again (the kernel's order).
     pub fn init_cmdq(&mut self) {
+        self.hw.config_write(4, &0x0006u16.to_le_bytes()).unwrap();
+        self.wait_ready();
         let rev = self.hw.read32(0x4) >> 16;
         assert_eq!(rev, 5, "cmdif revision");
         let sz = self.hw.read32(0x14);
@@ -254,13 +266,7 @@ impl Host {
         let iova = self.cmdq.iova();
         self.hw.write32(0x10, (iova >> 32) as u32);
         self.hw.write32(0x14, iova as u32);
-        self.hw.config_write(4, &0x0006u16.to_le_bytes()).unwrap();
-        let mut waited = 0;
-        while self.hw.read32(0x1fc) & (1 << 31) != 0 {
-            self.hw.wait(Duration::from_millis(2));
-            waited += 1;
-            assert!(waited < 1000, "firmware never became ready");
-        }
+        self.wait_ready();
     }
 
     /// Places a command in `slot` (with its mailbox chains) and rings the
