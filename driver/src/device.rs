@@ -32,6 +32,8 @@ const SLOT_PAGES: usize = crate::prm::cmdq::SLOT_PAGES;
 const PAGES_PER_CMD: usize = 512;
 /// Bytes of a capability block in QUERY/SET_HCA_CAP.
 const CAP_BYTES: usize = 0x1000;
+/// The MSI-X vector of the (polled) EQ.
+const EQ_VECTOR: u16 = 0;
 
 /// Bring-up settings.
 #[derive(Debug, Clone)]
@@ -143,6 +145,7 @@ pub(crate) struct FlowTable {
 #[derive(Debug, Clone, Copy)]
 enum Obj {
     Uar(u32),
+    Msix,
     Eq(u8),
     Pd(u32),
     Td(u32),
@@ -808,6 +811,18 @@ fn bring_up<B: HwBackend>(
     // The polled EQ: page requests, CQ errors, port changes. Never armed.
     let eq_uar = alloc_u24::<AllocUarOut>(bar, pool, ctl, Opcode::AllocUar, AllocUarOut::UAR)?;
     ctl.objects.push(Obj::Uar(eq_uar));
+    // MSI-X vector 0 gets an interrupt sink before the EQ names it, as in
+    // every reference (rdma-core: VFIO_DEVICE_SET_IRQS at open); firmware
+    // refuses an EQ on a vector that is not enabled. The EQ is still
+    // polled and never armed.
+    bar.backend()
+        .enable_msix(EQ_VECTOR)
+        .map_err(|source| Error::Pci {
+            device: name.clone(),
+            what: "MSI-X enable (VFIO_DEVICE_SET_IRQS)",
+            source,
+        })?;
+    ctl.objects.push(Obj::Msix);
     let buf = EventQueue::alloc_buffer(pool)?;
     let npages = buf.len() / PAGE;
     let mut inp = input::<CreateEqIn>(Opcode::CreateEq, 0, npages * 8);
@@ -826,7 +841,7 @@ fn bring_up<B: HwBackend>(
             crate::eq::EQ_ENTRIES.trailing_zeros() as u64,
         )
         .set(Eqc::UAR_PAGE, eq_uar as u64)
-        .set(Eqc::INTR, 0)
+        .set(Eqc::INTR, u64::from(EQ_VECTOR))
         .set(Eqc::LOG_PAGE_SIZE, 0);
     }
     let out = ctl.exec(bar, pool, &inp, out_len::<CreateEqOut>(0))?;
@@ -1131,6 +1146,11 @@ fn teardown<B: HwBackend>(bar: &Bar<B>, pool: &Arc<DmaPool>, ctl: &mut Ctl) -> R
                 ctl.eq = None;
                 r
             }
+            Obj::Msix => bar.backend().disable_msix().map_err(|source| Error::Pci {
+                device: bar.name(),
+                what: "MSI-X disable (VFIO_DEVICE_SET_IRQS)",
+                source,
+            }),
             Obj::Uar(u) => destroy_u24(bar, pool, ctl, Opcode::DeallocUar, DeallocUarIn::UAR, u),
         };
         note(r);

@@ -46,6 +46,21 @@ pub trait HwBackend: Send + Sync + 'static {
     /// Writes PCI configuration space.
     fn config_write(&self, offset: u16, data: &[u8]) -> io::Result<()>;
 
+    /// Enables MSI-X with vector `vector` routed to an interrupt sink
+    /// (VFIO: `VFIO_DEVICE_SET_IRQS` with an eventfd, as rdma-core does
+    /// before its first CREATE_EQ; every reference driver enables MSI-X
+    /// before it creates an EQ on a vector). The driver still polls its EQ;
+    /// nothing waits on the sink.
+    fn enable_msix(&self, vector: u16) -> io::Result<()>;
+
+    /// Disables MSI-X again (after the last EQ is destroyed).
+    fn disable_msix(&self) -> io::Result<()>;
+
+    /// True if BAR0 is mapped write-combining, so that a 64-byte BlueFlame
+    /// copy reaches the device as one burst. vfio-pci maps BARs uncached,
+    /// so the VFIO backend says no and BlueFlame stays off.
+    fn bar_write_combining(&self) -> bool;
+
     /// The IOMMU side: maps host memory so that the device can reach it.
     fn dma_mapper(&self) -> Arc<dyn DmaMapper>;
 

@@ -431,6 +431,12 @@ impl<B: HwBackend> QueueSet<B> {
         check(!cfg.blueflame || info.bf_reg_size >= 128, || {
             "BlueFlame requested but the device has none".into()
         })?;
+        check(
+            !cfg.blueflame || dev.bar.backend().bar_write_combining(),
+            || {
+                "BlueFlame needs BAR0 mapped write-combining; vfio-pci maps it uncached, so the 64-byte copy would reach the NIC as separate stores: leave `blueflame` off".into()
+            },
+        )?;
         let sq_wqebbs = 1u32 << cfg.sq_log_wqebbs;
         let inline = info.inline_mode == InlineMode::L2;
         // Two signaled batches of the largest WQEs must fit the ring: with

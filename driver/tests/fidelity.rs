@@ -41,3 +41,63 @@ fn driver_waits_for_the_firmware_before_programming_the_command_queue() {
     assert!(fab.now_ns() >= 55_000_000, "both waits were taken");
     dev.close().unwrap();
 }
+
+/// Item 4: every reference enables MSI-X (VFIO_DEVICE_SET_IRQS with an
+/// eventfd) before the first CREATE_EQ; the model refuses an EQ on a
+/// vector that is not enabled. The driver routes vector 0, keeps polling,
+/// and disables MSI-X at teardown.
+#[test]
+fn msix_vector_0_is_enabled_for_the_eq_and_disabled_at_teardown() {
+    let fab = fabric(51);
+    let nic = nic_with(&fab, 1, NicConfig::default());
+    let dev = open(&nic);
+    assert_eq!(nic.msix_routed(), Some(0));
+    let q = nic.queues();
+    assert_eq!(q.eqs.len(), 1);
+    assert!(!q.eqs[0].armed, "still polled, never armed");
+    let mut cfg = [0u8; 2];
+    use mlx5::hw::HwBackend;
+    nic.backend()
+        .config_read(mlx5_sim::nic::MSIX_CAP as u16 + 2, &mut cfg)
+        .unwrap();
+    assert_ne!(u16::from_le_bytes(cfg) & 0x8000, 0, "MSI-X Enable set");
+    dev.close().unwrap();
+    assert_eq!(nic.msix_routed(), None);
+}
+
+/// Item 13: BlueFlame only through a write-combining BAR mapping. vfio-pci
+/// maps BAR0 uncached, so asking for BlueFlame there is a clear error;
+/// with a write-combining mapping single-WQE bursts use it.
+#[test]
+fn blueflame_needs_a_write_combining_bar() {
+    let fab = fabric(52);
+    let plain = nic_with(&fab, 1, NicConfig::default());
+    let dev = open(&plain);
+    let bf = mlx5::QueueConfig {
+        blueflame: true,
+        ..queue(4000)
+    };
+    let err = dev.create_queue_set(bf).unwrap_err();
+    assert!(err.to_string().contains("write-combining"), "{err}");
+    drop(dev);
+
+    let wc = nic_with(
+        &fab,
+        2,
+        NicConfig {
+            bar_write_combining: true,
+            ..Default::default()
+        },
+    );
+    let dev = open(&wc);
+    let mut qs = dev.create_queue_set(bf).unwrap();
+    let mut a = allocator(&dev);
+    let mut buf = a.alloc(128).unwrap();
+    write_frame(&mut buf, &qs, mac(9), 4000, 1, 128);
+    qs.tx_burst(&[frame(&buf, 128)]).unwrap();
+    qs.tx_flush().unwrap();
+    assert_eq!(qs.stats().tx_blueflame, 1);
+    let s = wc.stats();
+    assert_eq!((s.bf_writes, s.bf_mismatches, s.bf_uncombined), (1, 0, 0));
+    a.free(buf);
+}

@@ -158,8 +158,12 @@ pub struct NicConfig {
     pub log_cmdq_size: u8,
     /// BAR0 pages (UARs are pages `FIRST_UAR..bar_pages`).
     pub bar_pages: u32,
-    /// MSI-X vectors an EQ may name.
+    /// MSI-X vectors the function has (the MSI-X table size).
     pub msix_vectors: u16,
+    /// The host maps BAR0 write-combining (BlueFlame copies arrive as one
+    /// burst). vfio-pci maps it uncached, so this is off by default; an
+    /// uncombined BlueFlame write reaches the NIC as a plain doorbell.
+    pub bar_write_combining: bool,
     /// Command log entries kept.
     pub command_log_capacity: usize,
 }
@@ -195,6 +199,7 @@ impl NicConfig {
             log_cmdq_size: 5,
             bar_pages: 1024,
             msix_vectors: 64,
+            bar_write_combining: false,
             command_log_capacity: 4096,
         }
     }
@@ -238,8 +243,18 @@ impl Health {
     }
 }
 
+/// MSI-X state, as vfio-pci leaves it in the device.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Msix {
+    /// MSI-X Enable in the capability's message control.
+    pub enabled: bool,
+    /// The vector with an interrupt sink behind it.
+    pub routed: Option<u16>,
+}
+
 pub(crate) struct NicInner {
     pub function: u32,
+    pub msix: Mutex<Msix>,
     pub cfg: NicConfig,
     pub fabric: Arc<FabricInner>,
     pub port: PortId,
@@ -425,7 +440,12 @@ impl NicInner {
             Some((uar, o)) if ok_len && is_bfreg(o) && off + data.len() <= self.bar0_len() => {
                 let mut v = [0u8; 8];
                 v.copy_from_slice(&data[..8]);
-                self.sq_doorbell(uar, u64::from_be_bytes(v), Some(data))
+                if self.cfg.bar_write_combining {
+                    self.sq_doorbell(uar, u64::from_be_bytes(v), Some(data))
+                } else {
+                    self.stats.bf_uncombined.fetch_add(1, Ordering::Relaxed);
+                    self.sq_doorbell(uar, u64::from_be_bytes(v), None)
+                }
             }
             _ => self.ignored("BlueFlame write (bad offset or length)", off),
         }
@@ -604,6 +624,37 @@ impl NicInner {
 
     // ------------------------------------------------------------ PCI
 
+    /// MSI-X on with every vector allocated and `vector` routed, as
+    /// vfio-pci sets the device up for `VFIO_DEVICE_SET_IRQS`.
+    pub(crate) fn enable_msix(&self, vector: u16) -> std::io::Result<()> {
+        if vector >= self.cfg.msix_vectors {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "MSI-X vector {vector}: the function has {}",
+                    self.cfg.msix_vectors
+                ),
+            ));
+        }
+        *lock(&self.msix) = Msix {
+            enabled: true,
+            routed: Some(vector),
+        };
+        self.set_msix_enable_bit(true);
+        Ok(())
+    }
+
+    pub(crate) fn disable_msix(&self) {
+        *lock(&self.msix) = Msix::default();
+        self.set_msix_enable_bit(false);
+    }
+
+    fn set_msix_enable_bit(&self, on: bool) {
+        let mut cfg = lock(&self.pci);
+        let at = MSIX_CAP + 3;
+        cfg[at] = (cfg[at] & 0x7f) | if on { 0x80 } else { 0 };
+    }
+
     pub(crate) fn config_read(&self, off: u16, buf: &mut [u8]) -> std::io::Result<()> {
         let cfg = lock(&self.pci);
         let (s, e) = config_range(off, buf.len())?;
@@ -680,8 +731,21 @@ fn initial_config_space(cfg: &NicConfig) -> Vec<u8> {
     c[0x10] = 0x0c; // BAR0: 64-bit prefetchable memory
     c[0x2c..0x2e].copy_from_slice(&pci::MELLANOX_VENDOR_ID.to_le_bytes());
     c[0x2e..0x30].copy_from_slice(&0x0008u16.to_le_bytes());
+    // Status: capability list; one capability, MSI-X, with its table and
+    // pending-bit array in BAR0 pages 3 and 4 (which read as zero).
+    c[0x06] = 0x10;
+    c[0x34] = MSIX_CAP as u8;
+    c[MSIX_CAP] = 0x11;
+    c[MSIX_CAP + 1] = 0;
+    let ctrl = cfg.msix_vectors.saturating_sub(1) & 0x7ff;
+    c[MSIX_CAP + 2..MSIX_CAP + 4].copy_from_slice(&ctrl.to_le_bytes());
+    c[MSIX_CAP + 4..MSIX_CAP + 8].copy_from_slice(&0x3000u32.to_le_bytes());
+    c[MSIX_CAP + 8..MSIX_CAP + 12].copy_from_slice(&0x4000u32.to_le_bytes());
     c
 }
+
+/// Offset of the MSI-X capability in config space.
+pub const MSIX_CAP: usize = 0x40;
 
 /// A device-model ConnectX on a fabric port. Cheap to clone (a handle).
 #[derive(Clone)]
@@ -717,6 +781,7 @@ impl SimNic {
         };
         let inner = Arc::new(NicInner {
             function,
+            msix: Mutex::new(Msix::default()),
             fw: Mutex::new(Firmware::new(&cfg)),
             dp: RwLock::new(Datapath::new(vport)),
             pci: Mutex::new(initial_config_space(&cfg)),
@@ -821,6 +886,12 @@ impl SimNic {
     /// The most recent DMA fault.
     pub fn last_dma_fault(&self) -> Option<DmaFault> {
         self.inner.iommu.last_fault()
+    }
+
+    /// The MSI-X vector the host routed, while MSI-X is enabled.
+    pub fn msix_routed(&self) -> Option<u16> {
+        let m = *lock(&self.inner.msix);
+        if m.enabled { m.routed } else { None }
     }
 
     /// True while PCI bus mastering is enabled.

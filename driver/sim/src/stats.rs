@@ -145,6 +145,10 @@ counters! {
         bf_writes,
         /// BlueFlame writes whose bytes differ from the WQE in memory.
         bf_mismatches,
+        /// BlueFlame writes through a BAR that is not write-combining: they
+        /// arrive as separate stores, and the NIC takes them as a plain
+        /// doorbell (the WQE is fetched from memory).
+        bf_uncombined,
         /// Send doorbells ignored (unknown SQ, wrong UAR, SQ in RST).
         sq_doorbells_ignored,
         /// EQ doorbells.

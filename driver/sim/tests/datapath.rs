@@ -439,7 +439,14 @@ fn connectx4_lx_requires_the_l2_header_inline() {
 #[test]
 fn blueflame_doorbell_and_checksum_offload() {
     let fab = det_fabric(18);
-    let mut h = Host::with_mac(&fab, MAC_A);
+    let mut h = Host::new(
+        &fab,
+        NicConfig {
+            mac: MAC_A,
+            bar_write_combining: true,
+            ..Default::default()
+        },
+    );
     h.bring_up();
     let mut p = h.build_path(PathCfg::default());
     let tap = fab.add_tap(Some(MAC_B));
@@ -468,6 +475,28 @@ fn blueflame_doorbell_and_checksum_offload() {
     h.hw.write_bf(p.sq.uar as usize * 4096 + 0x800, &data);
     assert_eq!(h.nic.stats().bf_mismatches, 1);
     assert_eq!(tap.take().len(), 1);
+}
+
+/// Through an uncached BAR mapping (what vfio-pci gives) a BlueFlame copy
+/// arrives as separate stores: the NIC takes it as a plain doorbell and
+/// sends what is in memory.
+#[test]
+fn blueflame_through_an_uncached_bar_is_a_plain_doorbell() {
+    let fab = det_fabric(28);
+    let mut h = Host::with_mac(&fab, MAC_A);
+    assert!(!h.nic.config().bar_write_combining, "the VFIO default");
+    h.bring_up();
+    let mut p = h.build_path(PathCfg::default());
+    let tap = fab.add_tap(Some(MAC_B));
+    let f = frame_to(MAC_B, MAC_A, &[7; 30]);
+    let buf = h.alloc(4096);
+    buf.write(0, &f);
+    h.post_send(&mut p.sq, &[], &[(buf.iova(), f.len() as u32)], true);
+    h.ring_sq_bf(&mut p.sq, 1);
+    assert_eq!(h.poll_cq(&mut p.tx_cq).unwrap().op(), Some(CqeOpcode::Req));
+    assert_eq!(tap.take(), vec![f]);
+    let s = h.nic.stats();
+    assert_eq!((s.bf_writes, s.bf_uncombined, s.bf_mismatches), (1, 1, 0));
 }
 
 #[test]

@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use mlx5::hw::HwBackend;
 use mlx5::prm::ViewMut;
 use mlx5::prm::cmd::*;
 use mlx5::prm::cmdq::CmdLayout;
@@ -482,4 +483,25 @@ fn reserved_uid_and_manage_pages_checks() {
         CmdStatus::BadInputLength,
         Why::InputLength,
     );
+}
+
+/// Every reference enables MSI-X before its first CREATE_EQ; the firmware
+/// refuses an EQ whose vector the host never enabled.
+#[test]
+fn create_eq_needs_msix_enabled() {
+    let (_f, mut h) = up(11);
+    let uar = h.alloc_uar();
+    h.hw.disable_msix().unwrap();
+    let mem = h.alloc(4096);
+    let mut inp = input::<CreateEqIn>(Opcode::CreateEq, 0, 0x118, |v| {
+        v.set_flex(CreateEqIn::EVENT_BITMASK, 0, 1 << 0x0b);
+        let mut e = v.sub(CreateEqIn::EQC);
+        e.set(Eqc::LOG_EQ_SIZE, 6)
+            .set(Eqc::UAR_PAGE, u64::from(uar));
+    });
+    inp[0x110..0x118].copy_from_slice(&mem.iova().to_be_bytes());
+    expect(&mut h, &inp, 16, CmdStatus::BadParameter, Why::Interrupt);
+    h.hw.enable_msix(0).unwrap();
+    assert_eq!(h.nic.msix_routed(), Some(0));
+    assert!(h.exec(&inp, 16).ok());
 }

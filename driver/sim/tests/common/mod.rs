@@ -607,6 +607,7 @@ impl Host {
         }
         self.ok(&simple(Opcode::InitHca, 0, 0), 0x10);
         self.uar_eq = self.alloc_uar();
+        self.hw.enable_msix(0).unwrap();
         let mask = (1u64 << EventType::PageRequest as u8) | (1u64 << EventType::CqError as u8);
         let eq = self.create_eq(self.uar_eq, 8, mask);
         self.eq = Some(eq);
@@ -983,6 +984,7 @@ impl Host {
         if let Some(eq) = self.eq.take() {
             self.ok(&simple(Opcode::DestroyEq, 0, eq.eqn), 0x10);
         }
+        self.hw.disable_msix().unwrap();
         self.ok(&simple(Opcode::DeallocUar, 0, self.uar_eq), 0x10);
         self.ok(&simple(Opcode::TeardownHca, 0, 0), 0x10);
         loop {

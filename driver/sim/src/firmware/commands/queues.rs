@@ -41,6 +41,15 @@ impl Ctx<'_> {
             0,
             u64::from(self.nic.cfg.msix_vectors.saturating_sub(1)),
         )?;
+        // Every reference enables MSI-X (VFIO_DEVICE_SET_IRQS) before its
+        // first CREATE_EQ; an EQ on a vector the host never enabled is
+        // refused.
+        if !lock(&self.nic.msix).enabled {
+            return Err(param(
+                Why::Interrupt,
+                format!("eqc.intr {intr}: MSI-X is not enabled on the function"),
+            ));
+        }
         must_be_zero("eqc.page_offset", e.get(Eqc::PAGE_OFFSET))?;
         let mask = v.flex(CreateEqIn::EVENT_BITMASK, 0).unwrap_or(0);
         let ring = self.ring(
