@@ -106,6 +106,24 @@ pub struct DeviceInfo {
     pub ext_stride_num_range: bool,
     /// CQE version in use.
     pub cqe_version: u8,
+    /// PCI device id.
+    pub pci_device_id: u16,
+    /// A virtual function (from the device id).
+    pub is_vf: bool,
+    /// The function id firmware names for page management.
+    pub func: FuncId,
+}
+
+/// The function a page request or MANAGE_PAGES is for: firmware names it
+/// in QUERY_PAGES and in page-request EQEs, and MANAGE_PAGES must echo it
+/// (rdma-core and Linux `pagealloc.c` do). A PF is usually 0, a VF or an
+/// embedded-CPU function is not.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FuncId {
+    /// `embedded_cpu_function` / `ec_function`.
+    pub ec: bool,
+    /// `function_id` / `func_id`.
+    pub id: u16,
 }
 
 /// Health state between checks.
@@ -160,6 +178,8 @@ pub(crate) struct Ctl {
     pub cmdq: CmdQueue,
     pub eq: Option<EventQueue>,
     pub pages: FwPages,
+    /// The function QUERY_PAGES named (pages are given and taken for it).
+    pub func: FuncId,
     pub flow: Option<FlowTable>,
     objects: Vec<Obj>,
     health: HealthState,
@@ -270,12 +290,13 @@ fn service_events<B: HwBackend>(
     let mut handled = 0;
     while let Some(e) = eq.poll() {
         handled += 1;
-        if let Some((_func, n)) = e.page_request() {
-            tracing::debug!(num_pages = n, "firmware page request");
+        if let Some((ec, id, n)) = e.page_request_for() {
+            let func = FuncId { ec, id };
+            tracing::debug!(num_pages = n, ?func, "firmware page request");
             if n > 0 {
-                give_pages(cmdq, pages, bar, pool, n as usize)?;
+                give_pages(cmdq, pages, bar, pool, n as usize, func)?;
             } else if n < 0 {
-                take_pages(cmdq, pages, bar, pool, n.unsigned_abs() as usize)?;
+                take_pages(cmdq, pages, bar, pool, n.unsigned_abs() as usize, func)?;
             }
         } else if let Some((cqn, synd)) = e.cq_error() {
             tracing::warn!(cqn, syndrome = synd, "CQ error event");
@@ -291,13 +312,20 @@ fn service_events<B: HwBackend>(
     Ok(())
 }
 
-/// MANAGE_PAGES GIVE of `n` pages, in batches.
+/// Fills in the function a MANAGE_PAGES is for.
+fn set_func(v: &mut ViewMut<'_, ManagePagesIn>, func: FuncId) {
+    v.set(ManagePagesIn::EMBEDDED_CPU_FUNCTION, u64::from(func.ec))
+        .set(ManagePagesIn::FUNCTION_ID, u64::from(func.id));
+}
+
+/// MANAGE_PAGES GIVE of `n` pages for `func`, in batches.
 fn give_pages<B: HwBackend>(
     cmdq: &mut CmdQueue,
     pages: &mut FwPages,
     bar: &Bar<B>,
     pool: &Arc<DmaPool>,
     n: usize,
+    func: FuncId,
 ) -> Result<(), Error> {
     let mut left = n;
     while left > 0 {
@@ -308,6 +336,7 @@ fn give_pages<B: HwBackend>(
         {
             let mut v = ViewMut::<ManagePagesIn>::new(&mut inp).expect("sized");
             v.set(ManagePagesIn::INPUT_NUM_ENTRIES, batch as u64);
+            set_func(&mut v, func);
             for (i, a) in addrs.iter().enumerate() {
                 assert!(v.set_flex(ManagePagesIn::PAS, i as u32, *a));
             }
@@ -328,22 +357,26 @@ fn give_pages<B: HwBackend>(
     Ok(())
 }
 
-/// MANAGE_PAGES TAKE of up to `n` pages; returns how many came back.
+/// MANAGE_PAGES TAKE of up to `n` pages from `func`; returns how many
+/// came back.
 fn take_pages<B: HwBackend>(
     cmdq: &mut CmdQueue,
     pages: &mut FwPages,
     bar: &Bar<B>,
     pool: &Arc<DmaPool>,
     n: usize,
+    func: FuncId,
 ) -> Result<usize, Error> {
     let mut got = 0;
     let mut left = n;
     while left > 0 {
         let batch = left.min(PAGES_PER_CMD);
         let mut inp = input::<ManagePagesIn>(Opcode::ManagePages, manage_pages_op_mod::TAKE, 0);
-        ViewMut::<ManagePagesIn>::new(&mut inp)
-            .expect("sized")
-            .set(ManagePagesIn::INPUT_NUM_ENTRIES, batch as u64);
+        {
+            let mut v = ViewMut::<ManagePagesIn>::new(&mut inp).expect("sized");
+            v.set(ManagePagesIn::INPUT_NUM_ENTRIES, batch as u64);
+            set_func(&mut v, func);
+        }
         let out = cmdq.exec(
             bar,
             pool,
@@ -388,6 +421,7 @@ impl<B: HwBackend> Device<B> {
             cmdq,
             eq: None,
             pages: FwPages::default(),
+            func: FuncId::default(),
             flow: None,
             objects: Vec::new(),
             health: HealthState::default(),
@@ -625,17 +659,22 @@ fn simple<B: HwBackend>(
     ctl.exec(bar, pool, &inp, 16)
 }
 
+/// QUERY_PAGES for our own function: the function firmware names (to echo
+/// in MANAGE_PAGES) and how many pages it wants.
 fn query_pages<B: HwBackend>(
     bar: &Bar<B>,
     pool: &Arc<DmaPool>,
     ctl: &mut Ctl,
     op_mod: u16,
-) -> Result<i32, Error> {
+) -> Result<(FuncId, i32), Error> {
     let inp = input::<QueryPagesIn>(Opcode::QueryPages, op_mod, 0);
     let out = ctl.exec(bar, pool, &inp, out_len::<QueryPagesOut>(0))?;
-    Ok(View::<QueryPagesOut>::new(&out)
-        .expect("sized")
-        .get32(QueryPagesOut::NUM_PAGES) as i32)
+    let v = View::<QueryPagesOut>::new(&out).expect("sized");
+    let func = FuncId {
+        ec: v.get32(QueryPagesOut::EMBEDDED_CPU_FUNCTION) == 1,
+        id: v.get32(QueryPagesOut::FUNCTION_ID) as u16,
+    };
+    Ok((func, v.get32(QueryPagesOut::NUM_PAGES) as i32))
 }
 
 fn satisfy_pages<B: HwBackend>(
@@ -644,9 +683,10 @@ fn satisfy_pages<B: HwBackend>(
     ctl: &mut Ctl,
     op_mod: u16,
 ) -> Result<(), Error> {
-    let n = query_pages(bar, pool, ctl, op_mod)?;
+    let (func, n) = query_pages(bar, pool, ctl, op_mod)?;
+    ctl.func = func;
     if n > 0 {
-        give_pages(&mut ctl.cmdq, &mut ctl.pages, bar, pool, n as usize)?;
+        give_pages(&mut ctl.cmdq, &mut ctl.pages, bar, pool, n as usize, func)?;
     }
     Ok(())
 }
@@ -708,6 +748,16 @@ fn bring_up<B: HwBackend>(
 ) -> Result<DeviceInfo, Error> {
     let name = bar.name();
     wait_ready(bar, cfg.init_timeout, "firmware initialization")?;
+    let mut id = [0u8; 2];
+    bar.backend()
+        .config_read(pci::DEVICE_ID, &mut id)
+        .map_err(|source| Error::Pci {
+            device: name.clone(),
+            what: "read of the device id",
+            source,
+        })?;
+    let pci_device_id = u16::from_le_bytes(id);
+    let is_vf = crate::hw::mlx5_is_vf(pci_device_id);
     let to = bar.read32(InitSeg::CMD_EXEC_TO.dword());
     if to != 0 && to != 0xffff_ffff {
         ctl.cmdq
@@ -738,14 +788,18 @@ fn bring_up<B: HwBackend>(
 
     satisfy_pages(bar, pool, ctl, pages_op_mod::BOOT)?;
 
-    // Host endianness (0x00 on a little-endian host).
-    let mut inp = input::<AccessRegisterIn>(Opcode::AccessReg, 0, 16);
-    ViewMut::<AccessRegisterIn>::new(&mut inp)
-        .expect("sized")
-        .set(AccessRegisterIn::REGISTER_ID, reg::HOST_ENDIANNESS as u64);
-    inp[AccessRegisterIn::REGISTER_DATA.byte()] =
-        if cfg!(target_endian = "big") { 0x80 } else { 0 };
-    ctl.exec(bar, pool, &inp, out_len::<AccessRegisterOut>(16))?;
+    // Host endianness (0x00 on a little-endian host), on a PF only: the
+    // register belongs to the physical function (Linux `set_hca_ctrl` and
+    // FreeBSD return early on a VF).
+    if !is_vf {
+        let mut inp = input::<AccessRegisterIn>(Opcode::AccessReg, 0, 16);
+        ViewMut::<AccessRegisterIn>::new(&mut inp)
+            .expect("sized")
+            .set(AccessRegisterIn::REGISTER_ID, reg::HOST_ENDIANNESS as u64);
+        inp[AccessRegisterIn::REGISTER_DATA.byte()] =
+            if cfg!(target_endian = "big") { 0x80 } else { 0 };
+        ctl.exec(bar, pool, &inp, out_len::<AccessRegisterOut>(16))?;
+    }
 
     let cur = query_cap(bar, pool, ctl, cap_type::GENERAL, true)?;
     let _max = query_cap(bar, pool, ctl, cap_type::GENERAL, false)?;
@@ -1026,6 +1080,9 @@ fn bring_up<B: HwBackend>(
         log_max_cq_sz: caps.get32(CmdHcaCap::LOG_MAX_CQ_SZ) as u8,
         ext_stride_num_range: caps.get32(CmdHcaCap::EXT_STRIDE_NUM_RANGE) == 1,
         cqe_version: caps.get32(CmdHcaCap::CQE_VERSION) as u8,
+        pci_device_id,
+        is_vf,
+        func: ctl.func,
     })
 }
 
@@ -1172,7 +1229,8 @@ fn teardown<B: HwBackend>(bar: &Bar<B>, pool: &Arc<DmaPool>, ctl: &mut Ctl) -> R
         while ctl.pages.given() > 0 && rounds < 1024 {
             rounds += 1;
             let want = ctl.pages.given();
-            match take_pages(&mut ctl.cmdq, &mut ctl.pages, bar, pool, want) {
+            let func = ctl.func;
+            match take_pages(&mut ctl.cmdq, &mut ctl.pages, bar, pool, want, func) {
                 Ok(0) => break,
                 Ok(_) => {}
                 Err(e) => {

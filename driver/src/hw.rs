@@ -118,10 +118,38 @@ pub const MLX5_DEVICE_IDS: &[(u16, &str)] = &[
     (0xa2dc, "BlueField-3"),
 ];
 
+/// The virtual-function ids among [`MLX5_DEVICE_IDS`] (the kernel's
+/// `MLX5_PCI_DEV_IS_VF` entries). A VF does not own PF-only registers such
+/// as HOST_ENDIANNESS (Linux `set_hca_ctrl` and FreeBSD return early).
+pub const MLX5_VF_DEVICE_IDS: &[u16] = &[
+    0x1012, 0x1014, 0x1016, 0x1018, 0x101a, 0x101c, 0x101e, 0xa2d3,
+];
+
+/// True if `device_id` is an mlx5 virtual function.
+pub fn mlx5_is_vf(device_id: u16) -> bool {
+    MLX5_VF_DEVICE_IDS.contains(&device_id)
+}
+
 /// Name of an mlx5 device id, or `None` if the driver does not know it.
 pub fn mlx5_device_name(device_id: u16) -> Option<&'static str> {
     MLX5_DEVICE_IDS
         .iter()
         .find(|(id, _)| *id == device_id)
         .map(|(_, n)| *n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_vf_id_is_a_known_vf() {
+        for id in MLX5_VF_DEVICE_IDS {
+            let name = mlx5_device_name(*id).expect("in the name table");
+            assert!(name.ends_with("VF"), "{id:#x} {name}");
+        }
+        for (id, name) in MLX5_DEVICE_IDS {
+            assert_eq!(mlx5_is_vf(*id), name.ends_with("VF"), "{id:#x} {name}");
+        }
+    }
 }

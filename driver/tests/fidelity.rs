@@ -101,3 +101,59 @@ fn blueflame_needs_a_write_combining_bar() {
     assert_eq!((s.bf_writes, s.bf_mismatches, s.bf_uncombined), (1, 0, 0));
     a.free(buf);
 }
+
+fn vf(fab: &mlx5_sim::Fabric, i: u8) -> SimNic {
+    nic_with(fab, i, mlx5_sim::Profile::ConnectX5Vf.config())
+}
+
+/// Item 2: HOST_ENDIANNESS belongs to the PF (Linux `set_hca_ctrl` and
+/// FreeBSD return early on a VF); the model's VF refuses it.
+#[test]
+fn a_vf_does_not_touch_host_endianness_and_a_pf_does() {
+    use mlx5::prm::codes::Opcode;
+    let fab = fabric(53);
+    let (v, p) = (vf(&fab, 1), nic_with(&fab, 2, NicConfig::default()));
+    let (dv, dp) = (open(&v), open(&p));
+    assert!(dv.info().is_vf && !dp.info().is_vf);
+    let access = |n: &SimNic| {
+        n.command_log()
+            .iter()
+            .filter(|c| c.opcode == Opcode::AccessReg as u16)
+            .count()
+    };
+    assert_eq!(access(&v), 0);
+    assert_eq!(access(&p), 1);
+    drop((dv, dp));
+}
+
+/// Item 3: MANAGE_PAGES echoes the function QUERY_PAGES and the
+/// page-request EQE name; the model's VF has function id 1 and refuses
+/// pages given for 0. Also for pages asked for at run time and taken back
+/// at teardown.
+#[test]
+fn manage_pages_echoes_the_function_id_firmware_names() {
+    use mlx5::prm::codes::{CmdStatus, Opcode};
+    let fab = fabric(54);
+    let nic = vf(&fab, 1);
+    let dev = open(&nic);
+    assert_eq!(dev.info().func, mlx5::FuncId { ec: false, id: 1 });
+    let before = nic.pages_held();
+    nic.inject(mlx5_sim::Injection::PageRequest(40)).unwrap();
+    dev.poll_events().unwrap();
+    assert_eq!(nic.pages_held(), before + 40);
+    nic.inject(mlx5_sim::Injection::PageRequest(-8)).unwrap();
+    dev.poll_events().unwrap();
+    assert_eq!(nic.pages_held(), before + 32);
+    dev.close().unwrap();
+    assert_eq!(nic.pages_held(), 0);
+    let log = nic.command_log();
+    let manage: Vec<_> = log
+        .iter()
+        .filter(|c| c.opcode == Opcode::ManagePages as u16)
+        .collect();
+    assert!(manage.len() >= 4);
+    assert!(
+        manage.iter().all(|c| c.status == CmdStatus::Ok),
+        "{manage:#?}"
+    );
+}

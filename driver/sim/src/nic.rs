@@ -117,6 +117,12 @@ pub struct NicConfig {
     pub mac: [u8; 6],
     /// PCI device id (0x1017 ConnectX-5; the profiles set it).
     pub device_id: u16,
+    /// A virtual function (PF-only registers such as HOST_ENDIANNESS are
+    /// refused).
+    pub vf: bool,
+    /// The function id firmware names in QUERY_PAGES and page-request
+    /// EQEs; MANAGE_PAGES must echo it (0 for a PF, non-zero for a VF).
+    pub function_id: u16,
     /// Firmware version: major, minor, sub-minor.
     pub fw_version: (u16, u16, u16),
     /// Pages QUERY_PAGES asks for at boot.
@@ -181,6 +187,8 @@ impl NicConfig {
         NicConfig {
             mac: [2, 0, 0, 0, 0, 1],
             device_id: 0x1017,
+            vf: false,
+            function_id: 0,
             fw_version: (16, 35, 2000),
             boot_pages: 96,
             init_pages: 6144,

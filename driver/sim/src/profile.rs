@@ -90,6 +90,8 @@ impl Profile {
             Profile::ConnectX5Pf => base,
             Profile::ConnectX5Vf => NicConfig {
                 device_id: 0x1018,
+                vf: true,
+                function_id: 1,
                 boot_pages: 16,
                 init_pages: 512,
                 regular_pages: 256,

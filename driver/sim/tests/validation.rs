@@ -505,3 +505,44 @@ fn create_eq_needs_msix_enabled() {
     assert_eq!(h.nic.msix_routed(), Some(0));
     assert!(h.exec(&inp, 16).ok());
 }
+
+/// A VF: HOST_ENDIANNESS is a PF register, and MANAGE_PAGES must name the
+/// function id QUERY_PAGES reported (1 here), not 0.
+#[test]
+fn a_vf_refuses_host_endianness_and_pages_for_another_function() {
+    let fab = det_fabric(12);
+    let mut h = Host::new(
+        &fab,
+        NicConfig {
+            mac: MAC_A,
+            ..mlx5_sim::Profile::ConnectX5Vf.config()
+        },
+    );
+    h.init_cmdq();
+    h.ok(&simple(Opcode::EnableHca, 0, 0), 0x10);
+    let mut reg = simple(Opcode::AccessReg, 0, 0x7004);
+    reg.extend_from_slice(&[0u8; 16]);
+    expect(
+        &mut h,
+        &reg,
+        0x20,
+        CmdStatus::BadParameter,
+        Why::NotSupported,
+    );
+    let out = h.ok(&simple(Opcode::QueryPages, 1, 0), 0x10);
+    assert_eq!(be32(&out, 8) & 0xffff, 1, "QUERY_PAGES names function 1");
+    // Host::give_pages sends function 0: refused.
+    let r = h.give_pages(4, SLOT_PAGES);
+    assert_eq!(r.status, CmdStatus::BadParameter as u8);
+    let last = h.nic.command_log().pop().unwrap();
+    assert_eq!(last.syndrome >> 8 & 0xff, Why::Mismatch as u32, "{last}");
+    // Echoing the id works.
+    let page = h.alloc(4096);
+    let mut inp = input::<ManagePagesIn>(Opcode::ManagePages, 1, 0x18, |v| {
+        v.set(ManagePagesIn::INPUT_NUM_ENTRIES, 1)
+            .set(ManagePagesIn::FUNCTION_ID, 1);
+    });
+    inp[0x10..0x18].copy_from_slice(&page.iova().to_be_bytes());
+    assert!(h.exec_slot(SLOT_PAGES, &inp, 0x10).ok());
+    assert_eq!(h.nic.pages_held(), 1);
+}

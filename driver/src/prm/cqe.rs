@@ -296,6 +296,19 @@ impl EqeDecoded {
         })
     }
 
+    /// Page request with the function it is for: (`ec_function`,
+    /// `func_id`, `num_pages`). MANAGE_PAGES must echo both.
+    pub fn page_request_for(&self) -> Option<(bool, u16, i32)> {
+        (self.event_type == EventType::PageRequest as u8).then(|| {
+            let d = View::<EqePageReq>::new(&self.data).expect("28 bytes");
+            (
+                d.get32(EqePageReq::EC_FUNCTION) & 1 == 1,
+                d.get32(EqePageReq::FUNC_ID) as u16,
+                d.get32(EqePageReq::NUM_PAGES) as i32,
+            )
+        })
+    }
+
     /// Command completion: slot vector.
     pub fn command_vector(&self) -> Option<u32> {
         (self.event_type == EventType::Command as u8).then(|| {

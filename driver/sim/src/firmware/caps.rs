@@ -63,7 +63,9 @@ impl Caps {
                 .set(C::LOG_MAX_CURRENT_UC_LIST, u64::from(l.log_max_uc_list))
                 .set(C::LOG_UAR_PAGE_SZ, 0)
                 .set(C::CQE_COMPRESSION, 0)
-                .set(C::CQE_128_ALWAYS, 0);
+                .set(C::CQE_128_ALWAYS, 0)
+                .set(C::VPORT_GROUP_MANAGER, u64::from(!cfg.vf))
+                .set(C::ESWITCH_MANAGER, u64::from(!cfg.vf));
         }
         let mut cur = g.clone();
         {

@@ -14,12 +14,16 @@ use super::{Ctx, R, param, range, rej, release_all};
 impl Ctx<'_> {
     // ---------------------------------------------------------------- HCA
 
-    pub(super) fn function_id_zero(&self, ec: u64, func: u64) -> R {
-        if ec != 0 || func != 0 {
+    /// The function a command names: 0 means "the caller" (as ENABLE_HCA
+    /// and QUERY_PAGES are sent), or the function's own id; other
+    /// functions (and embedded-CPU functions) are not modeled.
+    pub(super) fn own_function(&self, ec: u64, func: u64) -> R {
+        let own = u64::from(self.nic.cfg.function_id);
+        if ec != 0 || (func != 0 && func != own) {
             return Err(param(
                 Why::NotSupported,
                 format!(
-                    "function_id {func} / embedded_cpu_function {ec}: only the own function (0) is modeled"
+                    "function_id {func} / embedded_cpu_function {ec}: only the own function (0 or {own}) is modeled"
                 ),
             ));
         }
@@ -28,7 +32,7 @@ impl Ctx<'_> {
 
     pub(super) fn enable_hca(&mut self) -> R {
         let v = self.iv::<EnableHcaIn>()?;
-        self.function_id_zero(
+        self.own_function(
             v.get(EnableHcaIn::EMBEDDED_CPU_FUNCTION),
             v.get(EnableHcaIn::FUNCTION_ID),
         )?;
@@ -38,7 +42,7 @@ impl Ctx<'_> {
 
     pub(super) fn disable_hca(&mut self) -> R {
         let v = self.iv::<DisableHcaIn>()?;
-        self.function_id_zero(
+        self.own_function(
             v.get(DisableHcaIn::EMBEDDED_CPU_FUNCTION),
             v.get(DisableHcaIn::FUNCTION_ID),
         )?;
@@ -85,7 +89,7 @@ impl Ctx<'_> {
 
     pub(super) fn query_pages(&mut self) -> R {
         let v = self.iv::<QueryPagesIn>()?;
-        self.function_id_zero(
+        self.own_function(
             v.get(QueryPagesIn::EMBEDDED_CPU_FUNCTION),
             v.get(QueryPagesIn::FUNCTION_ID),
         )?;
@@ -103,18 +107,30 @@ impl Ctx<'_> {
             }
         };
         let n = n.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32;
+        let own = u64::from(self.nic.cfg.function_id);
         let mut o = self.ov::<QueryPagesOut>()?;
-        o.set(QueryPagesOut::FUNCTION_ID, 0)
+        o.set(QueryPagesOut::FUNCTION_ID, own)
             .set(QueryPagesOut::NUM_PAGES, u64::from(n as u32));
         Ok(())
     }
 
     pub(super) fn manage_pages(&mut self) -> R {
         let v = self.iv::<ManagePagesIn>()?;
-        self.function_id_zero(
+        // Pages are for the function QUERY_PAGES and the page-request EQE
+        // named; the driver must echo it (rdma-core, Linux pagealloc.c).
+        let (ec, func) = (
             v.get(ManagePagesIn::EMBEDDED_CPU_FUNCTION),
             v.get(ManagePagesIn::FUNCTION_ID),
-        )?;
+        );
+        let own = u64::from(self.nic.cfg.function_id);
+        if ec != 0 || func != own {
+            return Err(param(
+                Why::Mismatch,
+                format!(
+                    "MANAGE_PAGES for function {func} (ec {ec}); firmware asked for function {own} (ec 0)"
+                ),
+            ));
+        }
         let n = v.get(ManagePagesIn::INPUT_NUM_ENTRIES) as usize;
         match self.op_mod {
             manage_pages_op_mod::CANNOT_GIVE => Ok(()),
@@ -193,6 +209,14 @@ impl Ctx<'_> {
     pub(super) fn access_reg(&mut self) -> R {
         let v = self.iv::<AccessRegisterIn>()?;
         let id = v.get(AccessRegisterIn::REGISTER_ID) as u16;
+        if id == reg::HOST_ENDIANNESS && self.nic.cfg.vf {
+            // A PF register: Linux `set_hca_ctrl` and FreeBSD skip it on
+            // VFs.
+            return Err(param(
+                Why::NotSupported,
+                "HOST_ENDIANNESS (0x7004) belongs to the physical function; this is a VF",
+            ));
+        }
         if id != reg::HOST_ENDIANNESS {
             return Err(param(
                 Why::NotSupported,
@@ -261,7 +285,7 @@ impl Ctx<'_> {
             ));
         }
         let v = self.iv::<SetHcaCapIn>()?;
-        self.function_id_zero(
+        self.own_function(
             v.get(SetHcaCapIn::OTHER_FUNCTION),
             v.get(SetHcaCapIn::FUNCTION_ID),
         )?;
