@@ -45,10 +45,26 @@ pub struct DeviceConfig {
     /// log2 of the NIC RX flow table size: the most queue sets (UDP ports)
     /// steered at once.
     pub flow_table_log_size: u8,
-    /// Ask for unicast promiscuous mode (facts sheet §5.8 [unsure]: whether
-    /// a bare VFIO function receives unicast for its MAC without vport MAC
-    /// programming). Off by default; the flow rule still filters by MAC.
+    /// Ask for unicast promiscuous mode. Off by default: the driver
+    /// programs its MAC into the vport address list (and the MPFS L2 table
+    /// on an e-switch manager), which is what makes unicast reach it.
     pub promiscuous: bool,
+    /// What to do when the function has no MAC (the permanent address
+    /// reads as zero, as on a VF nobody gave one).
+    pub mac_if_unset: MacIfUnset,
+}
+
+/// The MAC to use when the vport's permanent address is zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MacIfUnset {
+    /// A random locally administered unicast MAC, with a warning (what
+    /// Linux mlx5e does: `eth_hw_addr_random`).
+    #[default]
+    Random,
+    /// This MAC.
+    Use([u8; 6]),
+    /// Fail bring-up with [`Error::NoMac`].
+    Refuse,
 }
 
 impl Default for DeviceConfig {
@@ -58,6 +74,7 @@ impl Default for DeviceConfig {
             init_timeout: Duration::from_secs(120),
             flow_table_log_size: 8,
             promiscuous: false,
+            mac_if_unset: MacIfUnset::Random,
         }
     }
 }
@@ -163,6 +180,10 @@ pub(crate) struct FlowTable {
 #[derive(Debug, Clone, Copy)]
 enum Obj {
     Uar(u32),
+    /// Our MAC in the vport's unicast address list.
+    VportMacList,
+    /// Our MAC in the MPFS L2 table, at this index.
+    L2Entry(u32),
     Msix,
     Eq(u8),
     Pd(u32),
@@ -958,6 +979,25 @@ fn bring_up<B: HwBackend>(
         (lo >> 8) as u8,
         lo as u8,
     ];
+    let mac = if mac == [0; 6] {
+        match cfg.mac_if_unset {
+            MacIfUnset::Random => {
+                let m = random_local_mac();
+                tracing::warn!(device = %name, mac = %MacStr(m), "the function has no MAC; using a random locally administered one");
+                m
+            }
+            MacIfUnset::Use(m) if m[0] & 1 == 0 && m != [0; 6] => m,
+            MacIfUnset::Use(m) => {
+                return Err(Error::Config(format!(
+                    "mac_if_unset {} is not a unicast MAC",
+                    MacStr(m)
+                )));
+            }
+            MacIfUnset::Refuse => return Err(Error::NoMac { device: name }),
+        }
+    } else {
+        mac
+    };
     let vport_inline = vctx.get32(NicVportContext::MIN_WQE_INLINE_MODE);
     let mode = match eth_inline {
         0 => 1,
@@ -982,6 +1022,26 @@ fn bring_up<B: HwBackend>(
     let vport_state = View::<QueryVportStateOut>::new(&out)
         .expect("sized")
         .get32(QueryVportStateOut::STATE) as u8;
+
+    // Unicast reaches the function only for MACs programmed into the
+    // e-switch: the vport's address list (from which a PF's legacy SR-IOV
+    // e-switch builds a VF's forwarding rules; Linux mlx5e always sets
+    // it), and on an e-switch manager the MPFS L2 table (Linux
+    // `mlx5_mpfs_add_mac`).
+    set_vport_mac_list(bar, pool, ctl, &[mac])?;
+    ctl.objects.push(Obj::VportMacList);
+    if caps.get32(CmdHcaCap::ESWITCH_MANAGER) == 1 {
+        const L2_INDEX: u32 = 0;
+        let mut inp = input::<SetL2TableEntryIn>(Opcode::SetL2TableEntry, 0, 0);
+        {
+            let mut v = ViewMut::<SetL2TableEntryIn>::new(&mut inp).expect("sized");
+            v.set(SetL2TableEntryIn::TABLE_INDEX, u64::from(L2_INDEX));
+            let mut a = v.sub(SetL2TableEntryIn::MAC_ADDRESS);
+            set_mac(&mut a, mac);
+        }
+        ctl.exec(bar, pool, &inp, 16)?;
+        ctl.objects.push(Obj::L2Entry(L2_INDEX));
+    }
 
     if cfg.promiscuous {
         let mut inp = input::<ModifyNicVportContextIn>(Opcode::ModifyNicVportContext, 0, 0);
@@ -1084,6 +1144,75 @@ fn bring_up<B: HwBackend>(
         is_vf,
         func: ctl.func,
     })
+}
+
+/// Writes a MAC into a `mac_address_layout`.
+fn set_mac(a: &mut ViewMut<'_, MacAddressLayout>, m: [u8; 6]) {
+    a.set(
+        MacAddressLayout::MAC_ADDR_47_32,
+        u64::from(u16::from_be_bytes([m[0], m[1]])),
+    )
+    .set(
+        MacAddressLayout::MAC_ADDR_31_0,
+        u64::from(u32::from_be_bytes([m[2], m[3], m[4], m[5]])),
+    );
+}
+
+/// MODIFY_NIC_VPORT_CONTEXT of the unicast address list (Linux
+/// `mlx5_modify_nic_vport_mac_list`).
+fn set_vport_mac_list<B: HwBackend>(
+    bar: &Bar<B>,
+    pool: &Arc<DmaPool>,
+    ctl: &mut Ctl,
+    macs: &[[u8; 6]],
+) -> Result<(), Error> {
+    let mut inp = input::<ModifyNicVportContextIn>(
+        Opcode::ModifyNicVportContext,
+        0,
+        macs.len() * MacAddressLayout::BYTES,
+    );
+    let mut v = ViewMut::<ModifyNicVportContextIn>::new(&mut inp).expect("sized");
+    v.sub(ModifyNicVportContextIn::FIELD_SELECT)
+        .set(ModifyNicVportFieldSelect::ADDRESSES_LIST, 1);
+    let mut c = v.sub(ModifyNicVportContextIn::NIC_VPORT_CONTEXT);
+    c.set(NicVportContext::ALLOWED_LIST_TYPE, 0)
+        .set(NicVportContext::ALLOWED_LIST_SIZE, macs.len() as u64);
+    let base = ModifyNicVportContextIn::NIC_VPORT_CONTEXT.byte()
+        + NicVportContext::CURRENT_UC_MAC_ADDRESS.byte();
+    for (i, m) in macs.iter().enumerate() {
+        let at = base + i * MacAddressLayout::BYTES;
+        let mut e = ViewMut::<MacAddressLayout>::new(&mut inp[at..]).expect("sized");
+        set_mac(&mut e, *m);
+    }
+    ctl.exec(bar, pool, &inp, 16).map(|_| ())
+}
+
+/// A random locally administered unicast MAC (std's per-process random
+/// hash keys, mixed with the time: no RNG dependency for one address).
+fn random_local_mac() -> [u8; 6] {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    let b = h.finish().to_be_bytes();
+    [(b[0] & 0xfe) | 0x02, b[1], b[2], b[3], b[4], b[5]]
+}
+
+/// Displays a MAC as `aa:bb:cc:dd:ee:ff`.
+struct MacStr([u8; 6]);
+
+impl std::fmt::Display for MacStr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let m = self.0;
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            m[0], m[1], m[2], m[3], m[4], m[5]
+        )
+    }
 }
 
 fn simple_out<O: Layout>(
@@ -1203,6 +1332,14 @@ fn teardown<B: HwBackend>(bar: &Bar<B>, pool: &Arc<DmaPool>, ctl: &mut Ctl) -> R
                 ctl.eq = None;
                 r
             }
+            Obj::L2Entry(index) => {
+                let mut inp = input::<DeleteL2TableEntryIn>(Opcode::DeleteL2TableEntry, 0, 0);
+                ViewMut::<DeleteL2TableEntryIn>::new(&mut inp)
+                    .expect("sized")
+                    .set(DeleteL2TableEntryIn::TABLE_INDEX, u64::from(index));
+                ctl.exec(bar, pool, &inp, 16).map(|_| ())
+            }
+            Obj::VportMacList => set_vport_mac_list(bar, pool, ctl, &[]),
             Obj::Msix => bar.backend().disable_msix().map_err(|source| Error::Pci {
                 device: bar.name(),
                 what: "MSI-X disable (VFIO_DEVICE_SET_IRQS)",

@@ -68,6 +68,14 @@ pub enum Error {
         /// What `cmdq_addr_h`/`cmdq_addr_l_sz` read back.
         read: u64,
     },
+    /// The function has no MAC and the configuration said not to make one up.
+    #[error(
+        "{device}: the function has no MAC (permanent address 00:00:00:00:00:00); give it one (e.g. `ip link set <pf> vf <n> mac ...`) or set DeviceConfig::mac_if_unset"
+    )]
+    NoMac {
+        /// Device name.
+        device: String,
+    },
     /// The device lacks a feature the datapath relies on.
     #[error("{device}: missing capability {cap}: {why}")]
     MissingCapability {

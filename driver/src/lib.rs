@@ -23,7 +23,7 @@ pub mod prm;
 pub mod queue;
 pub mod vfio;
 
-pub use device::{Device, DeviceConfig, DeviceInfo, FuncId, Health, InlineMode};
+pub use device::{Device, DeviceConfig, DeviceInfo, FuncId, Health, InlineMode, MacIfUnset};
 pub use error::{Error, HealthProblem};
 pub use queue::{
     Gather, HwQueueState, QueueConfig, QueueSet, QueueSnapshot, QueueStats, RxRingView, TxFrame,

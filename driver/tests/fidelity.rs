@@ -157,3 +157,121 @@ fn manage_pages_echoes_the_function_id_firmware_names() {
         "{manage:#?}"
     );
 }
+
+/// A frame from `from` to `to_mac`, delivered; returns whether the
+/// receiver's queue set got it.
+fn deliver_one(
+    fab: &mlx5_sim::Fabric,
+    from: &Device<mlx5_sim::SimBackend>,
+    to: &mut mlx5::QueueSet<mlx5_sim::SimBackend>,
+    to_mac: [u8; 6],
+    seq: u32,
+) -> bool {
+    let mut qs = from.create_queue_set(queue(7000 + seq as u16)).unwrap();
+    let mut a = allocator(from);
+    let mut buf = a.alloc(128).unwrap();
+    write_frame(&mut buf, &qs, to_mac, to.config().udp_port, seq, 128);
+    qs.tx_burst(&[frame(&buf, 128)]).unwrap();
+    qs.tx_flush().unwrap();
+    step(fab);
+    a.free(buf);
+    let n = to.rx_burst();
+    to.post_recvs(n);
+    n == 1
+}
+
+/// Item 1: unicast reaches a VF only for MACs in its vport address list
+/// (its PF's legacy e-switch builds the VF's forwarding rules from that
+/// list), and an e-switch-manager PF only for MACs in its MPFS L2 table.
+/// The driver programs both, as Linux mlx5e does, and removes them at
+/// teardown.
+#[test]
+fn unicast_needs_the_vport_list_on_a_vf_and_the_mpfs_entry_on_a_pf() {
+    use mlx5::prm::codes::Opcode;
+    use mlx5_sim::DropReason;
+    let fab = fabric(55);
+    let (v, p) = (vf(&fab, 1), nic_with(&fab, 2, NicConfig::default()));
+    let (dv, dp) = (open(&v), open(&p));
+    let programmed = |n: &SimNic, op: Opcode| {
+        n.command_log()
+            .iter()
+            .filter(|c| c.opcode == op as u16)
+            .count()
+    };
+    assert_eq!(programmed(&v, Opcode::ModifyNicVportContext), 1);
+    assert_eq!(
+        programmed(&v, Opcode::SetL2TableEntry),
+        0,
+        "a VF is no e-switch manager"
+    );
+    assert_eq!(programmed(&p, Opcode::ModifyNicVportContext), 1);
+    assert_eq!(programmed(&p, Opcode::SetL2TableEntry), 1);
+    assert_eq!(p.objects().l2_entries, 1);
+    let mut qv = dv.create_queue_set(queue(6000)).unwrap();
+    let mut qp = dp.create_queue_set(queue(6000)).unwrap();
+    assert!(deliver_one(&fab, &dp, &mut qv, v.mac(), 1), "PF -> VF");
+    assert!(deliver_one(&fab, &dv, &mut qp, p.mac(), 2), "VF -> PF");
+    // Another unicast MAC is not forwarded to either.
+    assert!(!deliver_one(&fab, &dp, &mut qv, mac(0x77), 3));
+    assert!(v.drops(DropReason::Eswitch) >= 1);
+    drop((qv, qp));
+    dv.close().unwrap();
+    dp.close().unwrap();
+    assert_eq!(p.objects().l2_entries, 0, "MPFS entry removed at teardown");
+    assert_eq!(programmed(&p, Opcode::DeleteL2TableEntry), 1);
+}
+
+/// Item 1: a function without a MAC (permanent address zero, as on a VF
+/// nobody gave one) gets a random locally administered MAC with a warning
+/// (Linux mlx5e), a configured one, or a clear error, never 00:00:00:00:00:00.
+#[test]
+fn a_function_without_a_mac_gets_a_usable_one_or_a_clear_error() {
+    let fab = fabric(56);
+    let zero = || NicConfig {
+        mac: [0; 6],
+        ..mlx5_sim::Profile::ConnectX5Vf.config()
+    };
+    let (v, p) = (
+        SimNic::new(&fab, zero()),
+        nic_with(&fab, 2, NicConfig::default()),
+    );
+    let dv = open(&v);
+    let m = dv.info().mac;
+    assert_ne!(m, [0; 6]);
+    assert_eq!(m[0] & 0x03, 0x02, "locally administered unicast: {m:02x?}");
+    let dp = open(&p);
+    let mut qv = dv.create_queue_set(queue(6000)).unwrap();
+    assert!(
+        deliver_one(&fab, &dp, &mut qv, m, 1),
+        "reachable at {m:02x?}"
+    );
+    drop(qv);
+    dv.close().unwrap();
+
+    let fixed = [0x02, 0x11, 0x22, 0x33, 0x44, 0x55];
+    let v2 = SimNic::new(&fab, zero());
+    let d2 = Device::open(
+        v2.backend(),
+        mlx5::DeviceConfig {
+            mac_if_unset: mlx5::MacIfUnset::Use(fixed),
+            ..device_config()
+        },
+    )
+    .unwrap();
+    assert_eq!(d2.info().mac, fixed);
+    drop(d2);
+
+    let v3 = SimNic::new(&fab, zero());
+    let err = Device::open(
+        v3.backend(),
+        mlx5::DeviceConfig {
+            mac_if_unset: mlx5::MacIfUnset::Refuse,
+            ..device_config()
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(err, mlx5::Error::NoMac { .. }), "{err}");
+    assert!(err.to_string().contains("no MAC"), "{err}");
+    assert_eq!(v3.hca_state(), HcaState::Disabled);
+    assert_eq!(v3.pages_held(), 0);
+}

@@ -110,11 +110,30 @@ impl Default for Limits {
     }
 }
 
+/// How unicast frames reach the function before its own flow steering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Eswitch {
+    /// Flow steering alone decides (no e-switch in front of the function).
+    None,
+    /// A VF behind its PF's legacy SR-IOV e-switch: unicast only to MACs in
+    /// the vport's unicast address list (the PF's e-switch builds a VF's
+    /// forwarding rules from that list; MODIFY_NIC_VPORT_CONTEXT sets it).
+    LegacyVf,
+    /// A PF with `eswitch_manager` on a port shared through MPFS: unicast
+    /// only to MACs in its L2 table (SET_L2_TABLE_ENTRY).
+    Mpfs,
+}
+
 /// Configuration of one device-model NIC.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NicConfig {
-    /// The vport's permanent MAC (also pre-learned by the switch).
+    /// The vport's permanent MAC (also pre-learned by the switch); all
+    /// zero models a function without one (a VF nobody gave a MAC).
     pub mac: [u8; 6],
+    /// What is in front of the function (and `eswitch_manager`).
+    pub eswitch: Eswitch,
+    /// log2 of the MPFS L2 table size.
+    pub log_max_l2_table: u8,
     /// PCI device id (0x1017 ConnectX-5; the profiles set it).
     pub device_id: u16,
     /// A virtual function (PF-only registers such as HOST_ENDIANNESS are
@@ -186,6 +205,8 @@ impl NicConfig {
     pub(crate) fn base() -> NicConfig {
         NicConfig {
             mac: [2, 0, 0, 0, 0, 1],
+            eswitch: Eswitch::Mpfs,
+            log_max_l2_table: 5,
             device_id: 0x1017,
             vf: false,
             function_id: 0,
@@ -293,7 +314,8 @@ impl fmt::Debug for NicInner {
 /// lock.
 #[derive(Debug, Clone, Copy)]
 struct TxOrigin {
-    mac: [u8; 6],
+    /// The destination is one of the function's own unicast addresses.
+    own: bool,
     td: u32,
     disable_uc_lb: bool,
     disable_mc_lb: bool,
@@ -527,6 +549,7 @@ impl NicInner {
         let sqn = (v as u32) >> 8;
         let mut frames = Vec::new();
         let origin;
+        let own;
         {
             let dp = read(&self.dp);
             if !dp.uars.contains(&uar) || !dp.hca_up {
@@ -551,15 +574,22 @@ impl NicInner {
                 return;
             }
             tx::doorbell(self, &dp, &mut sq, bf, &mut frames);
+            own = frames
+                .iter()
+                .map(|f| {
+                    let dmac: [u8; 6] = f[0..6].try_into().unwrap_or([0; 6]);
+                    dp.vport.owns(&dmac)
+                })
+                .collect::<Vec<bool>>();
             origin = TxOrigin {
-                mac: dp.vport.mac,
+                own: false,
                 td: dp.tises.get(&sq.tisn).map_or(0, |t| t.td),
                 disable_uc_lb: dp.vport.disable_uc_lb,
                 disable_mc_lb: dp.vport.disable_mc_lb,
             };
         }
-        for f in frames {
-            self.transmit(f, origin);
+        for (f, own) in frames.into_iter().zip(own) {
+            self.transmit(f, TxOrigin { own, ..origin });
         }
     }
 
@@ -568,7 +598,7 @@ impl NicInner {
     /// the wire. No lock is held here.
     fn transmit(&self, frame: Vec<u8>, o: TxOrigin) {
         let dmac: [u8; 6] = frame[0..6].try_into().unwrap_or([0; 6]);
-        if dmac == o.mac {
+        if o.own {
             if !o.disable_uc_lb {
                 self.stats.loopback_frames.fetch_add(1, Ordering::Relaxed);
                 self.stats.rx_frames.fetch_add(1, Ordering::Relaxed);
@@ -592,6 +622,9 @@ impl NicInner {
             return self.drop_frame(DropReason::HcaDown);
         }
         let parsed = packet::parse(frame);
+        if !eswitch_forwards(self.cfg.eswitch, &dp, &parsed.dmac) {
+            return self.drop_frame(DropReason::Eswitch);
+        }
         if self.cfg.vport_mac_filter && !vport_accepts(&dp.vport, &parsed.dmac) {
             return self.drop_frame(DropReason::VportFilter);
         }
@@ -712,6 +745,20 @@ fn config_range(off: u16, len: usize) -> std::io::Result<(usize, usize)> {
     Ok((s, e))
 }
 
+/// Whether the e-switch in front of the function forwards a frame for
+/// `dmac` to it: multicast and broadcast always; unicast only to a MAC the
+/// driver programmed (a VF's vport address list, a PF's MPFS L2 table).
+fn eswitch_forwards(e: Eswitch, dp: &Datapath, dmac: &[u8; 6]) -> bool {
+    if dmac[0] & 1 == 1 {
+        return true;
+    }
+    match e {
+        Eswitch::None => true,
+        Eswitch::LegacyVf => dp.vport.uc_list.contains(dmac),
+        Eswitch::Mpfs => dp.l2_table.values().any(|m| m == dmac),
+    }
+}
+
 fn vport_accepts(v: &Vport, dmac: &[u8; 6]) -> bool {
     if v.promisc_all {
         return true;
@@ -772,7 +819,7 @@ impl SimNic {
     pub fn new(fabric: &Fabric, cfg: NicConfig) -> SimNic {
         let fab = fabric.inner.clone();
         let function = lock(&fab.registry).new_function();
-        let port = fab.add_port(None, Some(cfg.mac));
+        let port = fab.add_port(None, (cfg.mac != [0; 6]).then_some(cfg.mac));
         let iommu = Arc::new(Iommu::new());
         let mapper: Arc<dyn DmaMapper> = Arc::new(SimMapper::new(iommu.clone()));
         let vport = Vport {

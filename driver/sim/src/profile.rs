@@ -92,6 +92,7 @@ impl Profile {
                 device_id: 0x1018,
                 vf: true,
                 function_id: 1,
+                eswitch: crate::nic::Eswitch::LegacyVf,
                 boot_pages: 16,
                 init_pages: 512,
                 regular_pages: 256,

@@ -13,6 +13,9 @@ pub enum DropReason {
     LinkDown,
     /// Vport MAC filter (only with `NicConfig::vport_mac_filter`).
     VportFilter,
+    /// The e-switch does not forward this unicast MAC to the function: not
+    /// in a VF's vport address list, or not in a PF's MPFS L2 table.
+    Eswitch,
     /// No root NIC RX flow table is set.
     NoSteeringRoot,
     /// No flow table entry matched (table miss).
@@ -41,9 +44,10 @@ pub enum DropReason {
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 13] = [
+    pub const ALL: [DropReason; 14] = [
         DropReason::LinkDown,
         DropReason::VportFilter,
+        DropReason::Eswitch,
         DropReason::NoSteeringRoot,
         DropReason::FlowMiss,
         DropReason::FlowDrop,
@@ -62,6 +66,7 @@ impl DropReason {
         match self {
             DropReason::LinkDown => "link down",
             DropReason::VportFilter => "vport MAC filter",
+            DropReason::Eswitch => "e-switch: unicast MAC not programmed for the function",
             DropReason::NoSteeringRoot => "no root flow table",
             DropReason::FlowMiss => "flow table miss",
             DropReason::FlowDrop => "flow entry drop action",
@@ -374,6 +379,8 @@ pub struct ObjectCounts {
     pub flow_entries: usize,
     /// Q counter sets.
     pub q_counters: usize,
+    /// MPFS L2 table entries.
+    pub l2_entries: usize,
     /// A root NIC RX table is set.
     pub root_set: bool,
 }
@@ -395,5 +402,6 @@ impl ObjectCounts {
             + self.flow_groups
             + self.flow_entries
             + self.q_counters
+            + self.l2_entries
     }
 }

@@ -288,6 +288,8 @@ fn vport_mac_filter_promisc_and_mac_change() {
         NicConfig {
             mac: MAC_A,
             vport_mac_filter: true,
+            // The optional vport filter alone, without an e-switch in front.
+            eswitch: mlx5_sim::Eswitch::None,
             ..Default::default()
         },
     );

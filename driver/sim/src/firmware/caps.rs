@@ -65,7 +65,11 @@ impl Caps {
                 .set(C::CQE_COMPRESSION, 0)
                 .set(C::CQE_128_ALWAYS, 0)
                 .set(C::VPORT_GROUP_MANAGER, u64::from(!cfg.vf))
-                .set(C::ESWITCH_MANAGER, u64::from(!cfg.vf));
+                .set(
+                    C::ESWITCH_MANAGER,
+                    u64::from(cfg.eswitch == crate::nic::Eswitch::Mpfs),
+                )
+                .set(C::LOG_MAX_L2_TABLE, u64::from(cfg.log_max_l2_table));
         }
         let mut cur = g.clone();
         {

@@ -634,6 +634,42 @@ impl Host {
         self.mtu = u16::from_be_bytes([v[0x10 + 0x26], v[0x10 + 0x27]]);
         let st = self.ok(&simple(Opcode::QueryVportState, 0, 0), 0x10);
         assert_eq!(be32(&st, 0xc) & 0xf, 1, "link up");
+        // Unicast reaches the function only for MACs in its vport list
+        // (a VF's e-switch) and, on an e-switch manager, its MPFS entry.
+        let mac = self.nic.config().mac;
+        self.set_uc_list(&[mac]);
+        if caps.get(CmdHcaCap::ESWITCH_MANAGER) == 1 {
+            self.set_l2_entry(0, mac);
+        }
+    }
+
+    /// MODIFY_NIC_VPORT_CONTEXT of the unicast address list.
+    pub fn set_uc_list(&mut self, macs: &[[u8; 6]]) {
+        let mut inp = input::<ModifyNicVportContextIn>(
+            Opcode::ModifyNicVportContext,
+            0,
+            0x200 + 8 * macs.len(),
+            |v| {
+                v.sub(ModifyNicVportContextIn::FIELD_SELECT)
+                    .set(ModifyNicVportFieldSelect::ADDRESSES_LIST, 1);
+                v.sub(ModifyNicVportContextIn::NIC_VPORT_CONTEXT)
+                    .set(NicVportContext::ALLOWED_LIST_SIZE, macs.len() as u64);
+            },
+        );
+        for (i, m) in macs.iter().enumerate() {
+            inp[0x200 + 8 * i + 2..0x200 + 8 * i + 8].copy_from_slice(m);
+        }
+        self.ok(&inp, 0x10);
+    }
+
+    /// SET_L2_TABLE_ENTRY (MPFS).
+    pub fn set_l2_entry(&mut self, index: u32, mac: [u8; 6]) {
+        let mut inp = input::<SetL2TableEntryIn>(Opcode::SetL2TableEntry, 0, 0, |v| {
+            v.set(SetL2TableEntryIn::TABLE_INDEX, u64::from(index));
+        });
+        let at = SetL2TableEntryIn::MAC_ADDRESS.byte() + 2;
+        inp[at..at + 6].copy_from_slice(&mac);
+        self.ok(&inp, 0x10);
     }
 
     // ------------------------------------------------------------ datapath
@@ -985,6 +1021,12 @@ impl Host {
             self.ok(&simple(Opcode::DestroyEq, 0, eq.eqn), 0x10);
         }
         self.hw.disable_msix().unwrap();
+        if self.nic.objects().l2_entries > 0 {
+            let inp = input::<DeleteL2TableEntryIn>(Opcode::DeleteL2TableEntry, 0, 0, |v| {
+                v.set(DeleteL2TableEntryIn::TABLE_INDEX, 0);
+            });
+            self.ok(&inp, 0x10);
+        }
         self.ok(&simple(Opcode::DeallocUar, 0, self.uar_eq), 0x10);
         self.ok(&simple(Opcode::TeardownHca, 0, 0), 0x10);
         loop {

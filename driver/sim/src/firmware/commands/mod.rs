@@ -111,6 +111,8 @@ fn lengths(op: Opcode) -> Option<(usize, usize)> {
         QueryNicVportContext => (0x10, QueryNicVportContextOut::BYTES),
         ModifyNicVportContext => (ModifyNicVportContextIn::BYTES, 0x10),
         QueryQCounter => (QueryQCounterIn::BYTES, QueryQCounterOut::BYTES),
+        SetL2TableEntry => (SetL2TableEntryIn::BYTES, 0x10),
+        DeleteL2TableEntry => (DeleteL2TableEntryIn::BYTES, 0x10),
         _ => return None,
     })
 }
@@ -252,6 +254,8 @@ pub(crate) fn execute(
         QueryNicVportContext => c.query_vport_ctx(),
         ModifyNicVportContext => c.modify_vport_ctx(),
         QueryVportState => c.query_vport_state(),
+        SetL2TableEntry => c.set_l2_table_entry(),
+        DeleteL2TableEntry => c.delete_l2_table_entry(),
         AllocQCounter => c.alloc_q_counter(),
         DeallocQCounter => c.dealloc_q_counter(),
         QueryQCounter => c.query_q_counter(),

@@ -6,7 +6,7 @@ use mlx5::prm::codes::CmdStatus;
 use mlx5::prm::ctx::*;
 
 use super::super::Why;
-use super::{Ctx, R, param, range, rej};
+use super::{Ctx, R, must_be_zero, param, range, rej};
 
 impl Ctx<'_> {
     // --------------------------------------------------------------- vport
@@ -170,6 +170,53 @@ impl Ctx<'_> {
         let mut o = self.ov::<QueryVportStateOut>()?;
         o.set(QueryVportStateOut::ADMIN_STATE, 2)
             .set(QueryVportStateOut::STATE, u64::from(up));
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ MPFS
+
+    /// SET_L2_TABLE_ENTRY: the e-switch manager steers a unicast MAC to
+    /// itself on a port shared through MPFS (Linux `mlx5_mpfs_add_mac`).
+    pub(super) fn set_l2_table_entry(&mut self) -> R {
+        if self.nic.cfg.eswitch != crate::nic::Eswitch::Mpfs {
+            return Err(param(
+                Why::NotSupported,
+                "SET_L2_TABLE_ENTRY: the function is not the e-switch manager",
+            ));
+        }
+        let v = self.iv::<SetL2TableEntryIn>()?;
+        let index = v.get32(SetL2TableEntryIn::TABLE_INDEX);
+        let size = 1u64 << self.nic.cfg.log_max_l2_table;
+        range("table_index", u64::from(index), 0, size - 1)?;
+        must_be_zero(
+            "vlan_valid (VLAN entries)",
+            v.get(SetL2TableEntryIn::VLAN_VALID),
+        )?;
+        let a = v.sub(SetL2TableEntryIn::MAC_ADDRESS);
+        let hi = (a.get32(MacAddressLayout::MAC_ADDR_47_32) as u16).to_be_bytes();
+        let lo = a.get32(MacAddressLayout::MAC_ADDR_31_0).to_be_bytes();
+        let mac = [hi[0], hi[1], lo[0], lo[1], lo[2], lo[3]];
+        if mac[0] & 1 == 1 || mac == [0; 6] {
+            return Err(param(
+                Why::OutOfRange,
+                format!(
+                    "L2 table entry {index}: {} is not a unicast MAC",
+                    crate::util::mac_str(&mac)
+                ),
+            ));
+        }
+        self.dp.l2_table.insert(index, mac);
+        Ok(())
+    }
+
+    /// DELETE_L2_TABLE_ENTRY.
+    pub(super) fn delete_l2_table_entry(&mut self) -> R {
+        let index = self
+            .iv::<DeleteL2TableEntryIn>()?
+            .get32(DeleteL2TableEntryIn::TABLE_INDEX);
+        if self.dp.l2_table.remove(&index).is_none() {
+            return Err(param(Why::NoObject, format!("no L2 table entry {index}")));
+        }
         Ok(())
     }
 }
