@@ -17,7 +17,8 @@ use crate::hw::{HwBackend, pci};
 use crate::pages::FwPages;
 use crate::prm::cmd::*;
 use crate::prm::codes::{
-    EventType, Opcode, cap_type, flow, manage_pages_op_mod, pages_op_mod, reg,
+    EventType, Opcode, cap_type, flow, inline_mode, manage_pages_op_mod, pages_op_mod, reg,
+    ts_format, ts_format_cap,
 };
 use crate::prm::cqe::EqeDecoded;
 use crate::prm::ctx::*;
@@ -123,6 +124,15 @@ pub struct DeviceInfo {
     pub ext_stride_num_range: bool,
     /// CQE version in use.
     pub cqe_version: u8,
+    /// Ethernet cap `wqe_inline_mode`; `sqc.min_wqe_inline_mode` is set
+    /// only when it is VPORT_CONTEXT (as Linux and DPDK do).
+    pub wqe_inline_mode_cap: u8,
+    /// `sqc.ts_format` the SQs use.
+    pub sq_ts_format: u8,
+    /// `rqc.ts_format` the RQs use.
+    pub rq_ts_format: u8,
+    /// NIC RX flow table cap `reset_root_to_default`.
+    pub reset_root_to_default: bool,
     /// PCI device id.
     pub pci_device_id: u16,
     /// A virtual function (from the device id).
@@ -201,6 +211,8 @@ pub(crate) struct Ctl {
     pub pages: FwPages,
     /// The function QUERY_PAGES named (pages are given and taken for it).
     pub func: FuncId,
+    /// Flow table cap `reset_root_to_default` (NIC RX).
+    reset_root_to_default: bool,
     pub flow: Option<FlowTable>,
     objects: Vec<Obj>,
     health: HealthState,
@@ -443,6 +455,7 @@ impl<B: HwBackend> Device<B> {
             eq: None,
             pages: FwPages::default(),
             func: FuncId::default(),
+            reset_root_to_default: false,
             flow: None,
             objects: Vec::new(),
             health: HealthState::default(),
@@ -865,6 +878,24 @@ fn bring_up<B: HwBackend>(
     let eth_inline = View::<EthCaps>::new(&eth)
         .expect("cap block")
         .get32(EthCaps::WQE_INLINE_MODE);
+    let ft = query_cap(bar, pool, ctl, cap_type::NIC_FLOW_TABLE, true)?;
+    ctl.reset_root_to_default = View::<FlowTableNicCap>::new(&ft)
+        .expect("cap block")
+        .sub(FlowTableNicCap::FLOW_TABLE_PROPERTIES_NIC_RECEIVE)
+        .get32(FlowTablePropLayout::RESET_ROOT_TO_DEFAULT)
+        == 1;
+    // Timestamp formats, chosen as DPDK's mlx5_ts_format_conv does: a
+    // device with only a real-time clock gets REAL_TIME, otherwise the
+    // free-running timer.
+    let ts = |cap: u32| match cap as u8 {
+        ts_format_cap::FREE_RUNNING | ts_format_cap::FREE_RUNNING_AND_REAL_TIME => {
+            ts_format::FREE_RUNNING
+        }
+        ts_format_cap::REAL_TIME => ts_format::REAL_TIME,
+        _ => ts_format::DEFAULT,
+    };
+    let sq_ts_format = ts(caps.get32(CmdHcaCap::SQ_TS_FORMAT));
+    let rq_ts_format = ts(caps.get32(CmdHcaCap::RQ_TS_FORMAT));
 
     // SET_HCA_CAP from the current values: no command checksums, 4 KiB UARs.
     let mut inp = input::<SetHcaCapIn>(Opcode::SetHcaCap, cap_type::GENERAL << 1, 0);
@@ -999,9 +1030,9 @@ fn bring_up<B: HwBackend>(
         mac
     };
     let vport_inline = vctx.get32(NicVportContext::MIN_WQE_INLINE_MODE);
-    let mode = match eth_inline {
-        0 => 1,
-        1 => vport_inline,
+    let mode = match eth_inline as u8 {
+        inline_mode::L2 => 1,
+        inline_mode::VPORT_CONTEXT => vport_inline,
         _ => 0,
     };
     let inline_mode = match mode {
@@ -1140,6 +1171,10 @@ fn bring_up<B: HwBackend>(
         log_max_cq_sz: caps.get32(CmdHcaCap::LOG_MAX_CQ_SZ) as u8,
         ext_stride_num_range: caps.get32(CmdHcaCap::EXT_STRIDE_NUM_RANGE) == 1,
         cqe_version: caps.get32(CmdHcaCap::CQE_VERSION) as u8,
+        wqe_inline_mode_cap: eth_inline as u8,
+        sq_ts_format,
+        rq_ts_format,
+        reset_root_to_default: ctl.reset_root_to_default,
         pci_device_id,
         is_vf,
         func: ctl.func,
@@ -1263,9 +1298,11 @@ fn teardown<B: HwBackend>(bar: &Bar<B>, pool: &Arc<DmaPool>, ctl: &mut Ctl) -> R
     };
     while let Some(obj) = ctl.objects.pop() {
         let r = match obj {
+            // Linux destroys the last NIC RX root table without
+            // disconnecting it (firmware allows that); SET_FLOW_TABLE_ROOT
+            // op_mod 1 exists only with the reset_root_to_default cap.
+            Obj::FlowRoot if !ctl.reset_root_to_default => Ok(()),
             Obj::FlowRoot => {
-                // Disconnect the root (op_mod 1), as the kernel does before
-                // destroying the last NIC RX root table.
                 let mut inp = input::<SetFlowTableRootIn>(
                     Opcode::SetFlowTableRoot,
                     flow::SET_ROOT_OP_MOD_DISCONNECT,

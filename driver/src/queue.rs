@@ -27,7 +27,7 @@ use crate::dma::{DmaMem, PAGE};
 use crate::error::Error;
 use crate::hw::HwBackend;
 use crate::prm::cmd::*;
-use crate::prm::codes::{CqeOpcode, Opcode, QueueState, WqeOpcode, flow, wq_type};
+use crate::prm::codes::{CqeOpcode, Opcode, QueueState, WqeOpcode, flow, inline_mode, wq_type};
 use crate::prm::cqe::{CQE_OP_OWN_INVALID, Cqe, Cqe64};
 use crate::prm::ctx::*;
 use crate::prm::wqe::{
@@ -310,6 +310,12 @@ pub struct HwQueueState {
     pub sq_hw_counter: u32,
     /// SQ producer counter as hardware last read it.
     pub sq_sw_counter: u32,
+    /// `sqc.min_wqe_inline_mode` as the SQ was created.
+    pub sq_min_wqe_inline_mode: u8,
+    /// `sqc.ts_format`.
+    pub sq_ts_format: u8,
+    /// `rqc.ts_format`.
+    pub rq_ts_format: u8,
     /// RQ state.
     pub rq_state: u8,
     /// RQ hardware counter.
@@ -558,8 +564,16 @@ impl<B: HwBackend> QueueSet<B> {
         {
             let mut v = ViewMut::<CreateSqIn>::new(&mut inp).expect("sized");
             let mut c = v.sub(CreateSqIn::CTX);
+            // The SQ's inline field counts only when the requirement lives
+            // in the vport context (Linux and DPDK set it only then).
+            let min_inline = if info.wqe_inline_mode_cap == inline_mode::VPORT_CONTEXT {
+                u64::from(self.inline)
+            } else {
+                0
+            };
             c.set(Sqc::FLUSH_IN_ERROR_EN, 1)
-                .set(Sqc::MIN_WQE_INLINE_MODE, u64::from(self.inline))
+                .set(Sqc::MIN_WQE_INLINE_MODE, min_inline)
+                .set(Sqc::TS_FORMAT, u64::from(info.sq_ts_format))
                 .set(Sqc::STATE, QueueState::Rst as u64)
                 .set(Sqc::CQN, self.tx_cq.cqn as u64)
                 .set(Sqc::TIS_LST_SZ, 1)
@@ -630,6 +644,7 @@ impl<B: HwBackend> QueueSet<B> {
             let mut v = ViewMut::<CreateRqIn>::new(&mut inp).expect("sized");
             let mut c = v.sub(CreateRqIn::CTX);
             c.set(Rqc::VSD, 1)
+                .set(Rqc::TS_FORMAT, u64::from(info.rq_ts_format))
                 .set(Rqc::MEM_RQ_TYPE, 0)
                 .set(Rqc::STATE, QueueState::Rst as u64)
                 .set(Rqc::FLUSH_IN_ERROR_EN, 1)
@@ -1265,6 +1280,10 @@ impl<B: HwBackend> QueueSet<B> {
             sq.sub(Sqc::WQ).get32(Wq::HW_COUNTER),
             sq.sub(Sqc::WQ).get32(Wq::SW_COUNTER),
         );
+        let (sq_min_wqe_inline_mode, sq_ts_format) = (
+            sq.get32(Sqc::MIN_WQE_INLINE_MODE) as u8,
+            sq.get32(Sqc::TS_FORMAT) as u8,
+        );
         let mut inp = input::<QueryRqIn>(Opcode::QueryRq, 0, 0);
         ViewMut::<QueryRqIn>::new(&mut inp)
             .expect("sized")
@@ -1273,6 +1292,7 @@ impl<B: HwBackend> QueueSet<B> {
         let rq = View::<QueryRqOut>::new(&out)
             .expect("sized")
             .sub(QueryRqOut::RQ_CONTEXT);
+        let rq_ts_format = rq.get32(Rqc::TS_FORMAT) as u8;
         let (rq_state, rq_hw, rq_sw) = (
             rq.get32(Rqc::STATE) as u8,
             rq.sub(Rqc::WQ).get32(Wq::HW_COUNTER),
@@ -1306,6 +1326,9 @@ impl<B: HwBackend> QueueSet<B> {
             sq_state,
             sq_hw_counter: sq_hw,
             sq_sw_counter: sq_sw,
+            sq_min_wqe_inline_mode,
+            sq_ts_format,
+            rq_ts_format,
             rq_state,
             rq_hw_counter: rq_hw,
             rq_sw_counter: rq_sw,

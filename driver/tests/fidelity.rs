@@ -275,3 +275,99 @@ fn a_function_without_a_mac_gets_a_usable_one_or_a_clear_error() {
     assert_eq!(v3.hca_state(), HcaState::Disabled);
     assert_eq!(v3.pages_held(), 0);
 }
+
+/// Item 7: SET_FLOW_TABLE_ROOT op_mod 1 exists only with the flow table
+/// cap `reset_root_to_default`; without it Linux destroys the last NIC RX
+/// root table without disconnecting it, which firmware allows. The model
+/// refuses op_mod 1 without the cap.
+#[test]
+fn teardown_disconnects_the_root_only_with_reset_root_to_default() {
+    use mlx5::prm::codes::{CmdStatus, Opcode};
+    let fab = fabric(57);
+    for (p, cap) in [
+        (mlx5_sim::Profile::ConnectX5Pf, false),
+        (mlx5_sim::Profile::ConnectX7Pf, true),
+    ] {
+        let nic = nic_with(&fab, 1, p.config());
+        let dev = open(&nic);
+        assert_eq!(dev.info().reset_root_to_default, cap, "{p}");
+        drop(dev.create_queue_set(queue(4000)).unwrap());
+        dev.close().expect("teardown without a failed command");
+        let log = nic.command_log();
+        let disconnects = log
+            .iter()
+            .filter(|c| c.opcode == Opcode::SetFlowTableRoot as u16 && c.op_mod == 1)
+            .count();
+        assert_eq!(disconnects, usize::from(cap), "{p}");
+        assert!(log.iter().all(|c| c.status == CmdStatus::Ok), "{p}");
+        assert_eq!(nic.objects().total(), 0, "{p}");
+    }
+}
+
+/// Item 8: `sqc.min_wqe_inline_mode` is set only when the Ethernet cap
+/// says VPORT_CONTEXT (Linux and DPDK); on a ConnectX-4 Lx (L2 always
+/// inline) it stays 0 and the L2 header still goes inline.
+#[test]
+fn sq_min_inline_mode_only_with_vport_context() {
+    let fab = fabric(58);
+    let lx = nic_with(&fab, 1, mlx5_sim::Profile::ConnectX4LxPf.config());
+    let vport = nic_with(
+        &fab,
+        2,
+        NicConfig {
+            wqe_inline_mode: 1,
+            vport_min_inline: 1,
+            ..Default::default()
+        },
+    );
+    for (nic, field) in [(&lx, 0), (&vport, 1)] {
+        let dev = open(nic);
+        assert_eq!(dev.info().inline_mode, mlx5::InlineMode::L2);
+        let qs = dev.create_queue_set(queue(4000)).unwrap();
+        assert!(qs.inlines_l2());
+        assert_eq!(qs.query_hw().unwrap().sq_min_wqe_inline_mode, field);
+    }
+}
+
+/// Item 9: SQ/RQ `ts_format` chosen from the caps like DPDK's
+/// mlx5_ts_format_conv: free-running where offered, real time on a
+/// device that has only that (the ConnectX-7 profile refuses
+/// free-running); CQE timestamps then come in real-time format.
+#[test]
+fn timestamp_format_follows_the_caps() {
+    use mlx5::prm::codes::ts_format;
+    let fab = fabric(59);
+    fab.advance(Duration::from_secs(3));
+    for (p, want) in [
+        (mlx5_sim::Profile::ConnectX5Pf, ts_format::FREE_RUNNING),
+        (mlx5_sim::Profile::ConnectX6DxPf, ts_format::FREE_RUNNING),
+        (mlx5_sim::Profile::ConnectX7Pf, ts_format::REAL_TIME),
+    ] {
+        let nic = nic_with(&fab, 1, p.config());
+        let dev = open(&nic);
+        assert_eq!(
+            (dev.info().sq_ts_format, dev.info().rq_ts_format),
+            (want, want)
+        );
+        let mut qs = dev.create_queue_set(queue(4000)).unwrap();
+        let hw = qs.query_hw().unwrap();
+        assert_eq!((hw.sq_ts_format, hw.rq_ts_format), (want, want), "{p}");
+        qs.tx_flush().unwrap();
+        let t = qs
+            .snapshot()
+            .tx_last_cqe
+            .expect("the flush's CQE")
+            .timestamp;
+        let now = fab.now_ns();
+        if want == ts_format::REAL_TIME {
+            assert_eq!(
+                t >> 32,
+                now / 1_000_000_000,
+                "{p}: seconds in the high half"
+            );
+            assert!((t & 0xffff_ffff) < 1_000_000_000, "{p}: nanoseconds below");
+        } else {
+            assert!(t <= now && t > 3_000_000_000, "{p}: free-running ns {t}");
+        }
+    }
+}

@@ -174,6 +174,13 @@ pub struct NicConfig {
     pub ext_stride_num_range: bool,
     /// Cap `cq_oi`.
     pub cq_oi: bool,
+    /// Flow table cap `reset_root_to_default` (NIC RX): SET_FLOW_TABLE_ROOT
+    /// op_mod 1 is allowed only with it.
+    pub reset_root_to_default: bool,
+    /// Cap `sq_ts_format`: 0 free-running only, 1 real-time only, 2 both.
+    pub sq_ts_format: u8,
+    /// Cap `rq_ts_format` (same encoding).
+    pub rq_ts_format: u8,
     /// Resource limits.
     pub limits: Limits,
     /// Drop unicast frames not for the vport MAC / unicast list (unless
@@ -223,6 +230,9 @@ impl NicConfig {
             striding_rq: true,
             ext_stride_num_range: true,
             cq_oi: true,
+            reset_root_to_default: false,
+            sq_ts_format: 0,
+            rq_ts_format: 0,
             limits: Limits::default(),
             vport_mac_filter: false,
             log_cmdq_size: 5,
@@ -324,6 +334,18 @@ struct TxOrigin {
 impl NicInner {
     pub(crate) fn now_ns(&self) -> u64 {
         self.fabric.now_ns()
+    }
+
+    /// A CQE timestamp: the free-running internal timer (ns of the fabric
+    /// clock), or real time (seconds << 32 | nanoseconds, as the
+    /// `real_time` registers at 0x1040).
+    pub(crate) fn cqe_timestamp(&self, real_time: bool) -> u64 {
+        let now = self.now_ns();
+        if real_time {
+            ((now / 1_000_000_000) << 32) | (now % 1_000_000_000)
+        } else {
+            now
+        }
     }
 
     pub(crate) fn bar0_len(&self) -> usize {

@@ -105,6 +105,9 @@ impl Profile {
                 init_pages: 8192,
                 regular_pages: 2048,
                 wqe_inline_mode: 2,
+                reset_root_to_default: true,
+                sq_ts_format: 2,
+                rq_ts_format: 2,
                 ..base
             },
             Profile::ConnectX7Pf => NicConfig {
@@ -114,6 +117,9 @@ impl Profile {
                 init_pages: 16384,
                 regular_pages: 4096,
                 wqe_inline_mode: 2,
+                reset_root_to_default: true,
+                sq_ts_format: 1,
+                rq_ts_format: 1,
                 ..base
             },
         }

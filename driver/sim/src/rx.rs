@@ -55,6 +55,10 @@ pub(crate) struct Rq {
     pub user_index: u32,
     pub flush_in_error: bool,
     pub vsd: bool,
+    /// `rqc.ts_format` as written.
+    pub ts_format: u8,
+    /// CQE timestamps in real-time format.
+    pub real_time: bool,
     /// WQEs consumed (free-running).
     pub seq: u32,
     pub stride_idx: u32,
@@ -113,6 +117,8 @@ impl Rq {
             user_index,
             flush_in_error,
             vsd,
+            ts_format: 0,
+            real_time: false,
             seq: 0,
             stride_idx: 0,
             sw_counter: 0,
@@ -384,7 +390,7 @@ fn deliver_striding(
             wqe_counter: rq.stride_idx as u16,
             flow_tag: 0,
         };
-        let c = rx_cqe(dp, rq, parsed, None, at, nic.now_ns());
+        let c = rx_cqe(dp, rq, parsed, None, at, nic.cqe_timestamp(rq.real_time));
         rq.fillers += 1;
         nic.stats.filler_cqes.fetch_add(1, Ordering::Relaxed);
         post(nic, rq, &c)?;
@@ -406,7 +412,7 @@ fn deliver_striding(
         wqe_counter: rq.stride_idx as u16,
         flow_tag,
     };
-    let c = rx_cqe(dp, rq, parsed, tci, at, nic.now_ns());
+    let c = rx_cqe(dp, rq, parsed, tci, at, nic.cqe_timestamp(rq.real_time));
     rq.stride_idx += need;
     if rq.stride_idx == nstrides {
         rq.seq = rq.seq.wrapping_add(1);
@@ -459,7 +465,7 @@ fn deliver_cyclic(
         wqe_counter: seq as u16,
         flow_tag,
     };
-    let c = rx_cqe(dp, rq, parsed, tci, at, nic.now_ns());
+    let c = rx_cqe(dp, rq, parsed, tci, at, nic.cqe_timestamp(rq.real_time));
     rq.packets += 1;
     rq.bytes += len as u64;
     post(nic, rq, &c)

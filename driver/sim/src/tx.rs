@@ -38,8 +38,15 @@ pub(crate) struct Sq {
     pub pd: u32,
     pub uar: u32,
     pub dbr: u64,
-    /// `sqc.min_wqe_inline_mode`.
+    /// The inline requirement in force: `sqc.min_wqe_inline_mode` when the
+    /// Ethernet cap says VPORT_CONTEXT, else the device's own.
     pub min_inline: u8,
+    /// `sqc.min_wqe_inline_mode` as written.
+    pub min_inline_field: u8,
+    /// `sqc.ts_format` as written.
+    pub ts_format: u8,
+    /// CQE timestamps in real-time format.
+    pub real_time: bool,
     pub flush_in_error: bool,
     pub user_index: u32,
     /// Hardware consumer counter in WQEBBs.
@@ -191,7 +198,7 @@ impl Sq {
                     Cqe64::SOP_DROP_QPN,
                     (u64::from(opcode) << 24) | u64::from(self.sqn),
                 )
-                .set(Cqe64::TIMESTAMP, nic.now_ns())
+                .set(Cqe64::TIMESTAMP, nic.cqe_timestamp(self.real_time))
                 .set(Cqe64::OP_OWN, u64::from(op_own(CqeOpcode::Req as u8, se)));
             if dp.cqe_version == 1 {
                 v.set(Cqe64::SRQN_UIDX, u64::from(self.user_index));

@@ -404,13 +404,11 @@ fn connectx4_lx_requires_the_l2_header_inline() {
     let tap = fab.add_tap(Some(MAC_B));
     let cq = h.create_cq(4, false);
     let tis = h.create_tis();
-    // An SQ that does not promise L2 inlining is refused.
-    let ring = h.alloc(4096);
-    let (_, dbr) = h.dbr();
-    let inp = h.create_sq_input(cq.cqn, tis, 6, 0, &ring, dbr);
-    assert_eq!(h.exec(&inp, 16).status, 0x03);
+    // sqc.min_wqe_inline_mode counts only with wqe_inline_mode
+    // VPORT_CONTEXT; Linux and DPDK leave it 0 here, and the device still
+    // requires the L2 header inline.
     let mut cq = cq;
-    let mut sq = h.create_sq(cq.cqn, tis, 6, 1);
+    let mut sq = h.create_sq(cq.cqn, tis, 6, 0);
     assert!(h.modify_sq(sq.sqn, 0, 1).ok());
     let f = frame_to(MAC_B, MAC_A, &[3; 200]);
     let buf = h.alloc(4096);

@@ -146,10 +146,10 @@ fn out_of_range_and_unsupported_fields() {
         CmdStatus::BadParameter,
         Why::OpMod,
     );
-    // Capability type 7 is not modeled.
+    // Capability type 4 (RoCE) is not modeled.
     expect(
         &mut h,
-        &simple(Opcode::QueryHcaCap, 7 << 1 | 1, 0),
+        &simple(Opcode::QueryHcaCap, 4 << 1 | 1, 0),
         0x1010,
         CmdStatus::BadParameter,
         Why::NotSupported,
@@ -545,4 +545,54 @@ fn a_vf_refuses_host_endianness_and_pages_for_another_function() {
     inp[0x10..0x18].copy_from_slice(&page.iova().to_be_bytes());
     assert!(h.exec_slot(SLOT_PAGES, &inp, 0x10).ok());
     assert_eq!(h.nic.pages_held(), 1);
+}
+
+/// SET_FLOW_TABLE_ROOT op_mod 1 needs `reset_root_to_default`; destroying
+/// the root table is allowed (steering falls back to nothing).
+#[test]
+fn root_disconnect_needs_the_cap_and_the_root_may_be_destroyed() {
+    let (_f, mut h) = up(13);
+    assert!(!h.nic.config().reset_root_to_default);
+    let t = h.create_flow_table(4);
+    h.set_root(t);
+    assert!(h.nic.objects().root_set);
+    let unroot = input::<SetFlowTableRootIn>(Opcode::SetFlowTableRoot, 1, 0, |_| {});
+    expect(
+        &mut h,
+        &unroot,
+        16,
+        CmdStatus::BadParameter,
+        Why::NotSupported,
+    );
+    let dt = input::<DestroyFlowTableIn>(Opcode::DestroyFlowTable, 0, 0, |v| {
+        v.set(DestroyFlowTableIn::TABLE_ID, u64::from(t));
+    });
+    h.ok(&dt, 0x10);
+    assert!(!h.nic.objects().root_set);
+}
+
+/// A ConnectX-7 offers only real-time timestamps: an SQ asking for the
+/// free-running format is refused.
+#[test]
+fn real_time_only_device_refuses_free_running_queues() {
+    let fab = det_fabric(14);
+    let mut h = Host::new(
+        &fab,
+        NicConfig {
+            mac: MAC_A,
+            ..mlx5_sim::Profile::ConnectX7Pf.config()
+        },
+    );
+    h.bring_up();
+    let cq = h.create_cq(4, false);
+    let tis = h.create_tis();
+    let ring = h.alloc(4096);
+    let (_, dbr) = h.dbr();
+    let mut inp = h.create_sq_input(cq.cqn, tis, 6, 0, &ring, dbr);
+    expect(&mut h, &inp, 16, CmdStatus::BadParameter, Why::NotSupported);
+    {
+        let mut v = mlx5::prm::ViewMut::<CreateSqIn>::new(&mut inp).unwrap();
+        v.sub(CreateSqIn::CTX).set(Sqc::TS_FORMAT, 2);
+    }
+    assert!(h.exec(&inp, 16).ok());
 }

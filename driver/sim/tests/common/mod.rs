@@ -988,8 +988,8 @@ impl Host {
                 .set(DeleteFteIn::FLOW_INDEX, 0);
         });
         self.ok(&del, 0x10);
-        let unroot = input::<SetFlowTableRootIn>(Opcode::SetFlowTableRoot, 1, 0, |_| {});
-        self.ok(&unroot, 0x10);
+        // The root table is destroyed while it is the root (Linux does so);
+        // op_mod 1 needs the reset_root_to_default cap.
         let dg = input::<DestroyFlowGroupIn>(Opcode::DestroyFlowGroup, 0, 0, |v| {
             v.set(DestroyFlowGroupIn::TABLE_ID, u64::from(p.table))
                 .set(DestroyFlowGroupIn::GROUP_ID, u64::from(p.group));

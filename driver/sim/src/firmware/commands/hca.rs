@@ -261,11 +261,12 @@ impl Ctx<'_> {
             (cap_type::GENERAL, false) => &self.fw.caps.gen_max,
             (cap_type::ETHERNET_OFFLOADS, true) => &self.fw.caps.eth_cur,
             (cap_type::ETHERNET_OFFLOADS, false) => &self.fw.caps.eth_max,
+            (cap_type::NIC_FLOW_TABLE, _) => &self.fw.caps.flow_table,
             _ => {
                 return Err(param(
                     Why::NotSupported,
                     format!(
-                        "capability type {ty:#x} is not modeled (general 0 and Ethernet 1 are)"
+                        "capability type {ty:#x} is not modeled (general 0, Ethernet 1 and NIC flow table 7 are)"
                     ),
                 ));
             }

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 
 use mlx5::prm::View;
 use mlx5::prm::cmd::*;
-use mlx5::prm::codes::{CmdStatus, wq_type};
+use mlx5::prm::codes::{CmdStatus, inline_mode, ts_format, ts_format_cap, wq_type};
 use mlx5::prm::ctx::*;
 use mlx5::prm::wqe::{MPWQE_LOG_STRIDE_SZ_BASE, decode_log_num_strides};
 
@@ -307,17 +307,27 @@ impl Ctx<'_> {
             s.get(Sqc::ALLOW_MULTI_PKT_SEND_WQE),
         )?;
         must_be_zero("sqc.cd_master", s.get(Sqc::CD_MASTER))?;
-        let min_inline = s.get(Sqc::MIN_WQE_INLINE_MODE) as u8;
-        range("sqc.min_wqe_inline_mode", u64::from(min_inline), 0, 3)?;
+        let min_inline_field = s.get(Sqc::MIN_WQE_INLINE_MODE) as u8;
+        range("sqc.min_wqe_inline_mode", u64::from(min_inline_field), 0, 3)?;
         let dev = self.device_inline_mode();
-        if min_inline < dev {
-            return Err(param(
-                Why::Mismatch,
-                format!(
-                    "sqc.min_wqe_inline_mode {min_inline} is below the device/vport requirement {dev}"
-                ),
-            ));
-        }
+        // The field counts only when the Ethernet cap says the requirement
+        // is in the vport context (Linux and DPDK set it only then); the
+        // device enforces its own requirement either way.
+        let min_inline = if self.fw.caps.wqe_inline_mode() == inline_mode::VPORT_CONTEXT {
+            if min_inline_field < dev {
+                return Err(param(
+                    Why::Mismatch,
+                    format!(
+                        "sqc.min_wqe_inline_mode {min_inline_field} is below the vport requirement {dev}"
+                    ),
+                ));
+            }
+            min_inline_field
+        } else {
+            dev
+        };
+        let ts_format = s.get(Sqc::TS_FORMAT) as u8;
+        let real_time = check_ts_format("sqc.ts_format", ts_format, self.nic.cfg.sq_ts_format)?;
         let cqn = s.get32(Sqc::CQN);
         let cq = self.need_cq(cqn)?;
         let tis_n = s.get(Sqc::TIS_LST_SZ);
@@ -366,6 +376,9 @@ impl Ctx<'_> {
             uar,
             dbr,
             min_inline,
+            min_inline_field,
+            ts_format,
+            real_time,
             flush_in_error: s.get(Sqc::FLUSH_IN_ERROR_EN) == 1,
             user_index: s.get32(Sqc::USER_INDEX),
             cc: 0,
@@ -461,7 +474,8 @@ impl Ctx<'_> {
         let mut o = self.ov::<QuerySqOut>()?;
         let mut s = o.sub(QuerySqOut::SQ_CONTEXT);
         s.set(Sqc::FLUSH_IN_ERROR_EN, u64::from(sq.flush_in_error))
-            .set(Sqc::MIN_WQE_INLINE_MODE, u64::from(sq.min_inline))
+            .set(Sqc::MIN_WQE_INLINE_MODE, u64::from(sq.min_inline_field))
+            .set(Sqc::TS_FORMAT, u64::from(sq.ts_format))
             .set(Sqc::STATE, u64::from(sq.state.raw()))
             .set(Sqc::USER_INDEX, u64::from(sq.user_index))
             .set(Sqc::CQN, u64::from(sq.cqn))
@@ -494,6 +508,8 @@ impl Ctx<'_> {
             "rqc.scatter_fcs (FCS is not modeled)",
             r.get(Rqc::SCATTER_FCS),
         )?;
+        let ts_format = r.get(Rqc::TS_FORMAT) as u8;
+        let real_time = check_ts_format("rqc.ts_format", ts_format, self.nic.cfg.rq_ts_format)?;
         let cqn = r.get32(Rqc::CQN);
         let cq = self.need_cq(cqn)?;
         let cs = r.get32(Rqc::COUNTER_SET_ID);
@@ -572,6 +588,9 @@ impl Ctx<'_> {
             r.get(Rqc::FLUSH_IN_ERROR_EN) == 1,
             r.get(Rqc::VSD) == 1,
         );
+        let mut rq = rq;
+        rq.ts_format = ts_format;
+        rq.real_time = real_time;
         self.dp.rqs.insert(rqn, Arc::new(Mutex::new(rq)));
         self.ov::<CreateRqOut>()?
             .set(CreateRqOut::RQN, u64::from(rqn));
@@ -644,7 +663,8 @@ impl Ctx<'_> {
             .set(Rqc::FLUSH_IN_ERROR_EN, u64::from(rq.flush_in_error))
             .set(Rqc::USER_INDEX, u64::from(rq.user_index))
             .set(Rqc::CQN, u64::from(rq.cqn))
-            .set(Rqc::COUNTER_SET_ID, u64::from(rq.counter_id));
+            .set(Rqc::COUNTER_SET_ID, u64::from(rq.counter_id))
+            .set(Rqc::TS_FORMAT, u64::from(rq.ts_format));
         let mut w = r.sub(Rqc::WQ);
         w.set(
             Wq::WQ_TYPE,
@@ -671,4 +691,29 @@ impl Ctx<'_> {
         }
         Ok(())
     }
+}
+
+/// Checks a queue's `ts_format` against the device's `*_ts_format` cap and
+/// says whether its CQE timestamps are real time. A device that offers
+/// only real time (ConnectX-7 can) refuses free-running, and one without a
+/// real-time clock refuses real time; DEFAULT is the device's own choice.
+fn check_ts_format(name: &str, ts: u8, cap: u8) -> Result<bool, Reject> {
+    let ok = match ts {
+        ts_format::FREE_RUNNING => cap != ts_format_cap::REAL_TIME,
+        ts_format::DEFAULT => true,
+        ts_format::REAL_TIME => cap != ts_format_cap::FREE_RUNNING,
+        _ => false,
+    };
+    if !ok {
+        let caps = match cap {
+            ts_format_cap::FREE_RUNNING => "free-running only",
+            ts_format_cap::REAL_TIME => "real-time only",
+            _ => "free-running and real-time",
+        };
+        return Err(param(
+            Why::NotSupported,
+            format!("{name} {ts}: the device's timestamp formats are {caps}"),
+        ));
+    }
+    Ok(ts == ts_format::REAL_TIME || (ts == ts_format::DEFAULT && cap == ts_format_cap::REAL_TIME))
 }

@@ -93,9 +93,6 @@ impl Ctx<'_> {
         self.nic_rx(v.get(DestroyFlowTableIn::TABLE_TYPE))?;
         let id = v.get32(DestroyFlowTableIn::TABLE_ID);
         let t = self.table_of(id)?;
-        if self.dp.steering.root == Some(id) {
-            return Err(self.busy(format!("flow table {id:#x} is the root")));
-        }
         if !t.groups.is_empty() {
             return Err(self.busy(format!(
                 "flow table {id:#x} still has {} groups",
@@ -107,6 +104,12 @@ impl Ctx<'_> {
         }
         self.dp.steering.tables.remove(&id);
         self.free24(id);
+        // Destroying the root is allowed: steering falls back to the
+        // default (nothing is received). Linux destroys the last NIC RX
+        // root this way, without SET_FLOW_TABLE_ROOT.
+        if self.dp.steering.root == Some(id) {
+            self.dp.steering.root = None;
+        }
         Ok(())
     }
 
@@ -361,6 +364,10 @@ impl Ctx<'_> {
                 self.dp.steering.root = Some(id);
                 Ok(())
             }
+            1 if !self.nic.cfg.reset_root_to_default => Err(param(
+                Why::NotSupported,
+                "SET_FLOW_TABLE_ROOT op_mod 1 (back to the default root) needs the reset_root_to_default flow table capability",
+            )),
             1 => {
                 self.dp.steering.root = None;
                 Ok(())
