@@ -153,11 +153,21 @@ pub struct FuncId {
     pub id: u16,
 }
 
+/// How often the heartbeat is sampled (rdma-core `POLL_HEALTH_INTERVAL`).
+pub const HEALTH_POLL_INTERVAL: Duration = Duration::from_millis(1000);
+/// Samples without a heartbeat change that mean the firmware is stuck
+/// (rdma-core `MAX_MISSES`).
+pub const HEALTH_MAX_MISSES: u32 = 3;
+
 /// Health state between checks.
 #[derive(Debug, Default, Clone, Copy)]
 struct HealthState {
-    last_counter: Option<u32>,
-    unchanged: u32,
+    /// Time and counter of the last heartbeat sample.
+    last_sample: Option<(Duration, u32)>,
+    /// Consecutive samples without a change.
+    misses: u32,
+    /// The last non-fatal syndrome logged.
+    warned_syndrome: u8,
 }
 
 /// A snapshot of the health registers.
@@ -497,9 +507,16 @@ impl<B: HwBackend> Device<B> {
         })
     }
 
-    /// Reads the health registers and checks them: syndrome, device gone,
-    /// NIC interface state, and a heartbeat that must advance (fatal after 3
-    /// checks without change). Cheap; callable at any time.
+    /// Reads the health registers and checks them the way rdma-core's
+    /// `mlx5_vfio_poll_health` does. Fatal only on the documented
+    /// conditions: the device is gone (`fw_ver` reads all-ones), the NIC
+    /// interface is disabled or in software reset, or a syndrome with the
+    /// reset-required flag (RFR) set. A syndrome without RFR is reported in
+    /// [`Health::syndrome`] and logged, not fatal. The heartbeat is sampled
+    /// at most once per [`HEALTH_POLL_INTERVAL`] (calls in between do not
+    /// count), and the firmware is stalled only after
+    /// [`HEALTH_MAX_MISSES`] samples in a row saw no change. Cheap; callable
+    /// at any rate.
     pub fn check_health(&self) -> Result<Health, Error> {
         let h = self.read_health();
         let mut ctl = self.inner.lock();
@@ -518,20 +535,31 @@ impl<B: HwBackend> Device<B> {
         {
             return fail(HealthProblem::NicInterface(h.nic_interface));
         }
-        if h.syndrome != 0 {
+        if h.rfr && h.syndrome != 0 {
             return fail(HealthProblem::syndrome(h.syndrome, h.ext_syndrome));
         }
         let st = &mut ctl.health;
-        if st.last_counter == Some(h.counter) {
-            st.unchanged += 1;
-        } else {
-            st.unchanged = 0;
+        if h.syndrome != 0 && h.syndrome != st.warned_syndrome {
+            tracing::warn!(device = %device, problem = %HealthProblem::syndrome(h.syndrome, h.ext_syndrome), "health syndrome without reset-required: not fatal");
         }
-        st.last_counter = Some(h.counter);
-        if st.unchanged >= 3 {
+        st.warned_syndrome = h.syndrome;
+        let now = self.inner.bar.backend().now();
+        match st.last_sample {
+            Some((at, _)) if now.saturating_sub(at) < HEALTH_POLL_INTERVAL => {}
+            Some((_, counter)) => {
+                if counter == h.counter {
+                    st.misses += 1;
+                } else {
+                    st.misses = 0;
+                }
+                st.last_sample = Some((now, h.counter));
+            }
+            None => st.last_sample = Some((now, h.counter)),
+        }
+        if st.misses >= HEALTH_MAX_MISSES {
             return fail(HealthProblem::Stalled {
                 counter: h.counter,
-                checks: st.unchanged,
+                checks: st.misses,
             });
         }
         Ok(h)

@@ -147,7 +147,7 @@ pub enum Error {
 /// Health findings.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HealthProblem {
-    /// The health syndrome is set.
+    /// The health syndrome is set together with reset-required (RFR).
     #[error("health syndrome 0x{raw:02x} ({name}), ext 0x{ext:04x}")]
     Syndrome {
         /// Raw syndrome.
@@ -158,7 +158,7 @@ pub enum HealthProblem {
         ext: u16,
     },
     /// The health counter stopped advancing.
-    #[error("firmware health counter stuck at 0x{counter:06x} for {checks} checks")]
+    #[error("firmware health counter stuck at 0x{counter:06x} for {checks} samples a second apart")]
     Stalled {
         /// Counter value.
         counter: u32,

@@ -71,6 +71,13 @@ pub trait HwBackend: Send + Sync + 'static {
         std::thread::sleep(duration);
     }
 
+    /// Monotonic time since an arbitrary origin, for pacing the health
+    /// check against the firmware heartbeat. A model may use its own clock.
+    fn now(&self) -> Duration {
+        static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        START.get_or_init(std::time::Instant::now).elapsed()
+    }
+
     /// Human-readable name for errors and logs (`vfio 0000:03:00.0`, `sim nic 2`).
     fn describe(&self) -> String;
 }

@@ -371,3 +371,54 @@ fn timestamp_format_follows_the_caps() {
         }
     }
 }
+
+/// Item 11: the health check follows rdma-core's
+/// `mlx5_health_check_fatal_sensors`: a syndrome is fatal only with
+/// reset-required set, and the heartbeat is judged only at its own pace
+/// (samples a second apart, stalled after three without change), so a
+/// caller polling faster than the heartbeat never sees a false stall.
+#[test]
+fn health_is_fatal_only_on_documented_conditions_and_paced_by_the_heartbeat() {
+    let fab = fabric(60);
+    let nic = nic_with(&fab, 1, NicConfig::default());
+    let dev = open(&nic);
+    // Far faster than the 1 ms heartbeat: 5000 checks in 5 µs.
+    for _ in 0..5000 {
+        dev.check_health().expect("no false stall");
+        fab.advance(Duration::from_nanos(1));
+    }
+    // A syndrome without reset-required is reported, not fatal.
+    nic.inject(mlx5_sim::Injection::HealthSyndrome(0x10))
+        .unwrap();
+    let h = dev.check_health().expect("not fatal without RFR");
+    assert_eq!((h.syndrome, h.rfr), (0x10, false));
+    nic.inject(mlx5_sim::Injection::FatalHealthSyndrome(0x10))
+        .unwrap();
+    let err = dev.check_health().unwrap_err();
+    assert!(err.to_string().contains("high temperature"), "{err}");
+    nic.inject(mlx5_sim::Injection::FatalHealthSyndrome(0))
+        .unwrap();
+    // A stopped heartbeat: fast polling for 2.5 s does not call it stalled;
+    // the third one-second sample without change does.
+    nic.inject(mlx5_sim::Injection::StopHealthCounter).unwrap();
+    let mut t = Duration::ZERO;
+    let err = loop {
+        fab.advance(Duration::from_millis(10));
+        t += Duration::from_millis(10);
+        match dev.check_health() {
+            Ok(_) => assert!(t < Duration::from_millis(3020), "never stalled"),
+            Err(e) => break e,
+        }
+    };
+    assert!(t >= Duration::from_millis(2990), "stalled after {t:?}");
+    assert!(
+        matches!(
+            err,
+            mlx5::Error::Unhealthy {
+                why: mlx5::HealthProblem::Stalled { checks: 3, .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+}

@@ -401,14 +401,14 @@ fn health_check_reports_stall_syndrome_and_surprise_removal() {
     let nic = nic(&fab, 1);
     let dev = open(&nic);
     for _ in 0..5 {
-        fab.advance(Duration::from_millis(100));
+        fab.advance(Duration::from_millis(1000));
         dev.check_health()
             .expect("healthy while the counter advances");
     }
     nic.inject(Injection::StopHealthCounter).unwrap();
     let mut stalled = None;
     for _ in 0..5 {
-        fab.advance(Duration::from_millis(100));
+        fab.advance(Duration::from_millis(1000));
         if let Err(e) = dev.check_health() {
             stalled = Some(e);
             break;
@@ -416,20 +416,20 @@ fn health_check_reports_stall_syndrome_and_surprise_removal() {
     }
     match stalled {
         Some(Error::Unhealthy {
-            why: HealthProblem::Stalled { .. },
+            why: HealthProblem::Stalled { checks: 3, .. },
             ..
         }) => {}
         other => panic!("expected a stalled-counter error, got {other:?}"),
     }
     nic.inject(Injection::ResumeHealthCounter).unwrap();
-    nic.inject(Injection::HealthSyndrome(0x8)).unwrap();
+    nic.inject(Injection::FatalHealthSyndrome(0x8)).unwrap();
     fab.advance(Duration::from_millis(100));
     let err = dev.check_health().unwrap_err();
     assert!(
         err.to_string().contains("unrecoverable hardware error"),
         "{err}"
     );
-    nic.inject(Injection::HealthSyndrome(0)).unwrap();
+    nic.inject(Injection::FatalHealthSyndrome(0)).unwrap();
     nic.inject(Injection::SurpriseRemoval).unwrap();
     let err = dev.check_health().unwrap_err();
     assert!(

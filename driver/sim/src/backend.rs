@@ -90,6 +90,11 @@ impl HwBackend for SimBackend {
         }
     }
 
+    /// The fabric clock.
+    fn now(&self) -> Duration {
+        Duration::from_nanos(self.nic.now_ns())
+    }
+
     fn describe(&self) -> String {
         format!(
             "sim nic {} ({}, mac {})",

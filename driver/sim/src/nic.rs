@@ -248,6 +248,8 @@ impl NicConfig {
 #[derive(Debug, Default)]
 pub(crate) struct Health {
     synd: AtomicU8,
+    /// Reset required (health buffer `rfr`): with a syndrome, fatal.
+    rfr: AtomicBool,
     stopped: AtomicBool,
     frozen: AtomicU32,
     gone: AtomicBool,
@@ -256,6 +258,10 @@ pub(crate) struct Health {
 impl Health {
     pub(crate) fn set_syndrome(&self, s: u8) {
         self.synd.store(s, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_rfr(&self, on: bool) {
+        self.rfr.store(on, Ordering::Relaxed);
     }
 
     pub(crate) fn stop(&self, now_ns: u64) {
@@ -409,6 +415,7 @@ impl NicInner {
                 }
             }
             0x0234 => u32::from(self.cfg.device_id),
+            0x0238 => u32::from(self.health.rfr.load(Ordering::Relaxed)) << 31,
             0x023c => u32::from(self.health.synd.load(Ordering::Relaxed)) << 16,
             0x1000 | 0x2000 => (now >> 32) as u32,
             0x1004 | 0x2004 => now as u32,
