@@ -926,10 +926,13 @@ fn bring_up<B: HwBackend>(
     let rq_ts_format = ts(caps.get32(CmdHcaCap::RQ_TS_FORMAT));
 
     // SET_HCA_CAP from the current values: no command checksums, 4 KiB UARs.
+    // Only the general block (cmd_hca_cap, 256 bytes) is copied, as Linux
+    // and rdma-core do: the rest of the 4 KiB union is reserved on input,
+    // while on output it may hold anything.
     let mut inp = input::<SetHcaCapIn>(Opcode::SetHcaCap, cap_type::GENERAL << 1, 0);
     {
         let at = SetHcaCapIn::CMD_HCA_CAP.byte();
-        inp[at..at + CAP_BYTES].copy_from_slice(&cur);
+        inp[at..at + CmdHcaCap::BYTES].copy_from_slice(&cur[..CmdHcaCap::BYTES]);
         let mut v = ViewMut::<SetHcaCapIn>::new(&mut inp).expect("sized");
         let mut c = v.sub(SetHcaCapIn::CMD_HCA_CAP);
         c.set(CmdHcaCap::CMDIF_CHECKSUM, 0)

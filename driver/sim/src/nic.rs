@@ -650,6 +650,14 @@ impl NicInner {
         if !dp.hca_up {
             return self.drop_frame(DropReason::HcaDown);
         }
+        // The port MAC drops runts and frames above the port MTU before
+        // anything else looks at them.
+        if frame.len() < tx::MIN_FRAME {
+            return self.drop_frame(DropReason::Runt);
+        }
+        if frame.len() > usize::from(dp.vport.mtu) + 18 {
+            return self.drop_frame(DropReason::Oversize);
+        }
         let parsed = packet::parse(frame);
         if !eswitch_forwards(self.cfg.eswitch, &dp, &parsed.dmac) {
             return self.drop_frame(DropReason::Eswitch);

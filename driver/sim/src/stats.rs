@@ -11,6 +11,10 @@ use crate::dma::IommuStats;
 pub enum DropReason {
     /// The port's link is down.
     LinkDown,
+    /// Shorter than 60 bytes (64 with the FCS): a runt, dropped by the MAC.
+    Runt,
+    /// Longer than the port MTU allows (MTU + 18 bytes of L2 header).
+    Oversize,
     /// Vport MAC filter (only with `NicConfig::vport_mac_filter`).
     VportFilter,
     /// The e-switch does not forward this unicast MAC to the function: not
@@ -44,8 +48,10 @@ pub enum DropReason {
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 14] = [
+    pub const ALL: [DropReason; 16] = [
         DropReason::LinkDown,
+        DropReason::Runt,
+        DropReason::Oversize,
         DropReason::VportFilter,
         DropReason::Eswitch,
         DropReason::NoSteeringRoot,
@@ -65,6 +71,8 @@ impl DropReason {
     pub fn name(self) -> &'static str {
         match self {
             DropReason::LinkDown => "link down",
+            DropReason::Runt => "runt (under 60 bytes)",
+            DropReason::Oversize => "longer than the port MTU",
             DropReason::VportFilter => "vport MAC filter",
             DropReason::Eswitch => "e-switch: unicast MAC not programmed for the function",
             DropReason::NoSteeringRoot => "no root flow table",

@@ -377,12 +377,23 @@ fn resource_limits() {
         Why::Limit,
     );
     // SET_HCA_CAP cannot raise a limit or enable a missing feature.
-    let mut set = input::<SetHcaCapIn>(Opcode::SetHcaCap, 0, 0, |_| {});
-    set[0x10..0x1010].copy_from_slice(&caps[0x10..0x1010]);
+    // Copying the whole 4 KiB the query returned (its tail past
+    // cmd_hca_cap is reserved, and not zero) is refused: only the general
+    // block may be sent back, as Linux and rdma-core do.
+    let mut whole = input::<SetHcaCapIn>(Opcode::SetHcaCap, 0, 0, |_| {});
+    whole[0x10..0x1010].copy_from_slice(&caps[0x10..0x1010]);
+    assert!(caps[0x110..0x1010].iter().any(|b| *b != 0));
     let fab2 = det_fabric(8);
     let mut h2 = Host::with_mac(&fab2, MAC_B);
     h2.init_cmdq();
     h2.ok(&simple(Opcode::EnableHca, 0, 0), 16);
+    expect(&mut h2, &whole, 16, CmdStatus::BadParameter, Why::Reserved);
+    let mut set = input::<SetHcaCapIn>(Opcode::SetHcaCap, 0, 0, |_| {});
+    set[0x10..0x110].copy_from_slice(&caps[0x10..0x110]);
+    assert!(
+        h2.exec(&set, 16).ok(),
+        "the general block alone is accepted"
+    );
     {
         let mut v = ViewMut::<SetHcaCapIn>::new(&mut set).unwrap();
         v.sub(SetHcaCapIn::CMD_HCA_CAP)
@@ -595,4 +606,21 @@ fn real_time_only_device_refuses_free_running_queues() {
         v.sub(CreateSqIn::CTX).set(Sqc::TS_FORMAT, 2);
     }
     assert!(h.exec(&inp, 16).ok());
+}
+
+/// A physical-address mkey whose range wraps past 2^64 is refused.
+#[test]
+fn pa_mkey_range_may_not_wrap() {
+    let (_f, mut h) = up(15);
+    let pd = h.pd;
+    let mk = input::<CreateMkeyIn>(Opcode::CreateMkey, 0, 0, |v| {
+        let mut m = v.sub(CreateMkeyIn::MKC);
+        m.set(Mkc::ACCESS_MODE_1_0, 0)
+            .set(Mkc::LR, 1)
+            .set(Mkc::QPN, 0xff_ffff)
+            .set(Mkc::PD, u64::from(pd))
+            .set(Mkc::START_ADDR, u64::MAX - 0xfff)
+            .set(Mkc::LEN, 0x2000);
+    });
+    expect(&mut h, &mk, 16, CmdStatus::BadParameter, Why::OutOfRange);
 }

@@ -592,7 +592,8 @@ impl Host {
         assert_eq!(caps.get(CmdHcaCap::LOG_BF_REG_SIZE), 9);
         let _ = View::<EthCaps>::new(&eth[0x10..]).unwrap();
         let mut set = input::<SetHcaCapIn>(Opcode::SetHcaCap, cap_type::GENERAL << 1, 0, |_| {});
-        set[0x10..0x1010].copy_from_slice(&gen_cur[0x10..0x1010]);
+        // Only cmd_hca_cap (256 bytes): the rest of the union is reserved.
+        set[0x10..0x110].copy_from_slice(&gen_cur[0x10..0x110]);
         {
             let mut v = ViewMut::<SetHcaCapIn>::new(&mut set).unwrap();
             let mut c = v.sub(SetHcaCapIn::CMD_HCA_CAP);

@@ -2,6 +2,7 @@
 
 use std::sync::atomic::Ordering;
 
+use mlx5::prm::Layout;
 use mlx5::prm::cmd::*;
 use mlx5::prm::codes::{CmdStatus, cap_type, manage_pages_op_mod, reg};
 use mlx5::prm::ctx::*;
@@ -272,6 +273,15 @@ impl Ctx<'_> {
             }
         };
         self.out[0x10..0x10 + CAP_BYTES].copy_from_slice(block);
+        if ty == cap_type::GENERAL {
+            // The rest of the 4 KiB capability union is reserved: firmware
+            // does not promise zeros there on output (and refuses anything
+            // but zeros on input, see SET_HCA_CAP).
+            let tail = 0x10 + CmdHcaCap::BYTES..0x10 + CAP_BYTES;
+            for (i, b) in self.out[tail].iter_mut().enumerate() {
+                *b = (i as u8).wrapping_mul(0x3b) | 0x40;
+            }
+        }
         Ok(())
     }
 
@@ -291,6 +301,15 @@ impl Ctx<'_> {
             v.get(SetHcaCapIn::FUNCTION_ID),
         )?;
         let block = &self.inp[0x10..0x10 + CAP_BYTES];
+        if let Some(i) = block[CmdHcaCap::BYTES..].iter().position(|b| *b != 0) {
+            return Err(param(
+                Why::Reserved,
+                format!(
+                    "SET_HCA_CAP general: byte {:#x} of the capability is past cmd_hca_cap (reserved, must be 0)",
+                    CmdHcaCap::BYTES + i
+                ),
+            ));
+        }
         if let Err((field, val, max)) = self.fw.caps.check_set(block) {
             return Err(param(
                 Why::OutOfRange,

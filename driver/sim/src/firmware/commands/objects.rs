@@ -110,11 +110,20 @@ impl Ctx<'_> {
         let start = m.get(Mkc::START_ADDR);
         let len = m.get(Mkc::LEN);
         let kind = match m.get(Mkc::ACCESS_MODE_1_0) {
-            0 => MkeyKind::Pa {
-                length64: m.get(Mkc::LENGTH64) == 1,
-                start,
-                len,
-            },
+            0 => {
+                let length64 = m.get(Mkc::LENGTH64) == 1;
+                if !length64 && start.checked_add(len).is_none() {
+                    return Err(param(
+                        Why::OutOfRange,
+                        format!("PA mkey of {len:#x} bytes from {start:#x} wraps past 2^64"),
+                    ));
+                }
+                MkeyKind::Pa {
+                    length64,
+                    start,
+                    len,
+                }
+            }
             1 => {
                 let shift = m.get(Mkc::LOG_PAGE_SIZE);
                 range("mkc.log_page_size (absolute)", shift, 12, 30)?;
