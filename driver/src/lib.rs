@@ -26,5 +26,6 @@ pub mod vfio;
 pub use device::{Device, DeviceConfig, DeviceInfo, FuncId, Health, InlineMode, MacIfUnset};
 pub use error::{Error, HealthProblem};
 pub use queue::{
-    Gather, HwQueueState, QueueConfig, QueueSet, QueueSnapshot, QueueStats, RxRingView, TxFrame,
+    Gather, HwQueueState, QueueConfig, QueueSet, QueueSnapshot, QueueStats, RxRingView,
+    RxWqeIdMode, TxFrame,
 };

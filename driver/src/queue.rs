@@ -189,6 +189,8 @@ struct RecvQueue {
     head: u32,
     /// Ring slots given back but not yet reposted.
     to_post: usize,
+    /// Strides reported by `rx_burst` (free running).
+    reported: u32,
     /// Next ring slot to hand out.
     recv_head: usize,
 }
@@ -198,8 +200,28 @@ struct RxCq {
     cqn: u32,
     entries: usize,
     idx: usize,
+    /// Position of the last packet counted, in the free-running cycle.
     prev: u32,
+    /// The free-running cycle: 65536 WQEs × strides.
     cycle: u32,
+    /// How the hardware reports `wqe_id`.
+    mode: RxWqeIdMode,
+}
+
+/// How a striding RQ's CQEs number the WQE a packet landed in. The
+/// references only ever use the low bits (libmlx5 masks it with the ring
+/// size, DPDK compares `(wqe_id ^ rq_ci) & wq_mask`, the kernel indexes its
+/// ring with it), so either reading is possible; the driver finds out
+/// from the first CQE that tells them apart (the first packet in the WQE
+/// after the last ring slot) and counts exactly in both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RxWqeIdMode {
+    /// Not known yet: no packet has landed past the first lap of the ring.
+    Undetermined,
+    /// A free-running 16-bit WQE counter.
+    FreeRunning,
+    /// The WQE's ring index (`counter & (WQEs - 1)`).
+    RingIndex,
 }
 
 /// A read-only view of a queue set's RX ring that outlives borrows of the
@@ -297,6 +319,8 @@ pub struct QueueSnapshot {
     pub rx_cqe_idx: usize,
     /// Last (wqe id × strides + stride) position seen.
     pub rx_prev_position: u32,
+    /// How the NIC numbers striding-RQ WQEs in CQEs, once known.
+    pub rx_wqe_id_mode: RxWqeIdMode,
     /// Counters.
     pub stats: QueueStats,
 }
@@ -488,6 +512,7 @@ impl<B: HwBackend> QueueSet<B> {
                 stride: 1 << cfg.rq_log_stride_bytes,
                 head: 0,
                 to_post: 0,
+                reported: 0,
                 recv_head: 0,
             },
             rx_cq: RxCq {
@@ -497,6 +522,7 @@ impl<B: HwBackend> QueueSet<B> {
                 idx: 0,
                 prev: 0,
                 cycle: 65536u32 << cfg.rq_log_strides,
+                mode: RxWqeIdMode::Undetermined,
             },
             tisn: 0,
             tirn: 0,
@@ -672,10 +698,12 @@ impl<B: HwBackend> QueueSet<B> {
             .expect("sized")
             .get32(CreateRqOut::RQN);
         self.created.push(QObj::Rq(self.rq.rqn));
-        for _ in 0..(1u32 << self.rq.log_wqes) {
-            self.write_rq_wqe();
-        }
-        self.ring_rq_doorbell();
+        // Until the wqe_id reading is known, one WQE stays unposted (see
+        // `rx_burst`); it is owed, and posted once the reading is known to
+        // be free running.
+        let per_wqe = 1usize << self.rq.log_strides;
+        self.rq.to_post = (1usize << self.rq.log_wqes) * per_wqe;
+        self.repost();
         self.modify_rq(QueueState::Rst, QueueState::Rdy)?;
 
         // Direct TIR to the RQ.
@@ -1113,10 +1141,10 @@ impl<B: HwBackend> QueueSet<B> {
 
     // ------------------------------------------------------------------ RX
 
-    /// Snapshots the (wqe id, stride index) position in RX CQE `i`, with the
-    /// torn-read guard: wqe id, stride index, full barrier, wqe id again.
+    /// Snapshots (wqe id, stride index) in RX CQE `i`, with the torn-read
+    /// guard: wqe id, stride index, full barrier, wqe id again.
     #[inline]
-    fn rx_snapshot(&self, i: usize) -> u32 {
+    fn rx_snapshot_raw(&self, i: usize) -> (u16, u16) {
         let ring = &self.rx_cq.ring;
         let off = i * CQE_BYTES;
         loop {
@@ -1124,9 +1152,38 @@ impl<B: HwBackend> QueueSet<B> {
             let ctr = ring.load_be16(off + WQE_COUNTER);
             barrier::full();
             if ring.load_be16(off + WQE_ID) == id {
-                return ((u32::from(id) << self.rq.log_strides) + u32::from(ctr))
-                    & (self.rx_cq.cycle - 1);
+                return (id, ctr);
             }
+        }
+    }
+
+    /// The position in RX CQE `i`, reading `wqe_id` as a free-running
+    /// counter.
+    #[inline]
+    fn rx_snapshot(&self, i: usize) -> u32 {
+        let (id, ctr) = self.rx_snapshot_raw(i);
+        ((u32::from(id) << self.rq.log_strides) + u32::from(ctr)) & (self.rx_cq.cycle - 1)
+    }
+
+    /// Strides posted to the RQ and not yet reported: the most packets the
+    /// NIC can have delivered that `rx_burst` has not counted.
+    #[inline]
+    fn rx_outstanding(&self) -> u32 {
+        (self.rq.head << self.rq.log_strides).wrapping_sub(self.rq.reported)
+    }
+
+    /// WQEs that may be posted ahead of the last reported packet. While
+    /// `wqe_id` could be a ring index, one WQE of the ring stays unposted:
+    /// then a slot the NIC has not rewritten yet (it still holds a packet
+    /// from the previous lap, up to 7 CQEs back) reads as at least
+    /// `ring - 7` strides ahead, which is more than can be outstanding, and
+    /// is ignored, exactly as a free-running reading ignores it.
+    #[inline]
+    fn rx_wqes_ahead(&self) -> u32 {
+        let n = 1u32 << self.rq.log_wqes;
+        match self.rx_cq.mode {
+            RxWqeIdMode::FreeRunning => n,
+            _ => n - 1,
         }
     }
 
@@ -1136,23 +1193,67 @@ impl<B: HwBackend> QueueSet<B> {
     #[inline]
     pub fn rx_burst(&mut self) -> usize {
         let entries = self.cfg.rx_ring_entries() as u32;
+        let outstanding = self.rx_outstanding();
         let mut total = 0u32;
         for _ in 0..self.rx_cq.entries {
-            let cur = self.rx_snapshot(self.rx_cq.idx);
-            let delta = cur.wrapping_sub(self.rx_cq.prev) & (self.rx_cq.cycle - 1);
-            if delta == 0 || delta > entries - total {
+            let room = outstanding - total;
+            let Some(delta) = self.rx_delta(room) else {
                 break;
-            }
+            };
             total += delta;
-            self.rx_cq.prev = cur;
+            self.rx_cq.prev = self.rx_cq.prev.wrapping_add(delta) & (self.rx_cq.cycle - 1);
             self.rx_cq.idx = (self.rx_cq.idx + 1) & (self.rx_cq.entries - 1);
         }
         if total > 0 {
             self.rq.recv_head = (self.rq.recv_head + total as usize) & (entries as usize - 1);
+            self.rq.reported = self.rq.reported.wrapping_add(total);
             self.stats.rx_pkts += u64::from(total);
             self.stats.rx_bursts += 1;
+            if self.rq.to_post >= 1 << self.rq.log_strides {
+                self.repost();
+            }
         }
         total as usize
+    }
+
+    /// Packets new in the next RX CQE (at most `room`), or `None` if it
+    /// holds nothing new (or a stale position from the previous lap).
+    #[inline]
+    fn rx_delta(&mut self, room: u32) -> Option<u32> {
+        let (id, ctr) = self.rx_snapshot_raw(self.rx_cq.idx);
+        let ls = self.rq.log_strides;
+        let wqes = 1u32 << self.rq.log_wqes;
+        let ring = wqes << ls;
+        let prev = self.rx_cq.prev;
+        let valid = |d: u32| d != 0 && d <= room;
+        if self.rx_cq.mode != RxWqeIdMode::RingIndex {
+            let cur = ((u32::from(id) << ls) + u32::from(ctr)) & (self.rx_cq.cycle - 1);
+            let d = cur.wrapping_sub(prev) & (self.rx_cq.cycle - 1);
+            if valid(d) {
+                if self.rx_cq.mode == RxWqeIdMode::Undetermined && u32::from(id) >= wqes {
+                    self.rx_cq.mode = RxWqeIdMode::FreeRunning;
+                    tracing::debug!(
+                        rqn = self.rq.rqn,
+                        "striding RQ wqe_id is a free-running counter"
+                    );
+                }
+                return Some(d);
+            }
+            if self.rx_cq.mode == RxWqeIdMode::FreeRunning || u32::from(id) >= wqes {
+                return None;
+            }
+        }
+        // A ring index (known, or the first packet past the first lap).
+        let cur = ((u32::from(id) & (wqes - 1)) << ls) + u32::from(ctr);
+        let d = cur.wrapping_sub(prev) & (ring - 1);
+        if !valid(d) {
+            return None;
+        }
+        if self.rx_cq.mode == RxWqeIdMode::Undetermined {
+            self.rx_cq.mode = RxWqeIdMode::RingIndex;
+            tracing::debug!(rqn = self.rq.rqn, "striding RQ wqe_id is a ring index");
+        }
+        Some(d)
     }
 
     /// Gives `n` ring slots back (in ring order). Each time a whole WQE's
@@ -1160,16 +1261,26 @@ impl<B: HwBackend> QueueSet<B> {
     #[inline]
     pub fn post_recvs(&mut self, n: usize) {
         self.rq.to_post += n;
-        let per_wqe = 1usize << self.rq.log_strides;
-        if self.rq.to_post < per_wqe {
-            return;
+        if self.rq.to_post >= 1 << self.rq.log_strides {
+            self.repost();
         }
-        while self.rq.to_post >= per_wqe {
+    }
+
+    /// Posts every WQE whose strides are back, as far as the number of
+    /// WQEs allowed ahead permits; rings the doorbell if any was posted.
+    fn repost(&mut self) {
+        let per_wqe = 1usize << self.rq.log_strides;
+        let limit = (self.rq.reported >> self.rq.log_strides).wrapping_add(self.rx_wqes_ahead());
+        let mut posted = false;
+        while self.rq.to_post >= per_wqe && self.rq.head != limit {
             self.write_rq_wqe();
             self.rq.to_post -= per_wqe;
             self.stats.rx_reposts += 1;
+            posted = true;
         }
-        self.ring_rq_doorbell();
+        if posted {
+            self.ring_rq_doorbell();
+        }
     }
 
     fn write_rq_wqe(&mut self) {
@@ -1260,6 +1371,7 @@ impl<B: HwBackend> QueueSet<B> {
             rx_to_post: self.rq.to_post,
             rx_cqe_idx: self.rx_cq.idx,
             rx_prev_position: self.rx_cq.prev,
+            rx_wqe_id_mode: self.rx_cq.mode,
             stats: self.stats,
         }
     }

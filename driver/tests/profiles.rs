@@ -70,6 +70,15 @@ fn echo(p: Profile, packets: usize) {
     qa.tx_flush().unwrap();
     qb.tx_flush().unwrap();
     assert_eq!(qa.query_hw().unwrap().out_of_buffer, 0, "{p}");
+    let mode = match p.config().wqe_id_mode {
+        mlx5_sim::WqeIdMode::FreeRunning => mlx5::RxWqeIdMode::FreeRunning,
+        mlx5_sim::WqeIdMode::RingIndex => mlx5::RxWqeIdMode::RingIndex,
+    };
+    assert_eq!(
+        qa.snapshot().rx_wqe_id_mode,
+        mode,
+        "{p}: wqe_id reading detected"
+    );
     for b in bufs {
         aa.free(b);
     }

@@ -67,7 +67,7 @@ pub use firmware::cmdq::{MAILBOX_ALIGN, MAX_MSG_BYTES};
 pub use firmware::pages::PAGE_FILL;
 pub use firmware::{CommandRecord, HcaState, Why};
 pub use inject::{FailCommand, InjectError, Injection};
-pub use nic::{BF_REG_BYTES, Eswitch, FIRST_UAR, Limits, NicConfig, SimNic};
+pub use nic::{BF_REG_BYTES, Eswitch, FIRST_UAR, Limits, NicConfig, SimNic, WqeIdMode};
 pub use pcap::PcapBuffer;
 pub use profile::Profile;
 pub use stats::{

@@ -124,6 +124,17 @@ pub enum Eswitch {
     Mpfs,
 }
 
+/// How striding-RQ CQEs number the WQE a packet landed in (`wqe_id`).
+/// No reference pins it down (libmlx5 masks it, DPDK compares the low
+/// bits, the kernel indexes its ring with it), so the model offers both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WqeIdMode {
+    /// The WQE's free-running sequence number, 16 bits.
+    FreeRunning,
+    /// The WQE's index in the ring (`sequence & (WQEs - 1)`).
+    RingIndex,
+}
+
 /// Configuration of one device-model NIC.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NicConfig {
@@ -172,6 +183,8 @@ pub struct NicConfig {
     pub striding_rq: bool,
     /// Cap `ext_stride_num_range`.
     pub ext_stride_num_range: bool,
+    /// How striding-RQ CQEs report `wqe_id`.
+    pub wqe_id_mode: WqeIdMode,
     /// Cap `cq_oi`.
     pub cq_oi: bool,
     /// Flow table cap `reset_root_to_default` (NIC RX): SET_FLOW_TABLE_ROOT
@@ -229,6 +242,7 @@ impl NicConfig {
             mtu: 1500,
             striding_rq: true,
             ext_stride_num_range: true,
+            wqe_id_mode: WqeIdMode::FreeRunning,
             cq_oi: true,
             reset_root_to_default: false,
             sq_ts_format: 0,

@@ -80,6 +80,7 @@ impl Profile {
             Profile::ConnectX4LxPf => NicConfig {
                 device_id: 0x1015,
                 fw_version: (14, 32, 1010),
+                wqe_id_mode: crate::nic::WqeIdMode::RingIndex,
                 boot_pages: 64,
                 init_pages: 3072,
                 regular_pages: 1024,
@@ -101,6 +102,7 @@ impl Profile {
             Profile::ConnectX6DxPf => NicConfig {
                 device_id: 0x101d,
                 fw_version: (22, 39, 1002),
+                wqe_id_mode: crate::nic::WqeIdMode::RingIndex,
                 boot_pages: 128,
                 init_pages: 8192,
                 regular_pages: 2048,

@@ -156,6 +156,15 @@ impl Rq {
         }
     }
 
+    /// The CQE `wqe_id` of the current WQE: its free-running sequence
+    /// number, or its ring index, as the device profile says.
+    fn wqe_id(&self, nic: &NicInner) -> u16 {
+        match nic.cfg.wqe_id_mode {
+            crate::nic::WqeIdMode::FreeRunning => self.seq as u16,
+            crate::nic::WqeIdMode::RingIndex => (self.seq & ((1 << self.log_sz) - 1)) as u16,
+        }
+    }
+
     fn wqe_off(&self, seq: u32) -> u64 {
         u64::from(seq & ((1 << self.log_sz) - 1)) << self.log_wqe
     }
@@ -386,7 +395,7 @@ fn deliver_striding(
         let byte_cnt = MPWRQ_FILLER | (left << MPWRQ_STRIDES_SHIFT);
         let at = Place {
             byte_cnt,
-            wqe_id: rq.seq as u16,
+            wqe_id: rq.wqe_id(nic),
             wqe_counter: rq.stride_idx as u16,
             flow_tag: 0,
         };
@@ -408,7 +417,7 @@ fn deliver_striding(
     let byte_cnt = (need << MPWRQ_STRIDES_SHIFT) | data.len() as u32;
     let at = Place {
         byte_cnt,
-        wqe_id: rq.seq as u16,
+        wqe_id: rq.wqe_id(nic),
         wqe_counter: rq.stride_idx as u16,
         flow_tag,
     };
