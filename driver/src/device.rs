@@ -585,7 +585,8 @@ impl<B: HwBackend> Device<B> {
     }
 
     /// Services the event queue (page requests, CQ errors) outside a
-    /// command. The datapath never needs this; a control loop may call it.
+    /// command. Queue sets do this from the datapath
+    /// ([`crate::QueueSet::poll_control`]); a control loop may call it too.
     pub fn poll_events(&self) -> Result<(), Error> {
         let inner = &self.inner;
         inner.lock().service(&inner.bar, &inner.pool)

@@ -73,6 +73,9 @@ pub struct QueueConfig {
     /// Use BlueFlame (copy the WQE into the doorbell register) for
     /// single-WQE bursts.
     pub blueflame: bool,
+    /// [`QueueSet::poll_control`] services the device's event queue once
+    /// per this many calls.
+    pub control_interval: u32,
 }
 
 impl Default for QueueConfig {
@@ -86,6 +89,7 @@ impl Default for QueueConfig {
             rq_log_wqes: 3,
             rx_cq_log_size: 3,
             blueflame: false,
+            control_interval: 1024,
         }
     }
 }
@@ -149,6 +153,12 @@ pub struct QueueStats {
     pub rx_reposts: u64,
     /// Snapshots retried because `wqe_id` changed under the read.
     pub rx_torn_snapshots: u64,
+    /// Times [`QueueSet::poll_control`] serviced the device's event queue.
+    pub control_services: u64,
+    /// Times it found another thread doing so and left it.
+    pub control_busy: u64,
+    /// Event handling that failed (logged; e.g. no memory for pages).
+    pub control_errors: u64,
 }
 
 struct SendQueue {
@@ -379,6 +389,8 @@ pub struct QueueSet<B: HwBackend> {
     stats: QueueStats,
     /// Objects created so far, for teardown in reverse.
     created: Vec<QObj>,
+    /// Calls of `poll_control` until the next EQ service.
+    control_countdown: u32,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -458,6 +470,9 @@ impl<B: HwBackend> QueueSet<B> {
         check(cfg.unsignaled_batch >= 1, || {
             "unsignaled_batch must be at least 1".into()
         })?;
+        check(cfg.control_interval >= 1, || {
+            "control_interval must be at least 1".into()
+        })?;
         check(!cfg.blueflame || info.bf_reg_size >= 128, || {
             "BlueFlame requested but the device has none".into()
         })?;
@@ -532,6 +547,7 @@ impl<B: HwBackend> QueueSet<B> {
             lkey: info.lkey,
             stats: QueueStats::default(),
             created: Vec::new(),
+            control_countdown: cfg.control_interval.max(1),
             _not_sync: PhantomData,
             dev,
         };
@@ -1321,6 +1337,44 @@ impl<B: HwBackend> QueueSet<B> {
     }
 
     // ------------------------------------------------------------- control
+
+    /// Keeps the device's control side alive from the datapath: call it
+    /// once per event-loop iteration (the mlx5 transport does, in its
+    /// `rx_burst`). Every `control_interval` calls it services the event
+    /// queue — answers firmware page requests (which arrive at any time,
+    /// not only while a command runs), records CQ errors and port changes,
+    /// and publishes the EQ consumer index before the 256-entry EQ can
+    /// overrun (a fatal health condition). It never waits: if another
+    /// thread holds the control lock, it leaves the work to it. Returns
+    /// true if it serviced the queue.
+    #[inline]
+    pub fn poll_control(&mut self) -> bool {
+        self.control_countdown -= 1;
+        if self.control_countdown != 0 {
+            return false;
+        }
+        self.control_countdown = self.cfg.control_interval;
+        self.service_control()
+    }
+
+    #[cold]
+    fn service_control(&mut self) -> bool {
+        let dev = &self.dev;
+        let mut ctl = match dev.ctl.try_lock() {
+            Ok(c) => c,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                self.stats.control_busy += 1;
+                return false;
+            }
+        };
+        self.stats.control_services += 1;
+        if let Err(e) = ctl.service(&dev.bar, &dev.pool) {
+            self.stats.control_errors += 1;
+            tracing::error!(device = %dev.info.name, error = %e, "event queue service failed");
+        }
+        true
+    }
 
     /// Settings in effect (the unsignaled batch may have been clamped).
     pub fn config(&self) -> QueueConfig {

@@ -274,6 +274,9 @@ impl<B: HwBackend> Transport for Mlx5Transport<B> {
 
     #[inline]
     fn rx_burst(&mut self) -> usize {
+        // Firmware events (page requests, CQ errors) are serviced from here
+        // at a bounded cadence; almost always a counter decrement.
+        self.qs.poll_control();
         let n = self.qs.rx_burst();
         let mask = self.ring.lens.len() - 1;
         for _ in 0..n {
