@@ -373,7 +373,18 @@ fn give_pages<B: HwBackend>(
     let mut left = n;
     while left > 0 {
         let batch = left.min(PAGES_PER_CMD);
-        let addrs = pages.take_for_firmware(pool, batch)?;
+        let addrs = match pages.take_for_firmware(pool, batch) {
+            Ok(a) => a,
+            Err(Error::Memory(source)) => {
+                return Err(Error::FirmwarePages {
+                    device: bar.name(),
+                    wanted: n,
+                    given: n - left,
+                    source,
+                });
+            }
+            Err(e) => return Err(e),
+        };
         let mut inp =
             input::<ManagePagesIn>(Opcode::ManagePages, manage_pages_op_mod::GIVE, batch * 8);
         {

@@ -115,6 +115,23 @@ pub enum Error {
         /// The first error CQE.
         cqe: Cqe,
     },
+    /// Firmware asked for more pages than device memory could supply.
+    #[error(
+        "{device}: firmware asked for {wanted} pages ({mib} MiB, {hugepages} hugepages of 2 MiB) and got {given} before DMA memory ran out; each function needs that much on top of its queues: {source}",
+        mib = wanted * 4096 / (1 << 20),
+        hugepages = (wanted * 4096).div_ceil(2 << 20)
+    )]
+    FirmwarePages {
+        /// Device name.
+        device: String,
+        /// Pages firmware asked for in this request.
+        wanted: usize,
+        /// Pages given before the failure.
+        given: usize,
+        /// Why memory ran out (hugepages, IOMMU, locked-memory limit).
+        #[source]
+        source: mempool::RegionError,
+    },
     /// Device memory could not be reserved or registered.
     #[error("DMA memory: {0}")]
     Memory(#[source] mempool::RegionError),

@@ -527,3 +527,41 @@ fn a_page_request_is_answered_while_only_traffic_runs() {
     assert_eq!(s.control_errors, 0);
     a.free(buf);
 }
+
+/// Item 12: real devices ask for thousands of firmware pages; when DMA
+/// memory runs out (here the locked-memory limit VFIO enforces for a
+/// non-root process), bring-up says how many pages firmware wanted, how
+/// many it got, and how many hugepages that is, and leaves nothing behind.
+#[test]
+fn running_out_of_memory_for_firmware_pages_is_a_clear_error() {
+    let fab = fabric(63);
+    let nic = nic_with(
+        &fab,
+        1,
+        NicConfig {
+            dma_lock_limit: Some(16 << 20),
+            ..Default::default()
+        },
+    );
+    let init = nic.config().init_pages as usize;
+    let err = Device::open(nic.backend(), device_config()).unwrap_err();
+    match &err {
+        mlx5::Error::FirmwarePages { wanted, given, .. } => {
+            assert_eq!(*wanted, init, "the init-page request");
+            assert!(*given < *wanted);
+        }
+        other => panic!("expected a firmware-pages error, got {other:?}"),
+    }
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&format!("asked for {init} pages")) && msg.contains("hugepages"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("locked-memory limit"),
+        "names the cause: {msg}"
+    );
+    assert_eq!(nic.hca_state(), HcaState::Disabled);
+    assert_eq!(nic.pages_held(), 0);
+    assert!(nic.dma_mappings().is_empty());
+}

@@ -154,3 +154,36 @@ fn connectx4_without_striding_rq_is_refused_with_a_clear_error() {
     assert_eq!(nic.hca_state(), HcaState::Disabled);
     assert_eq!(nic.pages_held(), 0);
 }
+
+/// The DMA memory bring-up and one queue set take on each profile, in
+/// 2 MiB hugepages; README.md's setup numbers come from here.
+#[test]
+fn hugepages_per_profile_match_the_readme() {
+    // (profile, hugepages after bring-up, with one queue set)
+    let readme = [
+        (Profile::ConnectX4LxPf, 10, 12),
+        (Profile::ConnectX5Pf, 18, 20),
+        (Profile::ConnectX5Vf, 3, 5),
+        (Profile::ConnectX6DxPf, 22, 24),
+        (Profile::ConnectX7Pf, 42, 44),
+    ];
+    let fab = fabric(42);
+    for (p, up, with_qs) in readme {
+        let nic = profile_nic(&fab, p, 1);
+        let dev = open(&nic);
+        let huge = |d: &Device<mlx5_sim::SimBackend>| d.dma_stats().pages_total / 512;
+        let after_up = huge(&dev);
+        let qs = dev.create_queue_set(queue(4000)).unwrap();
+        let after_qs = huge(&dev);
+        println!(
+            "{p}: {} firmware pages, {after_up} hugepages after bring-up, {after_qs} with a queue set",
+            dev.firmware_pages()
+        );
+        assert_eq!(
+            (after_up, after_qs),
+            (up, with_qs),
+            "{p}: README.md says {up}/{with_qs}"
+        );
+        drop(qs);
+    }
+}

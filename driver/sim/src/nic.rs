@@ -211,6 +211,10 @@ pub struct NicConfig {
     pub bar_write_combining: bool,
     /// Command log entries kept.
     pub command_log_capacity: usize,
+    /// Bytes the IOMMU maps at once, at most: VFIO_IOMMU_MAP_DMA fails
+    /// with ENOMEM past the process's locked-memory limit (`ulimit -l`)
+    /// when it does not run as root. `None`: no limit.
+    pub dma_lock_limit: Option<u64>,
 }
 
 impl Default for NicConfig {
@@ -254,6 +258,7 @@ impl NicConfig {
             msix_vectors: 64,
             bar_write_combining: false,
             command_log_capacity: 4096,
+            dma_lock_limit: None,
         }
     }
 }
@@ -872,6 +877,9 @@ impl SimNic {
         let function = lock(&fab.registry).new_function();
         let port = fab.add_port(None, (cfg.mac != [0; 6]).then_some(cfg.mac));
         let iommu = Arc::new(Iommu::new());
+        if let Some(l) = cfg.dma_lock_limit {
+            iommu.set_lock_limit(l);
+        }
         let mapper: Arc<dyn DmaMapper> = Arc::new(SimMapper::new(iommu.clone()));
         let vport = Vport {
             mac: cfg.mac,
