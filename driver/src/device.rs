@@ -6,6 +6,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crossbeam_utils::CachePadded;
 use mempool::{DmaError, DmaMapper, DmaMapping, RegionOptions};
 
 use crate::bar::Bar;
@@ -234,7 +235,10 @@ pub(crate) struct Ctl {
 pub(crate) struct Inner<B: HwBackend> {
     pub bar: Bar<B>,
     pub pool: Arc<DmaPool>,
-    pub ctl: Mutex<Ctl>,
+    /// The control state, on its own cache lines: every queue set's thread
+    /// try-locks it now and then (`QueueSet::poll_control`), and that
+    /// write must not evict the read-mostly fields every doorbell reads.
+    pub ctl: CachePadded<Mutex<Ctl>>,
     pub info: DeviceInfo,
 }
 
@@ -489,7 +493,7 @@ impl<B: HwBackend> Device<B> {
                 inner: Arc::new(Inner {
                     bar,
                     pool,
-                    ctl: Mutex::new(ctl),
+                    ctl: CachePadded::new(Mutex::new(ctl)),
                     info,
                 }),
             }),

@@ -31,7 +31,7 @@ use crate::prm::codes::{CqeOpcode, Opcode, QueueState, WqeOpcode, flow, inline_m
 use crate::prm::cqe::{CQE_OP_OWN_INVALID, Cqe, Cqe64};
 use crate::prm::ctx::*;
 use crate::prm::wqe::{
-    self, CTRL_CQ_UPDATE, ETH_L2_INLINE_HEADER_SIZE, MprqWqe, SEND_WQE_BB, SEND_WQE_DS,
+    self, ETH_L2_INLINE_HEADER_SIZE, FmCeSe, MprqWqe, SEND_WQE_BB, SEND_WQE_DS,
     SEND_WQE_MAX_WQEBBS, WqeCtrlSeg, WqeDataSeg, WqeEthSeg, WqeSrqNextSeg,
 };
 use crate::prm::{Layout, View, ViewMut, uar};
@@ -913,7 +913,12 @@ impl<B: HwBackend> QueueSet<B> {
             (idx << 8) | WqeOpcode::Send as u32,
         );
         ring.write_be32(c + WqeCtrlSeg::QPN_DS.dword(), (self.sq.sqn << 8) | ds);
-        ring.write_be32(c + 8, if signal { CTRL_CQ_UPDATE as u32 } else { 0 });
+        let fm_ce_se = if signal {
+            FmCeSe::CQ_UPDATE
+        } else {
+            FmCeSe::empty()
+        };
+        ring.write_be32(c + 8, u32::from(fm_ce_se.bits()));
         ring.write_be32(c + WqeCtrlSeg::IMM.dword(), 0);
         // Ethernet segment, with the L2 header inline if required.
         let e = unit(1);
@@ -1107,7 +1112,7 @@ impl<B: HwBackend> QueueSet<B> {
             (idx << 8) | WqeOpcode::Nop as u32,
         );
         ring.write_be32(off + WqeCtrlSeg::QPN_DS.dword(), (self.sq.sqn << 8) | 1);
-        ring.write_be32(off + 8, CTRL_CQ_UPDATE as u32);
+        ring.write_be32(off + 8, u32::from(FmCeSe::CQ_UPDATE.bits()));
         ring.write_be32(off + WqeCtrlSeg::IMM.dword(), 0);
         self.sq.pi = self.sq.pi.wrapping_add(1);
         self.sq.signaled = Some((idx as u16, self.sq.pi));

@@ -63,6 +63,10 @@ fn frames_land_in_strides_with_prm_cqe_values_and_fillers() {
         assert_eq!((c.wqe_id, c.wqe_counter), (seq as u16, idx as u16));
         assert_eq!(c.qpn, 0x77, "flow tag");
         assert_eq!(c.hds_ip_ext, 0x7, "L2, L3 and L4 checksums OK");
+        {
+            use mlx5::prm::cqe::CqeChecksum as K;
+            assert_eq!(c.checksum(), K::L2_OK | K::L3_OK | K::L4_OK);
+        }
         assert_eq!(c.l4_hdr_type_etc, (2 << 4) | (2 << 2), "UDP over IPv4");
         let off = (seq as usize % 4) * wqe_bytes + idx as usize * stride;
         assert_eq!(p.rq.bufs.read_vec(off, len), f, "packet {i} data");

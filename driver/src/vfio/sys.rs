@@ -8,13 +8,17 @@
 //! path, IOVA and length to make a [`super::VfioError`].
 //!
 //! Nothing here hands out a Rust reference into device memory: [`Mmio`]
-//! only offers volatile loads and stores through raw pointers.
+//! only offers volatile loads and stores, through the `volatile` crate's
+//! read-only and write-only pointers.
 
 use std::ffi::CStr;
 use std::io;
 use std::mem::size_of;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
+
+use volatile::VolatilePtr;
+use volatile::access::WriteOnly;
 
 use vfio_bindings::bindings::vfio::{
     VFIO_DMA_MAP_FLAG_READ, VFIO_DMA_MAP_FLAG_WRITE, VFIO_IRQ_SET_ACTION_TRIGGER,
@@ -418,38 +422,43 @@ impl Mmio {
         )
     }
 
+    /// A register of type `T` at `offset` (bounds and alignment checked).
+    #[inline(always)]
+    fn reg<T>(&self, offset: usize) -> NonNull<T> {
+        let p = self.at(offset, size_of::<T>()).cast::<T>();
+        // SAFETY: `at` derives `p` from the mapping's non-null base plus an
+        // in-bounds offset, so it is not null.
+        unsafe { NonNull::new_unchecked(p) }
+    }
+
     /// Volatile 32-bit load, bytes as the device holds them (no swap).
     #[inline]
     pub(crate) fn load32(&self, offset: usize) -> u32 {
-        let p = self.at(offset, 4).cast::<u32>();
-        // SAFETY: `at` checked bounds and 4-byte alignment; device memory is
-        // only ever accessed volatile.
-        unsafe { p.read_volatile() }
+        // SAFETY: the register lies inside the mapping, aligned (`reg`);
+        // device memory is only ever accessed volatile, one access per
+        // pointer, and no reference to it exists.
+        unsafe { VolatilePtr::new_read_only(self.reg::<u32>(offset)) }.read()
     }
 
     /// Volatile 64-bit load, bytes as the device holds them.
     #[inline]
     pub(crate) fn load64(&self, offset: usize) -> u64 {
-        let p = self.at(offset, 8).cast::<u64>();
         // SAFETY: as in `load32`, with 8-byte alignment.
-        unsafe { p.read_volatile() }
+        unsafe { VolatilePtr::new_read_only(self.reg::<u64>(offset)) }.read()
     }
 
     /// Volatile 32-bit store of bytes in memory order (no swap).
     #[inline]
     pub(crate) fn store32(&self, offset: usize, raw: u32) {
-        let p = self.at(offset, 4).cast::<u32>();
-        // SAFETY: `at` checked bounds and alignment; the store is volatile
-        // and touches only device memory.
-        unsafe { p.write_volatile(raw) }
+        // SAFETY: as in `load32`; the store touches only device memory.
+        unsafe { VolatilePtr::new_restricted(WriteOnly, self.reg::<u32>(offset)) }.write(raw)
     }
 
     /// Volatile 64-bit store (one 8-byte bus write on x86-64 and aarch64).
     #[inline]
     pub(crate) fn store64(&self, offset: usize, raw: u64) {
-        let p = self.at(offset, 8).cast::<u64>();
         // SAFETY: as in `store32`, with 8-byte alignment.
-        unsafe { p.write_volatile(raw) }
+        unsafe { VolatilePtr::new_restricted(WriteOnly, self.reg::<u64>(offset)) }.write(raw)
     }
 
     /// Copies `data` (a multiple of 8 bytes) to `offset` with 8-byte
