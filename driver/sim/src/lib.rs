@@ -1,6 +1,6 @@
-//! Device model of an mlx5 NIC (a software ConnectX-5) and a simulated
-//! Ethernet fabric, for testing the driver, the transports and eRPC without
-//! hardware.
+//! Device model of an mlx5 NIC (a software ConnectX, in several device
+//! profiles) and a simulated Ethernet fabric, for testing the driver, the
+//! transports and eRPC without hardware.
 //!
 //! ```no_run
 //! use mlx5::hw::HwBackend;
