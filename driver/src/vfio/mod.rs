@@ -50,3 +50,5 @@ pub use error::{BIND_HINT, IOMMU_HINT, VfioError};
 pub use group::{Group, VIABLE_DRIVERS, blockers, driver_keeps_group_viable};
 pub use iova::{IommuInfo, IovaAllocator, IovaRange};
 pub use pci_address::{ParsePciAddressError, PciAddress};
+/// VFIO interrupt indices for [`VfioDevice::enable_irq`].
+pub use vfio_bindings::bindings::vfio::{VFIO_PCI_MSI_IRQ_INDEX, VFIO_PCI_MSIX_IRQ_INDEX};
