@@ -126,7 +126,7 @@ def main():
             w.append('    /// %s\n' % l['doc'])
             w.append('    pub struct %s: Source::Ifc("%s"), %#x;\n' % (l['rust'], l['c'], l['bits']))
             for mem in l['members']:
-                names = ' | '.join('"%s"' % n for n in [mem['cname']] + [n for n in mem['names'] if n != mem['cname']])
+                names = ' | '.join('"%s"' % n for n in mem['names'])
                 if mem['doc']:
                     w.append('    /// %s\n' % mem['doc'])
                 if mem['kind'] == 'f':

@@ -137,6 +137,17 @@ impl CmdQueue {
             InitSeg::CMDQ_ADDR_L_SZ.dword(),
             page.iova() as u32 & 0xffff_f000,
         );
+        // Firmware that is still initializing drops these writes; say so
+        // now rather than time out on the first command.
+        let read = (u64::from(bar.read32(InitSeg::CMDQ_ADDR_H.dword())) << 32)
+            | u64::from(bar.read32(InitSeg::CMDQ_ADDR_L_SZ.dword()) & 0xffff_f000);
+        if read != page.iova() {
+            return Err(Error::CmdqAddress {
+                device: bar.name(),
+                wrote: page.iova(),
+                read,
+            });
+        }
         let mut inputs = Vec::new();
         let mut outputs = Vec::new();
         inputs.resize_with(entries, Chain::default);

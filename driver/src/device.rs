@@ -6,6 +6,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crossbeam_utils::CachePadded;
 use mempool::{DmaError, DmaMapper, DmaMapping, RegionOptions};
 
 use crate::bar::Bar;
@@ -17,7 +18,8 @@ use crate::hw::{HwBackend, pci};
 use crate::pages::FwPages;
 use crate::prm::cmd::*;
 use crate::prm::codes::{
-    EventType, Opcode, cap_type, flow, manage_pages_op_mod, pages_op_mod, reg,
+    EventType, Opcode, cap_type, flow, inline_mode, manage_pages_op_mod, pages_op_mod, reg,
+    ts_format, ts_format_cap,
 };
 use crate::prm::cqe::EqeDecoded;
 use crate::prm::ctx::*;
@@ -32,6 +34,8 @@ const SLOT_PAGES: usize = crate::prm::cmdq::SLOT_PAGES;
 const PAGES_PER_CMD: usize = 512;
 /// Bytes of a capability block in QUERY/SET_HCA_CAP.
 const CAP_BYTES: usize = 0x1000;
+/// The MSI-X vector of the (polled) EQ.
+const EQ_VECTOR: u16 = 0;
 
 /// Bring-up settings.
 #[derive(Debug, Clone)]
@@ -43,10 +47,26 @@ pub struct DeviceConfig {
     /// log2 of the NIC RX flow table size: the most queue sets (UDP ports)
     /// steered at once.
     pub flow_table_log_size: u8,
-    /// Ask for unicast promiscuous mode (facts sheet §5.8 `[unsure]`: whether
-    /// a bare VFIO function receives unicast for its MAC without vport MAC
-    /// programming). Off by default; the flow rule still filters by MAC.
+    /// Ask for unicast promiscuous mode. Off by default: the driver
+    /// programs its MAC into the vport address list (and the MPFS L2 table
+    /// on an e-switch manager), which is what makes unicast reach it.
     pub promiscuous: bool,
+    /// What to do when the function has no MAC (the permanent address
+    /// reads as zero, as on a VF nobody gave one).
+    pub mac_if_unset: MacIfUnset,
+}
+
+/// The MAC to use when the vport's permanent address is zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MacIfUnset {
+    /// A random locally administered unicast MAC, with a warning (what
+    /// Linux mlx5e does: `eth_hw_addr_random`).
+    #[default]
+    Random,
+    /// This MAC.
+    Use([u8; 6]),
+    /// Fail bring-up with [`Error::NoMac`].
+    Refuse,
 }
 
 impl Default for DeviceConfig {
@@ -56,6 +76,7 @@ impl Default for DeviceConfig {
             init_timeout: Duration::from_secs(120),
             flow_table_log_size: 8,
             promiscuous: false,
+            mac_if_unset: MacIfUnset::Random,
         }
     }
 }
@@ -104,13 +125,50 @@ pub struct DeviceInfo {
     pub ext_stride_num_range: bool,
     /// CQE version in use.
     pub cqe_version: u8,
+    /// Ethernet cap `wqe_inline_mode`; `sqc.min_wqe_inline_mode` is set
+    /// only when it is VPORT_CONTEXT (as Linux and DPDK do).
+    pub wqe_inline_mode_cap: u8,
+    /// `sqc.ts_format` the SQs use.
+    pub sq_ts_format: u8,
+    /// `rqc.ts_format` the RQs use.
+    pub rq_ts_format: u8,
+    /// NIC RX flow table cap `reset_root_to_default`.
+    pub reset_root_to_default: bool,
+    /// PCI device id.
+    pub pci_device_id: u16,
+    /// A virtual function (from the device id).
+    pub is_vf: bool,
+    /// The function id firmware names for page management.
+    pub func: FuncId,
 }
+
+/// The function a page request or MANAGE_PAGES is for: firmware names it
+/// in QUERY_PAGES and in page-request EQEs, and MANAGE_PAGES must echo it
+/// (rdma-core and Linux `pagealloc.c` do). A PF is usually 0, a VF or an
+/// embedded-CPU function is not.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FuncId {
+    /// `embedded_cpu_function` / `ec_function`.
+    pub ec: bool,
+    /// `function_id` / `func_id`.
+    pub id: u16,
+}
+
+/// How often the heartbeat is sampled (rdma-core `POLL_HEALTH_INTERVAL`).
+pub const HEALTH_POLL_INTERVAL: Duration = Duration::from_millis(1000);
+/// Samples without a heartbeat change that mean the firmware is stuck
+/// (rdma-core `MAX_MISSES`).
+pub const HEALTH_MAX_MISSES: u32 = 3;
 
 /// Health state between checks.
 #[derive(Debug, Default, Clone, Copy)]
 struct HealthState {
-    last_counter: Option<u32>,
-    unchanged: u32,
+    /// Time and counter of the last heartbeat sample.
+    last_sample: Option<(Duration, u32)>,
+    /// Consecutive samples without a change.
+    misses: u32,
+    /// The last non-fatal syndrome logged.
+    warned_syndrome: u8,
 }
 
 /// A snapshot of the health registers.
@@ -143,6 +201,11 @@ pub(crate) struct FlowTable {
 #[derive(Debug, Clone, Copy)]
 enum Obj {
     Uar(u32),
+    /// Our MAC in the vport's unicast address list.
+    VportMacList,
+    /// Our MAC in the MPFS L2 table, at this index.
+    L2Entry(u32),
+    Msix,
     Eq(u8),
     Pd(u32),
     Td(u32),
@@ -157,6 +220,10 @@ pub(crate) struct Ctl {
     pub cmdq: CmdQueue,
     pub eq: Option<EventQueue>,
     pub pages: FwPages,
+    /// The function QUERY_PAGES named (pages are given and taken for it).
+    pub func: FuncId,
+    /// Flow table cap `reset_root_to_default` (NIC RX).
+    reset_root_to_default: bool,
     pub flow: Option<FlowTable>,
     objects: Vec<Obj>,
     health: HealthState,
@@ -168,7 +235,10 @@ pub(crate) struct Ctl {
 pub(crate) struct Inner<B: HwBackend> {
     pub bar: Bar<B>,
     pub pool: Arc<DmaPool>,
-    pub ctl: Mutex<Ctl>,
+    /// The control state, on its own cache lines: every queue set's thread
+    /// try-locks it now and then (`QueueSet::poll_control`), and that
+    /// write must not evict the read-mostly fields every doorbell reads.
+    pub ctl: CachePadded<Mutex<Ctl>>,
     pub info: DeviceInfo,
 }
 
@@ -267,12 +337,13 @@ fn service_events<B: HwBackend>(
     let mut handled = 0;
     while let Some(e) = eq.poll() {
         handled += 1;
-        if let Some((_func, n)) = e.page_request() {
-            tracing::debug!(num_pages = n, "firmware page request");
+        if let Some((ec, id, n)) = e.page_request_for() {
+            let func = FuncId { ec, id };
+            tracing::debug!(num_pages = n, ?func, "firmware page request");
             if n > 0 {
-                give_pages(cmdq, pages, bar, pool, n as usize)?;
+                give_pages(cmdq, pages, bar, pool, n as usize, func)?;
             } else if n < 0 {
-                take_pages(cmdq, pages, bar, pool, n.unsigned_abs() as usize)?;
+                take_pages(cmdq, pages, bar, pool, n.unsigned_abs() as usize, func)?;
             }
         } else if let Some((cqn, synd)) = e.cq_error() {
             tracing::warn!(cqn, syndrome = synd, "CQ error event");
@@ -288,23 +359,42 @@ fn service_events<B: HwBackend>(
     Ok(())
 }
 
-/// MANAGE_PAGES GIVE of `n` pages, in batches.
+/// Fills in the function a MANAGE_PAGES is for.
+fn set_func(v: &mut ViewMut<'_, ManagePagesIn>, func: FuncId) {
+    v.set(ManagePagesIn::EMBEDDED_CPU_FUNCTION, u64::from(func.ec))
+        .set(ManagePagesIn::FUNCTION_ID, u64::from(func.id));
+}
+
+/// MANAGE_PAGES GIVE of `n` pages for `func`, in batches.
 fn give_pages<B: HwBackend>(
     cmdq: &mut CmdQueue,
     pages: &mut FwPages,
     bar: &Bar<B>,
     pool: &Arc<DmaPool>,
     n: usize,
+    func: FuncId,
 ) -> Result<(), Error> {
     let mut left = n;
     while left > 0 {
         let batch = left.min(PAGES_PER_CMD);
-        let addrs = pages.take_for_firmware(pool, batch)?;
+        let addrs = match pages.take_for_firmware(pool, batch) {
+            Ok(a) => a,
+            Err(Error::Memory(source)) => {
+                return Err(Error::FirmwarePages {
+                    device: bar.name(),
+                    wanted: n,
+                    given: n - left,
+                    source,
+                });
+            }
+            Err(e) => return Err(e),
+        };
         let mut inp =
             input::<ManagePagesIn>(Opcode::ManagePages, manage_pages_op_mod::GIVE, batch * 8);
         {
             let mut v = ViewMut::<ManagePagesIn>::new(&mut inp).expect("sized");
             v.set(ManagePagesIn::INPUT_NUM_ENTRIES, batch as u64);
+            set_func(&mut v, func);
             for (i, a) in addrs.iter().enumerate() {
                 assert!(v.set_flex(ManagePagesIn::PAS, i as u32, *a));
             }
@@ -325,22 +415,26 @@ fn give_pages<B: HwBackend>(
     Ok(())
 }
 
-/// MANAGE_PAGES TAKE of up to `n` pages; returns how many came back.
+/// MANAGE_PAGES TAKE of up to `n` pages from `func`; returns how many
+/// came back.
 fn take_pages<B: HwBackend>(
     cmdq: &mut CmdQueue,
     pages: &mut FwPages,
     bar: &Bar<B>,
     pool: &Arc<DmaPool>,
     n: usize,
+    func: FuncId,
 ) -> Result<usize, Error> {
     let mut got = 0;
     let mut left = n;
     while left > 0 {
         let batch = left.min(PAGES_PER_CMD);
         let mut inp = input::<ManagePagesIn>(Opcode::ManagePages, manage_pages_op_mod::TAKE, 0);
-        ViewMut::<ManagePagesIn>::new(&mut inp)
-            .expect("sized")
-            .set(ManagePagesIn::INPUT_NUM_ENTRIES, batch as u64);
+        {
+            let mut v = ViewMut::<ManagePagesIn>::new(&mut inp).expect("sized");
+            v.set(ManagePagesIn::INPUT_NUM_ENTRIES, batch as u64);
+            set_func(&mut v, func);
+        }
         let out = cmdq.exec(
             bar,
             pool,
@@ -374,11 +468,19 @@ impl<B: HwBackend> Device<B> {
         let bar = Bar::new(backend);
         let name = bar.name();
         let pool = DmaPool::new(bar.backend().dma_mapper(), config.region);
+        // The kernel's order: bus mastering, wait for the firmware to come
+        // out of reset (vfio-pci resets the function when it is opened;
+        // until `initializing` clears, the firmware ignores the command
+        // queue address), program the command queue, wait again.
+        enable_bus_master(&bar)?;
+        wait_ready(&bar, config.init_timeout, "firmware start after reset")?;
         let cmdq = CmdQueue::setup(&bar, &pool)?;
         let mut ctl = Ctl {
             cmdq,
             eq: None,
             pages: FwPages::default(),
+            func: FuncId::default(),
+            reset_root_to_default: false,
             flow: None,
             objects: Vec::new(),
             health: HealthState::default(),
@@ -391,7 +493,7 @@ impl<B: HwBackend> Device<B> {
                 inner: Arc::new(Inner {
                     bar,
                     pool,
-                    ctl: Mutex::new(ctl),
+                    ctl: CachePadded::new(Mutex::new(ctl)),
                     info,
                 }),
             }),
@@ -420,9 +522,16 @@ impl<B: HwBackend> Device<B> {
         })
     }
 
-    /// Reads the health registers and checks them: syndrome, device gone,
-    /// NIC interface state, and a heartbeat that must advance (fatal after 3
-    /// checks without change). Cheap; callable at any time.
+    /// Reads the health registers and checks them the way rdma-core's
+    /// `mlx5_vfio_poll_health` does. Fatal only on the documented
+    /// conditions: the device is gone (`fw_ver` reads all-ones), the NIC
+    /// interface is disabled or in software reset, or a syndrome with the
+    /// reset-required flag (RFR) set. A syndrome without RFR is reported in
+    /// [`Health::syndrome`] and logged, not fatal. The heartbeat is sampled
+    /// at most once per [`HEALTH_POLL_INTERVAL`] (calls in between do not
+    /// count), and the firmware is stalled only after
+    /// [`HEALTH_MAX_MISSES`] samples in a row saw no change. Cheap; callable
+    /// at any rate.
     pub fn check_health(&self) -> Result<Health, Error> {
         let h = self.read_health();
         let mut ctl = self.inner.lock();
@@ -441,20 +550,31 @@ impl<B: HwBackend> Device<B> {
         {
             return fail(HealthProblem::NicInterface(h.nic_interface));
         }
-        if h.syndrome != 0 {
+        if h.rfr && h.syndrome != 0 {
             return fail(HealthProblem::syndrome(h.syndrome, h.ext_syndrome));
         }
         let st = &mut ctl.health;
-        if st.last_counter == Some(h.counter) {
-            st.unchanged += 1;
-        } else {
-            st.unchanged = 0;
+        if h.syndrome != 0 && h.syndrome != st.warned_syndrome {
+            tracing::warn!(device = %device, problem = %HealthProblem::syndrome(h.syndrome, h.ext_syndrome), "health syndrome without reset-required: not fatal");
         }
-        st.last_counter = Some(h.counter);
-        if st.unchanged >= 3 {
+        st.warned_syndrome = h.syndrome;
+        let now = self.inner.bar.backend().now();
+        match st.last_sample {
+            Some((at, _)) if now.saturating_sub(at) < HEALTH_POLL_INTERVAL => {}
+            Some((_, counter)) => {
+                if counter == h.counter {
+                    st.misses += 1;
+                } else {
+                    st.misses = 0;
+                }
+                st.last_sample = Some((now, h.counter));
+            }
+            None => st.last_sample = Some((now, h.counter)),
+        }
+        if st.misses >= HEALTH_MAX_MISSES {
             return fail(HealthProblem::Stalled {
                 counter: h.counter,
-                checks: st.unchanged,
+                checks: st.misses,
             });
         }
         Ok(h)
@@ -480,7 +600,8 @@ impl<B: HwBackend> Device<B> {
     }
 
     /// Services the event queue (page requests, CQ errors) outside a
-    /// command. The datapath never needs this; a control loop may call it.
+    /// command. Queue sets do this from the datapath
+    /// ([`crate::QueueSet::poll_control`]); a control loop may call it too.
     pub fn poll_events(&self) -> Result<(), Error> {
         let inner = &self.inner;
         inner.lock().service(&inner.bar, &inner.pool)
@@ -616,17 +737,22 @@ fn simple<B: HwBackend>(
     ctl.exec(bar, pool, &inp, 16)
 }
 
+/// QUERY_PAGES for our own function: the function firmware names (to echo
+/// in MANAGE_PAGES) and how many pages it wants.
 fn query_pages<B: HwBackend>(
     bar: &Bar<B>,
     pool: &Arc<DmaPool>,
     ctl: &mut Ctl,
     op_mod: u16,
-) -> Result<i32, Error> {
+) -> Result<(FuncId, i32), Error> {
     let inp = input::<QueryPagesIn>(Opcode::QueryPages, op_mod, 0);
     let out = ctl.exec(bar, pool, &inp, out_len::<QueryPagesOut>(0))?;
-    Ok(View::<QueryPagesOut>::new(&out)
-        .expect("sized")
-        .get32(QueryPagesOut::NUM_PAGES) as i32)
+    let v = View::<QueryPagesOut>::new(&out).expect("sized");
+    let func = FuncId {
+        ec: v.get32(QueryPagesOut::EMBEDDED_CPU_FUNCTION) == 1,
+        id: v.get32(QueryPagesOut::FUNCTION_ID) as u16,
+    };
+    Ok((func, v.get32(QueryPagesOut::NUM_PAGES) as i32))
 }
 
 fn satisfy_pages<B: HwBackend>(
@@ -635,9 +761,10 @@ fn satisfy_pages<B: HwBackend>(
     ctl: &mut Ctl,
     op_mod: u16,
 ) -> Result<(), Error> {
-    let n = query_pages(bar, pool, ctl, op_mod)?;
+    let (func, n) = query_pages(bar, pool, ctl, op_mod)?;
+    ctl.func = func;
     if n > 0 {
-        give_pages(&mut ctl.cmdq, &mut ctl.pages, bar, pool, n as usize)?;
+        give_pages(&mut ctl.cmdq, &mut ctl.pages, bar, pool, n as usize, func)?;
     }
     Ok(())
 }
@@ -656,14 +783,32 @@ fn query_cap<B: HwBackend>(
     Ok(out[at..at + CAP_BYTES].to_vec())
 }
 
-fn wait_ready<B: HwBackend>(bar: &Bar<B>, timeout: Duration) -> Result<(), Error> {
+/// Memory space and bus master on, keeping the other command bits.
+fn enable_bus_master<B: HwBackend>(bar: &Bar<B>) -> Result<(), Error> {
+    let mut cmd = [0u8; 2];
+    let pci_err = |what, source| Error::Pci {
+        device: bar.name(),
+        what,
+        source,
+    };
+    bar.backend()
+        .config_read(pci::COMMAND, &mut cmd)
+        .map_err(|e| pci_err("read of the command register", e))?;
+    let v = u16::from_le_bytes(cmd) | pci::COMMAND_MEMORY | pci::COMMAND_MASTER;
+    bar.backend()
+        .config_write(pci::COMMAND, &v.to_le_bytes())
+        .map_err(|e| pci_err("write of the command register", e))
+}
+
+/// Polls `initializing` (2 ms steps, as rdma-core) until it clears.
+fn wait_ready<B: HwBackend>(bar: &Bar<B>, timeout: Duration, what: &str) -> Result<(), Error> {
     let step = Duration::from_millis(2);
     let mut waited = Duration::ZERO;
     while bar.read32(InitSeg::INITIALIZING.dword()) & init_seg::INITIALIZING_BIT != 0 {
         if waited >= timeout {
             return Err(Error::Timeout {
                 device: bar.name(),
-                what: "firmware initialization".into(),
+                what: what.into(),
                 waited,
             });
         }
@@ -680,21 +825,17 @@ fn bring_up<B: HwBackend>(
     cfg: &DeviceConfig,
 ) -> Result<DeviceInfo, Error> {
     let name = bar.name();
-    // Bus mastering: memory space + bus master, keeping the other bits.
-    let mut cmd = [0u8; 2];
-    let pci_err = |what, source| Error::Pci {
-        device: name.clone(),
-        what,
-        source,
-    };
+    wait_ready(bar, cfg.init_timeout, "firmware initialization")?;
+    let mut id = [0u8; 2];
     bar.backend()
-        .config_read(pci::COMMAND, &mut cmd)
-        .map_err(|e| pci_err("read of the command register", e))?;
-    let v = u16::from_le_bytes(cmd) | pci::COMMAND_MEMORY | pci::COMMAND_MASTER;
-    bar.backend()
-        .config_write(pci::COMMAND, &v.to_le_bytes())
-        .map_err(|e| pci_err("write of the command register", e))?;
-    wait_ready(bar, cfg.init_timeout)?;
+        .config_read(pci::DEVICE_ID, &mut id)
+        .map_err(|source| Error::Pci {
+            device: name.clone(),
+            what: "read of the device id",
+            source,
+        })?;
+    let pci_device_id = u16::from_le_bytes(id);
+    let is_vf = crate::hw::mlx5_is_vf(pci_device_id);
     let to = bar.read32(InitSeg::CMD_EXEC_TO.dword());
     if to != 0 && to != 0xffff_ffff {
         ctl.cmdq
@@ -725,14 +866,18 @@ fn bring_up<B: HwBackend>(
 
     satisfy_pages(bar, pool, ctl, pages_op_mod::BOOT)?;
 
-    // Host endianness (0x00 on a little-endian host).
-    let mut inp = input::<AccessRegisterIn>(Opcode::AccessReg, 0, 16);
-    ViewMut::<AccessRegisterIn>::new(&mut inp)
-        .expect("sized")
-        .set(AccessRegisterIn::REGISTER_ID, reg::HOST_ENDIANNESS as u64);
-    inp[AccessRegisterIn::REGISTER_DATA.byte()] =
-        if cfg!(target_endian = "big") { 0x80 } else { 0 };
-    ctl.exec(bar, pool, &inp, out_len::<AccessRegisterOut>(16))?;
+    // Host endianness (0x00 on a little-endian host), on a PF only: the
+    // register belongs to the physical function (Linux `set_hca_ctrl` and
+    // FreeBSD return early on a VF).
+    if !is_vf {
+        let mut inp = input::<AccessRegisterIn>(Opcode::AccessReg, 0, 16);
+        ViewMut::<AccessRegisterIn>::new(&mut inp)
+            .expect("sized")
+            .set(AccessRegisterIn::REGISTER_ID, reg::HOST_ENDIANNESS as u64);
+        inp[AccessRegisterIn::REGISTER_DATA.byte()] =
+            if cfg!(target_endian = "big") { 0x80 } else { 0 };
+        ctl.exec(bar, pool, &inp, out_len::<AccessRegisterOut>(16))?;
+    }
 
     let cur = query_cap(bar, pool, ctl, cap_type::GENERAL, true)?;
     let _max = query_cap(bar, pool, ctl, cap_type::GENERAL, false)?;
@@ -777,12 +922,33 @@ fn bring_up<B: HwBackend>(
     let eth_inline = View::<EthCaps>::new(&eth)
         .expect("cap block")
         .get32(EthCaps::WQE_INLINE_MODE);
+    let ft = query_cap(bar, pool, ctl, cap_type::NIC_FLOW_TABLE, true)?;
+    ctl.reset_root_to_default = View::<FlowTableNicCap>::new(&ft)
+        .expect("cap block")
+        .sub(FlowTableNicCap::FLOW_TABLE_PROPERTIES_NIC_RECEIVE)
+        .get32(FlowTablePropLayout::RESET_ROOT_TO_DEFAULT)
+        == 1;
+    // Timestamp formats, chosen as DPDK's mlx5_ts_format_conv does: a
+    // device with only a real-time clock gets REAL_TIME, otherwise the
+    // free-running timer.
+    let ts = |cap: u32| match cap as u8 {
+        ts_format_cap::FREE_RUNNING | ts_format_cap::FREE_RUNNING_AND_REAL_TIME => {
+            ts_format::FREE_RUNNING
+        }
+        ts_format_cap::REAL_TIME => ts_format::REAL_TIME,
+        _ => ts_format::DEFAULT,
+    };
+    let sq_ts_format = ts(caps.get32(CmdHcaCap::SQ_TS_FORMAT));
+    let rq_ts_format = ts(caps.get32(CmdHcaCap::RQ_TS_FORMAT));
 
     // SET_HCA_CAP from the current values: no command checksums, 4 KiB UARs.
+    // Only the general block (cmd_hca_cap, 256 bytes) is copied, as Linux
+    // and rdma-core do: the rest of the 4 KiB union is reserved on input,
+    // while on output it may hold anything.
     let mut inp = input::<SetHcaCapIn>(Opcode::SetHcaCap, cap_type::GENERAL << 1, 0);
     {
         let at = SetHcaCapIn::CMD_HCA_CAP.byte();
-        inp[at..at + CAP_BYTES].copy_from_slice(&cur);
+        inp[at..at + CmdHcaCap::BYTES].copy_from_slice(&cur[..CmdHcaCap::BYTES]);
         let mut v = ViewMut::<SetHcaCapIn>::new(&mut inp).expect("sized");
         let mut c = v.sub(SetHcaCapIn::CMD_HCA_CAP);
         c.set(CmdHcaCap::CMDIF_CHECKSUM, 0)
@@ -798,6 +964,18 @@ fn bring_up<B: HwBackend>(
     // The polled EQ: page requests, CQ errors, port changes. Never armed.
     let eq_uar = alloc_u24::<AllocUarOut>(bar, pool, ctl, Opcode::AllocUar, AllocUarOut::UAR)?;
     ctl.objects.push(Obj::Uar(eq_uar));
+    // MSI-X vector 0 gets an interrupt sink before the EQ names it, as in
+    // every reference (rdma-core: VFIO_DEVICE_SET_IRQS at open); firmware
+    // refuses an EQ on a vector that is not enabled. The EQ is still
+    // polled and never armed.
+    bar.backend()
+        .enable_msix(EQ_VECTOR)
+        .map_err(|source| Error::Pci {
+            device: name.clone(),
+            what: "MSI-X enable (VFIO_DEVICE_SET_IRQS)",
+            source,
+        })?;
+    ctl.objects.push(Obj::Msix);
     let buf = EventQueue::alloc_buffer(pool)?;
     let npages = buf.len() / PAGE;
     let mut inp = input::<CreateEqIn>(Opcode::CreateEq, 0, npages * 8);
@@ -816,7 +994,7 @@ fn bring_up<B: HwBackend>(
             crate::eq::EQ_ENTRIES.trailing_zeros() as u64,
         )
         .set(Eqc::UAR_PAGE, eq_uar as u64)
-        .set(Eqc::INTR, 0)
+        .set(Eqc::INTR, u64::from(EQ_VECTOR))
         .set(Eqc::LOG_PAGE_SIZE, 0);
     }
     let out = ctl.exec(bar, pool, &inp, out_len::<CreateEqOut>(0))?;
@@ -879,10 +1057,29 @@ fn bring_up<B: HwBackend>(
         (lo >> 8) as u8,
         lo as u8,
     ];
+    let mac = if mac == [0; 6] {
+        match cfg.mac_if_unset {
+            MacIfUnset::Random => {
+                let m = random_local_mac();
+                tracing::warn!(device = %name, mac = %MacStr(m), "the function has no MAC; using a random locally administered one");
+                m
+            }
+            MacIfUnset::Use(m) if m[0] & 1 == 0 && m != [0; 6] => m,
+            MacIfUnset::Use(m) => {
+                return Err(Error::Config(format!(
+                    "mac_if_unset {} is not a unicast MAC",
+                    MacStr(m)
+                )));
+            }
+            MacIfUnset::Refuse => return Err(Error::NoMac { device: name }),
+        }
+    } else {
+        mac
+    };
     let vport_inline = vctx.get32(NicVportContext::MIN_WQE_INLINE_MODE);
-    let mode = match eth_inline {
-        0 => 1,
-        1 => vport_inline,
+    let mode = match eth_inline as u8 {
+        inline_mode::L2 => 1,
+        inline_mode::VPORT_CONTEXT => vport_inline,
         _ => 0,
     };
     let inline_mode = match mode {
@@ -903,6 +1100,26 @@ fn bring_up<B: HwBackend>(
     let vport_state = View::<QueryVportStateOut>::new(&out)
         .expect("sized")
         .get32(QueryVportStateOut::STATE) as u8;
+
+    // Unicast reaches the function only for MACs programmed into the
+    // e-switch: the vport's address list (from which a PF's legacy SR-IOV
+    // e-switch builds a VF's forwarding rules; Linux mlx5e always sets
+    // it), and on an e-switch manager the MPFS L2 table (Linux
+    // `mlx5_mpfs_add_mac`).
+    set_vport_mac_list(bar, pool, ctl, &[mac])?;
+    ctl.objects.push(Obj::VportMacList);
+    if caps.get32(CmdHcaCap::ESWITCH_MANAGER) == 1 {
+        const L2_INDEX: u32 = 0;
+        let mut inp = input::<SetL2TableEntryIn>(Opcode::SetL2TableEntry, 0, 0);
+        {
+            let mut v = ViewMut::<SetL2TableEntryIn>::new(&mut inp).expect("sized");
+            v.set(SetL2TableEntryIn::TABLE_INDEX, u64::from(L2_INDEX));
+            let mut a = v.sub(SetL2TableEntryIn::MAC_ADDRESS);
+            set_mac(&mut a, mac);
+        }
+        ctl.exec(bar, pool, &inp, 16)?;
+        ctl.objects.push(Obj::L2Entry(L2_INDEX));
+    }
 
     if cfg.promiscuous {
         let mut inp = input::<ModifyNicVportContextIn>(Opcode::ModifyNicVportContext, 0, 0);
@@ -1001,7 +1218,83 @@ fn bring_up<B: HwBackend>(
         log_max_cq_sz: caps.get32(CmdHcaCap::LOG_MAX_CQ_SZ) as u8,
         ext_stride_num_range: caps.get32(CmdHcaCap::EXT_STRIDE_NUM_RANGE) == 1,
         cqe_version: caps.get32(CmdHcaCap::CQE_VERSION) as u8,
+        wqe_inline_mode_cap: eth_inline as u8,
+        sq_ts_format,
+        rq_ts_format,
+        reset_root_to_default: ctl.reset_root_to_default,
+        pci_device_id,
+        is_vf,
+        func: ctl.func,
     })
+}
+
+/// Writes a MAC into a `mac_address_layout`.
+fn set_mac(a: &mut ViewMut<'_, MacAddressLayout>, m: [u8; 6]) {
+    a.set(
+        MacAddressLayout::MAC_ADDR_47_32,
+        u64::from(u16::from_be_bytes([m[0], m[1]])),
+    )
+    .set(
+        MacAddressLayout::MAC_ADDR_31_0,
+        u64::from(u32::from_be_bytes([m[2], m[3], m[4], m[5]])),
+    );
+}
+
+/// MODIFY_NIC_VPORT_CONTEXT of the unicast address list (Linux
+/// `mlx5_modify_nic_vport_mac_list`).
+fn set_vport_mac_list<B: HwBackend>(
+    bar: &Bar<B>,
+    pool: &Arc<DmaPool>,
+    ctl: &mut Ctl,
+    macs: &[[u8; 6]],
+) -> Result<(), Error> {
+    let mut inp = input::<ModifyNicVportContextIn>(
+        Opcode::ModifyNicVportContext,
+        0,
+        macs.len() * MacAddressLayout::BYTES,
+    );
+    let mut v = ViewMut::<ModifyNicVportContextIn>::new(&mut inp).expect("sized");
+    v.sub(ModifyNicVportContextIn::FIELD_SELECT)
+        .set(ModifyNicVportFieldSelect::ADDRESSES_LIST, 1);
+    let mut c = v.sub(ModifyNicVportContextIn::NIC_VPORT_CONTEXT);
+    c.set(NicVportContext::ALLOWED_LIST_TYPE, 0)
+        .set(NicVportContext::ALLOWED_LIST_SIZE, macs.len() as u64);
+    let base = ModifyNicVportContextIn::NIC_VPORT_CONTEXT.byte()
+        + NicVportContext::CURRENT_UC_MAC_ADDRESS.byte();
+    for (i, m) in macs.iter().enumerate() {
+        let at = base + i * MacAddressLayout::BYTES;
+        let mut e = ViewMut::<MacAddressLayout>::new(&mut inp[at..]).expect("sized");
+        set_mac(&mut e, *m);
+    }
+    ctl.exec(bar, pool, &inp, 16).map(|_| ())
+}
+
+/// A random locally administered unicast MAC (std's per-process random
+/// hash keys, mixed with the time: no RNG dependency for one address).
+fn random_local_mac() -> [u8; 6] {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    let b = h.finish().to_be_bytes();
+    [(b[0] & 0xfe) | 0x02, b[1], b[2], b[3], b[4], b[5]]
+}
+
+/// Displays a MAC as `aa:bb:cc:dd:ee:ff`.
+struct MacStr([u8; 6]);
+
+impl std::fmt::Display for MacStr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let m = self.0;
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            m[0], m[1], m[2], m[3], m[4], m[5]
+        )
+    }
 }
 
 fn simple_out<O: Layout>(
@@ -1052,9 +1345,11 @@ fn teardown<B: HwBackend>(bar: &Bar<B>, pool: &Arc<DmaPool>, ctl: &mut Ctl) -> R
     };
     while let Some(obj) = ctl.objects.pop() {
         let r = match obj {
+            // Linux destroys the last NIC RX root table without
+            // disconnecting it (firmware allows that); SET_FLOW_TABLE_ROOT
+            // op_mod 1 exists only with the reset_root_to_default cap.
+            Obj::FlowRoot if !ctl.reset_root_to_default => Ok(()),
             Obj::FlowRoot => {
-                // Disconnect the root (op_mod 1), as the kernel does before
-                // destroying the last NIC RX root table.
                 let mut inp = input::<SetFlowTableRootIn>(
                     Opcode::SetFlowTableRoot,
                     flow::SET_ROOT_OP_MOD_DISCONNECT,
@@ -1121,6 +1416,19 @@ fn teardown<B: HwBackend>(bar: &Bar<B>, pool: &Arc<DmaPool>, ctl: &mut Ctl) -> R
                 ctl.eq = None;
                 r
             }
+            Obj::L2Entry(index) => {
+                let mut inp = input::<DeleteL2TableEntryIn>(Opcode::DeleteL2TableEntry, 0, 0);
+                ViewMut::<DeleteL2TableEntryIn>::new(&mut inp)
+                    .expect("sized")
+                    .set(DeleteL2TableEntryIn::TABLE_INDEX, u64::from(index));
+                ctl.exec(bar, pool, &inp, 16).map(|_| ())
+            }
+            Obj::VportMacList => set_vport_mac_list(bar, pool, ctl, &[]),
+            Obj::Msix => bar.backend().disable_msix().map_err(|source| Error::Pci {
+                device: bar.name(),
+                what: "MSI-X disable (VFIO_DEVICE_SET_IRQS)",
+                source,
+            }),
             Obj::Uar(u) => destroy_u24(bar, pool, ctl, Opcode::DeallocUar, DeallocUarIn::UAR, u),
         };
         note(r);
@@ -1142,7 +1450,8 @@ fn teardown<B: HwBackend>(bar: &Bar<B>, pool: &Arc<DmaPool>, ctl: &mut Ctl) -> R
         while ctl.pages.given() > 0 && rounds < 1024 {
             rounds += 1;
             let want = ctl.pages.given();
-            match take_pages(&mut ctl.cmdq, &mut ctl.pages, bar, pool, want) {
+            let func = ctl.func;
+            match take_pages(&mut ctl.cmdq, &mut ctl.pages, bar, pool, want, func) {
                 Ok(0) => break,
                 Ok(_) => {}
                 Err(e) => {

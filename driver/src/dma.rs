@@ -8,7 +8,8 @@
 //! This is the only module of the driver that dereferences pointers into
 //! memory the device also reads and writes. Rules it follows:
 //! * no `&`/`&mut` is ever formed over device-visible memory; every access
-//!   is a volatile or atomic access of a plain integer at a checked offset;
+//!   is a volatile access (through the `volatile` crate's `VolatilePtr`) or
+//!   an atomic one, of a plain integer at a checked offset;
 //! * ownership bytes the device writes last (CQE `op_own`, EQE `owner`,
 //!   command `status_own`) and the overrun CQ's `wqe_id`/`wqe_counter` are
 //!   read with atomic loads, and the caller then issues
@@ -18,8 +19,10 @@
 //!   it has not been told about).
 
 use std::ptr::NonNull;
+
 use std::sync::atomic::{AtomicU8, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
+use volatile::VolatilePtr;
 
 use mempool::{DmaMapper, HUGE_2M, HugepageRegion, RegionOptions};
 
@@ -283,34 +286,41 @@ impl DmaMem {
         }
     }
 
+    /// A volatile pointer to the `T` at `off` (in bounds, aligned).
+    #[inline(always)]
+    fn vol<T: Copy>(&self, off: usize) -> VolatilePtr<'_, T> {
+        debug_assert!(off % align_of::<T>() == 0);
+        let p = self.at(off, size_of::<T>()).cast::<T>();
+        // SAFETY: `at` checked the bounds and derives `p` from the
+        // allocation's non-null base; the allocation is page aligned and
+        // `off` a multiple of T's alignment (callers use natural offsets).
+        // The memory is only ever accessed volatilely or atomically, one
+        // access per pointer, and no reference into it exists.
+        unsafe { VolatilePtr::new(NonNull::new_unchecked(p)) }
+    }
+
     /// Reads a byte.
     #[inline]
     pub fn read_u8(&self, off: usize) -> u8 {
-        // SAFETY: in bounds; a byte read has no alignment requirement.
-        unsafe { self.at(off, 1).read_volatile() }
+        self.vol::<u8>(off).read()
     }
 
     /// Writes a byte.
     #[inline]
     pub fn write_u8(&self, off: usize, v: u8) {
-        // SAFETY: in bounds; a byte write has no alignment requirement.
-        unsafe { self.at(off, 1).write_volatile(v) }
+        self.vol::<u8>(off).write(v)
     }
 
     /// Reads a big-endian u32 (4-byte aligned).
     #[inline]
     pub fn read_be32(&self, off: usize) -> u32 {
-        debug_assert!(off % 4 == 0);
-        // SAFETY: in bounds and aligned (the allocation is page aligned).
-        u32::from_be(unsafe { self.at(off, 4).cast::<u32>().read_volatile() })
+        u32::from_be(self.vol::<u32>(off).read())
     }
 
     /// Writes a big-endian u32 (4-byte aligned).
     #[inline]
     pub fn write_be32(&self, off: usize, v: u32) {
-        debug_assert!(off % 4 == 0);
-        // SAFETY: in bounds and aligned.
-        unsafe { self.at(off, 4).cast::<u32>().write_volatile(v.to_be()) }
+        self.vol::<u32>(off).write(v.to_be())
     }
 
     /// Writes a big-endian u64 (8-byte aligned).
@@ -322,16 +332,12 @@ impl DmaMem {
     /// Reads a big-endian u64 (8-byte aligned).
     #[inline]
     pub fn read_be64(&self, off: usize) -> u64 {
-        debug_assert!(off % 8 == 0);
-        // SAFETY: in bounds and aligned.
-        u64::from_be(unsafe { self.at(off, 8).cast::<u64>().read_volatile() })
+        u64::from_be(self.vol::<u64>(off).read())
     }
 
     #[inline]
     fn write_u64_raw(&self, off: usize, raw: u64) {
-        debug_assert!(off % 8 == 0);
-        // SAFETY: in bounds and aligned.
-        unsafe { self.at(off, 8).cast::<u64>().write_volatile(raw) }
+        self.vol::<u64>(off).write(raw)
     }
 
     /// Atomically loads a byte the device writes last (an ownership byte).

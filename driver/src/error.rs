@@ -56,6 +56,26 @@ pub enum Error {
         /// What the init segment says.
         found: u32,
     },
+    /// The command queue address did not stick.
+    #[error(
+        "{device}: the firmware did not take the command queue address (wrote {wrote:#x}, reads back {read:#x}); was it still initializing?"
+    )]
+    CmdqAddress {
+        /// Device name.
+        device: String,
+        /// The address written.
+        wrote: u64,
+        /// What `cmdq_addr_h`/`cmdq_addr_l_sz` read back.
+        read: u64,
+    },
+    /// The function has no MAC and the configuration said not to make one up.
+    #[error(
+        "{device}: the function has no MAC (permanent address 00:00:00:00:00:00); give it one (e.g. `ip link set <pf> vf <n> mac ...`) or set DeviceConfig::mac_if_unset"
+    )]
+    NoMac {
+        /// Device name.
+        device: String,
+    },
     /// The device lacks a feature the datapath relies on.
     #[error("{device}: missing capability {cap}: {why}")]
     MissingCapability {
@@ -95,6 +115,23 @@ pub enum Error {
         /// The first error CQE.
         cqe: Cqe,
     },
+    /// Firmware asked for more pages than device memory could supply.
+    #[error(
+        "{device}: firmware asked for {wanted} pages ({mib} MiB, {hugepages} hugepages of 2 MiB) and got {given} before DMA memory ran out; each function needs that much on top of its queues: {source}",
+        mib = wanted * 4096 / (1 << 20),
+        hugepages = (wanted * 4096).div_ceil(2 << 20)
+    )]
+    FirmwarePages {
+        /// Device name.
+        device: String,
+        /// Pages firmware asked for in this request.
+        wanted: usize,
+        /// Pages given before the failure.
+        given: usize,
+        /// Why memory ran out (hugepages, IOMMU, locked-memory limit).
+        #[source]
+        source: mempool::RegionError,
+    },
     /// Device memory could not be reserved or registered.
     #[error("DMA memory: {0}")]
     Memory(#[source] mempool::RegionError),
@@ -127,7 +164,7 @@ pub enum Error {
 /// Health findings.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HealthProblem {
-    /// The health syndrome is set.
+    /// The health syndrome is set together with reset-required (RFR).
     #[error("health syndrome 0x{raw:02x} ({name}), ext 0x{ext:04x}")]
     Syndrome {
         /// Raw syndrome.
@@ -138,7 +175,7 @@ pub enum HealthProblem {
         ext: u16,
     },
     /// The health counter stopped advancing.
-    #[error("firmware health counter stuck at 0x{counter:06x} for {checks} checks")]
+    #[error("firmware health counter stuck at 0x{counter:06x} for {checks} samples a second apart")]
     Stalled {
         /// Counter value.
         counter: u32,

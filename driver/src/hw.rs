@@ -46,6 +46,21 @@ pub trait HwBackend: Send + Sync + 'static {
     /// Writes PCI configuration space.
     fn config_write(&self, offset: u16, data: &[u8]) -> io::Result<()>;
 
+    /// Enables MSI-X with vector `vector` routed to an interrupt sink
+    /// (VFIO: `VFIO_DEVICE_SET_IRQS` with an eventfd, as rdma-core does
+    /// before its first CREATE_EQ; every reference driver enables MSI-X
+    /// before it creates an EQ on a vector). The driver still polls its EQ;
+    /// nothing waits on the sink.
+    fn enable_msix(&self, vector: u16) -> io::Result<()>;
+
+    /// Disables MSI-X again (after the last EQ is destroyed).
+    fn disable_msix(&self) -> io::Result<()>;
+
+    /// True if BAR0 is mapped write-combining, so that a 64-byte BlueFlame
+    /// copy reaches the device as one burst. vfio-pci maps BARs uncached,
+    /// so the VFIO backend says no and BlueFlame stays off.
+    fn bar_write_combining(&self) -> bool;
+
     /// The IOMMU side: maps host memory so that the device can reach it.
     fn dma_mapper(&self) -> Arc<dyn DmaMapper>;
 
@@ -54,6 +69,13 @@ pub trait HwBackend: Send + Sync + 'static {
     /// Timeouts in the driver are sums of these waits, never wall-clock reads.
     fn wait(&self, duration: Duration) {
         std::thread::sleep(duration);
+    }
+
+    /// Monotonic time since an arbitrary origin, for pacing the health
+    /// check against the firmware heartbeat. A model may use its own clock.
+    fn now(&self) -> Duration {
+        static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        START.get_or_init(std::time::Instant::now).elapsed()
     }
 
     /// Human-readable name for errors and logs (`vfio 0000:03:00.0`, `sim nic 2`).
@@ -103,10 +125,38 @@ pub const MLX5_DEVICE_IDS: &[(u16, &str)] = &[
     (0xa2dc, "BlueField-3"),
 ];
 
+/// The virtual-function ids among [`MLX5_DEVICE_IDS`] (the kernel's
+/// `MLX5_PCI_DEV_IS_VF` entries). A VF does not own PF-only registers such
+/// as HOST_ENDIANNESS (Linux `set_hca_ctrl` and FreeBSD return early).
+pub const MLX5_VF_DEVICE_IDS: &[u16] = &[
+    0x1012, 0x1014, 0x1016, 0x1018, 0x101a, 0x101c, 0x101e, 0xa2d3,
+];
+
+/// True if `device_id` is an mlx5 virtual function.
+pub fn mlx5_is_vf(device_id: u16) -> bool {
+    MLX5_VF_DEVICE_IDS.contains(&device_id)
+}
+
 /// Name of an mlx5 device id, or `None` if the driver does not know it.
 pub fn mlx5_device_name(device_id: u16) -> Option<&'static str> {
     MLX5_DEVICE_IDS
         .iter()
         .find(|(id, _)| *id == device_id)
         .map(|(_, n)| *n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_vf_id_is_a_known_vf() {
+        for id in MLX5_VF_DEVICE_IDS {
+            let name = mlx5_device_name(*id).expect("in the name table");
+            assert!(name.ends_with("VF"), "{id:#x} {name}");
+        }
+        for (id, name) in MLX5_DEVICE_IDS {
+            assert_eq!(mlx5_is_vf(*id), name.ends_with("VF"), "{id:#x} {name}");
+        }
+    }
 }

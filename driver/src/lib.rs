@@ -23,8 +23,9 @@ pub mod prm;
 pub mod queue;
 pub mod vfio;
 
-pub use device::{Device, DeviceConfig, DeviceInfo, Health, InlineMode};
+pub use device::{Device, DeviceConfig, DeviceInfo, FuncId, Health, InlineMode, MacIfUnset};
 pub use error::{Error, HealthProblem};
 pub use queue::{
-    Gather, HwQueueState, QueueConfig, QueueSet, QueueSnapshot, QueueStats, RxRingView, TxFrame,
+    Gather, HwQueueState, QueueConfig, QueueSet, QueueSnapshot, QueueStats, RxRingView,
+    RxWqeIdMode, TxFrame,
 };

@@ -39,20 +39,20 @@ impl FwPages {
 
     /// Takes `n` free pages (allocating blocks as needed) and returns their
     /// IOVAs, marked as given.
+    /// If memory runs out, nothing is taken (blocks allocated so far stay
+    /// for the next attempt).
     pub fn take_for_firmware(&mut self, pool: &Arc<DmaPool>, n: usize) -> Result<Vec<u64>, Error> {
+        let mut free: usize = self.blocks.iter().map(|b| b.free.len()).sum();
+        while free < n {
+            let mem = pool.alloc(BLOCK_PAGES * PAGE)?;
+            self.blocks.push(Block {
+                mem,
+                free: (0..BLOCK_PAGES as u16).rev().collect(),
+            });
+            free += BLOCK_PAGES;
+        }
         let mut out = Vec::with_capacity(n);
-        while out.len() < n {
-            let block = match self.blocks.iter_mut().find(|b| !b.free.is_empty()) {
-                Some(b) => b,
-                None => {
-                    let mem = pool.alloc(BLOCK_PAGES * PAGE)?;
-                    self.blocks.push(Block {
-                        mem,
-                        free: (0..BLOCK_PAGES as u16).rev().collect(),
-                    });
-                    self.blocks.last_mut().expect("just pushed")
-                }
-            };
+        for block in self.blocks.iter_mut() {
             while out.len() < n {
                 let Some(p) = block.free.pop() else { break };
                 out.push(block.mem.iova_at(p as usize * PAGE));

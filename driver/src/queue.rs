@@ -27,11 +27,11 @@ use crate::dma::{DmaMem, PAGE};
 use crate::error::Error;
 use crate::hw::HwBackend;
 use crate::prm::cmd::*;
-use crate::prm::codes::{CqeOpcode, Opcode, QueueState, WqeOpcode, flow, wq_type};
+use crate::prm::codes::{CqeOpcode, Opcode, QueueState, WqeOpcode, flow, inline_mode, wq_type};
 use crate::prm::cqe::{CQE_OP_OWN_INVALID, Cqe, Cqe64};
 use crate::prm::ctx::*;
 use crate::prm::wqe::{
-    self, CTRL_CQ_UPDATE, ETH_L2_INLINE_HEADER_SIZE, MprqWqe, SEND_WQE_BB, SEND_WQE_DS,
+    self, ETH_L2_INLINE_HEADER_SIZE, FmCeSe, MprqWqe, SEND_WQE_BB, SEND_WQE_DS,
     SEND_WQE_MAX_WQEBBS, WqeCtrlSeg, WqeDataSeg, WqeEthSeg, WqeSrqNextSeg,
 };
 use crate::prm::{Layout, View, ViewMut, uar};
@@ -73,6 +73,9 @@ pub struct QueueConfig {
     /// Use BlueFlame (copy the WQE into the doorbell register) for
     /// single-WQE bursts.
     pub blueflame: bool,
+    /// [`QueueSet::poll_control`] services the device's event queue once
+    /// per this many calls.
+    pub control_interval: u32,
 }
 
 impl Default for QueueConfig {
@@ -86,6 +89,7 @@ impl Default for QueueConfig {
             rq_log_wqes: 3,
             rx_cq_log_size: 3,
             blueflame: false,
+            control_interval: 1024,
         }
     }
 }
@@ -149,6 +153,12 @@ pub struct QueueStats {
     pub rx_reposts: u64,
     /// Snapshots retried because `wqe_id` changed under the read.
     pub rx_torn_snapshots: u64,
+    /// Times [`QueueSet::poll_control`] serviced the device's event queue.
+    pub control_services: u64,
+    /// Times it found another thread doing so and left it.
+    pub control_busy: u64,
+    /// Event handling that failed (logged; e.g. no memory for pages).
+    pub control_errors: u64,
 }
 
 struct SendQueue {
@@ -189,6 +199,8 @@ struct RecvQueue {
     head: u32,
     /// Ring slots given back but not yet reposted.
     to_post: usize,
+    /// Strides reported by `rx_burst` (free running).
+    reported: u32,
     /// Next ring slot to hand out.
     recv_head: usize,
 }
@@ -198,8 +210,28 @@ struct RxCq {
     cqn: u32,
     entries: usize,
     idx: usize,
+    /// Position of the last packet counted, in the free-running cycle.
     prev: u32,
+    /// The free-running cycle: 65536 WQEs × strides.
     cycle: u32,
+    /// How the hardware reports `wqe_id`.
+    mode: RxWqeIdMode,
+}
+
+/// How a striding RQ's CQEs number the WQE a packet landed in. The
+/// references only ever use the low bits (libmlx5 masks it with the ring
+/// size, DPDK compares `(wqe_id ^ rq_ci) & wq_mask`, the kernel indexes its
+/// ring with it), so either reading is possible; the driver finds out
+/// from the first CQE that tells them apart (the first packet in the WQE
+/// after the last ring slot) and counts exactly in both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum RxWqeIdMode {
+    /// Not known yet: no packet has landed past the first lap of the ring.
+    Undetermined,
+    /// A free-running 16-bit WQE counter.
+    FreeRunning,
+    /// The WQE's ring index (`counter & (WQEs - 1)`).
+    RingIndex,
 }
 
 /// A read-only view of a queue set's RX ring that outlives borrows of the
@@ -297,6 +329,8 @@ pub struct QueueSnapshot {
     pub rx_cqe_idx: usize,
     /// Last (wqe id × strides + stride) position seen.
     pub rx_prev_position: u32,
+    /// How the NIC numbers striding-RQ WQEs in CQEs, once known.
+    pub rx_wqe_id_mode: RxWqeIdMode,
     /// Counters.
     pub stats: QueueStats,
 }
@@ -310,6 +344,12 @@ pub struct HwQueueState {
     pub sq_hw_counter: u32,
     /// SQ producer counter as hardware last read it.
     pub sq_sw_counter: u32,
+    /// `sqc.min_wqe_inline_mode` as the SQ was created.
+    pub sq_min_wqe_inline_mode: u8,
+    /// `sqc.ts_format`.
+    pub sq_ts_format: u8,
+    /// `rqc.ts_format`.
+    pub rq_ts_format: u8,
     /// RQ state.
     pub rq_state: u8,
     /// RQ hardware counter.
@@ -349,6 +389,8 @@ pub struct QueueSet<B: HwBackend> {
     stats: QueueStats,
     /// Objects created so far, for teardown in reverse.
     created: Vec<QObj>,
+    /// Calls of `poll_control` until the next EQ service.
+    control_countdown: u32,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -428,9 +470,18 @@ impl<B: HwBackend> QueueSet<B> {
         check(cfg.unsignaled_batch >= 1, || {
             "unsignaled_batch must be at least 1".into()
         })?;
+        check(cfg.control_interval >= 1, || {
+            "control_interval must be at least 1".into()
+        })?;
         check(!cfg.blueflame || info.bf_reg_size >= 128, || {
             "BlueFlame requested but the device has none".into()
         })?;
+        check(
+            !cfg.blueflame || dev.bar.backend().bar_write_combining(),
+            || {
+                "BlueFlame needs BAR0 mapped write-combining; vfio-pci maps it uncached, so the 64-byte copy would reach the NIC as separate stores: leave `blueflame` off".into()
+            },
+        )?;
         let sq_wqebbs = 1u32 << cfg.sq_log_wqebbs;
         let inline = info.inline_mode == InlineMode::L2;
         // Two signaled batches of the largest WQEs must fit the ring: with
@@ -476,6 +527,7 @@ impl<B: HwBackend> QueueSet<B> {
                 stride: 1 << cfg.rq_log_stride_bytes,
                 head: 0,
                 to_post: 0,
+                reported: 0,
                 recv_head: 0,
             },
             rx_cq: RxCq {
@@ -485,6 +537,7 @@ impl<B: HwBackend> QueueSet<B> {
                 idx: 0,
                 prev: 0,
                 cycle: 65536u32 << cfg.rq_log_strides,
+                mode: RxWqeIdMode::Undetermined,
             },
             tisn: 0,
             tirn: 0,
@@ -494,6 +547,7 @@ impl<B: HwBackend> QueueSet<B> {
             lkey: info.lkey,
             stats: QueueStats::default(),
             created: Vec::new(),
+            control_countdown: cfg.control_interval.max(1),
             _not_sync: PhantomData,
             dev,
         };
@@ -552,8 +606,16 @@ impl<B: HwBackend> QueueSet<B> {
         {
             let mut v = ViewMut::<CreateSqIn>::new(&mut inp).expect("sized");
             let mut c = v.sub(CreateSqIn::CTX);
+            // The SQ's inline field counts only when the requirement lives
+            // in the vport context (Linux and DPDK set it only then).
+            let min_inline = if info.wqe_inline_mode_cap == inline_mode::VPORT_CONTEXT {
+                u64::from(self.inline)
+            } else {
+                0
+            };
             c.set(Sqc::FLUSH_IN_ERROR_EN, 1)
-                .set(Sqc::MIN_WQE_INLINE_MODE, u64::from(self.inline))
+                .set(Sqc::MIN_WQE_INLINE_MODE, min_inline)
+                .set(Sqc::TS_FORMAT, u64::from(info.sq_ts_format))
                 .set(Sqc::STATE, QueueState::Rst as u64)
                 .set(Sqc::CQN, self.tx_cq.cqn as u64)
                 .set(Sqc::TIS_LST_SZ, 1)
@@ -624,6 +686,7 @@ impl<B: HwBackend> QueueSet<B> {
             let mut v = ViewMut::<CreateRqIn>::new(&mut inp).expect("sized");
             let mut c = v.sub(CreateRqIn::CTX);
             c.set(Rqc::VSD, 1)
+                .set(Rqc::TS_FORMAT, u64::from(info.rq_ts_format))
                 .set(Rqc::MEM_RQ_TYPE, 0)
                 .set(Rqc::STATE, QueueState::Rst as u64)
                 .set(Rqc::FLUSH_IN_ERROR_EN, 1)
@@ -651,10 +714,12 @@ impl<B: HwBackend> QueueSet<B> {
             .expect("sized")
             .get32(CreateRqOut::RQN);
         self.created.push(QObj::Rq(self.rq.rqn));
-        for _ in 0..(1u32 << self.rq.log_wqes) {
-            self.write_rq_wqe();
-        }
-        self.ring_rq_doorbell();
+        // Until the wqe_id reading is known, one WQE stays unposted (see
+        // `rx_burst`); it is owed, and posted once the reading is known to
+        // be free running.
+        let per_wqe = 1usize << self.rq.log_strides;
+        self.rq.to_post = (1usize << self.rq.log_wqes) * per_wqe;
+        self.repost();
         self.modify_rq(QueueState::Rst, QueueState::Rdy)?;
 
         // Direct TIR to the RQ.
@@ -848,7 +913,12 @@ impl<B: HwBackend> QueueSet<B> {
             (idx << 8) | WqeOpcode::Send as u32,
         );
         ring.write_be32(c + WqeCtrlSeg::QPN_DS.dword(), (self.sq.sqn << 8) | ds);
-        ring.write_be32(c + 8, if signal { CTRL_CQ_UPDATE as u32 } else { 0 });
+        let fm_ce_se = if signal {
+            FmCeSe::CQ_UPDATE
+        } else {
+            FmCeSe::empty()
+        };
+        ring.write_be32(c + 8, u32::from(fm_ce_se.bits()));
         ring.write_be32(c + WqeCtrlSeg::IMM.dword(), 0);
         // Ethernet segment, with the L2 header inline if required.
         let e = unit(1);
@@ -1042,7 +1112,7 @@ impl<B: HwBackend> QueueSet<B> {
             (idx << 8) | WqeOpcode::Nop as u32,
         );
         ring.write_be32(off + WqeCtrlSeg::QPN_DS.dword(), (self.sq.sqn << 8) | 1);
-        ring.write_be32(off + 8, CTRL_CQ_UPDATE as u32);
+        ring.write_be32(off + 8, u32::from(FmCeSe::CQ_UPDATE.bits()));
         ring.write_be32(off + WqeCtrlSeg::IMM.dword(), 0);
         self.sq.pi = self.sq.pi.wrapping_add(1);
         self.sq.signaled = Some((idx as u16, self.sq.pi));
@@ -1092,10 +1162,10 @@ impl<B: HwBackend> QueueSet<B> {
 
     // ------------------------------------------------------------------ RX
 
-    /// Snapshots the (wqe id, stride index) position in RX CQE `i`, with the
-    /// torn-read guard: wqe id, stride index, full barrier, wqe id again.
+    /// Snapshots (wqe id, stride index) in RX CQE `i`, with the torn-read
+    /// guard: wqe id, stride index, full barrier, wqe id again.
     #[inline]
-    fn rx_snapshot(&self, i: usize) -> u32 {
+    fn rx_snapshot_raw(&self, i: usize) -> (u16, u16) {
         let ring = &self.rx_cq.ring;
         let off = i * CQE_BYTES;
         loop {
@@ -1103,9 +1173,38 @@ impl<B: HwBackend> QueueSet<B> {
             let ctr = ring.load_be16(off + WQE_COUNTER);
             barrier::full();
             if ring.load_be16(off + WQE_ID) == id {
-                return ((u32::from(id) << self.rq.log_strides) + u32::from(ctr))
-                    & (self.rx_cq.cycle - 1);
+                return (id, ctr);
             }
+        }
+    }
+
+    /// The position in RX CQE `i`, reading `wqe_id` as a free-running
+    /// counter.
+    #[inline]
+    fn rx_snapshot(&self, i: usize) -> u32 {
+        let (id, ctr) = self.rx_snapshot_raw(i);
+        ((u32::from(id) << self.rq.log_strides) + u32::from(ctr)) & (self.rx_cq.cycle - 1)
+    }
+
+    /// Strides posted to the RQ and not yet reported: the most packets the
+    /// NIC can have delivered that `rx_burst` has not counted.
+    #[inline]
+    fn rx_outstanding(&self) -> u32 {
+        (self.rq.head << self.rq.log_strides).wrapping_sub(self.rq.reported)
+    }
+
+    /// WQEs that may be posted ahead of the last reported packet. While
+    /// `wqe_id` could be a ring index, one WQE of the ring stays unposted:
+    /// then a slot the NIC has not rewritten yet (it still holds a packet
+    /// from the previous lap, up to 7 CQEs back) reads as at least
+    /// `ring - 7` strides ahead, which is more than can be outstanding, and
+    /// is ignored, exactly as a free-running reading ignores it.
+    #[inline]
+    fn rx_wqes_ahead(&self) -> u32 {
+        let n = 1u32 << self.rq.log_wqes;
+        match self.rx_cq.mode {
+            RxWqeIdMode::FreeRunning => n,
+            _ => n - 1,
         }
     }
 
@@ -1115,23 +1214,67 @@ impl<B: HwBackend> QueueSet<B> {
     #[inline]
     pub fn rx_burst(&mut self) -> usize {
         let entries = self.cfg.rx_ring_entries() as u32;
+        let outstanding = self.rx_outstanding();
         let mut total = 0u32;
         for _ in 0..self.rx_cq.entries {
-            let cur = self.rx_snapshot(self.rx_cq.idx);
-            let delta = cur.wrapping_sub(self.rx_cq.prev) & (self.rx_cq.cycle - 1);
-            if delta == 0 || delta > entries - total {
+            let room = outstanding - total;
+            let Some(delta) = self.rx_delta(room) else {
                 break;
-            }
+            };
             total += delta;
-            self.rx_cq.prev = cur;
+            self.rx_cq.prev = self.rx_cq.prev.wrapping_add(delta) & (self.rx_cq.cycle - 1);
             self.rx_cq.idx = (self.rx_cq.idx + 1) & (self.rx_cq.entries - 1);
         }
         if total > 0 {
             self.rq.recv_head = (self.rq.recv_head + total as usize) & (entries as usize - 1);
+            self.rq.reported = self.rq.reported.wrapping_add(total);
             self.stats.rx_pkts += u64::from(total);
             self.stats.rx_bursts += 1;
+            if self.rq.to_post >= 1 << self.rq.log_strides {
+                self.repost();
+            }
         }
         total as usize
+    }
+
+    /// Packets new in the next RX CQE (at most `room`), or `None` if it
+    /// holds nothing new (or a stale position from the previous lap).
+    #[inline]
+    fn rx_delta(&mut self, room: u32) -> Option<u32> {
+        let (id, ctr) = self.rx_snapshot_raw(self.rx_cq.idx);
+        let ls = self.rq.log_strides;
+        let wqes = 1u32 << self.rq.log_wqes;
+        let ring = wqes << ls;
+        let prev = self.rx_cq.prev;
+        let valid = |d: u32| d != 0 && d <= room;
+        if self.rx_cq.mode != RxWqeIdMode::RingIndex {
+            let cur = ((u32::from(id) << ls) + u32::from(ctr)) & (self.rx_cq.cycle - 1);
+            let d = cur.wrapping_sub(prev) & (self.rx_cq.cycle - 1);
+            if valid(d) {
+                if self.rx_cq.mode == RxWqeIdMode::Undetermined && u32::from(id) >= wqes {
+                    self.rx_cq.mode = RxWqeIdMode::FreeRunning;
+                    tracing::debug!(
+                        rqn = self.rq.rqn,
+                        "striding RQ wqe_id is a free-running counter"
+                    );
+                }
+                return Some(d);
+            }
+            if self.rx_cq.mode == RxWqeIdMode::FreeRunning || u32::from(id) >= wqes {
+                return None;
+            }
+        }
+        // A ring index (known, or the first packet past the first lap).
+        let cur = ((u32::from(id) & (wqes - 1)) << ls) + u32::from(ctr);
+        let d = cur.wrapping_sub(prev) & (ring - 1);
+        if !valid(d) {
+            return None;
+        }
+        if self.rx_cq.mode == RxWqeIdMode::Undetermined {
+            self.rx_cq.mode = RxWqeIdMode::RingIndex;
+            tracing::debug!(rqn = self.rq.rqn, "striding RQ wqe_id is a ring index");
+        }
+        Some(d)
     }
 
     /// Gives `n` ring slots back (in ring order). Each time a whole WQE's
@@ -1139,16 +1282,26 @@ impl<B: HwBackend> QueueSet<B> {
     #[inline]
     pub fn post_recvs(&mut self, n: usize) {
         self.rq.to_post += n;
-        let per_wqe = 1usize << self.rq.log_strides;
-        if self.rq.to_post < per_wqe {
-            return;
+        if self.rq.to_post >= 1 << self.rq.log_strides {
+            self.repost();
         }
-        while self.rq.to_post >= per_wqe {
+    }
+
+    /// Posts every WQE whose strides are back, as far as the number of
+    /// WQEs allowed ahead permits; rings the doorbell if any was posted.
+    fn repost(&mut self) {
+        let per_wqe = 1usize << self.rq.log_strides;
+        let limit = (self.rq.reported >> self.rq.log_strides).wrapping_add(self.rx_wqes_ahead());
+        let mut posted = false;
+        while self.rq.to_post >= per_wqe && self.rq.head != limit {
             self.write_rq_wqe();
             self.rq.to_post -= per_wqe;
             self.stats.rx_reposts += 1;
+            posted = true;
         }
-        self.ring_rq_doorbell();
+        if posted {
+            self.ring_rq_doorbell();
+        }
     }
 
     fn write_rq_wqe(&mut self) {
@@ -1189,6 +1342,44 @@ impl<B: HwBackend> QueueSet<B> {
     }
 
     // ------------------------------------------------------------- control
+
+    /// Keeps the device's control side alive from the datapath: call it
+    /// once per event-loop iteration (the mlx5 transport does, in its
+    /// `rx_burst`). Every `control_interval` calls it services the event
+    /// queue — answers firmware page requests (which arrive at any time,
+    /// not only while a command runs), records CQ errors and port changes,
+    /// and publishes the EQ consumer index before the 256-entry EQ can
+    /// overrun (a fatal health condition). It never waits: if another
+    /// thread holds the control lock, it leaves the work to it. Returns
+    /// true if it serviced the queue.
+    #[inline]
+    pub fn poll_control(&mut self) -> bool {
+        self.control_countdown -= 1;
+        if self.control_countdown != 0 {
+            return false;
+        }
+        self.control_countdown = self.cfg.control_interval;
+        self.service_control()
+    }
+
+    #[cold]
+    fn service_control(&mut self) -> bool {
+        let dev = &self.dev;
+        let mut ctl = match dev.ctl.try_lock() {
+            Ok(c) => c,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                self.stats.control_busy += 1;
+                return false;
+            }
+        };
+        self.stats.control_services += 1;
+        if let Err(e) = ctl.service(&dev.bar, &dev.pool) {
+            self.stats.control_errors += 1;
+            tracing::error!(device = %dev.info.name, error = %e, "event queue service failed");
+        }
+        true
+    }
 
     /// Settings in effect (the unsignaled batch may have been clamped).
     pub fn config(&self) -> QueueConfig {
@@ -1239,6 +1430,7 @@ impl<B: HwBackend> QueueSet<B> {
             rx_to_post: self.rq.to_post,
             rx_cqe_idx: self.rx_cq.idx,
             rx_prev_position: self.rx_cq.prev,
+            rx_wqe_id_mode: self.rx_cq.mode,
             stats: self.stats,
         }
     }
@@ -1259,6 +1451,10 @@ impl<B: HwBackend> QueueSet<B> {
             sq.sub(Sqc::WQ).get32(Wq::HW_COUNTER),
             sq.sub(Sqc::WQ).get32(Wq::SW_COUNTER),
         );
+        let (sq_min_wqe_inline_mode, sq_ts_format) = (
+            sq.get32(Sqc::MIN_WQE_INLINE_MODE) as u8,
+            sq.get32(Sqc::TS_FORMAT) as u8,
+        );
         let mut inp = input::<QueryRqIn>(Opcode::QueryRq, 0, 0);
         ViewMut::<QueryRqIn>::new(&mut inp)
             .expect("sized")
@@ -1267,6 +1463,7 @@ impl<B: HwBackend> QueueSet<B> {
         let rq = View::<QueryRqOut>::new(&out)
             .expect("sized")
             .sub(QueryRqOut::RQ_CONTEXT);
+        let rq_ts_format = rq.get32(Rqc::TS_FORMAT) as u8;
         let (rq_state, rq_hw, rq_sw) = (
             rq.get32(Rqc::STATE) as u8,
             rq.sub(Rqc::WQ).get32(Wq::HW_COUNTER),
@@ -1300,6 +1497,9 @@ impl<B: HwBackend> QueueSet<B> {
             sq_state,
             sq_hw_counter: sq_hw,
             sq_sw_counter: sq_sw,
+            sq_min_wqe_inline_mode,
+            sq_ts_format,
+            rq_ts_format,
             rq_state,
             rq_hw_counter: rq_hw,
             rq_sw_counter: rq_sw,

@@ -51,6 +51,10 @@ mod edu {
     /// Transfers must end strictly before the end of the 4 KiB buffer.
     pub const MAX_XFER: u32 = 4000;
     pub const IDENT_V1: u32 = 0x0100_00ed;
+    /// Write: raise an interrupt (ORed into the status register).
+    pub const IRQ_RAISE: usize = 0x60;
+    /// Write: acknowledge (clear) interrupt status bits.
+    pub const IRQ_ACK: usize = 0x64;
 }
 
 type CaseResult = Result<(), String>;
@@ -134,6 +138,8 @@ fn main() {
         ("vfio_e1000e_bar0_mac_and_reset", vfio_e1000e),
         ("backend_refuses_non_mlx5", backend_refuses_non_mlx5),
         ("backend_hwbackend_on_edu", backend_hwbackend_on_edu),
+        ("vfio_msi_eventfd_on_edu", vfio_msi_eventfd_on_edu),
+        ("backend_msix_on_e1000e", backend_msix_on_e1000e),
         ("neg_not_bound_to_vfio", neg_not_bound),
         ("neg_non_viable_group", neg_non_viable_group),
         ("neg_missing_dev_vfio_node", neg_missing_node),
@@ -1015,6 +1021,58 @@ fn backend_refuses_non_mlx5(ctx: &Ctx) -> CaseResult {
         matches!(err, VfioError::NotMlx5 { vendor: 0x1234, device: 0x11e8, bdf } if bdf == ctx.dev.edu),
         "{err:?}"
     );
+    Ok(())
+}
+
+/// An interrupt through VFIO_DEVICE_SET_IRQS and an eventfd, end to end:
+/// edu raises an MSI, the guest's vfio-pci signals our eventfd. edu has no
+/// MSI-X, and asking for it says so.
+fn vfio_msi_eventfd_on_edu(ctx: &Ctx) -> CaseResult {
+    use mlx5::vfio::{VFIO_PCI_MSI_IRQ_INDEX, VFIO_PCI_MSIX_IRQ_INDEX};
+    let dev = open(ctx, ctx.dev.edu)?;
+    dev.enable_bus_master().map_err(|e| e.to_string())?;
+    let bar = dev.map_bar(0).map_err(|e| e.to_string())?;
+    match dev.enable_irq(VFIO_PCI_MSIX_IRQ_INDEX, 0) {
+        Err(VfioError::IrqUnsupported { index, .. }) if index == VFIO_PCI_MSIX_IRQ_INDEX => {}
+        other => return Err(format!("MSI-X on edu: {other:?}")),
+    }
+    let irq = dev
+        .enable_irq(VFIO_PCI_MSI_IRQ_INDEX, 0)
+        .map_err(|e| e.to_string())?;
+    ensure!(
+        irq.take().map_err(|e| e.to_string())? == 0,
+        "an interrupt before any was raised"
+    );
+    bar.write32_le(edu::IRQ_RAISE, 1);
+    let mut got = 0;
+    ensure!(
+        wait_until(Duration::from_secs(10), || {
+            got += irq.take().unwrap_or(0);
+            got > 0
+        }),
+        "edu's MSI never reached the eventfd"
+    );
+    bar.write32_le(edu::IRQ_ACK, 1);
+    dev.disable_irq(VFIO_PCI_MSI_IRQ_INDEX)
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// The driver's MSI-X hook on a function that has MSI-X (QEMU's e1000e):
+/// vector 0 routed to an eventfd with every vector allocated, then
+/// disabled again; a vector beyond the table is refused.
+fn backend_msix_on_e1000e(ctx: &Ctx) -> CaseResult {
+    let be = VfioBackend::open_with(ctx.dev.e1000e, &ctx.paths, DeviceCheck::AnyDeviceForTesting)
+        .map_err(|e| e.to_string())?;
+    be.enable_msix(0)
+        .map_err(|e| format!("enable_msix(0): {e}"))?;
+    be.disable_msix()
+        .map_err(|e| format!("disable_msix: {e}"))?;
+    ensure!(
+        be.enable_msix(2048).is_err(),
+        "a vector beyond the MSI-X table was accepted"
+    );
+    ensure!(!be.bar_write_combining(), "vfio-pci maps BARs uncached");
     Ok(())
 }
 

@@ -390,6 +390,9 @@ impl<B: HwBackend> Transport for Mlx5Transport<B> {
 
     #[inline]
     fn rx_burst(&mut self) -> usize {
+        // Firmware events (page requests, CQ errors) are serviced from here
+        // at a bounded cadence; almost always a counter decrement.
+        self.qs.poll_control();
         let n = self.qs.rx_burst();
         let mask = self.state.lens.len() - 1;
         let first = self.rx_head;

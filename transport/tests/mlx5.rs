@@ -143,10 +143,13 @@ impl Fixture for SimFixture {
     fn inject(&mut self, to: &Self::T, payload: &[u8]) -> bool {
         let ri = to.local_routing_info();
         let len = HEADROOM_BYTES + payload.len();
-        if len > 2048 {
+        // What an Ethernet link can carry to the NIC: at most the port's
+        // MTU + 18 bytes, and at least 60 (the sender pads; the NIC drops
+        // runts and oversize frames).
+        if len > 1500 + 18 {
             return false;
         }
-        let mut frame = vec![0u8; len];
+        let mut frame = vec![0u8; len.max(60)];
         let t = FrameTemplate {
             dst_mac: ri.mac,
             src_mac: [2, 0, 0, 0, 0, 0x77],
@@ -156,7 +159,7 @@ impl Fixture for SimFixture {
             dst_port: ri.udp_port,
         };
         wire::build_headroom(&t, &mut frame, len);
-        frame[HEADROOM_BYTES..].copy_from_slice(payload);
+        frame[HEADROOM_BYTES..len].copy_from_slice(payload);
         let (fabric, nic) = (self.fabric.as_ref().unwrap(), self.nic.as_ref().unwrap());
         fabric.inject(nic.port(), &frame);
         true

@@ -54,6 +54,21 @@ impl HwBackend for SimBackend {
         self.nic.config_write(offset, data)
     }
 
+    /// What vfio-pci does to the device: MSI-X on, every vector allocated,
+    /// `vector` routed.
+    fn enable_msix(&self, vector: u16) -> io::Result<()> {
+        self.nic.enable_msix(vector)
+    }
+
+    fn disable_msix(&self) -> io::Result<()> {
+        self.nic.disable_msix();
+        Ok(())
+    }
+
+    fn bar_write_combining(&self) -> bool {
+        self.nic.cfg.bar_write_combining
+    }
+
     fn dma_mapper(&self) -> Arc<dyn DmaMapper> {
         self.nic.mapper.clone()
     }
@@ -73,6 +88,11 @@ impl HwBackend for SimBackend {
             std::thread::sleep(duration);
             f.pump_due();
         }
+    }
+
+    /// The fabric clock.
+    fn now(&self) -> Duration {
+        Duration::from_nanos(self.nic.now_ns())
     }
 
     fn describe(&self) -> String {

@@ -99,6 +99,20 @@ pub enum MapError {
         /// Length.
         len: usize,
     },
+    /// Mapping it would exceed the locked-memory limit (what
+    /// `VFIO_IOMMU_MAP_DMA` refuses with ENOMEM when RLIMIT_MEMLOCK is
+    /// below the DMA memory).
+    #[error(
+        "mapping {len:#x} more bytes would lock {total:#x} bytes, over the locked-memory limit of {limit:#x} (raise `ulimit -l`)"
+    )]
+    LockLimit {
+        /// Length asked for.
+        len: usize,
+        /// Bytes mapped with it.
+        total: u64,
+        /// The limit.
+        limit: u64,
+    },
     /// Nothing is mapped at that IOVA.
     #[error("nothing is mapped at IOVA {iova:#x}")]
     NotMapped {
@@ -164,6 +178,7 @@ pub struct Iommu {
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
     last_fault: Mutex<Option<DmaFault>>,
+    lock_limit: AtomicU64,
 }
 
 impl Default for Iommu {
@@ -189,7 +204,18 @@ impl Iommu {
             bytes_read: AtomicU64::new(0),
             bytes_written: AtomicU64::new(0),
             last_fault: Mutex::new(None),
+            lock_limit: AtomicU64::new(u64::MAX),
         }
+    }
+
+    /// Limits the bytes mapped at once (`u64::MAX`: no limit).
+    pub fn set_lock_limit(&self, bytes: u64) {
+        self.lock_limit.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Bytes mapped now.
+    pub fn mapped_bytes(&self) -> u64 {
+        read_table(&self.table).values().map(|e| e.len as u64).sum()
     }
 
     /// Turns bus mastering on or off (PCI COMMAND bit 2).
@@ -240,6 +266,13 @@ impl Iommu {
     fn map(&self, va: usize, len: usize) -> Result<u64, MapError> {
         if len == 0 || va % PAGE != 0 || len % PAGE != 0 {
             return Err(MapError::Unaligned { va, len });
+        }
+        let limit = self.lock_limit.load(Ordering::Relaxed);
+        if limit != u64::MAX {
+            let total = self.mapped_bytes() + len as u64;
+            if total > limit {
+                return Err(MapError::LockLimit { len, total, limit });
+            }
         }
         let mut next = lock(&self.next_iova);
         let align: u64 = if len >= 2 << 20 { 2 << 20 } else { PAGE as u64 };

@@ -48,8 +48,12 @@ pub enum Injection {
     StopHealthCounter,
     /// The health counter advances again.
     ResumeHealthCounter,
-    /// Sets the health syndrome (0 clears it).
+    /// Sets the health syndrome without reset-required (0 clears it):
+    /// reported, not fatal.
     HealthSyndrome(u8),
+    /// Sets the health syndrome with reset-required (RFR): a fatal error
+    /// the driver must report (0 clears both).
+    FatalHealthSyndrome(u8),
     /// The device falls off the bus: every register and config read
     /// returns all-ones.
     SurpriseRemoval,
@@ -107,11 +111,19 @@ pub(crate) fn apply(nic: &NicInner, what: Injection) -> Result<(), InjectError> 
             nic.health.stop(now);
         }
         Injection::ResumeHealthCounter => nic.health.resume(),
-        Injection::HealthSyndrome(s) => nic.health.set_syndrome(s),
+        Injection::HealthSyndrome(s) => {
+            nic.health.set_syndrome(s);
+            nic.health.set_rfr(false);
+        }
+        Injection::FatalHealthSyndrome(s) => {
+            nic.health.set_syndrome(s);
+            nic.health.set_rfr(s != 0);
+        }
         Injection::SurpriseRemoval => {
             nic.health.set_gone();
             nic.iommu.set_bus_master(false);
             nic.health.set_syndrome(HealthSyndrome::HwFatal as u8);
+            nic.health.set_rfr(true);
         }
     }
     Ok(())

@@ -1,6 +1,6 @@
-//! Device model of an mlx5 NIC (a software ConnectX-5) and a simulated
-//! Ethernet fabric, for testing the driver, the transports and eRPC without
-//! hardware.
+//! Device model of an mlx5 NIC (a software ConnectX, in several device
+//! profiles) and a simulated Ethernet fabric, for testing the driver, the
+//! transports and eRPC without hardware.
 //!
 //! ```no_run
 //! use mlx5::hw::HwBackend;
@@ -44,6 +44,7 @@ pub mod nic;
 mod objects;
 pub mod packet;
 pub mod pcap;
+pub mod profile;
 mod queues;
 pub mod rng;
 mod rx;
@@ -66,8 +67,9 @@ pub use firmware::cmdq::{MAILBOX_ALIGN, MAX_MSG_BYTES};
 pub use firmware::pages::PAGE_FILL;
 pub use firmware::{CommandRecord, HcaState, Why};
 pub use inject::{FailCommand, InjectError, Injection};
-pub use nic::{BF_REG_BYTES, FIRST_UAR, Limits, NicConfig, SimNic};
+pub use nic::{BF_REG_BYTES, Eswitch, FIRST_UAR, Limits, NicConfig, SimNic, WqeIdMode};
 pub use pcap::PcapBuffer;
+pub use profile::Profile;
 pub use stats::{
     CqInfo, DropReason, EqInfo, NicStats, ObjectCounts, Queues, RqInfo, SqInfo, WqState,
 };

@@ -110,13 +110,49 @@ impl Default for Limits {
     }
 }
 
+/// How unicast frames reach the function before its own flow steering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Eswitch {
+    /// Flow steering alone decides (no e-switch in front of the function).
+    None,
+    /// A VF behind its PF's legacy SR-IOV e-switch: unicast only to MACs in
+    /// the vport's unicast address list (the PF's e-switch builds a VF's
+    /// forwarding rules from that list; MODIFY_NIC_VPORT_CONTEXT sets it).
+    LegacyVf,
+    /// A PF with `eswitch_manager` on a port shared through MPFS: unicast
+    /// only to MACs in its L2 table (SET_L2_TABLE_ENTRY).
+    Mpfs,
+}
+
+/// How striding-RQ CQEs number the WQE a packet landed in (`wqe_id`).
+/// No reference pins it down (libmlx5 masks it, DPDK compares the low
+/// bits, the kernel indexes its ring with it), so the model offers both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WqeIdMode {
+    /// The WQE's free-running sequence number, 16 bits.
+    FreeRunning,
+    /// The WQE's index in the ring (`sequence & (WQEs - 1)`).
+    RingIndex,
+}
+
 /// Configuration of one device-model NIC.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NicConfig {
-    /// The vport's permanent MAC (also pre-learned by the switch).
+    /// The vport's permanent MAC (also pre-learned by the switch); all
+    /// zero models a function without one (a VF nobody gave a MAC).
     pub mac: [u8; 6],
-    /// PCI device id (0x1017 ConnectX-5).
+    /// What is in front of the function (and `eswitch_manager`).
+    pub eswitch: Eswitch,
+    /// log2 of the MPFS L2 table size.
+    pub log_max_l2_table: u8,
+    /// PCI device id (0x1017 ConnectX-5; the profiles set it).
     pub device_id: u16,
+    /// A virtual function (PF-only registers such as HOST_ENDIANNESS are
+    /// refused).
+    pub vf: bool,
+    /// The function id firmware names in QUERY_PAGES and page-request
+    /// EQEs; MANAGE_PAGES must echo it (0 for a PF, non-zero for a VF).
+    pub function_id: u16,
     /// Firmware version: major, minor, sub-minor.
     pub fw_version: (u16, u16, u16),
     /// Pages QUERY_PAGES asks for at boot.
@@ -125,11 +161,16 @@ pub struct NicConfig {
     pub init_pages: u32,
     /// Pages requested with a page-request EQE after INIT_HCA.
     pub regular_pages: u32,
-    /// How long `initializing` stays set after the cmdq address is written.
+    /// How long `initializing` stays set after reset (the NIC's creation:
+    /// vfio-pci resets a function when it is opened). Until it clears, the
+    /// firmware ignores writes to the command queue address.
+    pub reset_init_delay: Duration,
+    /// How long `initializing` stays set (again) after the cmdq address is
+    /// written.
     pub fw_init_delay: Duration,
-    /// Keep `initializing` set until the cmdq address is written (the
-    /// brief's model). `false`: it clears `fw_init_delay` after the NIC is
-    /// created, for drivers that wait before programming the cmdq.
+    /// Set `initializing` again for `fw_init_delay` once the cmdq address
+    /// is written (the kernel waits before and after programming it).
+    /// `false`: it only covers the reset phase.
     pub init_requires_cmdq: bool,
     /// Ethernet cap `wqe_inline_mode`: 0 = L2 always inlined (ConnectX-4
     /// Lx), 1 = per vport (ConnectX-5), 2 = none.
@@ -142,8 +183,17 @@ pub struct NicConfig {
     pub striding_rq: bool,
     /// Cap `ext_stride_num_range`.
     pub ext_stride_num_range: bool,
+    /// How striding-RQ CQEs report `wqe_id`.
+    pub wqe_id_mode: WqeIdMode,
     /// Cap `cq_oi`.
     pub cq_oi: bool,
+    /// Flow table cap `reset_root_to_default` (NIC RX): SET_FLOW_TABLE_ROOT
+    /// op_mod 1 is allowed only with it.
+    pub reset_root_to_default: bool,
+    /// Cap `sq_ts_format`: 0 free-running only, 1 real-time only, 2 both.
+    pub sq_ts_format: u8,
+    /// Cap `rq_ts_format` (same encoding).
+    pub rq_ts_format: u8,
     /// Resource limits.
     pub limits: Limits,
     /// Drop unicast frames not for the vport MAC / unicast list (unless
@@ -153,21 +203,42 @@ pub struct NicConfig {
     pub log_cmdq_size: u8,
     /// BAR0 pages (UARs are pages `FIRST_UAR..bar_pages`).
     pub bar_pages: u32,
-    /// MSI-X vectors an EQ may name.
+    /// MSI-X vectors the function has (the MSI-X table size).
     pub msix_vectors: u16,
+    /// The host maps BAR0 write-combining (BlueFlame copies arrive as one
+    /// burst). vfio-pci maps it uncached, so this is off by default; an
+    /// uncombined BlueFlame write reaches the NIC as a plain doorbell.
+    pub bar_write_combining: bool,
     /// Command log entries kept.
     pub command_log_capacity: usize,
+    /// Bytes the IOMMU maps at once, at most: VFIO_IOMMU_MAP_DMA fails
+    /// with ENOMEM past the process's locked-memory limit (`ulimit -l`)
+    /// when it does not run as root. `None`: no limit.
+    pub dma_lock_limit: Option<u64>,
 }
 
 impl Default for NicConfig {
+    /// The ConnectX-5 PF profile ([`crate::Profile::ConnectX5Pf`]).
     fn default() -> Self {
+        crate::Profile::ConnectX5Pf.config()
+    }
+}
+
+impl NicConfig {
+    /// The ConnectX-5 PF, which the other profiles start from.
+    pub(crate) fn base() -> NicConfig {
         NicConfig {
             mac: [2, 0, 0, 0, 0, 1],
+            eswitch: Eswitch::Mpfs,
+            log_max_l2_table: 5,
             device_id: 0x1017,
+            vf: false,
+            function_id: 0,
             fw_version: (16, 35, 2000),
-            boot_pages: 8,
-            init_pages: 16,
-            regular_pages: 8,
+            boot_pages: 96,
+            init_pages: 6144,
+            regular_pages: 2048,
+            reset_init_delay: Duration::from_millis(5),
             fw_init_delay: Duration::from_millis(1),
             init_requires_cmdq: true,
             wqe_inline_mode: 1,
@@ -175,13 +246,19 @@ impl Default for NicConfig {
             mtu: 1500,
             striding_rq: true,
             ext_stride_num_range: true,
+            wqe_id_mode: WqeIdMode::FreeRunning,
             cq_oi: true,
+            reset_root_to_default: false,
+            sq_ts_format: 0,
+            rq_ts_format: 0,
             limits: Limits::default(),
             vport_mac_filter: false,
             log_cmdq_size: 5,
             bar_pages: 1024,
             msix_vectors: 64,
+            bar_write_combining: false,
             command_log_capacity: 4096,
+            dma_lock_limit: None,
         }
     }
 }
@@ -190,6 +267,8 @@ impl Default for NicConfig {
 #[derive(Debug, Default)]
 pub(crate) struct Health {
     synd: AtomicU8,
+    /// Reset required (health buffer `rfr`): with a syndrome, fatal.
+    rfr: AtomicBool,
     stopped: AtomicBool,
     frozen: AtomicU32,
     gone: AtomicBool,
@@ -198,6 +277,10 @@ pub(crate) struct Health {
 impl Health {
     pub(crate) fn set_syndrome(&self, s: u8) {
         self.synd.store(s, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_rfr(&self, on: bool) {
+        self.rfr.store(on, Ordering::Relaxed);
     }
 
     pub(crate) fn stop(&self, now_ns: u64) {
@@ -224,8 +307,18 @@ impl Health {
     }
 }
 
+/// MSI-X state, as vfio-pci leaves it in the device.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Msix {
+    /// MSI-X Enable in the capability's message control.
+    pub enabled: bool,
+    /// The vector with an interrupt sink behind it.
+    pub routed: Option<u16>,
+}
+
 pub(crate) struct NicInner {
     pub function: u32,
+    pub msix: Mutex<Msix>,
     pub cfg: NicConfig,
     pub fabric: Arc<FabricInner>,
     pub port: PortId,
@@ -256,7 +349,8 @@ impl fmt::Debug for NicInner {
 /// lock.
 #[derive(Debug, Clone, Copy)]
 struct TxOrigin {
-    mac: [u8; 6],
+    /// The destination is one of the function's own unicast addresses.
+    own: bool,
     td: u32,
     disable_uc_lb: bool,
     disable_mc_lb: bool,
@@ -265,6 +359,18 @@ struct TxOrigin {
 impl NicInner {
     pub(crate) fn now_ns(&self) -> u64 {
         self.fabric.now_ns()
+    }
+
+    /// A CQE timestamp: the free-running internal timer (ns of the fabric
+    /// clock), or real time (seconds << 32 | nanoseconds, as the
+    /// `real_time` registers at 0x1040).
+    pub(crate) fn cqe_timestamp(&self, real_time: bool) -> u64 {
+        let now = self.now_ns();
+        if real_time {
+            ((now / 1_000_000_000) << 32) | (now % 1_000_000_000)
+        } else {
+            now
+        }
     }
 
     pub(crate) fn bar0_len(&self) -> usize {
@@ -277,17 +383,22 @@ impl NicInner {
         }
     }
 
+    /// Still coming out of reset: `initializing` is set and the command
+    /// queue address registers do not take writes.
+    fn in_reset(&self, fw: &Firmware) -> bool {
+        let delay = self.cfg.reset_init_delay.as_nanos() as u64 + fw.inject.extra_init_delay_ns;
+        fw.regs.programmed_at.is_none() && self.now_ns() < self.created_ns.saturating_add(delay)
+    }
+
     fn initializing(&self, fw: &Firmware) -> bool {
+        if self.in_reset(fw) {
+            return true;
+        }
         let delay = self.cfg.fw_init_delay.as_nanos() as u64 + fw.inject.extra_init_delay_ns;
-        let since = if self.cfg.init_requires_cmdq {
-            match fw.regs.programmed_at {
-                Some(t) => t,
-                None => return true,
-            }
-        } else {
-            self.created_ns
-        };
-        self.now_ns() < since.saturating_add(delay)
+        match fw.regs.programmed_at {
+            Some(t) if self.cfg.init_requires_cmdq => self.now_ns() < t.saturating_add(delay),
+            _ => false,
+        }
     }
 
     // ----------------------------------------------------------- registers
@@ -323,6 +434,7 @@ impl NicInner {
                 }
             }
             0x0234 => u32::from(self.cfg.device_id),
+            0x0238 => u32::from(self.health.rfr.load(Ordering::Relaxed)) << 31,
             0x023c => u32::from(self.health.synd.load(Ordering::Relaxed)) << 16,
             0x1000 | 0x2000 => (now >> 32) as u32,
             0x1004 | 0x2004 => now as u32,
@@ -353,6 +465,12 @@ impl NicInner {
             return self.ignored("misaligned or out-of-range write32", off);
         }
         match off {
+            0x0010 | 0x0014 if self.in_reset(&lock(&self.fw)) => {
+                self.stats
+                    .cmdq_writes_ignored
+                    .fetch_add(1, Ordering::Relaxed);
+                self.ignored("command queue address written while initializing", off);
+            }
             0x0010 => lock(&self.fw).regs.addr_h = v,
             0x0014 => {
                 let now = self.now_ns();
@@ -400,7 +518,12 @@ impl NicInner {
             Some((uar, o)) if ok_len && is_bfreg(o) && off + data.len() <= self.bar0_len() => {
                 let mut v = [0u8; 8];
                 v.copy_from_slice(&data[..8]);
-                self.sq_doorbell(uar, u64::from_be_bytes(v), Some(data))
+                if self.cfg.bar_write_combining {
+                    self.sq_doorbell(uar, u64::from_be_bytes(v), Some(data))
+                } else {
+                    self.stats.bf_uncombined.fetch_add(1, Ordering::Relaxed);
+                    self.sq_doorbell(uar, u64::from_be_bytes(v), None)
+                }
             }
             _ => self.ignored("BlueFlame write (bad offset or length)", off),
         }
@@ -474,6 +597,7 @@ impl NicInner {
         let sqn = (v as u32) >> 8;
         let mut frames = Vec::new();
         let origin;
+        let own;
         {
             let dp = read(&self.dp);
             if !dp.uars.contains(&uar) || !dp.hca_up {
@@ -498,15 +622,22 @@ impl NicInner {
                 return;
             }
             tx::doorbell(self, &dp, &mut sq, bf, &mut frames);
+            own = frames
+                .iter()
+                .map(|f| {
+                    let dmac: [u8; 6] = f[0..6].try_into().unwrap_or([0; 6]);
+                    dp.vport.owns(&dmac)
+                })
+                .collect::<Vec<bool>>();
             origin = TxOrigin {
-                mac: dp.vport.mac,
+                own: false,
                 td: dp.tises.get(&sq.tisn).map_or(0, |t| t.td),
                 disable_uc_lb: dp.vport.disable_uc_lb,
                 disable_mc_lb: dp.vport.disable_mc_lb,
             };
         }
-        for f in frames {
-            self.transmit(f, origin);
+        for (f, own) in frames.into_iter().zip(own) {
+            self.transmit(f, TxOrigin { own, ..origin });
         }
     }
 
@@ -515,7 +646,7 @@ impl NicInner {
     /// the wire. No lock is held here.
     fn transmit(&self, frame: Vec<u8>, o: TxOrigin) {
         let dmac: [u8; 6] = frame[0..6].try_into().unwrap_or([0; 6]);
-        if dmac == o.mac {
+        if o.own {
             if !o.disable_uc_lb {
                 self.stats.loopback_frames.fetch_add(1, Ordering::Relaxed);
                 self.stats.rx_frames.fetch_add(1, Ordering::Relaxed);
@@ -538,7 +669,18 @@ impl NicInner {
         if !dp.hca_up {
             return self.drop_frame(DropReason::HcaDown);
         }
+        // The port MAC drops runts and frames above the port MTU before
+        // anything else looks at them.
+        if frame.len() < tx::MIN_FRAME {
+            return self.drop_frame(DropReason::Runt);
+        }
+        if frame.len() > usize::from(dp.vport.mtu) + 18 {
+            return self.drop_frame(DropReason::Oversize);
+        }
         let parsed = packet::parse(frame);
+        if !eswitch_forwards(self.cfg.eswitch, &dp, &parsed.dmac) {
+            return self.drop_frame(DropReason::Eswitch);
+        }
         if self.cfg.vport_mac_filter && !vport_accepts(&dp.vport, &parsed.dmac) {
             return self.drop_frame(DropReason::VportFilter);
         }
@@ -578,6 +720,37 @@ impl NicInner {
     }
 
     // ------------------------------------------------------------ PCI
+
+    /// MSI-X on with every vector allocated and `vector` routed, as
+    /// vfio-pci sets the device up for `VFIO_DEVICE_SET_IRQS`.
+    pub(crate) fn enable_msix(&self, vector: u16) -> std::io::Result<()> {
+        if vector >= self.cfg.msix_vectors {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "MSI-X vector {vector}: the function has {}",
+                    self.cfg.msix_vectors
+                ),
+            ));
+        }
+        *lock(&self.msix) = Msix {
+            enabled: true,
+            routed: Some(vector),
+        };
+        self.set_msix_enable_bit(true);
+        Ok(())
+    }
+
+    pub(crate) fn disable_msix(&self) {
+        *lock(&self.msix) = Msix::default();
+        self.set_msix_enable_bit(false);
+    }
+
+    fn set_msix_enable_bit(&self, on: bool) {
+        let mut cfg = lock(&self.pci);
+        let at = MSIX_CAP + 3;
+        cfg[at] = (cfg[at] & 0x7f) | if on { 0x80 } else { 0 };
+    }
 
     pub(crate) fn config_read(&self, off: u16, buf: &mut [u8]) -> std::io::Result<()> {
         let cfg = lock(&self.pci);
@@ -628,6 +801,20 @@ fn config_range(off: u16, len: usize) -> std::io::Result<(usize, usize)> {
     Ok((s, e))
 }
 
+/// Whether the e-switch in front of the function forwards a frame for
+/// `dmac` to it: multicast and broadcast always; unicast only to a MAC the
+/// driver programmed (a VF's vport address list, a PF's MPFS L2 table).
+fn eswitch_forwards(e: Eswitch, dp: &Datapath, dmac: &[u8; 6]) -> bool {
+    if dmac[0] & 1 == 1 {
+        return true;
+    }
+    match e {
+        Eswitch::None => true,
+        Eswitch::LegacyVf => dp.vport.uc_list.contains(dmac),
+        Eswitch::Mpfs => dp.l2_table.values().any(|m| m == dmac),
+    }
+}
+
 fn vport_accepts(v: &Vport, dmac: &[u8; 6]) -> bool {
     if v.promisc_all {
         return true;
@@ -655,8 +842,21 @@ fn initial_config_space(cfg: &NicConfig) -> Vec<u8> {
     c[0x10] = 0x0c; // BAR0: 64-bit prefetchable memory
     c[0x2c..0x2e].copy_from_slice(&pci::MELLANOX_VENDOR_ID.to_le_bytes());
     c[0x2e..0x30].copy_from_slice(&0x0008u16.to_le_bytes());
+    // Status: capability list; one capability, MSI-X, with its table and
+    // pending-bit array in BAR0 pages 3 and 4 (which read as zero).
+    c[0x06] = 0x10;
+    c[0x34] = MSIX_CAP as u8;
+    c[MSIX_CAP] = 0x11;
+    c[MSIX_CAP + 1] = 0;
+    let ctrl = cfg.msix_vectors.saturating_sub(1) & 0x7ff;
+    c[MSIX_CAP + 2..MSIX_CAP + 4].copy_from_slice(&ctrl.to_le_bytes());
+    c[MSIX_CAP + 4..MSIX_CAP + 8].copy_from_slice(&0x3000u32.to_le_bytes());
+    c[MSIX_CAP + 8..MSIX_CAP + 12].copy_from_slice(&0x4000u32.to_le_bytes());
     c
 }
+
+/// Offset of the MSI-X capability in config space.
+pub const MSIX_CAP: usize = 0x40;
 
 /// A device-model ConnectX on a fabric port. Cheap to clone (a handle).
 #[derive(Clone)]
@@ -675,8 +875,11 @@ impl SimNic {
     pub fn new(fabric: &Fabric, cfg: NicConfig) -> SimNic {
         let fab = fabric.inner.clone();
         let function = lock(&fab.registry).new_function();
-        let port = fab.add_port(None, Some(cfg.mac));
+        let port = fab.add_port(None, (cfg.mac != [0; 6]).then_some(cfg.mac));
         let iommu = Arc::new(Iommu::new());
+        if let Some(l) = cfg.dma_lock_limit {
+            iommu.set_lock_limit(l);
+        }
         let mapper: Arc<dyn DmaMapper> = Arc::new(SimMapper::new(iommu.clone()));
         let vport = Vport {
             mac: cfg.mac,
@@ -692,6 +895,7 @@ impl SimNic {
         };
         let inner = Arc::new(NicInner {
             function,
+            msix: Mutex::new(Msix::default()),
             fw: Mutex::new(Firmware::new(&cfg)),
             dp: RwLock::new(Datapath::new(vport)),
             pci: Mutex::new(initial_config_space(&cfg)),
@@ -796,6 +1000,12 @@ impl SimNic {
     /// The most recent DMA fault.
     pub fn last_dma_fault(&self) -> Option<DmaFault> {
         self.inner.iommu.last_fault()
+    }
+
+    /// The MSI-X vector the host routed, while MSI-X is enabled.
+    pub fn msix_routed(&self) -> Option<u16> {
+        let m = *lock(&self.inner.msix);
+        if m.enabled { m.routed } else { None }
     }
 
     /// True while PCI bus mastering is enabled.

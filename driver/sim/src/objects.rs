@@ -154,6 +154,14 @@ pub(crate) struct Vport {
     pub disable_mc_lb: bool,
 }
 
+impl Vport {
+    /// A unicast address of this function: the permanent MAC (if set) or
+    /// one in the unicast address list.
+    pub(crate) fn owns(&self, mac: &[u8; 6]) -> bool {
+        (*mac != [0; 6] && *mac == self.mac) || self.uc_list.contains(mac)
+    }
+}
+
 /// Every object of a function (read by the datapath under the read lock,
 /// changed by commands under the write lock).
 #[derive(Debug)]
@@ -170,6 +178,8 @@ pub(crate) struct Datapath {
     pub tirs: BTreeMap<u32, Tir>,
     pub steering: Steering,
     pub qcounters: BTreeMap<u32, Arc<QCounter>>,
+    /// MPFS L2 table entries (SET_L2_TABLE_ENTRY): index → MAC.
+    pub l2_table: BTreeMap<u32, [u8; 6]>,
     pub vport: Vport,
     /// INIT_HCA done and not torn down: the datapath may run.
     pub hca_up: bool,
@@ -192,6 +202,7 @@ impl Datapath {
             tirs: BTreeMap::new(),
             steering: Steering::default(),
             qcounters: BTreeMap::new(),
+            l2_table: BTreeMap::new(),
             vport,
             hca_up: false,
             cqe_version: 1,
@@ -227,6 +238,7 @@ impl Datapath {
             flow_groups: groups,
             flow_entries: entries,
             q_counters: self.qcounters.len(),
+            l2_entries: self.l2_table.len(),
             root_set: self.steering.root.is_some(),
         }
     }

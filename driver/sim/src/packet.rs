@@ -353,14 +353,15 @@ pub fn cqe_hdr_type(p: &Parsed) -> u8 {
 /// CQE `hds_ip_ext` byte: bit 0 L2 OK, bit 1 L3 checksum OK, bit 2 L4
 /// checksum OK.
 pub fn cqe_csum_flags(p: &Parsed) -> u8 {
-    let mut b = 1;
+    use mlx5::prm::cqe::CqeChecksum;
+    let mut b = CqeChecksum::L2_OK;
     if p.l3 != L3::None && p.l3_csum_ok {
-        b |= 2;
+        b |= CqeChecksum::L3_OK;
     }
     if p.l4 != L4::None && p.l4_csum_ok {
-        b |= 4;
+        b |= CqeChecksum::L4_OK;
     }
-    b
+    b.bits()
 }
 
 /// Builds an Ethernet/IPv4/UDP frame with correct checksums (for tests and

@@ -55,6 +55,10 @@ pub(crate) struct Rq {
     pub user_index: u32,
     pub flush_in_error: bool,
     pub vsd: bool,
+    /// `rqc.ts_format` as written.
+    pub ts_format: u8,
+    /// CQE timestamps in real-time format.
+    pub real_time: bool,
     /// WQEs consumed (free-running).
     pub seq: u32,
     pub stride_idx: u32,
@@ -113,6 +117,8 @@ impl Rq {
             user_index,
             flush_in_error,
             vsd,
+            ts_format: 0,
+            real_time: false,
             seq: 0,
             stride_idx: 0,
             sw_counter: 0,
@@ -147,6 +153,15 @@ impl Rq {
             out_of_buffer: self.oob,
             fillers: self.fillers,
             cqes: self.cqes,
+        }
+    }
+
+    /// The CQE `wqe_id` of the current WQE: its free-running sequence
+    /// number, or its ring index, as the device profile says.
+    fn wqe_id(&self, nic: &NicInner) -> u16 {
+        match nic.cfg.wqe_id_mode {
+            crate::nic::WqeIdMode::FreeRunning => self.seq as u16,
+            crate::nic::WqeIdMode::RingIndex => (self.seq & ((1 << self.log_sz) - 1)) as u16,
         }
     }
 
@@ -380,11 +395,11 @@ fn deliver_striding(
         let byte_cnt = MPWRQ_FILLER | (left << MPWRQ_STRIDES_SHIFT);
         let at = Place {
             byte_cnt,
-            wqe_id: rq.seq as u16,
+            wqe_id: rq.wqe_id(nic),
             wqe_counter: rq.stride_idx as u16,
             flow_tag: 0,
         };
-        let c = rx_cqe(dp, rq, parsed, None, at, nic.now_ns());
+        let c = rx_cqe(dp, rq, parsed, None, at, nic.cqe_timestamp(rq.real_time));
         rq.fillers += 1;
         nic.stats.filler_cqes.fetch_add(1, Ordering::Relaxed);
         post(nic, rq, &c)?;
@@ -402,11 +417,11 @@ fn deliver_striding(
     let byte_cnt = (need << MPWRQ_STRIDES_SHIFT) | data.len() as u32;
     let at = Place {
         byte_cnt,
-        wqe_id: rq.seq as u16,
+        wqe_id: rq.wqe_id(nic),
         wqe_counter: rq.stride_idx as u16,
         flow_tag,
     };
-    let c = rx_cqe(dp, rq, parsed, tci, at, nic.now_ns());
+    let c = rx_cqe(dp, rq, parsed, tci, at, nic.cqe_timestamp(rq.real_time));
     rq.stride_idx += need;
     if rq.stride_idx == nstrides {
         rq.seq = rq.seq.wrapping_add(1);
@@ -459,7 +474,7 @@ fn deliver_cyclic(
         wqe_counter: seq as u16,
         flow_tag,
     };
-    let c = rx_cqe(dp, rq, parsed, tci, at, nic.now_ns());
+    let c = rx_cqe(dp, rq, parsed, tci, at, nic.cqe_timestamp(rq.real_time));
     rq.packets += 1;
     rq.bytes += len as u64;
     post(nic, rq, &c)

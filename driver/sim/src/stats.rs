@@ -11,8 +11,15 @@ use crate::dma::IommuStats;
 pub enum DropReason {
     /// The port's link is down.
     LinkDown,
+    /// Shorter than 60 bytes (64 with the FCS): a runt, dropped by the MAC.
+    Runt,
+    /// Longer than the port MTU allows (MTU + 18 bytes of L2 header).
+    Oversize,
     /// Vport MAC filter (only with `NicConfig::vport_mac_filter`).
     VportFilter,
+    /// The e-switch does not forward this unicast MAC to the function: not
+    /// in a VF's vport address list, or not in a PF's MPFS L2 table.
+    Eswitch,
     /// No root NIC RX flow table is set.
     NoSteeringRoot,
     /// No flow table entry matched (table miss).
@@ -41,9 +48,12 @@ pub enum DropReason {
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 13] = [
+    pub const ALL: [DropReason; 16] = [
         DropReason::LinkDown,
+        DropReason::Runt,
+        DropReason::Oversize,
         DropReason::VportFilter,
+        DropReason::Eswitch,
         DropReason::NoSteeringRoot,
         DropReason::FlowMiss,
         DropReason::FlowDrop,
@@ -61,7 +71,10 @@ impl DropReason {
     pub fn name(self) -> &'static str {
         match self {
             DropReason::LinkDown => "link down",
+            DropReason::Runt => "runt (under 60 bytes)",
+            DropReason::Oversize => "longer than the port MTU",
             DropReason::VportFilter => "vport MAC filter",
+            DropReason::Eswitch => "e-switch: unicast MAC not programmed for the function",
             DropReason::NoSteeringRoot => "no root flow table",
             DropReason::FlowMiss => "flow table miss",
             DropReason::FlowDrop => "flow entry drop action",
@@ -126,6 +139,10 @@ counters! {
         /// Accesses to offsets that mean nothing (or misaligned, or to a UAR
         /// the function does not own): ignored.
         mmio_ignored,
+        /// Writes of the command queue address while the firmware was
+        /// still coming out of reset (`initializing` set): ignored, as the
+        /// firmware does not accept the init segment yet.
+        cmdq_writes_ignored,
         /// Command doorbell writes.
         cmd_doorbells,
         /// Command doorbells ignored (firmware initializing, no cmdq, entry
@@ -141,6 +158,10 @@ counters! {
         bf_writes,
         /// BlueFlame writes whose bytes differ from the WQE in memory.
         bf_mismatches,
+        /// BlueFlame writes through a BAR that is not write-combining: they
+        /// arrive as separate stores, and the NIC takes them as a plain
+        /// doorbell (the WQE is fetched from memory).
+        bf_uncombined,
         /// Send doorbells ignored (unknown SQ, wrong UAR, SQ in RST).
         sq_doorbells_ignored,
         /// EQ doorbells.
@@ -366,6 +387,8 @@ pub struct ObjectCounts {
     pub flow_entries: usize,
     /// Q counter sets.
     pub q_counters: usize,
+    /// MPFS L2 table entries.
+    pub l2_entries: usize,
     /// A root NIC RX table is set.
     pub root_set: bool,
 }
@@ -387,5 +410,6 @@ impl ObjectCounts {
             + self.flow_groups
             + self.flow_entries
             + self.q_counters
+            + self.l2_entries
     }
 }

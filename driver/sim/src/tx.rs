@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use mlx5::prm::codes::{CqeOpcode, CqeSyndrome, WqeOpcode};
 use mlx5::prm::cqe::{Cqe64, ErrCqe};
 use mlx5::prm::wqe::{
-    ETH_L2_INLINE_HEADER_SIZE, ETH_L3_CSUM, ETH_L4_CSUM, INLINE_SEG, SEND_WQE_BB,
-    SEND_WQE_MAX_WQEBBS, SND_DBR, WqeCtrlSeg, WqeEthSeg,
+    CsFlags, ETH_L2_INLINE_HEADER_SIZE, FmCeSe, INLINE_SEG, SEND_WQE_BB, SEND_WQE_MAX_WQEBBS,
+    SND_DBR, WqeCtrlSeg, WqeEthSeg,
 };
 use mlx5::prm::{View, ViewMut};
 
@@ -38,8 +38,15 @@ pub(crate) struct Sq {
     pub pd: u32,
     pub uar: u32,
     pub dbr: u64,
-    /// `sqc.min_wqe_inline_mode`.
+    /// The inline requirement in force: `sqc.min_wqe_inline_mode` when the
+    /// Ethernet cap says VPORT_CONTEXT, else the device's own.
     pub min_inline: u8,
+    /// `sqc.min_wqe_inline_mode` as written.
+    pub min_inline_field: u8,
+    /// `sqc.ts_format` as written.
+    pub ts_format: u8,
+    /// CQE timestamps in real-time format.
+    pub real_time: bool,
     pub flush_in_error: bool,
     pub user_index: u32,
     /// Hardware consumer counter in WQEBBs.
@@ -191,7 +198,7 @@ impl Sq {
                     Cqe64::SOP_DROP_QPN,
                     (u64::from(opcode) << 24) | u64::from(self.sqn),
                 )
-                .set(Cqe64::TIMESTAMP, nic.now_ns())
+                .set(Cqe64::TIMESTAMP, nic.cqe_timestamp(self.real_time))
                 .set(Cqe64::OP_OWN, u64::from(op_own(CqeOpcode::Req as u8, se)));
             if dp.cqe_version == 1 {
                 v.set(Cqe64::SRQN_UIDX, u64::from(self.user_index));
@@ -291,9 +298,10 @@ pub(crate) fn doorbell(
             sq.cc = sq.cc.wrapping_add(adv);
             continue;
         }
-        let fm_ce_se = c.get32(WqeCtrlSeg::FM_CE_SE) as u8;
-        let signaled = (fm_ce_se >> 2) & 3 >= 2;
-        let se = fm_ce_se & 0x2 != 0;
+        let fm_ce_se = FmCeSe::from_bits_retain(c.get32(WqeCtrlSeg::FM_CE_SE) as u8);
+        // CE 0b10 (CQE) and 0b11 (CQE + EQE) both have the CQ_UPDATE bit.
+        let signaled = fm_ce_se.contains(FmCeSe::CQ_UPDATE);
+        let se = fm_ce_se.contains(FmCeSe::SOLICITED);
         let result = check_ctrl(sq, idx, opmod_idx_opcode, qpn_ds, ds, left).and_then(|()| {
             if let Some(s) = sq.fail_next.take() {
                 return Err(err(
@@ -414,7 +422,7 @@ fn send(nic: &NicInner, dp: &Datapath, sq: &Sq, wqe: &[u8]) -> Result<Vec<u8>, T
     let n = (wqe.len() - 16).min(32);
     eth_bytes[..n].copy_from_slice(&wqe[16..16 + n]);
     let eth = View::<WqeEthSeg>::new(&eth_bytes).expect("32 bytes");
-    let cs_flags = eth.get32(WqeEthSeg::CS_FLAGS) as u8;
+    let cs_flags = CsFlags::from_bits_retain(eth.get32(WqeEthSeg::CS_FLAGS) as u8);
     let inline = eth.get32(WqeEthSeg::INLINE_HDR_SZ) as usize;
     let inline_start = 16 + (WqeEthSeg::INLINE_HDR_START.bit() / 8) as usize;
     let seg_end = 16 + (0x0e + inline).div_ceil(16).max(1) * 16;
@@ -500,11 +508,11 @@ fn send(nic: &NicInner, dp: &Datapath, sq: &Sq, wqe: &[u8]) -> Result<Vec<u8>, T
             ),
         ));
     }
-    if cs_flags & (ETH_L3_CSUM | ETH_L4_CSUM) != 0 {
+    if cs_flags.intersects(CsFlags::L3_CSUM | CsFlags::L4_CSUM) {
         packet::offload_checksums(
             &mut frame,
-            cs_flags & ETH_L3_CSUM != 0,
-            cs_flags & ETH_L4_CSUM != 0,
+            cs_flags.contains(CsFlags::L3_CSUM),
+            cs_flags.contains(CsFlags::L4_CSUM),
         );
     }
     if frame.len() < MIN_FRAME {

@@ -16,11 +16,15 @@ fn full_bringup_datapath_and_teardown_return_every_page_and_object() {
     let mut h = Host::with_mac(&fab, MAC_A);
     h.bring_up();
     assert_eq!(h.nic.hca_state(), HcaState::Initialized);
-    // boot 8 + init 16 + regular 8 (asked for with a page-request EQE).
-    assert_eq!(h.nic.pages_held(), 32);
-    assert_eq!(h.fw_pages.len(), 32);
+    // boot + init + regular (asked for with a page-request EQE).
+    let c = h.nic.config().clone();
+    let all = (c.boot_pages + c.init_pages + c.regular_pages) as usize;
+    assert!(all > 1000, "realistic page counts: {all}");
+    assert_eq!(h.nic.pages_held(), all);
+    assert_eq!(h.fw_given.len(), all);
     // The firmware scribbles over the pages it holds.
-    assert_eq!(h.fw_pages[0].read_vec(0, 4), vec![PAGE_FILL; 4]);
+    let first = *h.fw_given.first().unwrap();
+    assert_eq!(h.fw_page_bytes(first, 4), vec![PAGE_FILL; 4]);
     let p = h.build_path(PathCfg::default());
     let o = h.nic.objects();
     assert_eq!((o.cqs, o.sqs, o.rqs, o.tirs, o.tises), (2, 1, 1, 1, 1));
@@ -30,7 +34,7 @@ fn full_bringup_datapath_and_teardown_return_every_page_and_object() {
     h.teardown();
     assert_eq!(h.nic.hca_state(), HcaState::Disabled);
     assert_eq!(h.nic.pages_held(), 0);
-    assert!(h.fw_pages.is_empty());
+    assert!(h.fw_given.is_empty());
     assert_eq!(h.nic.objects().total(), 0);
     let s = h.nic.stats();
     assert_eq!(s.pages_leaked, 0);
@@ -48,11 +52,12 @@ fn full_bringup_datapath_and_teardown_return_every_page_and_object() {
 }
 
 #[test]
-fn initializing_clears_only_after_the_cmdq_address_and_delay() {
+fn initializing_is_set_again_while_the_firmware_takes_the_cmdq() {
     let fab = det_fabric(2);
     let h = Host::new(
         &fab,
         NicConfig {
+            reset_init_delay: Duration::from_millis(2),
             fw_init_delay: Duration::from_millis(5),
             ..Default::default()
         },
@@ -60,12 +65,14 @@ fn initializing_clears_only_after_the_cmdq_address_and_delay() {
     h.nic
         .inject(Injection::InitDelay(Duration::from_millis(3)))
         .unwrap();
-    assert_ne!(h.hw.read32(0x1fc) & (1 << 31), 0);
-    fab.advance(Duration::from_secs(1));
-    assert_ne!(
+    assert_ne!(h.hw.read32(0x1fc) & (1 << 31), 0, "set after reset");
+    fab.advance(Duration::from_millis(4));
+    assert_ne!(h.hw.read32(0x1fc) & (1 << 31), 0, "2 ms + 3 ms injected");
+    fab.advance(Duration::from_millis(1));
+    assert_eq!(
         h.hw.read32(0x1fc) & (1 << 31),
         0,
-        "still set: no cmdq address yet"
+        "clear: ready for the command queue"
     );
     let iova = h.cmdq.iova();
     h.hw.write32(0x10, (iova >> 32) as u32);
@@ -119,10 +126,11 @@ fn init_segment_identity_timer_and_health() {
 fn no_dma_before_bus_mastering() {
     let fab = det_fabric(4);
     let mut h = Host::new(&fab, NicConfig::default());
+    h.wait_ready();
     let iova = h.cmdq.iova();
     h.hw.write32(0x10, (iova >> 32) as u32);
     h.hw.write32(0x14, iova as u32);
-    h.hw.wait(Duration::from_millis(5));
+    h.wait_ready();
     h.submit(0, &simple(Opcode::EnableHca, 0, 0), 16, &mut |_, _| {});
     assert!(h.busy(0), "the entry could not be fetched");
     let s = h.nic.stats();
@@ -147,13 +155,14 @@ fn page_request_and_page_return_through_eqes() {
         5,
         "op_mod 3 shows the outstanding request"
     );
+    let before = h.nic.pages_held();
     h.service_eq();
-    assert_eq!(h.nic.pages_held(), 37);
+    assert_eq!(h.nic.pages_held(), before + 5);
     h.nic.inject(Injection::PageRequest(-6)).unwrap();
     assert_eq!(h.query_pages(3), -6);
     h.service_eq();
-    assert_eq!(h.nic.pages_held(), 31);
-    assert_eq!(h.fw_pages.len(), 31);
+    assert_eq!(h.nic.pages_held(), before - 1);
+    assert_eq!(h.fw_given.len(), before - 1);
     // Nothing more to take while initialized.
     assert_eq!(h.take_pages(10, 0), 0);
 }
@@ -163,6 +172,7 @@ fn command_waits_for_pages_until_the_driver_gives_them() {
     let fab = det_fabric(6);
     let mut h = Host::with_mac(&fab, MAC_A);
     h.bring_up();
+    let before = h.nic.pages_held();
     h.nic.inject(Injection::CommandWaitsForPages(3)).unwrap();
     // Submit without servicing the EQ: the command stays with hardware.
     h.submit(0, &simple(Opcode::AllocPd, 0, 0), 16, &mut |_, _| {});
@@ -175,7 +185,7 @@ fn command_waits_for_pages_until_the_driver_gives_them() {
     let r = h.collect(0, 16);
     assert!(r.ok());
     assert_ne!(be32(&r.out, 8) & 0xffffff, 0);
-    assert_eq!(h.nic.pages_held(), 35);
+    assert_eq!(h.nic.pages_held(), before + 3);
 
     // "Cannot give" fails the held command with NO_RESOURCES.
     h.nic.inject(Injection::CommandWaitsForPages(2)).unwrap();
@@ -237,7 +247,7 @@ fn kernel_style_pre_init_wait_is_possible_when_configured() {
         &fab,
         NicConfig {
             init_requires_cmdq: false,
-            fw_init_delay: Duration::from_millis(4),
+            reset_init_delay: Duration::from_millis(4),
             ..Default::default()
         },
     );
@@ -250,4 +260,42 @@ fn kernel_style_pre_init_wait_is_possible_when_configured() {
     );
     h.init_cmdq();
     assert!(h.exec(&simple(Opcode::EnableHca, 0, 0), 16).ok());
+}
+
+/// vfio-pci resets the function at open; until `initializing` clears the
+/// firmware does not take the command queue address (the kernel waits
+/// before `mlx5_cmd_init` for this reason).
+#[test]
+fn command_queue_address_is_ignored_while_coming_out_of_reset() {
+    let fab = det_fabric(10);
+    let h = Host::new(
+        &fab,
+        NicConfig {
+            reset_init_delay: Duration::from_millis(20),
+            fw_init_delay: Duration::from_millis(3),
+            ..Default::default()
+        },
+    );
+    let iova = h.cmdq.iova();
+    let program = || {
+        h.hw.write32(0x10, (iova >> 32) as u32);
+        h.hw.write32(0x14, iova as u32);
+    };
+    program();
+    assert_eq!(h.hw.read32(0x10), 0, "high address dropped");
+    assert_eq!(h.hw.read32(0x14) & !0xfff, 0, "low address dropped");
+    assert_eq!(h.nic.stats().cmdq_writes_ignored, 2);
+    h.hw.write32(0x18, 1);
+    assert_eq!(h.nic.stats().cmd_doorbells_ignored, 1, "no command queue");
+    h.wait_ready();
+    assert!(fab.now_ns() >= 20_000_000);
+    program();
+    assert_eq!(h.hw.read32(0x14) & !0xfff, iova as u32 & !0xfff);
+    assert_ne!(
+        h.hw.read32(0x1fc) & (1 << 31),
+        0,
+        "set again while the firmware takes the command queue"
+    );
+    h.wait_ready();
+    assert_eq!(h.nic.stats().cmdq_writes_ignored, 2);
 }

@@ -63,6 +63,10 @@ fn frames_land_in_strides_with_prm_cqe_values_and_fillers() {
         assert_eq!((c.wqe_id, c.wqe_counter), (seq as u16, idx as u16));
         assert_eq!(c.qpn, 0x77, "flow tag");
         assert_eq!(c.hds_ip_ext, 0x7, "L2, L3 and L4 checksums OK");
+        {
+            use mlx5::prm::cqe::CqeChecksum as K;
+            assert_eq!(c.checksum(), K::L2_OK | K::L3_OK | K::L4_OK);
+        }
         assert_eq!(c.l4_hdr_type_etc, (2 << 4) | (2 << 2), "UDP over IPv4");
         let off = (seq as usize % 4) * wqe_bytes + idx as usize * stride;
         assert_eq!(p.rq.bufs.read_vec(off, len), f, "packet {i} data");
@@ -404,13 +408,11 @@ fn connectx4_lx_requires_the_l2_header_inline() {
     let tap = fab.add_tap(Some(MAC_B));
     let cq = h.create_cq(4, false);
     let tis = h.create_tis();
-    // An SQ that does not promise L2 inlining is refused.
-    let ring = h.alloc(4096);
-    let (_, dbr) = h.dbr();
-    let inp = h.create_sq_input(cq.cqn, tis, 6, 0, &ring, dbr);
-    assert_eq!(h.exec(&inp, 16).status, 0x03);
+    // sqc.min_wqe_inline_mode counts only with wqe_inline_mode
+    // VPORT_CONTEXT; Linux and DPDK leave it 0 here, and the device still
+    // requires the L2 header inline.
     let mut cq = cq;
-    let mut sq = h.create_sq(cq.cqn, tis, 6, 1);
+    let mut sq = h.create_sq(cq.cqn, tis, 6, 0);
     assert!(h.modify_sq(sq.sqn, 0, 1).ok());
     let f = frame_to(MAC_B, MAC_A, &[3; 200]);
     let buf = h.alloc(4096);
@@ -439,7 +441,14 @@ fn connectx4_lx_requires_the_l2_header_inline() {
 #[test]
 fn blueflame_doorbell_and_checksum_offload() {
     let fab = det_fabric(18);
-    let mut h = Host::with_mac(&fab, MAC_A);
+    let mut h = Host::new(
+        &fab,
+        NicConfig {
+            mac: MAC_A,
+            bar_write_combining: true,
+            ..Default::default()
+        },
+    );
     h.bring_up();
     let mut p = h.build_path(PathCfg::default());
     let tap = fab.add_tap(Some(MAC_B));
@@ -470,6 +479,28 @@ fn blueflame_doorbell_and_checksum_offload() {
     assert_eq!(tap.take().len(), 1);
 }
 
+/// Through an uncached BAR mapping (what vfio-pci gives) a BlueFlame copy
+/// arrives as separate stores: the NIC takes it as a plain doorbell and
+/// sends what is in memory.
+#[test]
+fn blueflame_through_an_uncached_bar_is_a_plain_doorbell() {
+    let fab = det_fabric(28);
+    let mut h = Host::with_mac(&fab, MAC_A);
+    assert!(!h.nic.config().bar_write_combining, "the VFIO default");
+    h.bring_up();
+    let mut p = h.build_path(PathCfg::default());
+    let tap = fab.add_tap(Some(MAC_B));
+    let f = frame_to(MAC_B, MAC_A, &[7; 30]);
+    let buf = h.alloc(4096);
+    buf.write(0, &f);
+    h.post_send(&mut p.sq, &[], &[(buf.iova(), f.len() as u32)], true);
+    h.ring_sq_bf(&mut p.sq, 1);
+    assert_eq!(h.poll_cq(&mut p.tx_cq).unwrap().op(), Some(CqeOpcode::Req));
+    assert_eq!(tap.take(), vec![f]);
+    let s = h.nic.stats();
+    assert_eq!((s.bf_writes, s.bf_uncombined, s.bf_mismatches), (1, 1, 0));
+}
+
 #[test]
 fn steering_misses_and_loopback() {
     let fab = det_fabric(19);
@@ -486,7 +517,12 @@ fn steering_misses_and_loopback() {
     let mut not_us = f.clone();
     not_us[5] = 0x99;
     fab.inject(port, &not_us);
-    assert_eq!(h.nic.drops(DropReason::FlowMiss), 2);
+    assert_eq!(h.nic.drops(DropReason::FlowMiss), 1);
+    assert_eq!(
+        h.nic.drops(DropReason::Eswitch),
+        1,
+        "another unicast MAC never passes the MPFS"
+    );
     fab.inject(port, &f);
     assert_eq!(h.nic.stats().rx_delivered, 1);
     // A frame the NIC sends to its own MAC loops back into its RQ.

@@ -116,7 +116,18 @@ fn mtt_memory_keys_translate_virtual_addresses() {
 
 #[test]
 fn cyclic_rq_scatters_and_strips_vlan() {
-    let (fab, mut h) = up(3);
+    let fab = det_fabric(3);
+    // A jumbo MTU, so that a frame longer than a receive WQE gets past the
+    // port's MTU check.
+    let mut h = Host::new(
+        &fab,
+        NicConfig {
+            mac: MAC_A,
+            mtu: 9000,
+            ..Default::default()
+        },
+    );
+    h.bring_up();
     let mut cq = h.create_cq(4, false);
     let ring = h.alloc(4096);
     let bufs = h.alloc(8 * 2048);
@@ -288,6 +299,8 @@ fn vport_mac_filter_promisc_and_mac_change() {
         NicConfig {
             mac: MAC_A,
             vport_mac_filter: true,
+            // The optional vport filter alone, without an e-switch in front.
+            eswitch: mlx5_sim::Eswitch::None,
             ..Default::default()
         },
     );

@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use mlx5::hw::HwBackend;
 use mlx5::prm::ViewMut;
 use mlx5::prm::cmd::*;
 use mlx5::prm::cmdq::CmdLayout;
@@ -145,10 +146,10 @@ fn out_of_range_and_unsupported_fields() {
         CmdStatus::BadParameter,
         Why::OpMod,
     );
-    // Capability type 7 is not modeled.
+    // Capability type 4 (RoCE) is not modeled.
     expect(
         &mut h,
-        &simple(Opcode::QueryHcaCap, 7 << 1 | 1, 0),
+        &simple(Opcode::QueryHcaCap, 4 << 1 | 1, 0),
         0x1010,
         CmdStatus::BadParameter,
         Why::NotSupported,
@@ -376,12 +377,23 @@ fn resource_limits() {
         Why::Limit,
     );
     // SET_HCA_CAP cannot raise a limit or enable a missing feature.
-    let mut set = input::<SetHcaCapIn>(Opcode::SetHcaCap, 0, 0, |_| {});
-    set[0x10..0x1010].copy_from_slice(&caps[0x10..0x1010]);
+    // Copying the whole 4 KiB the query returned (its tail past
+    // cmd_hca_cap is reserved, and not zero) is refused: only the general
+    // block may be sent back, as Linux and rdma-core do.
+    let mut whole = input::<SetHcaCapIn>(Opcode::SetHcaCap, 0, 0, |_| {});
+    whole[0x10..0x1010].copy_from_slice(&caps[0x10..0x1010]);
+    assert!(caps[0x110..0x1010].iter().any(|b| *b != 0));
     let fab2 = det_fabric(8);
     let mut h2 = Host::with_mac(&fab2, MAC_B);
     h2.init_cmdq();
     h2.ok(&simple(Opcode::EnableHca, 0, 0), 16);
+    expect(&mut h2, &whole, 16, CmdStatus::BadParameter, Why::Reserved);
+    let mut set = input::<SetHcaCapIn>(Opcode::SetHcaCap, 0, 0, |_| {});
+    set[0x10..0x110].copy_from_slice(&caps[0x10..0x110]);
+    assert!(
+        h2.exec(&set, 16).ok(),
+        "the general block alone is accepted"
+    );
     {
         let mut v = ViewMut::<SetHcaCapIn>::new(&mut set).unwrap();
         v.sub(SetHcaCapIn::CMD_HCA_CAP)
@@ -459,7 +471,7 @@ fn reserved_uid_and_manage_pages_checks() {
     nop[3] = 1; // uid
     expect(&mut h, &nop, 16, CmdStatus::BadParameter, Why::Reserved);
     // A page that is not 4 KiB aligned / given twice / unmapped.
-    let given = h.fw_pages[0].iova();
+    let given = *h.fw_given.first().unwrap();
     for (addr, why) in [
         (given + 0x800, Why::Alignment),
         (given, Why::Duplicate),
@@ -482,4 +494,133 @@ fn reserved_uid_and_manage_pages_checks() {
         CmdStatus::BadInputLength,
         Why::InputLength,
     );
+}
+
+/// Every reference enables MSI-X before its first CREATE_EQ; the firmware
+/// refuses an EQ whose vector the host never enabled.
+#[test]
+fn create_eq_needs_msix_enabled() {
+    let (_f, mut h) = up(11);
+    let uar = h.alloc_uar();
+    h.hw.disable_msix().unwrap();
+    let mem = h.alloc(4096);
+    let mut inp = input::<CreateEqIn>(Opcode::CreateEq, 0, 0x118, |v| {
+        v.set_flex(CreateEqIn::EVENT_BITMASK, 0, 1 << 0x0b);
+        let mut e = v.sub(CreateEqIn::EQC);
+        e.set(Eqc::LOG_EQ_SIZE, 6)
+            .set(Eqc::UAR_PAGE, u64::from(uar));
+    });
+    inp[0x110..0x118].copy_from_slice(&mem.iova().to_be_bytes());
+    expect(&mut h, &inp, 16, CmdStatus::BadParameter, Why::Interrupt);
+    h.hw.enable_msix(0).unwrap();
+    assert_eq!(h.nic.msix_routed(), Some(0));
+    assert!(h.exec(&inp, 16).ok());
+}
+
+/// A VF: HOST_ENDIANNESS is a PF register, and MANAGE_PAGES must name the
+/// function id QUERY_PAGES reported (1 here), not 0.
+#[test]
+fn a_vf_refuses_host_endianness_and_pages_for_another_function() {
+    let fab = det_fabric(12);
+    let mut h = Host::new(
+        &fab,
+        NicConfig {
+            mac: MAC_A,
+            ..mlx5_sim::Profile::ConnectX5Vf.config()
+        },
+    );
+    h.init_cmdq();
+    h.ok(&simple(Opcode::EnableHca, 0, 0), 0x10);
+    let mut reg = simple(Opcode::AccessReg, 0, 0x7004);
+    reg.extend_from_slice(&[0u8; 16]);
+    expect(
+        &mut h,
+        &reg,
+        0x20,
+        CmdStatus::BadParameter,
+        Why::NotSupported,
+    );
+    let out = h.ok(&simple(Opcode::QueryPages, 1, 0), 0x10);
+    assert_eq!(be32(&out, 8) & 0xffff, 1, "QUERY_PAGES names function 1");
+    // Host::give_pages sends function 0: refused.
+    let r = h.give_pages(4, SLOT_PAGES);
+    assert_eq!(r.status, CmdStatus::BadParameter as u8);
+    let last = h.nic.command_log().pop().unwrap();
+    assert_eq!(last.syndrome >> 8 & 0xff, Why::Mismatch as u32, "{last}");
+    // Echoing the id works.
+    let page = h.alloc(4096);
+    let mut inp = input::<ManagePagesIn>(Opcode::ManagePages, 1, 0x18, |v| {
+        v.set(ManagePagesIn::INPUT_NUM_ENTRIES, 1)
+            .set(ManagePagesIn::FUNCTION_ID, 1);
+    });
+    inp[0x10..0x18].copy_from_slice(&page.iova().to_be_bytes());
+    assert!(h.exec_slot(SLOT_PAGES, &inp, 0x10).ok());
+    assert_eq!(h.nic.pages_held(), 1);
+}
+
+/// SET_FLOW_TABLE_ROOT op_mod 1 needs `reset_root_to_default`; destroying
+/// the root table is allowed (steering falls back to nothing).
+#[test]
+fn root_disconnect_needs_the_cap_and_the_root_may_be_destroyed() {
+    let (_f, mut h) = up(13);
+    assert!(!h.nic.config().reset_root_to_default);
+    let t = h.create_flow_table(4);
+    h.set_root(t);
+    assert!(h.nic.objects().root_set);
+    let unroot = input::<SetFlowTableRootIn>(Opcode::SetFlowTableRoot, 1, 0, |_| {});
+    expect(
+        &mut h,
+        &unroot,
+        16,
+        CmdStatus::BadParameter,
+        Why::NotSupported,
+    );
+    let dt = input::<DestroyFlowTableIn>(Opcode::DestroyFlowTable, 0, 0, |v| {
+        v.set(DestroyFlowTableIn::TABLE_ID, u64::from(t));
+    });
+    h.ok(&dt, 0x10);
+    assert!(!h.nic.objects().root_set);
+}
+
+/// A ConnectX-7 offers only real-time timestamps: an SQ asking for the
+/// free-running format is refused.
+#[test]
+fn real_time_only_device_refuses_free_running_queues() {
+    let fab = det_fabric(14);
+    let mut h = Host::new(
+        &fab,
+        NicConfig {
+            mac: MAC_A,
+            ..mlx5_sim::Profile::ConnectX7Pf.config()
+        },
+    );
+    h.bring_up();
+    let cq = h.create_cq(4, false);
+    let tis = h.create_tis();
+    let ring = h.alloc(4096);
+    let (_, dbr) = h.dbr();
+    let mut inp = h.create_sq_input(cq.cqn, tis, 6, 0, &ring, dbr);
+    expect(&mut h, &inp, 16, CmdStatus::BadParameter, Why::NotSupported);
+    {
+        let mut v = mlx5::prm::ViewMut::<CreateSqIn>::new(&mut inp).unwrap();
+        v.sub(CreateSqIn::CTX).set(Sqc::TS_FORMAT, 2);
+    }
+    assert!(h.exec(&inp, 16).ok());
+}
+
+/// A physical-address mkey whose range wraps past 2^64 is refused.
+#[test]
+fn pa_mkey_range_may_not_wrap() {
+    let (_f, mut h) = up(15);
+    let pd = h.pd;
+    let mk = input::<CreateMkeyIn>(Opcode::CreateMkey, 0, 0, |v| {
+        let mut m = v.sub(CreateMkeyIn::MKC);
+        m.set(Mkc::ACCESS_MODE_1_0, 0)
+            .set(Mkc::LR, 1)
+            .set(Mkc::QPN, 0xff_ffff)
+            .set(Mkc::PD, u64::from(pd))
+            .set(Mkc::START_ADDR, u64::MAX - 0xfff)
+            .set(Mkc::LEN, 0x2000);
+    });
+    expect(&mut h, &mk, 16, CmdStatus::BadParameter, Why::OutOfRange);
 }

@@ -139,6 +139,8 @@ layout! {
     CMD_HCA_CAP: sub<CmdHcaCap> = "capability" @ 0x80;
     /// The Ethernet offload block (cap type 1).
     ETH_CAPS: sub<EthCaps> = "capability" @ 0x80;
+    /// The NIC flow table block (cap type 7).
+    FLOW_TABLE_NIC_CAP: sub<FlowTableNicCap> = "capability" @ 0x80;
 }
 
 layout! {
@@ -653,4 +655,24 @@ layout! {
     pub struct QueryQCounterOut: Source::Ifc("query_q_counter_out"), 0x800;
     /// Packets dropped because the RQ had no WQE.
     OUT_OF_BUFFER: field = "out_of_buffer" @ 0x180, 32;
+}
+
+layout! {
+    /// SET_L2_TABLE_ENTRY (0x829) input: an MPFS entry steering a MAC to this PF.
+    pub struct SetL2TableEntryIn: Source::Ifc("set_l2_table_entry_in"), 0x200;
+    /// Entry index (below 2^log_max_l2_table).
+    TABLE_INDEX: field = "table_index" @ 0xa8, 24;
+    /// Match a VLAN too.
+    VLAN_VALID: field = "vlan_valid" @ 0xf3, 1;
+    /// VLAN id.
+    VLAN: field = "vlan" @ 0xf4, 12;
+    /// The MAC.
+    MAC_ADDRESS: sub<MacAddressLayout> = "mac_address" @ 0x100;
+}
+
+layout! {
+    /// DELETE_L2_TABLE_ENTRY (0x82b) input.
+    pub struct DeleteL2TableEntryIn: Source::Ifc("delete_l2_table_entry_in"), 0x200;
+    /// Entry index.
+    TABLE_INDEX: field = "table_index" @ 0xa8, 24;
 }

@@ -122,6 +122,8 @@ codes! {
         DeallocUar = 0x803, "DEALLOC_UAR", "MLX5_CMD_OP_DEALLOC_UAR";
         AccessReg = 0x805, "ACCESS_REG", "MLX5_CMD_OP_ACCESS_REG";
         Nop = 0x80d, "NOP", "MLX5_CMD_OP_NOP";
+        SetL2TableEntry = 0x829, "SET_L2_TABLE_ENTRY", "MLX5_CMD_OP_SET_L2_TABLE_ENTRY";
+        DeleteL2TableEntry = 0x82b, "DELETE_L2_TABLE_ENTRY", "MLX5_CMD_OP_DELETE_L2_TABLE_ENTRY";
         AllocTransportDomain = 0x816, "ALLOC_TRANSPORT_DOMAIN", "MLX5_CMD_OP_ALLOC_TRANSPORT_DOMAIN";
         DeallocTransportDomain = 0x817, "DEALLOC_TRANSPORT_DOMAIN", "MLX5_CMD_OP_DEALLOC_TRANSPORT_DOMAIN";
         CreateTir = 0x900, "CREATE_TIR", "MLX5_CMD_OP_CREATE_TIR";
@@ -346,9 +348,41 @@ pub mod flow {
     pub const DEST_TIR: u8 = 0x2;
     /// Destination type: flow table.
     pub const DEST_FLOW_TABLE: u8 = 0x1;
-    /// SET_FLOW_TABLE_ROOT op_mod: disconnect the root (table id ignored),
-    /// as the kernel does before destroying the last NIC RX root table.
+    /// SET_FLOW_TABLE_ROOT op_mod: back to the default root (table id
+    /// ignored); only with the `reset_root_to_default` flow table cap.
     pub const SET_ROOT_OP_MOD_DISCONNECT: u16 = 1;
+}
+
+/// Ethernet cap `wqe_inline_mode`: where the send inline requirement comes
+/// from.
+pub mod inline_mode {
+    /// The L2 header must always be inline (ConnectX-4 class).
+    pub const L2: u8 = 0;
+    /// The requirement is `nic_vport_context.min_wqe_inline_mode`; only
+    /// then does `sqc.min_wqe_inline_mode` apply.
+    pub const VPORT_CONTEXT: u8 = 1;
+    /// Nothing needs to be inline.
+    pub const NOT_REQUIRED: u8 = 2;
+}
+
+/// `sqc.ts_format` / `rqc.ts_format`: the CQE timestamp format.
+pub mod ts_format {
+    /// The free-running internal timer.
+    pub const FREE_RUNNING: u8 = 0;
+    /// The device default.
+    pub const DEFAULT: u8 = 1;
+    /// Real time (seconds << 32 | nanoseconds).
+    pub const REAL_TIME: u8 = 2;
+}
+
+/// `cmd_hca_cap.sq_ts_format` / `rq_ts_format`: formats a queue may use.
+pub mod ts_format_cap {
+    /// Free-running only.
+    pub const FREE_RUNNING: u8 = 0;
+    /// Real time only.
+    pub const REAL_TIME: u8 = 1;
+    /// Either.
+    pub const FREE_RUNNING_AND_REAL_TIME: u8 = 2;
 }
 
 /// Independent twins of the sub-field constants in this module's siblings.
@@ -417,6 +451,51 @@ pub const MISC_CONSTS: &[ConstDesc] = &[
         "flow::DEST_FLOW_TABLE",
         flow::DEST_FLOW_TABLE as u64,
         "MLX5_IFC_FLOW_DESTINATION_TYPE_FLOW_TABLE",
+    ),
+    k(
+        "inline_mode::L2",
+        inline_mode::L2 as u64,
+        "MLX5_CAP_INLINE_MODE_L2",
+    ),
+    k(
+        "inline_mode::VPORT_CONTEXT",
+        inline_mode::VPORT_CONTEXT as u64,
+        "MLX5_CAP_INLINE_MODE_VPORT_CONTEXT",
+    ),
+    k(
+        "inline_mode::NOT_REQUIRED",
+        inline_mode::NOT_REQUIRED as u64,
+        "MLX5_CAP_INLINE_MODE_NOT_REQUIRED",
+    ),
+    k(
+        "ts_format::FREE_RUNNING",
+        ts_format::FREE_RUNNING as u64,
+        "MLX5_TIMESTAMP_FORMAT_FREE_RUNNING",
+    ),
+    k(
+        "ts_format::DEFAULT",
+        ts_format::DEFAULT as u64,
+        "MLX5_TIMESTAMP_FORMAT_DEFAULT",
+    ),
+    k(
+        "ts_format::REAL_TIME",
+        ts_format::REAL_TIME as u64,
+        "MLX5_TIMESTAMP_FORMAT_REAL_TIME",
+    ),
+    k(
+        "ts_format_cap::FREE_RUNNING",
+        ts_format_cap::FREE_RUNNING as u64,
+        "MLX5_TIMESTAMP_FORMAT_CAP_FREE_RUNNING",
+    ),
+    k(
+        "ts_format_cap::REAL_TIME",
+        ts_format_cap::REAL_TIME as u64,
+        "MLX5_TIMESTAMP_FORMAT_CAP_REAL_TIME",
+    ),
+    k(
+        "ts_format_cap::FREE_RUNNING_AND_REAL_TIME",
+        ts_format_cap::FREE_RUNNING_AND_REAL_TIME as u64,
+        "MLX5_TIMESTAMP_FORMAT_CAP_FREE_RUNNING_AND_REAL_TIME",
     ),
     k(
         "wq_type::LINKED_LIST",

@@ -124,6 +124,27 @@ pub const CQE_FORMAT_SHIFT: u32 = 2;
 /// What software writes into `op_own` of every CQE before handing a CQ to
 /// the device: opcode INVALID, owner 0.
 pub const CQE_OP_OWN_INVALID: u8 = 0xf0;
+
+/// CQE `hds_ip_ext`: the L2 header is fine.
+pub const CQE_L2_OK: u8 = 1 << 0;
+/// CQE `hds_ip_ext`: the IPv4 header checksum is right.
+pub const CQE_L3_OK: u8 = 1 << 1;
+/// CQE `hds_ip_ext`: the TCP/UDP checksum is right.
+pub const CQE_L4_OK: u8 = 1 << 2;
+
+bitflags::bitflags! {
+    /// A receive CQE's `hds_ip_ext` checksum flags.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct CqeChecksum: u8 {
+        /// L2 OK.
+        const L2_OK = CQE_L2_OK;
+        /// L3 (IPv4 header) checksum OK.
+        const L3_OK = CQE_L3_OK;
+        /// L4 checksum OK.
+        const L4_OK = CQE_L4_OK;
+        const _ = !0;
+    }
+}
 /// Striding RQ `byte_cnt`: filler CQE flag.
 pub const MPWRQ_FILLER: u32 = 1 << 31;
 /// Striding RQ `byte_cnt`: strides consumed, bits `[30:16]`.
@@ -134,12 +155,32 @@ pub const MPWRQ_STRIDES_MASK: u32 = 0x7fff;
 pub const MPWRQ_BYTES_MASK: u32 = 0xffff;
 
 /// Independent twins.
-pub const CONSTS: &[ConstDesc] = &[ConstDesc {
-    rust: "cqe::CQE_OWNER_MASK",
-    value: CQE_OWNER_MASK as u64,
-    header: ConstHeader::Dv,
-    c_name: "MLX5_CQE_OWNER_MASK",
-}];
+pub const CONSTS: &[ConstDesc] = &[
+    ConstDesc {
+        rust: "cqe::CQE_OWNER_MASK",
+        value: CQE_OWNER_MASK as u64,
+        header: ConstHeader::Dv,
+        c_name: "MLX5_CQE_OWNER_MASK",
+    },
+    ConstDesc {
+        rust: "cqe::CQE_L2_OK",
+        value: CQE_L2_OK as u64,
+        header: ConstHeader::Dv,
+        c_name: "MLX5_CQE_L2_OK",
+    },
+    ConstDesc {
+        rust: "cqe::CQE_L3_OK",
+        value: CQE_L3_OK as u64,
+        header: ConstHeader::Dv,
+        c_name: "MLX5_CQE_L3_OK",
+    },
+    ConstDesc {
+        rust: "cqe::CQE_L4_OK",
+        value: CQE_L4_OK as u64,
+        header: ConstHeader::Dv,
+        c_name: "MLX5_CQE_L4_OK",
+    },
+];
 
 /// A CQE, decoded (a copy, never a reference into the ring).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -199,6 +240,11 @@ impl Cqe {
     /// The opcode, if known.
     pub fn op(&self) -> Option<CqeOpcode> {
         CqeOpcode::from_raw(self.opcode)
+    }
+
+    /// The receive checksum flags (`hds_ip_ext`).
+    pub fn checksum(&self) -> CqeChecksum {
+        CqeChecksum::from_bits_retain(self.hds_ip_ext)
     }
 
     /// True for REQ_ERR and RESP_ERR.
@@ -290,6 +336,19 @@ impl EqeDecoded {
         (self.event_type == EventType::PageRequest as u8).then(|| {
             let d = View::<EqePageReq>::new(&self.data).expect("28 bytes");
             (
+                d.get32(EqePageReq::FUNC_ID) as u16,
+                d.get32(EqePageReq::NUM_PAGES) as i32,
+            )
+        })
+    }
+
+    /// Page request with the function it is for: (`ec_function`,
+    /// `func_id`, `num_pages`). MANAGE_PAGES must echo both.
+    pub fn page_request_for(&self) -> Option<(bool, u16, i32)> {
+        (self.event_type == EventType::PageRequest as u8).then(|| {
+            let d = View::<EqePageReq>::new(&self.data).expect("28 bytes");
+            (
+                d.get32(EqePageReq::EC_FUNCTION) & 1 == 1,
                 d.get32(EqePageReq::FUNC_ID) as u16,
                 d.get32(EqePageReq::NUM_PAGES) as i32,
             )

@@ -78,6 +78,16 @@ layout! {
     CQE_COMPRESSION: field = "cqe_compression" @ 0x5bf, 1;
     /// Device always writes 128-byte CQEs.
     CQE_128_ALWAYS: field = "cqe_128_always" @ 0x5bd, 1;
+    /// The function manages a vport group (a PF; 0 on a VF).
+    VPORT_GROUP_MANAGER: field = "vport_group_manager" @ 0x1a0, 1;
+    /// The function manages the e-switch (and the MPFS L2 table on multi-PF ports).
+    ESWITCH_MANAGER: field = "eswitch_manager" @ 0x1a7, 1;
+    /// SQ timestamp formats: 0 free-running, 1 real-time, 2 both.
+    SQ_TS_FORMAT: field = "sq_ts_format" @ 0x440, 2;
+    /// RQ timestamp formats: 0 free-running, 1 real-time, 2 both.
+    RQ_TS_FORMAT: field = "rq_ts_format" @ 0x442, 2;
+    /// log2 of the MPFS L2 table size.
+    LOG_MAX_L2_TABLE: field = "log_max_l2_table" @ 0x483, 5;
 }
 
 layout! {
@@ -231,6 +241,8 @@ layout! {
     STATE: field = "state" @ 0x8, 4;
     /// Software parser allowed.
     ALLOW_SWP: field = "allow_swp" @ 0xd, 1;
+    /// CQE timestamp format: 0 free-running, 1 default, 2 real-time.
+    TS_FORMAT: field = "ts_format" @ 0x1a, 2;
     /// Reported in CQEs with cqe_version 1.
     USER_INDEX: field = "user_index" @ 0x28, 24;
     /// Completion queue.
@@ -260,6 +272,8 @@ layout! {
     STATE: field = "state" @ 0x8, 4;
     /// Flush with error CQEs once in error.
     FLUSH_IN_ERROR_EN: field = "flush_in_error_en" @ 0xd, 1;
+    /// CQE timestamp format: 0 free-running, 1 default, 2 real-time.
+    TS_FORMAT: field = "ts_format" @ 0x1a, 2;
     /// Reported in CQEs with cqe_version 1.
     USER_INDEX: field = "user_index" @ 0x28, 24;
     /// Completion queue.
@@ -478,6 +492,30 @@ layout! {
     ADDRESSES_LIST: field = "addresses_list" @ 0x1d, 1;
     /// Change roce_en.
     ROCE_EN: field = "roce_en" @ 0x1e, 1;
+}
+
+layout! {
+    /// Properties of one flow table type (inside the flow table capabilities).
+    pub struct FlowTablePropLayout: Source::Ifc("flow_table_prop_layout"), 0x200;
+    /// Flow tables of this type exist.
+    FT_SUPPORT: field = "ft_support" @ 0x0, 1;
+    /// SET_FLOW_TABLE_ENTRY op_mod 1 (modify) allowed.
+    FLOW_MODIFY_EN: field = "flow_modify_en" @ 0x3, 1;
+    /// SET_FLOW_TABLE_ROOT allowed.
+    MODIFY_ROOT: field = "modify_root" @ 0x4, 1;
+    /// SET_FLOW_TABLE_ROOT op_mod 1 (back to the default root) allowed; a reserved bit in 6.1 headers.
+    RESET_ROOT_TO_DEFAULT: field = "reset_root_to_default" | "reserved_at_9" @ 0x9, 1;
+    /// log2 of the largest flow table.
+    LOG_MAX_FT_SIZE: field = "log_max_ft_size" @ 0x22, 6;
+    /// Highest flow table level.
+    MAX_FT_LEVEL: field = "max_ft_level" @ 0x38, 8;
+}
+
+layout! {
+    /// NIC flow table capabilities (cap type 7).
+    pub struct FlowTableNicCap: Source::Ifc("flow_table_nic_cap"), 0x8000;
+    /// NIC RX tables.
+    FLOW_TABLE_PROPERTIES_NIC_RECEIVE: sub<FlowTablePropLayout> = "flow_table_properties_nic_receive" @ 0x200;
 }
 
 layout! {

@@ -76,6 +76,8 @@ pub fn all_layouts() -> Vec<LayoutInfo> {
         ctx::NicVportContext,
         ctx::ModifyNicVportFieldSelect,
         ctx::Mkc,
+        ctx::FlowTablePropLayout,
+        ctx::FlowTableNicCap,
         cmd::MboxIn,
         cmd::MboxOut,
         cmd::EnableHcaIn,
@@ -150,6 +152,8 @@ pub fn all_layouts() -> Vec<LayoutInfo> {
         cmd::DeallocQCounterIn,
         cmd::QueryQCounterIn,
         cmd::QueryQCounterOut,
+        cmd::SetL2TableEntryIn,
+        cmd::DeleteL2TableEntryIn,
     ]
 }
 

@@ -94,6 +94,39 @@ pub const ETH_L3_CSUM: u8 = 1 << 6;
 pub const ETH_L4_CSUM: u8 = 1 << 7;
 /// Data segment `byte_count` flag for inline data.
 pub const INLINE_SEG: u32 = 0x8000_0000;
+/// `fm_ce_se`: fence (wait for earlier WQEs).
+pub const CTRL_FENCE: u8 = 4 << 5;
+/// `fm_ce_se`: initiator small fence.
+pub const CTRL_INITIATOR_SMALL_FENCE: u8 = 1 << 5;
+
+bitflags::bitflags! {
+    /// The control segment's `fm_ce_se` byte: fence mode [7:5], completion
+    /// mode [3:2] (0b10 = always write a CQE), solicited event [1].
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct FmCeSe: u8 {
+        /// Write a CQE for this WQE (CE = 0b10; 0b11 also raises an EQE).
+        const CQ_UPDATE = CTRL_CQ_UPDATE;
+        /// Solicited event.
+        const SOLICITED = CTRL_SOLICITED;
+        /// Fence.
+        const FENCE = CTRL_FENCE;
+        /// Initiator small fence.
+        const INITIATOR_SMALL_FENCE = CTRL_INITIATOR_SMALL_FENCE;
+        const _ = !0;
+    }
+}
+
+bitflags::bitflags! {
+    /// The Ethernet segment's `cs_flags`: checksums the NIC computes.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct CsFlags: u8 {
+        /// The (outer) IPv4 header checksum.
+        const L3_CSUM = ETH_L3_CSUM;
+        /// The (outer) TCP/UDP checksum.
+        const L4_CSUM = ETH_L4_CSUM;
+        const _ = !0;
+    }
+}
 /// Doorbell record index of the RQ producer counter (in dwords).
 pub const RCV_DBR: usize = 0;
 /// Doorbell record index of the SQ producer counter (in dwords).
@@ -162,6 +195,12 @@ pub const CONSTS: &[ConstDesc] = &[
         "wqe::ETH_L4_CSUM",
         ETH_L4_CSUM as u64,
         "MLX5_ETH_WQE_L4_CSUM",
+    ),
+    dv("wqe::CTRL_FENCE", CTRL_FENCE as u64, "MLX5_WQE_CTRL_FENCE"),
+    dv(
+        "wqe::CTRL_INITIATOR_SMALL_FENCE",
+        CTRL_INITIATOR_SMALL_FENCE as u64,
+        "MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE",
     ),
     dv("wqe::INLINE_SEG", INLINE_SEG as u64, "MLX5_INLINE_SEG"),
     dv("wqe::RCV_DBR", RCV_DBR as u64, "MLX5_RCV_DBR"),

@@ -3,17 +3,20 @@
 //! Opening follows rdma-core's mlx5 VFIO provider: check the ids in sysfs,
 //! open container and group (type1v2), get the device fd, map BAR0, then
 //! enable memory space and bus mastering (the kernel's mlx5_core also does
-//! this before it programs the command queue). No interrupts are set up:
-//! the driver polls its command queue, EQ and CQs.
+//! this before it programs the command queue). MSI-X vector 0 gets an
+//! eventfd when the driver asks (before its EQ), as rdma-core does; the
+//! driver still polls its command queue, EQ and CQs and never reads it.
 
 #![deny(unsafe_code)]
 
 use std::io;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use vfio_bindings::bindings::vfio::VFIO_PCI_MSIX_IRQ_INDEX;
 
 use mempool::DmaMapper;
 
-use super::device::{Bar, VfioDevice, VfioPaths};
+use super::device::{Bar, IrqEventFd, VfioDevice, VfioPaths};
 use super::{PciAddress, VfioError};
 use crate::barrier;
 use crate::hw::{HwBackend, mlx5_device_name, pci};
@@ -40,6 +43,8 @@ pub struct VfioBackend {
     device: VfioDevice,
     bar0: Bar,
     model: Option<&'static str>,
+    /// The MSI-X vector the driver enabled, while it is enabled.
+    msix: Mutex<Option<IrqEventFd>>,
 }
 
 impl VfioBackend {
@@ -93,6 +98,7 @@ impl VfioBackend {
             device,
             bar0,
             model,
+            msix: Mutex::new(None),
         })
     }
 
@@ -151,6 +157,32 @@ impl HwBackend for VfioBackend {
 
     fn config_write(&self, offset: u16, data: &[u8]) -> io::Result<()> {
         Ok(self.device.config_write(offset, data)?)
+    }
+
+    fn enable_msix(&self, vector: u16) -> io::Result<()> {
+        let irq = self
+            .device
+            .enable_irq(VFIO_PCI_MSIX_IRQ_INDEX, u32::from(vector))
+            .map_err(io::Error::other)?;
+        *self.msix.lock().unwrap_or_else(|p| p.into_inner()) = Some(irq);
+        Ok(())
+    }
+
+    fn disable_msix(&self) -> io::Result<()> {
+        let mut msix = self.msix.lock().unwrap_or_else(|p| p.into_inner());
+        if msix.is_some() {
+            self.device
+                .disable_irq(VFIO_PCI_MSIX_IRQ_INDEX)
+                .map_err(io::Error::other)?;
+            *msix = None;
+        }
+        Ok(())
+    }
+
+    /// vfio-pci mmaps BAR0 uncached (`pgprot_noncached`), so BlueFlame
+    /// writes would reach the NIC as separate 8-byte stores.
+    fn bar_write_combining(&self) -> bool {
+        false
     }
 
     fn dma_mapper(&self) -> Arc<dyn DmaMapper> {

@@ -8,14 +8,15 @@ use std::collections::BTreeSet;
 use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use vfio_bindings::bindings::vfio::{
-    VFIO_DEVICE_FLAGS_PCI, VFIO_DEVICE_FLAGS_RESET, VFIO_PCI_CONFIG_REGION_INDEX,
-    VFIO_REGION_INFO_FLAG_MMAP, VFIO_REGION_INFO_FLAG_READ, VFIO_REGION_INFO_FLAG_WRITE,
+    VFIO_DEVICE_FLAGS_PCI, VFIO_DEVICE_FLAGS_RESET, VFIO_IRQ_INFO_EVENTFD,
+    VFIO_PCI_CONFIG_REGION_INDEX, VFIO_REGION_INFO_FLAG_MMAP, VFIO_REGION_INFO_FLAG_READ,
+    VFIO_REGION_INFO_FLAG_WRITE,
 };
 
 use super::container::Container;
@@ -369,6 +370,60 @@ impl VfioDevice {
         })
     }
 
+    /// `VFIO_DEVICE_GET_IRQ_INFO`: (flags, vector count) of interrupt
+    /// `index` (`VFIO_PCI_MSIX_IRQ_INDEX`, ...).
+    pub fn irq_info(&self, index: u32) -> Result<(u32, u32), VfioError> {
+        let i = sys::irq_info(self.fd.file.as_fd(), index).map_err(|source| VfioError::Ioctl {
+            op: "VFIO_DEVICE_GET_IRQ_INFO",
+            target: format!("device {}", self.bdf()),
+            source,
+        })?;
+        Ok((i.flags, i.count))
+    }
+
+    /// Enables interrupt `index` with every vector the function has (the
+    /// first `VFIO_DEVICE_SET_IRQS` fixes how many the kernel allocates, so
+    /// rdma-core asks for all of them) and an eventfd behind `vector`; the
+    /// other vectors stay unrouted. Undo with [`VfioDevice::disable_irq`].
+    pub fn enable_irq(&self, index: u32, vector: u32) -> Result<IrqEventFd, VfioError> {
+        let (flags, count) = self.irq_info(index)?;
+        let bad = |why: String| VfioError::IrqUnsupported {
+            bdf: self.bdf(),
+            index,
+            why,
+        };
+        if flags & VFIO_IRQ_INFO_EVENTFD == 0 {
+            return Err(bad("vfio-pci cannot signal it through an eventfd".into()));
+        }
+        if vector >= count {
+            return Err(bad(format!("vector {vector}, the function has {count}")));
+        }
+        let fd = sys::eventfd().map_err(|source| VfioError::Ioctl {
+            op: "eventfd",
+            target: format!("device {}", self.bdf()),
+            source,
+        })?;
+        let mut fds = vec![-1; count as usize];
+        fds[vector as usize] = fd.as_raw_fd();
+        sys::set_irq_eventfds(self.fd.file.as_fd(), index, 0, &fds).map_err(|source| {
+            VfioError::Ioctl {
+                op: "VFIO_DEVICE_SET_IRQS",
+                target: format!("device {} (irq index {index}, {count} vectors)", self.bdf()),
+                source,
+            }
+        })?;
+        Ok(IrqEventFd { fd, index, vector })
+    }
+
+    /// Disables every vector of interrupt `index`.
+    pub fn disable_irq(&self, index: u32) -> Result<(), VfioError> {
+        sys::disable_irqs(self.fd.file.as_fd(), index).map_err(|source| VfioError::Ioctl {
+            op: "VFIO_DEVICE_SET_IRQS (disable)",
+            target: format!("device {} (irq index {index})", self.bdf()),
+            source,
+        })
+    }
+
     /// `VFIO_DEVICE_RESET` (function-level, PM or bus reset, whichever the
     /// kernel can do for this function).
     pub fn reset(&self) -> Result<(), VfioError> {
@@ -414,6 +469,32 @@ impl VfioDevice {
             len,
             source,
         }
+    }
+}
+
+/// One interrupt vector routed to an eventfd by [`VfioDevice::enable_irq`].
+#[derive(Debug)]
+pub struct IrqEventFd {
+    fd: OwnedFd,
+    index: u32,
+    vector: u32,
+}
+
+impl IrqEventFd {
+    /// Interrupts signalled since the last call (reads and clears the
+    /// eventfd counter; never blocks).
+    pub fn take(&self) -> std::io::Result<u64> {
+        sys::eventfd_take(self.fd.as_fd())
+    }
+
+    /// The interrupt index.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// The vector.
+    pub fn vector(&self) -> u32 {
+        self.vector
     }
 }
 

@@ -183,6 +183,17 @@ pub enum VfioError {
         path: PathBuf,
     },
 
+    /// An interrupt cannot be set up as asked.
+    #[error("{bdf}: interrupt index {index} cannot be used: {why}")]
+    IrqUnsupported {
+        /// The function.
+        bdf: PciAddress,
+        /// VFIO interrupt index (2 = MSI-X).
+        index: u32,
+        /// Why not.
+        why: String,
+    },
+
     /// An ioctl failed.
     #[error("{op} on {target} failed: {source}")]
     Ioctl {

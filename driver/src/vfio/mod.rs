@@ -45,8 +45,10 @@ pub mod sysfs;
 
 pub use backend::{DeviceCheck, VfioBackend, is_mlx5};
 pub use container::{Container, LiveMapping};
-pub use device::{Bar, RegionInfo, VfioDevice, VfioPaths, is_vfio_driver};
+pub use device::{Bar, IrqEventFd, RegionInfo, VfioDevice, VfioPaths, is_vfio_driver};
 pub use error::{BIND_HINT, IOMMU_HINT, VfioError};
 pub use group::{Group, VIABLE_DRIVERS, blockers, driver_keeps_group_viable};
 pub use iova::{IommuInfo, IovaAllocator, IovaRange};
 pub use pci_address::{ParsePciAddressError, PciAddress};
+/// VFIO interrupt indices for [`VfioDevice::enable_irq`].
+pub use vfio_bindings::bindings::vfio::{VFIO_PCI_MSI_IRQ_INDEX, VFIO_PCI_MSIX_IRQ_INDEX};

@@ -8,7 +8,8 @@
 //! path, IOVA and length to make a [`super::VfioError`].
 //!
 //! Nothing here hands out a Rust reference into device memory: [`Mmio`]
-//! only offers volatile loads and stores through raw pointers.
+//! only offers volatile loads and stores, through the `volatile` crate's
+//! read-only and write-only pointers.
 
 use std::ffi::CStr;
 use std::io;
@@ -16,9 +17,13 @@ use std::mem::size_of;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 
+use volatile::VolatilePtr;
+use volatile::access::WriteOnly;
+
 use vfio_bindings::bindings::vfio::{
-    VFIO_DMA_MAP_FLAG_READ, VFIO_DMA_MAP_FLAG_WRITE, vfio_device_info, vfio_group_status,
-    vfio_iommu_type1_dma_map, vfio_iommu_type1_dma_unmap, vfio_region_info,
+    VFIO_DMA_MAP_FLAG_READ, VFIO_DMA_MAP_FLAG_WRITE, VFIO_IRQ_SET_ACTION_TRIGGER,
+    VFIO_IRQ_SET_DATA_EVENTFD, VFIO_IRQ_SET_DATA_NONE, vfio_device_info, vfio_group_status,
+    vfio_iommu_type1_dma_map, vfio_iommu_type1_dma_unmap, vfio_irq_info, vfio_region_info,
 };
 
 const VFIO_TYPE: u64 = b';' as u64;
@@ -37,6 +42,8 @@ const VFIO_GROUP_SET_CONTAINER: u64 = vfio_io(4);
 const VFIO_GROUP_GET_DEVICE_FD: u64 = vfio_io(6);
 const VFIO_DEVICE_GET_INFO: u64 = vfio_io(7);
 const VFIO_DEVICE_GET_REGION_INFO: u64 = vfio_io(8);
+const VFIO_DEVICE_GET_IRQ_INFO: u64 = vfio_io(9);
+const VFIO_DEVICE_SET_IRQS: u64 = vfio_io(10);
 const VFIO_DEVICE_RESET: u64 = vfio_io(11);
 const VFIO_IOMMU_GET_INFO: u64 = vfio_io(12);
 const VFIO_IOMMU_MAP_DMA: u64 = vfio_io(13);
@@ -46,6 +53,7 @@ const VFIO_IOMMU_UNMAP_DMA: u64 = vfio_io(14);
 const _: () = assert!(VFIO_GET_API_VERSION == 15204);
 const _: () = assert!(VFIO_DEVICE_GET_INFO == 15211);
 const _: () = assert!(VFIO_IOMMU_UNMAP_DMA == 15218);
+const _: () = assert!(VFIO_DEVICE_SET_IRQS == 15214);
 
 fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
     if ret < 0 {
@@ -164,6 +172,98 @@ pub(crate) fn region_info(device: BorrowedFd<'_>, index: u32) -> io::Result<vfio
     // bytes; with that argsz the kernel writes no capability chain past it.
     unsafe { ioctl_struct(device, VFIO_DEVICE_GET_REGION_INFO, &mut info) }?;
     Ok(info)
+}
+
+/// `VFIO_DEVICE_GET_IRQ_INFO` for interrupt `index` (INTx, MSI, MSI-X, ...).
+pub(crate) fn irq_info(device: BorrowedFd<'_>, index: u32) -> io::Result<vfio_irq_info> {
+    let mut info = vfio_irq_info {
+        argsz: size_of::<vfio_irq_info>() as u32,
+        index,
+        ..Default::default()
+    };
+    // SAFETY: DEVICE_GET_IRQ_INFO takes a `vfio_irq_info` of `argsz` bytes.
+    unsafe { ioctl_struct(device, VFIO_DEVICE_GET_IRQ_INFO, &mut info) }?;
+    Ok(info)
+}
+
+/// `VFIO_DEVICE_SET_IRQS` with eventfds: vectors `start..start+fds.len()`
+/// of interrupt `index` trigger `fds` (-1: that vector is left unrouted).
+/// The first call sets the number of vectors the kernel enables.
+pub(crate) fn set_irq_eventfds(
+    device: BorrowedFd<'_>,
+    index: u32,
+    start: u32,
+    fds: &[i32],
+) -> io::Result<()> {
+    // struct vfio_irq_set { argsz, flags, index, start, count; s32 data[] },
+    // built as u32 words so the buffer is aligned for it.
+    let count = u32::try_from(fds.len()).map_err(|_| io::Error::from_raw_os_error(libc::E2BIG))?;
+    let mut words = vec![0u32; 5 + fds.len()];
+    words[0] = (words.len() * 4) as u32;
+    words[1] = VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER;
+    words[2] = index;
+    words[3] = start;
+    words[4] = count;
+    for (w, fd) in words[5..].iter_mut().zip(fds) {
+        *w = *fd as u32;
+    }
+    // SAFETY: the buffer is a `vfio_irq_set` followed by `count` s32 file
+    // descriptors, `argsz` bytes in all; the kernel only reads it.
+    check(unsafe {
+        libc::ioctl(
+            device.as_raw_fd(),
+            VFIO_DEVICE_SET_IRQS as _,
+            words.as_mut_ptr(),
+        )
+    })?;
+    Ok(())
+}
+
+/// `VFIO_DEVICE_SET_IRQS` with no data and count 0: disables interrupt
+/// `index` (every vector) and releases the eventfds the kernel held.
+pub(crate) fn disable_irqs(device: BorrowedFd<'_>, index: u32) -> io::Result<()> {
+    let mut words = [
+        20u32,
+        VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER,
+        index,
+        0,
+        0,
+    ];
+    // SAFETY: a bare `vfio_irq_set` (20 bytes, no data); the kernel only
+    // reads it.
+    check(unsafe {
+        libc::ioctl(
+            device.as_raw_fd(),
+            VFIO_DEVICE_SET_IRQS as _,
+            words.as_mut_ptr(),
+        )
+    })?;
+    Ok(())
+}
+
+/// A non-blocking, close-on-exec eventfd.
+pub(crate) fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: eventfd takes plain integers and returns a new descriptor.
+    let fd = check(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
+    // SAFETY: `fd` is a fresh descriptor the kernel just created for us,
+    // owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Reads and clears an eventfd's counter (0 if nothing was signalled).
+pub(crate) fn eventfd_take(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut v = 0u64;
+    // SAFETY: reads 8 bytes into `v`, which is 8 bytes long.
+    let r = unsafe { libc::read(fd.as_raw_fd(), (&raw mut v).cast(), 8) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::WouldBlock {
+            Ok(0)
+        } else {
+            Err(e)
+        };
+    }
+    Ok(v)
 }
 
 /// `VFIO_IOMMU_GET_INFO` with its capability chain: the raw bytes, grown to
@@ -322,38 +422,43 @@ impl Mmio {
         )
     }
 
+    /// A register of type `T` at `offset` (bounds and alignment checked).
+    #[inline(always)]
+    fn reg<T>(&self, offset: usize) -> NonNull<T> {
+        let p = self.at(offset, size_of::<T>()).cast::<T>();
+        // SAFETY: `at` derives `p` from the mapping's non-null base plus an
+        // in-bounds offset, so it is not null.
+        unsafe { NonNull::new_unchecked(p) }
+    }
+
     /// Volatile 32-bit load, bytes as the device holds them (no swap).
     #[inline]
     pub(crate) fn load32(&self, offset: usize) -> u32 {
-        let p = self.at(offset, 4).cast::<u32>();
-        // SAFETY: `at` checked bounds and 4-byte alignment; device memory is
-        // only ever accessed volatile.
-        unsafe { p.read_volatile() }
+        // SAFETY: the register lies inside the mapping, aligned (`reg`);
+        // device memory is only ever accessed volatile, one access per
+        // pointer, and no reference to it exists.
+        unsafe { VolatilePtr::new_read_only(self.reg::<u32>(offset)) }.read()
     }
 
     /// Volatile 64-bit load, bytes as the device holds them.
     #[inline]
     pub(crate) fn load64(&self, offset: usize) -> u64 {
-        let p = self.at(offset, 8).cast::<u64>();
         // SAFETY: as in `load32`, with 8-byte alignment.
-        unsafe { p.read_volatile() }
+        unsafe { VolatilePtr::new_read_only(self.reg::<u64>(offset)) }.read()
     }
 
     /// Volatile 32-bit store of bytes in memory order (no swap).
     #[inline]
     pub(crate) fn store32(&self, offset: usize, raw: u32) {
-        let p = self.at(offset, 4).cast::<u32>();
-        // SAFETY: `at` checked bounds and alignment; the store is volatile
-        // and touches only device memory.
-        unsafe { p.write_volatile(raw) }
+        // SAFETY: as in `load32`; the store touches only device memory.
+        unsafe { VolatilePtr::new_restricted(WriteOnly, self.reg::<u32>(offset)) }.write(raw)
     }
 
     /// Volatile 64-bit store (one 8-byte bus write on x86-64 and aarch64).
     #[inline]
     pub(crate) fn store64(&self, offset: usize, raw: u64) {
-        let p = self.at(offset, 8).cast::<u64>();
         // SAFETY: as in `store32`, with 8-byte alignment.
-        unsafe { p.write_volatile(raw) }
+        unsafe { VolatilePtr::new_restricted(WriteOnly, self.reg::<u64>(offset)) }.write(raw)
     }
 
     /// Copies `data` (a multiple of 8 bytes) to `offset` with 8-byte

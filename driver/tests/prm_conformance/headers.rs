@@ -37,9 +37,12 @@ pub struct Facts {
 
 impl Headers {
     /// Looks for the Debian packages' files.
+    /// `ERPC_PRM_HEADER_ROOT` (default `/`) moves the search, e.g. to an
+    /// empty directory to see what a machine without the packages does.
     pub fn discover() -> Headers {
+        let root = PathBuf::from(std::env::var_os("ERPC_PRM_HEADER_ROOT").unwrap_or("/".into()));
         let mut kernels = Vec::new();
-        if let Ok(rd) = std::fs::read_dir("/usr/src") {
+        if let Ok(rd) = std::fs::read_dir(root.join("usr/src")) {
             for e in rd.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
                 if let Some(ver) = name
@@ -54,7 +57,7 @@ impl Headers {
             }
         }
         kernels.sort();
-        let dv = Some(PathBuf::from("/usr/include/infiniband/mlx5dv.h")).filter(|p| p.exists());
+        let dv = Some(root.join("usr/include/infiniband/mlx5dv.h")).filter(|p| p.exists());
         Headers { kernels, dv }
     }
 }

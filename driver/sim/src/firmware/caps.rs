@@ -1,7 +1,7 @@
 //! HCA capabilities: the general (`cmd_hca_cap`) and Ethernet offload
 //! blocks, maximum and current, describing a plausible ConnectX-5.
 
-use mlx5::prm::ctx::{CmdHcaCap, EthCaps};
+use mlx5::prm::ctx::{CmdHcaCap, EthCaps, FlowTableNicCap, FlowTablePropLayout};
 use mlx5::prm::{Layout, View, ViewMut};
 
 use crate::nic::NicConfig;
@@ -16,6 +16,8 @@ pub(crate) struct Caps {
     pub gen_cur: Vec<u8>,
     pub eth_max: Vec<u8>,
     pub eth_cur: Vec<u8>,
+    /// NIC flow table capabilities (cap type 7; not settable).
+    pub flow_table: Vec<u8>,
 }
 
 fn log2_floor(n: u32) -> u64 {
@@ -63,7 +65,15 @@ impl Caps {
                 .set(C::LOG_MAX_CURRENT_UC_LIST, u64::from(l.log_max_uc_list))
                 .set(C::LOG_UAR_PAGE_SZ, 0)
                 .set(C::CQE_COMPRESSION, 0)
-                .set(C::CQE_128_ALWAYS, 0);
+                .set(C::CQE_128_ALWAYS, 0)
+                .set(C::VPORT_GROUP_MANAGER, u64::from(!cfg.vf))
+                .set(
+                    C::ESWITCH_MANAGER,
+                    u64::from(cfg.eswitch == crate::nic::Eswitch::Mpfs),
+                )
+                .set(C::LOG_MAX_L2_TABLE, u64::from(cfg.log_max_l2_table))
+                .set(C::SQ_TS_FORMAT, u64::from(cfg.sq_ts_format))
+                .set(C::RQ_TS_FORMAT, u64::from(cfg.rq_ts_format));
         }
         let mut cur = g.clone();
         {
@@ -80,11 +90,27 @@ impl Caps {
                 .set(EthCaps::SCATTER_FCS, 0)
                 .set(EthCaps::ENHANCED_MULTI_PKT_SEND_WQE, 0);
         }
+        let mut ft = vec![0u8; CAP_BYTES];
+        {
+            let mut v = ViewMut::<FlowTableNicCap>::new(&mut ft).expect("4 KiB");
+            let mut rx = v.sub(FlowTableNicCap::FLOW_TABLE_PROPERTIES_NIC_RECEIVE);
+            type P = FlowTablePropLayout;
+            rx.set(P::FT_SUPPORT, 1)
+                .set(P::FLOW_MODIFY_EN, 1)
+                .set(P::MODIFY_ROOT, 1)
+                .set(
+                    P::RESET_ROOT_TO_DEFAULT,
+                    u64::from(cfg.reset_root_to_default),
+                )
+                .set(P::LOG_MAX_FT_SIZE, u64::from(l.log_max_ft_size))
+                .set(P::MAX_FT_LEVEL, 63);
+        }
         Caps {
             gen_max: g,
             gen_cur: cur,
             eth_cur: e.clone(),
             eth_max: e,
+            flow_table: ft,
         }
     }
 

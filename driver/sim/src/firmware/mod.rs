@@ -125,6 +125,9 @@ pub enum Why {
     Duplicate = 0x12,
     /// Fields disagree with each other.
     Mismatch = 0x13,
+    /// The interrupt vector named is not enabled (MSI-X off, or beyond
+    /// the vectors the host allocated).
+    Interrupt = 0x14,
 }
 
 /// A rejected command.

@@ -74,7 +74,8 @@ pub(crate) fn flush_page_events(nic: &NicInner, fw: &mut Firmware, dp: &Datapath
             .cloned();
         let Some(eq) = eq else { return };
         let mut data = [0u8; 28];
-        // ec_function 0, function_id 0, num_pages (signed).
+        // ec_function 0, the function's id, num_pages (signed).
+        data[2..4].copy_from_slice(&nic.cfg.function_id.to_be_bytes());
         data[4..8].copy_from_slice(&n.to_be_bytes());
         match crate::util::lock(&eq).post(nic, EventType::PageRequest, 0, &data) {
             Ok(()) => {

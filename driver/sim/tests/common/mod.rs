@@ -169,7 +169,11 @@ pub struct Host {
     pub cmdq: HostMem,
     pub mbox: Vec<HostMem>,
     pub token: u8,
-    pub fw_pages: Vec<HostMem>,
+    /// Memory the pages given to firmware come from (kept until the host
+    /// is dropped; chunks of up to 512 pages, as a driver would use).
+    pub fw_chunks: Vec<HostMem>,
+    /// IOVAs of the pages the firmware holds.
+    pub fw_given: std::collections::BTreeSet<u64>,
     pub eq: Option<Eq>,
     pub events: Vec<EqeDecoded>,
     pub uar_eq: u32,
@@ -202,7 +206,8 @@ impl Host {
             cmdq,
             mbox,
             token: 0x5a,
-            fw_pages: Vec::new(),
+            fw_chunks: Vec::new(),
+            fw_given: Default::default(),
             eq: None,
             events: Vec::new(),
             uar_eq: 0,
@@ -238,9 +243,21 @@ impl Host {
 
     // ------------------------------------------------------------- commands
 
-    /// Programs the command queue and enables bus mastering; waits for
-    /// firmware readiness (§8 step 1).
+    /// Waits for `initializing` to clear.
+    pub fn wait_ready(&self) {
+        let mut waited = 0;
+        while self.hw.read32(0x1fc) & (1 << 31) != 0 {
+            self.hw.wait(Duration::from_millis(2));
+            waited += 1;
+            assert!(waited < 1000, "firmware never became ready");
+        }
+    }
+
+    /// Enables bus mastering, waits for the firmware to come out of reset,
+    /// programs the command queue and waits again (the kernel's order).
     pub fn init_cmdq(&mut self) {
+        self.hw.config_write(4, &0x0006u16.to_le_bytes()).unwrap();
+        self.wait_ready();
         let rev = self.hw.read32(0x4) >> 16;
         assert_eq!(rev, 5, "cmdif revision");
         let sz = self.hw.read32(0x14);
@@ -249,13 +266,7 @@ impl Host {
         let iova = self.cmdq.iova();
         self.hw.write32(0x10, (iova >> 32) as u32);
         self.hw.write32(0x14, iova as u32);
-        self.hw.config_write(4, &0x0006u16.to_le_bytes()).unwrap();
-        let mut waited = 0;
-        while self.hw.read32(0x1fc) & (1 << 31) != 0 {
-            self.hw.wait(Duration::from_millis(2));
-            waited += 1;
-            assert!(waited < 1000, "firmware never became ready");
-        }
+        self.wait_ready();
     }
 
     /// Places a command in `slot` (with its mailbox chains) and rings the
@@ -405,24 +416,47 @@ impl Host {
 
     // ---------------------------------------------------------------- pages
 
+    /// MANAGE_PAGES GIVE of `n` pages in commands of at most 512 pages;
+    /// returns the last command's result (the first failure stops).
     pub fn give_pages(&mut self, n: usize, slot: u8) -> CmdOut {
-        let pages: Vec<HostMem> = (0..n).map(|_| self.alloc(4096)).collect();
-        let mut inp = input::<ManagePagesIn>(
-            Opcode::ManagePages,
-            manage_pages_op_mod::GIVE,
-            0x10 + 8 * n,
-            |v| {
-                v.set(ManagePagesIn::INPUT_NUM_ENTRIES, n as u64);
-            },
-        );
-        for (i, p) in pages.iter().enumerate() {
-            inp[0x10 + 8 * i..0x18 + 8 * i].copy_from_slice(&p.iova().to_be_bytes());
+        let mut left = n;
+        let mut last = None;
+        while left > 0 || last.is_none() {
+            let batch = left.min(512);
+            let chunk = self.alloc(4096 * batch.max(1));
+            let mut inp = input::<ManagePagesIn>(
+                Opcode::ManagePages,
+                manage_pages_op_mod::GIVE,
+                0x10 + 8 * batch,
+                |v| {
+                    v.set(ManagePagesIn::INPUT_NUM_ENTRIES, batch as u64);
+                },
+            );
+            for i in 0..batch {
+                inp[0x10 + 8 * i..0x18 + 8 * i]
+                    .copy_from_slice(&chunk.iova_at(i * 4096).to_be_bytes());
+            }
+            let r = self.exec_slot(slot, &inp, 0x10);
+            if !r.ok() {
+                return r;
+            }
+            self.fw_given
+                .extend((0..batch).map(|i| chunk.iova_at(i * 4096)));
+            self.fw_chunks.push(chunk);
+            left -= batch;
+            last = Some(r);
         }
-        let r = self.exec_slot(slot, &inp, 0x10);
-        if r.ok() {
-            self.fw_pages.extend(pages);
-        }
-        r
+        last.expect("at least one command")
+    }
+
+    /// The first `n` bytes of a page given to firmware.
+    pub fn fw_page_bytes(&self, iova: u64, n: usize) -> Vec<u8> {
+        let c = self
+            .fw_chunks
+            .iter()
+            .find(|c| iova >= c.iova() && iova < c.iova() + c.len() as u64)
+            .expect("a page we gave");
+        c.read_vec((iova - c.iova()) as usize, n)
     }
 
     pub fn take_pages(&mut self, n: usize, slot: u8) -> usize {
@@ -435,12 +469,10 @@ impl Host {
         let k = be32(&r.out, 8) as usize;
         for i in 0..k {
             let a = u64::from_be_bytes(r.out[0x10 + 8 * i..0x18 + 8 * i].try_into().unwrap());
-            let pos = self
-                .fw_pages
-                .iter()
-                .position(|p| p.iova() == a)
-                .expect("page we gave");
-            self.fw_pages.swap_remove(pos);
+            assert!(
+                self.fw_given.remove(&a),
+                "firmware returned {a:#x}, a page we never gave"
+            );
         }
         k
     }
@@ -560,7 +592,8 @@ impl Host {
         assert_eq!(caps.get(CmdHcaCap::LOG_BF_REG_SIZE), 9);
         let _ = View::<EthCaps>::new(&eth[0x10..]).unwrap();
         let mut set = input::<SetHcaCapIn>(Opcode::SetHcaCap, cap_type::GENERAL << 1, 0, |_| {});
-        set[0x10..0x1010].copy_from_slice(&gen_cur[0x10..0x1010]);
+        // Only cmd_hca_cap (256 bytes): the rest of the union is reserved.
+        set[0x10..0x110].copy_from_slice(&gen_cur[0x10..0x110]);
         {
             let mut v = ViewMut::<SetHcaCapIn>::new(&mut set).unwrap();
             let mut c = v.sub(SetHcaCapIn::CMD_HCA_CAP);
@@ -575,6 +608,7 @@ impl Host {
         }
         self.ok(&simple(Opcode::InitHca, 0, 0), 0x10);
         self.uar_eq = self.alloc_uar();
+        self.hw.enable_msix(0).unwrap();
         let mask = (1u64 << EventType::PageRequest as u8) | (1u64 << EventType::CqError as u8);
         let eq = self.create_eq(self.uar_eq, 8, mask);
         self.eq = Some(eq);
@@ -601,6 +635,42 @@ impl Host {
         self.mtu = u16::from_be_bytes([v[0x10 + 0x26], v[0x10 + 0x27]]);
         let st = self.ok(&simple(Opcode::QueryVportState, 0, 0), 0x10);
         assert_eq!(be32(&st, 0xc) & 0xf, 1, "link up");
+        // Unicast reaches the function only for MACs in its vport list
+        // (a VF's e-switch) and, on an e-switch manager, its MPFS entry.
+        let mac = self.nic.config().mac;
+        self.set_uc_list(&[mac]);
+        if caps.get(CmdHcaCap::ESWITCH_MANAGER) == 1 {
+            self.set_l2_entry(0, mac);
+        }
+    }
+
+    /// MODIFY_NIC_VPORT_CONTEXT of the unicast address list.
+    pub fn set_uc_list(&mut self, macs: &[[u8; 6]]) {
+        let mut inp = input::<ModifyNicVportContextIn>(
+            Opcode::ModifyNicVportContext,
+            0,
+            0x200 + 8 * macs.len(),
+            |v| {
+                v.sub(ModifyNicVportContextIn::FIELD_SELECT)
+                    .set(ModifyNicVportFieldSelect::ADDRESSES_LIST, 1);
+                v.sub(ModifyNicVportContextIn::NIC_VPORT_CONTEXT)
+                    .set(NicVportContext::ALLOWED_LIST_SIZE, macs.len() as u64);
+            },
+        );
+        for (i, m) in macs.iter().enumerate() {
+            inp[0x200 + 8 * i + 2..0x200 + 8 * i + 8].copy_from_slice(m);
+        }
+        self.ok(&inp, 0x10);
+    }
+
+    /// SET_L2_TABLE_ENTRY (MPFS).
+    pub fn set_l2_entry(&mut self, index: u32, mac: [u8; 6]) {
+        let mut inp = input::<SetL2TableEntryIn>(Opcode::SetL2TableEntry, 0, 0, |v| {
+            v.set(SetL2TableEntryIn::TABLE_INDEX, u64::from(index));
+        });
+        let at = SetL2TableEntryIn::MAC_ADDRESS.byte() + 2;
+        inp[at..at + 6].copy_from_slice(&mac);
+        self.ok(&inp, 0x10);
     }
 
     // ------------------------------------------------------------ datapath
@@ -919,8 +989,8 @@ impl Host {
                 .set(DeleteFteIn::FLOW_INDEX, 0);
         });
         self.ok(&del, 0x10);
-        let unroot = input::<SetFlowTableRootIn>(Opcode::SetFlowTableRoot, 1, 0, |_| {});
-        self.ok(&unroot, 0x10);
+        // The root table is destroyed while it is the root (Linux does so);
+        // op_mod 1 needs the reset_root_to_default cap.
         let dg = input::<DestroyFlowGroupIn>(Opcode::DestroyFlowGroup, 0, 0, |v| {
             v.set(DestroyFlowGroupIn::TABLE_ID, u64::from(p.table))
                 .set(DestroyFlowGroupIn::GROUP_ID, u64::from(p.group));
@@ -951,10 +1021,17 @@ impl Host {
         if let Some(eq) = self.eq.take() {
             self.ok(&simple(Opcode::DestroyEq, 0, eq.eqn), 0x10);
         }
+        self.hw.disable_msix().unwrap();
+        if self.nic.objects().l2_entries > 0 {
+            let inp = input::<DeleteL2TableEntryIn>(Opcode::DeleteL2TableEntry, 0, 0, |v| {
+                v.set(DeleteL2TableEntryIn::TABLE_INDEX, 0);
+            });
+            self.ok(&inp, 0x10);
+        }
         self.ok(&simple(Opcode::DeallocUar, 0, self.uar_eq), 0x10);
         self.ok(&simple(Opcode::TeardownHca, 0, 0), 0x10);
         loop {
-            let k = self.take_pages(64, 0);
+            let k = self.take_pages(512, 0);
             if k == 0 {
                 break;
             }
