@@ -164,6 +164,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod cc;
 pub mod clock;
 pub mod consts;
 pub mod msgbuf;

@@ -82,6 +82,12 @@ pub(crate) struct ClientInfo<T: Transport, C> {
     /// Request number of the last request on this slot that completed with
     /// an error, so that its late response is counted as such.
     pub abandoned_req_num: u64,
+    /// Request size in bytes.
+    pub req_bytes: u32,
+    /// Packets of this slot in the timing wheel (current generation).
+    pub wheel_count: u16,
+    /// Rollback generation: wheel entries of an older one are dropped.
+    pub wheel_gen: u8,
     /// When the request was enqueued.
     pub enqueue_ns: u64,
     /// In the Rpc's credit-stall queue.
@@ -104,6 +110,9 @@ impl<T: Transport, C> ClientInfo<T, C> {
             retx_ns: 0,
             retransmits: 0,
             abandoned_req_num: u64::MAX,
+            req_bytes: 0,
+            wheel_count: 0,
+            wheel_gen: 0,
             enqueue_ns: 0,
             in_stallq: false,
         }
@@ -208,6 +217,11 @@ pub(crate) struct Session<T: Transport, C> {
     pub fault_drop_tx: std::cell::Cell<u32>,
     /// Go-back-N rollbacks on this session.
     pub retransmits: u64,
+    /// Client: Timely and pacing state (congestion control on).
+    pub cc: Option<crate::cc::SessionCc>,
+    /// Client: TX timestamps of each slot's packets in flight (`Rpc::tx_ts_cap`
+    /// per slot), for RTT samples; empty with congestion control off.
+    pub tx_ts: Box<[std::cell::Cell<u64>]>,
 }
 
 impl<T: Transport, C> Session<T, C> {
@@ -247,6 +261,8 @@ impl<T: Transport, C> Session<T, C> {
             tracked: false,
             fault_drop_tx: std::cell::Cell::new(0),
             retransmits: 0,
+            cc: None,
+            tx_ts: Box::new([]),
         }
     }
 

@@ -125,6 +125,16 @@ pub struct RpcStats {
     pub retransmissions: u64,
     /// Packets presumed lost at those rollbacks (credits reclaimed).
     pub retransmitted_pkts: u64,
+    /// Timely rate computations (RTT samples not bypassed).
+    pub timely_updates: u64,
+    /// RTT samples skipped by the Timely bypass (link rate, RTT ≤ T_low).
+    pub timely_bypassed: u64,
+    /// Client packets sent without the timing wheel (session at link rate,
+    /// none of the slot's packets in the wheel).
+    pub wheel_bypassed: u64,
+    /// Wheel entries dropped when due: their request completed or was
+    /// rolled back meanwhile (never sent twice).
+    pub wheel_stale: u64,
     /// Queued packets whose message was gone at flush time (skipped).
     pub tx_stale: u64,
     /// Requests enqueued by the application.

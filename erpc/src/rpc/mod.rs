@@ -10,6 +10,7 @@
 //! (session management), `bg` (worker-thread handlers).
 
 mod bg;
+mod cc;
 mod cr;
 mod ev_loop;
 mod fault;
@@ -205,7 +206,7 @@ pub struct SessionEvent {
 }
 
 /// A snapshot of one session, for tools and diagnostics.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SessionInfo {
     /// Local session number.
     pub session: SessionNum,
@@ -232,6 +233,9 @@ pub struct SessionInfo {
     pub req_nums: [u64; crate::consts::SESSION_REQ_WINDOW],
     /// Client: go-back-N rollbacks so far.
     pub retransmits: u64,
+    /// Client: Timely's current rate in Gbit/s (`None` with congestion
+    /// control off).
+    pub timely_gbps: Option<f64>,
     /// Per slot: client `(num_tx, num_rx)`; server: a short state name.
     pub slots: Vec<String>,
 }
@@ -260,6 +264,9 @@ pub struct RpcConfig {
     /// also declared failed when none of their requests made progress for
     /// this long.
     pub failure_timeout_ms: u64,
+    /// Congestion control: Timely, the timing wheel and their bypasses
+    /// (all on by default).
+    pub cc: crate::cc::CcConfig,
 }
 
 impl Default for RpcConfig {
@@ -271,6 +278,7 @@ impl Default for RpcConfig {
             rto_us: RTO_US,
             pkt_loss_scan_us: PKT_LOSS_SCAN_US,
             failure_timeout_ms: FAILURE_TIMEOUT_MS,
+            cc: crate::cc::CcConfig::default(),
         }
     }
 }
@@ -315,6 +323,17 @@ pub enum CreateError {
         rto_us: u64,
         /// Configured scan interval.
         scan_us: u64,
+    },
+    /// Congestion-control settings out of range.
+    #[error(
+        "congestion control: link rate {link_gbps} Gbit/s must be at least Timely's minimum \
+         rate {min_rate_mbps} MB/s (the timing wheel's horizon is sized for it)"
+    )]
+    CcConfig {
+        /// Configured link rate.
+        link_gbps: f64,
+        /// Timely's minimum rate.
+        min_rate_mbps: f64,
     },
     /// The transport's RX ring handle was taken before the Rpc got it.
     #[error("the transport's RX ring handle was already taken: give the Rpc a fresh transport")]
@@ -500,6 +519,10 @@ pub struct Rpc<T: Transport, C> {
     last_loss_scan_ns: u64,
     rto_ns: u64,
     loss_scan_ns: u64,
+    /// The timing wheel (congestion control on).
+    wheel: Option<crate::cc::TimingWheel>,
+    /// TX timestamps per client slot (a power of two ≥ the credits).
+    tx_ts_cap: usize,
     bg: BgState,
     in_event_loop: bool,
     stats: RpcStats,
@@ -546,6 +569,17 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
         let tx_burst_max = transport.tx_burst_max();
         if tx_burst_max == 0 || tx_burst_max > crate::consts::TX_BATCH_MAX {
             return Err(CreateError::TxBurst(tx_burst_max));
+        }
+        let cc = &config.cc;
+        if cc.enabled
+            && !(cc.link_rate().is_finite()
+                && cc.timely.min_rate > 0.0
+                && cc.link_rate() >= cc.timely.min_rate)
+        {
+            return Err(CreateError::CcConfig {
+                link_gbps: cc.link_gbps,
+                min_rate_mbps: cc.timely.min_rate / 1e6,
+            });
         }
         if config.rto_us == 0
             || config.pkt_loss_scan_us == 0
@@ -620,6 +654,11 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             last_loss_scan_ns: now_ns,
             rto_ns: config.rto_us * 1000,
             loss_scan_ns: config.pkt_loss_scan_us * 1000,
+            wheel: config
+                .cc
+                .enabled
+                .then(|| crate::cc::TimingWheel::new(config.cc.wheel(), now_ns)),
+            tx_ts_cap: config.session_credits.next_power_of_two(),
             bg: BgState {
                 reply_tx,
                 reply_rx,
@@ -711,6 +750,7 @@ impl<T: Transport, C> Rpc<T, C> {
             backlog: s.backlog.len(),
             req_nums: std::array::from_fn(|i| s.slots[i].cur_req_num),
             retransmits: s.retransmits,
+            timely_gbps: s.cc.as_ref().map(|c| c.timely.rate() * 8.0 / 1e9),
             slots: s
                 .slots
                 .iter()
@@ -748,6 +788,11 @@ impl<T: Transport, C> Rpc<T, C> {
     /// Requests in flight (in slots) plus queued in the backlog.
     pub fn outstanding_requests(&self, sn: SessionNum) -> Option<usize> {
         self.session(sn).map(|s| s.busy_slots() + s.backlog.len())
+    }
+
+    /// The timing wheel's counters (`None` with congestion control off).
+    pub fn wheel_stats(&self) -> Option<crate::cc::WheelStats> {
+        self.wheel.as_ref().map(|w| w.stats())
     }
 
     /// Go-back-N rollbacks on a session so far.

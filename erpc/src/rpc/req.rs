@@ -133,6 +133,8 @@ impl<T: Transport, C> Rpc<T, C> {
         c.enqueue_ns = now;
         c.retx_ns = 0;
         c.retransmits = 0;
+        c.req_bytes = msg_size as u32;
+        c.wheel_count = 0;
         slot.tx_msgbuf = Some(req);
         self.kick(session, i as u8);
     }
@@ -180,6 +182,10 @@ impl<T: Transport, C> Rpc<T, C> {
             let req_pkts = c.req_pkts;
             let req_type = c.req_type;
             for pkt in first..first + n {
+                // Congestion control: a paced packet waits in the wheel.
+                if self.wheel.is_some() && self.cc_pace(session, i, pkt, req_num) {
+                    continue;
+                }
                 if pkt < req_pkts {
                     self.enqueue_msg_pkt(session, i, pkt, req_num);
                 } else {

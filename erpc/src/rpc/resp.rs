@@ -178,10 +178,15 @@ impl<T: Transport, C> Rpc<T, C> {
         debug_assert!(s.credits < max_credits);
         s.credits = (s.credits + 1).min(max_credits);
         let c = &s.slots[i].client;
+        let done = c.num_rx == c.wire_pkts();
+        if self.wheel.is_some() {
+            let rx = self.cc_rx_now();
+            self.cc_rtt_sample(sn, i, pkt_num, rx);
+        }
         if let Some(e) = too_large {
             return self.complete(ctx, sn, i, Err(e));
         }
-        if c.num_rx == c.wire_pkts() {
+        if done {
             return self.complete(ctx, sn, i, Ok(()));
         }
         self.kick(sn, i as u8);

@@ -145,6 +145,11 @@ impl<T: Transport, C> Rpc<T, C> {
         let now = self.clock.now_ns();
         s.sm_pending_since_ns = Some(now);
         s.sm_first_sent_ns = now;
+        (s.cc, s.tx_ts) = super::cc::new_client_cc(&self.config.cc, now, self.tx_ts_cap);
+        if let Some(w) = self.wheel.as_mut() {
+            // Every packet in the wheel holds one of its session's credits.
+            w.reserve(self.config.session_credits);
+        }
         self.sessions[usize::from(sn)] = Some(Box::new(s));
         self.open_sessions += 1;
         self.ring_entries_available -= self.config.session_credits;
