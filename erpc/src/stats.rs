@@ -163,6 +163,9 @@ pub struct RpcStats {
     /// Dispatch requests copied out of the ring because the handler
     /// returned without responding.
     pub deferred_copies: u64,
+    /// Single-packet requests copied out of the ring before their handler
+    /// ran (`RpcConfig::zero_copy_rx` off).
+    pub rx_copied: u64,
     /// SM packets sent.
     pub sm_tx: u64,
     /// SM requests resent after the retry interval.

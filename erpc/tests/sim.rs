@@ -621,6 +621,38 @@ fn few_credits_stall_and_resume() {
 }
 
 #[test]
+fn without_zero_copy_rx_and_preallocated_responses() {
+    // The two server-side optimisations switched off (as the factor
+    // analysis does) change nothing a client sees.
+    with_seeds(
+        "without_zero_copy_rx_and_preallocated_responses",
+        FILE,
+        &[112],
+        |seed| {
+            let mut w = SimWorld::lossy(seed);
+            let cfg = RpcConfig {
+                zero_copy_rx: false,
+                prealloc_responses: false,
+                ..RpcConfig::default()
+            };
+            let mut ns = common::scenarios::nodes_with(&mut w, 2, seed, cfg);
+            connect(&mut w, &mut ns, 0, 1, 1);
+            let mut rng = Rng::new(seed);
+            ns[0].ctx.todo = app::random_ops(&mut rng, 500, &[ECHO, SIZED], &[12, 968, 3000]);
+            {
+                let n = &mut ns[0];
+                app::start(&mut n.rpc, &mut n.ctx, 8);
+            }
+            run_until(&mut w, &mut ns, 2_000_000, "requests", |ns| {
+                ns[0].ctx.completed == 500
+            });
+            check_done::<SimWorld>(&ns);
+            assert!(ns[1].rpc.stats().rx_copied > 100, "{}", ns[1].rpc.stats());
+        },
+    );
+}
+
+#[test]
 fn few_credits_stall_and_resume_lossless() {
     with_seeds(
         "few_credits_stall_and_resume_lossless",

@@ -267,6 +267,14 @@ pub struct RpcConfig {
     /// Congestion control: Timely, the timing wheel and their bypasses
     /// (all on by default).
     pub cc: crate::cc::CcConfig,
+    /// Hand dispatch handlers their single-packet requests in place in the
+    /// RX ring (default on). Off, each is first copied into a msgbuf (for
+    /// measuring what zero-copy RX saves).
+    pub zero_copy_rx: bool,
+    /// Answer single-packet responses from each server slot's preallocated
+    /// MTU-size buffer (default on). Off, `response_buffer` allocates every
+    /// response (for measuring what preallocation saves).
+    pub prealloc_responses: bool,
 }
 
 impl Default for RpcConfig {
@@ -279,6 +287,8 @@ impl Default for RpcConfig {
             pkt_loss_scan_us: PKT_LOSS_SCAN_US,
             failure_timeout_ms: FAILURE_TIMEOUT_MS,
             cc: crate::cc::CcConfig::default(),
+            zero_copy_rx: true,
+            prealloc_responses: true,
         }
     }
 }

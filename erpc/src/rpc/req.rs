@@ -281,7 +281,7 @@ impl<T: Transport, C> Rpc<T, C> {
         for m in [old_resp, old_req].into_iter().flatten() {
             self.recycle(m);
         }
-        if req_pkts == 1 {
+        if req_pkts == 1 && self.config.zero_copy_rx {
             self.stats.rx_accepted += 1;
             return self.invoke_handler(ctx, sn, i, hdr.req_type, Err(data));
         }
@@ -296,6 +296,11 @@ impl<T: Transport, C> Rpc<T, C> {
         };
         m.write_pkt_data(0, data);
         self.stats.rx_accepted += 1;
+        if req_pkts == 1 {
+            // Zero-copy RX off: the handler reads the copy.
+            self.stats.rx_copied += 1;
+            return self.invoke_handler(ctx, sn, i, hdr.req_type, Ok(m));
+        }
         let s = self.session_mut(sn).expect("exists");
         let slot = &mut s.slots[i];
         slot.server.req_msgbuf = Some(m);

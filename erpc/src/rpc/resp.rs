@@ -20,6 +20,7 @@ impl<T: Transport, C> Rpc<T, C> {
     /// allocation), a new msgbuf otherwise.
     pub fn response_buffer(&mut self, h: &ReqHandle, len: usize) -> Result<MsgBuf, MsgBufError> {
         if len <= MAX_DATA_PER_PKT
+            && self.config.prealloc_responses
             && let Some(s) = self.session_mut(h.session)
             && let Some(mut m) = s.slots[usize::from(h.slot)].server.pre_resp.take()
         {
