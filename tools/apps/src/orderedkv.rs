@@ -1,0 +1,1 @@
+//! The ordered key-value store.
