@@ -39,6 +39,8 @@ pub enum Op {
         /// Keys, 1 to [`wire::MAX_GET_KEYS`].
         keys: Vec<Key>,
     },
+    /// An empty request to the leader (no Raft): the eRPC round trip.
+    Ping,
 }
 
 /// A finished operation.
@@ -125,16 +127,21 @@ pub struct ClientStats {
     pub put_latency: Histogram<u64>,
     /// GET latency, ns.
     pub get_latency: Histogram<u64>,
+    /// PING round trips.
+    pub pings: u64,
+    /// PING latency, ns.
+    pub ping_latency: Histogram<u64>,
 }
 
 impl std::fmt::Debug for ClientStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "puts {}, gets {}, redirects {}, retries {}, rpc errors {}, timeouts {}, bad {}; \
-             PUT {}; GET {}",
+            "puts {}, gets {}, pings {}, redirects {}, retries {}, rpc errors {}, timeouts {}, \
+             bad {}; PUT {}; GET {}",
             self.puts,
             self.gets,
+            self.pings,
             self.redirects,
             self.retries,
             self.rpc_errors,
@@ -159,6 +166,8 @@ impl Default for ClientStats {
             bad: 0,
             put_latency: h(),
             get_latency: h(),
+            pings: 0,
+            ping_latency: h(),
         }
     }
 }
@@ -275,7 +284,11 @@ impl<T: Transport + 'static> Client<T> {
     /// timeouts.
     pub fn poll(&mut self) {
         self.rpc.run_event_loop_once(&mut self.state);
-        self.state.drive(&mut self.rpc);
+        if self.state.drive(&mut self.rpc) {
+            // Send what drive enqueued now (eRPC transmits at the end of
+            // an event-loop iteration).
+            self.rpc.run_event_loop_once(&mut self.state);
+        }
     }
 }
 
@@ -294,6 +307,11 @@ impl ClientState {
     /// The workload, if it is a `W`, to read its results.
     pub fn workload_as<W: Workload>(&self) -> Option<&W> {
         self.workload.as_any().downcast_ref::<W>()
+    }
+
+    /// Clears the counters and histograms (e.g. after a warm-up phase).
+    pub fn reset_stats(&mut self) {
+        self.stats = ClientStats::default();
     }
 
     /// Replaces the workload (e.g. for a read-back phase).
@@ -320,7 +338,9 @@ impl ClientState {
     }
 
     /// Drives the lanes: new operations, due retries, timeouts, sessions.
-    pub fn drive<T: Transport + 'static>(&mut self, rpc: &mut Rpc<T, ClientState>) {
+    /// True if it enqueued a request.
+    pub fn drive<T: Transport + 'static>(&mut self, rpc: &mut Rpc<T, ClientState>) -> bool {
+        let mut sent = false;
         let now = rpc.now_ns();
         for i in 0..self.sessions.len() {
             if self.sessions[i].is_none() && now >= self.reconnect_at_ns[i] {
@@ -363,9 +383,11 @@ impl ClientState {
             }
             if now >= self.lanes[l].retry_at_ns {
                 self.send(rpc, l, now);
+                sent |= self.lanes[l].in_flight.is_some();
             }
         }
         self.asked = true;
+        sent
     }
 
     fn send<T: Transport + 'static>(&mut self, rpc: &mut Rpc<T, ClientState>, l: usize, now: u64) {
@@ -390,6 +412,7 @@ impl ClientState {
                 wire::get_req_bytes(keys.len()),
                 wire::get_resp_bytes(keys.len()),
             ),
+            Op::Ping => (req::PING, 1, wire::RESP_HDR_BYTES),
         };
         let (Ok(mut req), Ok(resp)) = (
             rpc.alloc_msg_buffer(req_len),
@@ -408,6 +431,7 @@ impl ClientState {
             }
             .write(req.data_mut()),
             Op::Get { keys } => wire::write_get(req.data_mut(), keys),
+            Op::Ping => req.data_mut()[0] = 0,
         }
         match rpc.enqueue_request(sn, req_type, req, resp, on_resp::<T>, l) {
             Ok(()) => {
@@ -452,6 +476,10 @@ impl ClientState {
                         ret_ns: Some(now),
                     });
                 }
+            }
+            Op::Ping => {
+                self.stats.pings += 1;
+                let _ = self.stats.ping_latency.record(lat);
             }
             Op::Get { keys } => {
                 self.stats.gets += 1;
@@ -739,6 +767,28 @@ impl Workload for ReadBack {
             }
         }
     }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// `n` PINGs on one lane (the eRPC round trip to the leader, no Raft).
+#[derive(Debug)]
+pub struct PingWorkload {
+    /// PINGs left.
+    pub left: u64,
+}
+
+impl Workload for PingWorkload {
+    fn next(&mut self, _lane: usize) -> Option<Op> {
+        (self.left > 0).then(|| {
+            self.left -= 1;
+            Op::Ping
+        })
+    }
+
+    fn done(&mut self, _d: &Done) {}
 
     fn as_any(&self) -> &dyn std::any::Any {
         self

@@ -334,6 +334,7 @@ impl<T: Transport + 'static> Replica<T> {
             .handler::<T, ReplicaState>(req::SNAP_CHUNK, on_snap_chunk::<T>)
             .handler::<T, ReplicaState>(req::PUT, on_put::<T>)
             .handler::<T, ReplicaState>(req::GET, on_get::<T>)
+            .handler::<T, ReplicaState>(req::PING, on_ping::<T>)
     }
 
     /// Starts replica `cfg.id` on Rpc `rpc_id` of `nexus` (built with
@@ -409,10 +410,14 @@ impl<T: Transport + 'static> Replica<T> {
     }
 
     /// One iteration: the eRPC event loop (handlers, continuations), then
-    /// raft (ticks, `Ready`, replies).
+    /// raft (ticks, `Ready`, replies). eRPC transmits what is enqueued at
+    /// the end of an event-loop iteration, so when raft produced messages
+    /// the loop runs once more to send them now rather than one poll later.
     pub fn poll(&mut self) {
         self.rpc.run_event_loop_once(&mut self.state);
-        self.state.drive(&mut self.rpc);
+        if self.state.drive(&mut self.rpc) {
+            self.rpc.run_event_loop_once(&mut self.state);
+        }
     }
 }
 
@@ -467,9 +472,15 @@ impl ReplicaState {
         self.node.store().snapshot_index()
     }
 
+    /// Clears the counters and timers (e.g. after a warm-up phase).
+    pub fn reset_stats(&mut self) {
+        self.stats = ReplicaStats::default();
+    }
+
     /// Ticks raft as the clock passes tick boundaries, expires held
-    /// requests, handles a `Ready`, and answers peers' requests.
-    pub fn drive<T: Transport + 'static>(&mut self, rpc: &mut Rpc<T, ReplicaState>) {
+    /// requests, handles a `Ready`, and answers peers' requests. True if
+    /// it enqueued requests or responses.
+    pub fn drive<T: Transport + 'static>(&mut self, rpc: &mut Rpc<T, ReplicaState>) -> bool {
         let now = rpc.now_ns();
         self.reconnect(rpc, now);
         let tick_ns = self.cfg.tick_us * 1_000;
@@ -486,13 +497,16 @@ impl ReplicaState {
             self.stats.raft_ns += rpc.now_ns() - t;
             self.expire(rpc, now);
         }
+        let mut sent = !self.raft_handles.is_empty();
         if self.node.has_ready() {
             self.handle_ready(rpc);
+            sent = true;
         }
         // Requests whose replies did not need to ride back: empty batches.
         for (_, h) in self.raft_handles.drain(..) {
             let _ = rpc.respond(h, &0u32.to_le_bytes());
         }
+        sent
     }
 
     fn reconnect<T: Transport + 'static>(&mut self, rpc: &mut Rpc<T, ReplicaState>, now: u64) {
@@ -1141,6 +1155,14 @@ fn on_get<T: Transport + 'static>(
             deadline_ns: now + st.cfg.op_timeout_ms * 1_000_000,
         },
     );
+}
+
+fn on_ping<T: Transport + 'static>(
+    rpc: &mut Rpc<T, ReplicaState>,
+    st: &mut ReplicaState,
+    req: Request<'_>,
+) {
+    st.answer(rpc, req.handle, Status::Ok);
 }
 
 fn on_session<T: Transport + 'static>(

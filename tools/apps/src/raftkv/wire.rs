@@ -37,6 +37,8 @@ pub mod req {
     pub const PUT: u8 = 20;
     /// Client GET of one or more keys (linearizable read).
     pub const GET: u8 = 21;
+    /// An empty request answered at once (the eRPC round-trip reference).
+    pub const PING: u8 = 22;
 }
 
 /// PUT request size.
