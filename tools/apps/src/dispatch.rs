@@ -204,10 +204,7 @@ impl LoadGen {
             else {
                 return;
             };
-            let (Ok(mut req), Ok(resp)) = (
-                rpc.alloc_msg_buffer(REQ_BYTES),
-                rpc.alloc_msg_buffer(RESP_BYTES),
-            ) else {
+            let Some((mut req, resp)) = crate::alloc_pair(rpc, REQ_BYTES, RESP_BYTES) else {
                 return;
             };
             let d = req.data_mut();

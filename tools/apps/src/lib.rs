@@ -22,3 +22,27 @@ pub mod lincheck;
 pub mod orderedkv;
 pub mod raftkv;
 pub mod stats;
+
+/// A request and a response buffer of `req` and `resp` bytes, or `None`
+/// (with neither kept: a buffer allocated before the other failed is
+/// freed, not leaked).
+pub fn alloc_pair<T: transport::Transport, C>(
+    rpc: &mut erpc::Rpc<T, C>,
+    req: usize,
+    resp: usize,
+) -> Option<(erpc::MsgBuf, erpc::MsgBuf)> {
+    match (rpc.alloc_msg_buffer(req), rpc.alloc_msg_buffer(resp)) {
+        (Ok(q), Ok(r)) => Some((q, r)),
+        (q, r) => {
+            tracing::warn!(
+                req_bytes = req,
+                resp_bytes = resp,
+                req = ?q.as_ref().err(),
+                resp = ?r.as_ref().err(),
+                "no message buffers"
+            );
+            q.into_iter().chain(r).for_each(|m| rpc.free_msg_buffer(m));
+            None
+        }
+    }
+}

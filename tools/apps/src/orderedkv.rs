@@ -296,10 +296,7 @@ impl LoadState {
             } else {
                 (req::GET, KEY_BYTES, 1 + VALUE_BYTES)
             };
-            let (Ok(mut req), Ok(resp)) = (
-                rpc.alloc_msg_buffer(req_len),
-                rpc.alloc_msg_buffer(resp_len),
-            ) else {
+            let Some((mut req, resp)) = crate::alloc_pair(rpc, req_len, resp_len) else {
                 self.errors += 1;
                 return;
             };
@@ -314,6 +311,7 @@ impl LoadState {
             match rpc.enqueue_request(sn, t, req, resp, on_done::<T>, now) {
                 Ok(()) => self.in_flight += 1,
                 Err(e) => {
+                    tracing::warn!(kind = ?e.kind, "cannot enqueue a request");
                     rpc.free_msg_buffer(e.req);
                     rpc.free_msg_buffer(e.resp);
                     self.errors += 1;
@@ -376,7 +374,10 @@ fn on_done<T: Transport + 'static>(rpc: &mut Rpc<T, LoadState>, st: &mut LoadSta
                 let _ = st.scan_latency.record(lat);
             }
         }
-        Err(_) => st.errors += 1,
+        Err(e) => {
+            tracing::warn!(error = %e, "request failed");
+            st.errors += 1;
+        }
     }
     rpc.free_msg_buffer(c.req);
     rpc.free_msg_buffer(c.resp);

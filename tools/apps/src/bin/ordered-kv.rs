@@ -134,6 +134,13 @@ fn round(
 }
 
 fn main() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::builder()
+        .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
+        .from_env_lossy();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
     let cli = Cli::parse();
     match run(&cli) {
         Ok(true) => ExitCode::SUCCESS,
@@ -162,6 +169,33 @@ fn run(cli: &Cli) -> Res<bool> {
         orderedkv::MAX_SCAN,
         cli.window,
         cli.workers
+    );
+    // Reference, same run: the index work alone, in this thread.
+    let (get_ns, scan_ns) = {
+        let mut rng = erpc::rng::Rng::new(9);
+        let mut buf = vec![0u8; orderedkv::scan_resp_bytes(orderedkv::MAX_SCAN)];
+        let n = 20_000u32;
+        let t = Instant::now();
+        let mut found = 0usize;
+        for _ in 0..n {
+            let k = erpc_apps::raftkv::client::key(rng.next_u64() % cli.keys);
+            found += usize::from(index.get(&k).is_some());
+        }
+        let get = t.elapsed().as_nanos() as f64 / f64::from(n);
+        let t = Instant::now();
+        for _ in 0..n / 10 {
+            let k = erpc_apps::raftkv::client::key(rng.next_u64() % cli.keys);
+            found += orderedkv::scan(&index, &k, orderedkv::MAX_SCAN, &mut buf);
+        }
+        let scan = t.elapsed().as_nanos() as f64 / f64::from(n / 10);
+        std::hint::black_box(found);
+        (get, scan)
+    };
+    println!(
+        "index alone (this thread, no eRPC): GET {:.2} µs, SCAN of {} {:.2} µs",
+        get_ns / 1e3,
+        orderedkv::MAX_SCAN,
+        scan_ns / 1e3
     );
     let mut world = DevWorld::threaded(1, env::region(64));
     world.endpoint();

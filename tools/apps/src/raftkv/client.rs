@@ -414,10 +414,7 @@ impl ClientState {
             ),
             Op::Ping => (req::PING, 1, wire::RESP_HDR_BYTES),
         };
-        let (Ok(mut req), Ok(resp)) = (
-            rpc.alloc_msg_buffer(req_len),
-            rpc.alloc_msg_buffer(resp_len),
-        ) else {
+        let Some((mut req, resp)) = crate::alloc_pair(rpc, req_len, resp_len) else {
             tracing::warn!("client: no message buffers; retrying later");
             lane.retry_at_ns = now + self.cfg.backoff_us * 1_000;
             return;

@@ -829,10 +829,7 @@ impl ReplicaState {
             self.node.report_unreachable(id);
             return;
         };
-        let (Ok(mut req), Ok(resp)) = (
-            rpc.alloc_msg_buffer(len),
-            rpc.alloc_msg_buffer(RAFT_RESP_BYTES),
-        ) else {
+        let Some((mut req, resp)) = crate::alloc_pair(rpc, len, RAFT_RESP_BYTES) else {
             tracing::warn!(peer = id, len, "no message buffers for a Raft request");
             self.stats.msgs_dropped += batch.len() as u64;
             return;
@@ -908,10 +905,7 @@ impl ReplicaState {
             }
             let end = (s.next + chunk).min(s.bytes.len());
             let n = end - s.next;
-            let (Ok(mut req), Ok(resp)) = (
-                rpc.alloc_msg_buffer(wire::CHUNK_HDR_BYTES + n),
-                rpc.alloc_msg_buffer(8),
-            ) else {
+            let Some((mut req, resp)) = crate::alloc_pair(rpc, wire::CHUNK_HDR_BYTES + n, 8) else {
                 tracing::warn!(peer = id, "no message buffers for a snapshot chunk");
                 return self.fail_snapshot(pi);
             };
