@@ -27,7 +27,7 @@
 //! Raft experiment, a replica that crashes loses its state and does not
 //! come back under the same id.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use hdrhistogram::Histogram;
@@ -283,8 +283,8 @@ pub struct ReplicaState {
     term: u64,
     peers: Vec<Peer>,
     next_tick_ns: u64,
-    pending_puts: HashMap<(u64, u64), PendingPut>,
-    pending_reads: HashMap<u64, PendingRead>,
+    pending_puts: BTreeMap<(u64, u64), PendingPut>,
+    pending_reads: BTreeMap<u64, PendingRead>,
     ready_reads: VecDeque<(u64, PendingRead)>,
     next_read_id: u64,
     /// Requests from peers awaiting our replies, in arrival order.
@@ -395,8 +395,8 @@ impl<T: Transport + 'static> Replica<T> {
             term: 0,
             peers,
             next_tick_ns: 0,
-            pending_puts: HashMap::new(),
-            pending_reads: HashMap::new(),
+            pending_puts: BTreeMap::new(),
+            pending_reads: BTreeMap::new(),
             ready_reads: VecDeque::new(),
             next_read_id: 1,
             raft_handles: Vec::new(),
@@ -650,14 +650,14 @@ impl ReplicaState {
         if was_leader && role != StateRole::Leader {
             // Held requests cannot complete here: the client retries at the
             // new leader (PUTs are deduplicated there).
-            let puts: Vec<PendingPut> = self.pending_puts.drain().map(|(_, p)| p).collect();
+            let puts: Vec<PendingPut> = std::mem::take(&mut self.pending_puts)
+                .into_values()
+                .collect();
             for p in puts {
                 self.answer(rpc, p.handle, Status::Retry);
             }
-            let reads: Vec<PendingRead> = self
-                .pending_reads
-                .drain()
-                .map(|(_, r)| r)
+            let reads: Vec<PendingRead> = std::mem::take(&mut self.pending_reads)
+                .into_values()
                 .chain(self.ready_reads.drain(..).map(|(_, r)| r))
                 .collect();
             for r in reads {
