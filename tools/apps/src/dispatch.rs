@@ -126,6 +126,88 @@ pub fn ideal(arrivals: &[u64], service: &[u64], servers: usize) -> Vec<u64> {
         .collect()
 }
 
+/// Sojourn times under round robin as `erpc`'s pool does it when no
+/// worker queue is full: job `i` goes to worker `i % servers`, each
+/// worker first-come-first-served. The policy alone, without eRPC.
+pub fn model_round_robin(arrivals: &[u64], service: &[u64], servers: usize) -> Vec<u64> {
+    assert_eq!(arrivals.len(), service.len());
+    let mut free = vec![0u64; servers];
+    arrivals
+        .iter()
+        .zip(service)
+        .enumerate()
+        .map(|(i, (&a, &s))| {
+            let w = i % servers;
+            let end = a.max(free[w]) + s;
+            free[w] = end;
+            end - a
+        })
+        .collect()
+}
+
+/// Sojourn times under join-bounded-shortest-queue with depth `depth`: a
+/// job goes to the worker holding the fewest jobs if it holds fewer than
+/// `depth`, else waits in a central FIFO; a worker that finishes a job
+/// takes the central queue's head. The policy alone, without eRPC (the
+/// hand-off is instantaneous).
+pub fn model_jbsq(arrivals: &[u64], service: &[u64], servers: usize, depth: usize) -> Vec<u64> {
+    assert_eq!(arrivals.len(), service.len());
+    assert!(servers > 0 && depth > 0);
+    let n = arrivals.len();
+    let mut out = vec![0u64; n];
+    // Per worker: queued jobs (the running one first) and when the
+    // running one ends.
+    let mut queues: Vec<VecDeque<usize>> = vec![VecDeque::new(); servers];
+    let mut busy_until = vec![u64::MAX; servers];
+    let mut central: VecDeque<usize> = VecDeque::new();
+    let mut next = 0usize;
+    let start = |w: usize, t: u64, q: &VecDeque<usize>, b: &mut Vec<u64>| {
+        if let Some(&j) = q.front() {
+            b[w] = t + service[j];
+        } else {
+            b[w] = u64::MAX;
+        }
+    };
+    loop {
+        // The next event: an arrival or the earliest completion (arrivals
+        // first at equal times).
+        let (w_done, t_done) = busy_until
+            .iter()
+            .enumerate()
+            .min_by_key(|&(_, &t)| t)
+            .map(|(w, &t)| (w, t))
+            .expect("servers > 0");
+        if next < n && arrivals[next] <= t_done {
+            let t = arrivals[next];
+            let (w, len) = queues
+                .iter()
+                .enumerate()
+                .map(|(w, q)| (w, q.len()))
+                .min_by_key(|&(_, l)| l)
+                .expect("servers > 0");
+            if central.is_empty() && len < depth {
+                queues[w].push_back(next);
+                if len == 0 {
+                    start(w, t, &queues[w], &mut busy_until);
+                }
+            } else {
+                central.push_back(next);
+            }
+            next += 1;
+        } else if t_done != u64::MAX {
+            let j = queues[w_done].pop_front().expect("running job");
+            out[j] = t_done - arrivals[j];
+            if let Some(c) = central.pop_front() {
+                queues[w_done].push_back(c);
+            }
+            start(w_done, t_done, &queues[w_done], &mut busy_until);
+        } else {
+            break;
+        }
+    }
+    out
+}
+
 /// The `q` quantile of `v` (sorted in place).
 pub fn quantile(v: &mut [u64], q: f64) -> u64 {
     if v.is_empty() {
@@ -259,6 +341,37 @@ mod tests {
         );
         // Idle gaps: no wait.
         assert_eq!(ideal(&[0, 50, 100], &[10, 10, 10], 1), vec![10, 10, 10]);
+    }
+
+    #[test]
+    fn the_policy_models_match_hand_computed_cases() {
+        // A long job then short ones on two workers.
+        let a = [0, 1, 2, 3];
+        let s = [100, 5, 5, 5];
+        // Round robin: jobs 0 and 2 share worker 0.
+        assert_eq!(model_round_robin(&a, &s, 2), vec![100, 5, 103, 8]);
+        // JBSQ(1): short jobs wait for the idle worker, never behind the
+        // long one; the same as the ideal queue here.
+        assert_eq!(model_jbsq(&a, &s, 2, 1), ideal(&a, &s, 2));
+        // JBSQ(2): job 2 joins the long job's queue (both hold one).
+        assert_eq!(model_jbsq(&a, &s, 2, 2), vec![100, 5, 103, 8]);
+        // Depth 1 on one worker is FIFO.
+        assert_eq!(
+            model_jbsq(&[0, 1, 2], &[10, 10, 10], 1, 1),
+            vec![10, 19, 28]
+        );
+        // JBSQ(1) with many servers equals the ideal M/G/N queue.
+        let d = Bimodal {
+            short_ns: 1_000,
+            long_ns: 100_000,
+            long_ppm: 5_000,
+        };
+        let plan = schedule(20_000, 0.8, 4, d, 5);
+        let a: Vec<u64> = plan.iter().map(|p| p.at_ns).collect();
+        let s: Vec<u64> = plan.iter().map(|p| p.service_ns).collect();
+        assert_eq!(model_jbsq(&a, &s, 4, 1), ideal(&a, &s, 4));
+        let p99 = |mut v: Vec<u64>| quantile(&mut v, 0.99);
+        assert!(p99(model_round_robin(&a, &s, 4)) > 2 * p99(ideal(&a, &s, 4)));
     }
 
     #[test]

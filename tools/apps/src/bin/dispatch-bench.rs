@@ -79,6 +79,8 @@ struct Point {
     p99_us: f64,
     ideal_p50_us: f64,
     ideal_p99_us: f64,
+    /// p99 of the policy's own queueing model on the same samples.
+    model_p99_us: f64,
     achieved_load: f64,
     max_waiting: usize,
     jobs: Vec<u64>,
@@ -174,6 +176,12 @@ fn point(
         .collect();
     let arrivals: Vec<u64> = lg.plan().iter().map(|a| a.at_ns).collect();
     let mut ideal = dispatch::ideal(&arrivals, &lg.served_ns, cli.workers);
+    let mut model = match dispatch_policy {
+        WorkerDispatch::SingleQueue { depth } => {
+            dispatch::model_jbsq(&arrivals, &lg.served_ns, cli.workers, depth)
+        }
+        _ => dispatch::model_round_robin(&arrivals, &lg.served_ns, cli.workers),
+    };
     let span = *arrivals.last().unwrap_or(&1) as f64;
     let achieved_load = lg.served_ns.iter().sum::<u64>() as f64 / span / cli.workers as f64;
     let mut lat = lg.latency_ns.clone();
@@ -183,6 +191,7 @@ fn point(
         p99_us: us(dispatch::quantile(&mut lat, 0.99)),
         ideal_p50_us: us(dispatch::quantile(&mut ideal, 0.5)),
         ideal_p99_us: us(dispatch::quantile(&mut ideal, 0.99)),
+        model_p99_us: us(dispatch::quantile(&mut model, 0.99)),
         achieved_load,
         max_waiting: lg.max_waiting,
         jobs,
@@ -233,12 +242,13 @@ fn run(cli: &Cli) -> Res<()> {
     world.endpoint();
     world.endpoint();
     println!(
-        "{:>5} {:<6} {:>9} {:>11} {:>11} {:>11} {:>11} {:>8} {:>7}  jobs per worker",
+        "{:>5} {:<6} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9} {:>7}  jobs per worker",
         "load",
         "policy",
         "achieved",
         "p50 µs",
         "p99 µs",
+        "model p99",
         "ideal p50",
         "ideal p99",
         "p99/ideal",
@@ -250,12 +260,13 @@ fn run(cli: &Cli) -> Res<()> {
             n += 1;
             let r = point(&mut world, cli, *p, service, load, n)?;
             println!(
-                "{:>5.2} {:<6} {:>9.2} {:>11.1} {:>11.1} {:>11.1} {:>11.1} {:>8.2} {:>7}  {:?}",
+                "{:>5.2} {:<6} {:>9.2} {:>11.1} {:>11.1} {:>11.1} {:>11.1} {:>11.1} {:>9.2} {:>7}  {:?}",
                 load,
                 name,
                 r.achieved_load,
                 r.p50_us,
                 r.p99_us,
+                r.model_p99_us,
                 r.ideal_p50_us,
                 r.ideal_p99_us,
                 r.p99_us / r.ideal_p99_us,
