@@ -181,7 +181,10 @@ pub mod stats;
 pub use clock::{Clock, VirtualClock};
 pub use consts::{MAX_MSG_BYTES, SESSION_CREDITS, SESSION_REQ_WINDOW};
 pub use msgbuf::{MsgBuf, MsgBufError};
-pub use nexus::{BgHandler, BgResponse, Nexus, NexusBuilder, NexusError, SmLink, Uri};
+pub use nexus::{
+    BgHandler, BgResponse, Nexus, NexusBuilder, NexusError, SmLink, Uri, WorkerDispatch,
+    WorkerStats,
+};
 pub use rpc::{
     Completion, Continuation, CreateError, EnqueueError, EnqueueErrorKind, ReqHandle, ReqHandler,
     Request, RespondError, Rpc, RpcConfig, RpcError, SessionError, SessionEvent, SessionEventKind,
