@@ -143,6 +143,17 @@ pub enum RpcError {
         /// Session number.
         session: SessionNum,
     },
+    /// The session, to a C++ eRPC peer, used up its 44-bit request
+    /// numbers (2^44 requests; a C++ server cannot follow a wrap) and was
+    /// reset. The request that found no number was not sent; requests in
+    /// flight on the session at that moment may or may not have run.
+    /// Create a new session. Sessions between erpc-rs peers wrap instead
+    /// and never end this way.
+    #[error("session {session} ran out of request numbers; create a new session")]
+    ReqNumsExhausted {
+        /// Session number.
+        session: SessionNum,
+    },
 }
 
 /// A finished request, handed to its continuation.
@@ -180,6 +191,9 @@ pub enum SessionEventKind {
     /// The session was reset locally ([`Rpc::reset_session`], fault
     /// injection) and is gone.
     Reset,
+    /// The session, to a C++ eRPC peer, ran out of request numbers and is
+    /// gone (see [`RpcError::ReqNumsExhausted`]).
+    ReqNumsExhausted,
 }
 
 impl fmt::Display for SessionEventKind {
@@ -191,6 +205,7 @@ impl fmt::Display for SessionEventKind {
             SessionEventKind::Disconnected => f.write_str("disconnected"),
             SessionEventKind::PeerFailed => f.write_str("peer failed"),
             SessionEventKind::Reset => f.write_str("reset"),
+            SessionEventKind::ReqNumsExhausted => f.write_str("request numbers exhausted"),
         }
     }
 }
@@ -496,6 +511,9 @@ pub struct Rpc<T: Transport, C> {
     /// Session events and error continuations owed to the application,
     /// paid at the next event-loop iteration.
     owed: VecDeque<reset::Owed<T, C>>,
+    /// Test hook: request-number base of sessions made from now on
+    /// (`Rpc::fault_set_req_base`).
+    req_base_override: Option<u64>,
     /// When the loss scan last ran.
     last_loss_scan_ns: u64,
     rto_ns: u64,
@@ -617,6 +635,7 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             stallq: Vec::with_capacity(64),
             client_sessions: Vec::new(),
             owed: VecDeque::new(),
+            req_base_override: None,
             last_loss_scan_ns: now_ns,
             rto_ns: config.rto_us * 1000,
             loss_scan_ns: config.pkt_loss_scan_us * 1000,

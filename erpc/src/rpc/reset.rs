@@ -36,6 +36,8 @@ pub(crate) enum ResetCause {
     Requested,
     /// The connect request went unanswered.
     ConnectTimedOut,
+    /// The 44-bit request numbers of a session to a C++ eRPC peer ran out.
+    ReqNumsExhausted,
 }
 
 impl ResetCause {
@@ -44,6 +46,7 @@ impl ResetCause {
             ResetCause::PeerFailed => RpcError::PeerFailed { session },
             ResetCause::Requested => RpcError::SessionReset { session },
             ResetCause::ConnectTimedOut => RpcError::TimedOut { session },
+            ResetCause::ReqNumsExhausted => RpcError::ReqNumsExhausted { session },
         }
     }
 
@@ -52,6 +55,7 @@ impl ResetCause {
             ResetCause::PeerFailed => SessionEventKind::PeerFailed,
             ResetCause::Requested => SessionEventKind::Reset,
             ResetCause::ConnectTimedOut => SessionEventKind::ConnectTimedOut,
+            ResetCause::ReqNumsExhausted => SessionEventKind::ReqNumsExhausted,
         }
     }
 }

@@ -83,7 +83,8 @@ impl<T: Transport, C> Rpc<T, C> {
                 req_num: h.req_num,
             };
             let b = resp.pkthdr_mut(k);
-            hdr.write_to(&mut b[HEADROOM_BYTES..]);
+            hdr.write_to(&mut b[HEADROOM_BYTES..])
+                .expect("a response of at most MAX_MSG_BYTES numbers its packets in 14 bits");
             self.transport.fill_headroom(
                 route,
                 &mut b[..HEADROOM_BYTES],

@@ -13,9 +13,17 @@ use super::reset::{FailedReq, Owed};
 use super::{Rpc, RpcError, SessionError, SessionEventKind, SessionNum};
 use crate::consts::{MAX_RPC_ID, MAX_SESSIONS, SESSION_NUM_QUARANTINE_MS, SESSION_REQ_WINDOW};
 
-/// Request-number bases are below 2^40: a session then wraps the 44-bit
-/// request number only after 2^44 - 2^40 requests.
+/// Request-number bases a client proposes are below 2^40, so a session
+/// reaches the 44-bit wrap only after 2^44 - 2^40 requests (it matters to
+/// nobody but a C++ server, which cannot follow a wrap; erpc-rs peers
+/// compare request numbers on the 44-bit circle and accept any base).
 const REQ_BASE_MASK: u64 = (1 << 40) - 1;
+
+/// A request-number base as a session uses it: within 44 bits and a
+/// multiple of the slot count (slot `i` starts at `base + i`).
+fn slot_base(b: u64) -> u64 {
+    b & crate::pkthdr::MAX_REQ_NUM & !(SESSION_REQ_WINDOW as u64 - 1)
+}
 use crate::msgbuf::{MsgBuf, Origin};
 use crate::nexus::{SmItem, Uri};
 use crate::session::{Role, Session, SessionState, SrvState};
@@ -127,7 +135,9 @@ impl<T: Transport, C> Rpc<T, C> {
             .expect("Uri::parse checked the length");
         let token = self.nexus.random_u64();
         // A random request-number base, far below the 44-bit limit.
-        let req_base = (self.nexus.random_u64() & REQ_BASE_MASK) & !(SESSION_REQ_WINDOW as u64 - 1);
+        let req_base = self
+            .req_base_override
+            .unwrap_or(slot_base(self.nexus.random_u64() & REQ_BASE_MASK));
         let mut client_ep = client_ep;
         if self.nexus.sm_extensions() {
             client_ep.set_req_base(req_base);
@@ -431,12 +441,16 @@ impl<T: Transport, C> Rpc<T, C> {
         let mut server_ep = self.local_endpoint(sn);
         // An erpc-rs client proposes a request-number base; adopt and echo
         // it. A C++ client numbers from 0.
-        let req_base = if pkt.client.incarnation() != 0 && self.nexus.sm_extensions() {
-            pkt.client.req_base() & REQ_BASE_MASK & !(SESSION_REQ_WINDOW as u64 - 1)
-        } else {
-            0
-        };
-        server_ep.set_req_base(req_base);
+        let req_base = self.req_base_override.unwrap_or(
+            if pkt.client.incarnation() != 0 && self.nexus.sm_extensions() {
+                slot_base(pkt.client.req_base())
+            } else {
+                0
+            },
+        );
+        if self.nexus.sm_extensions() {
+            server_ep.set_req_base(req_base);
+        }
         let remote_uri = pkt.client.uri().unwrap_or_else(|| Uri::new("?", 0));
         let mut s = Session::new(
             Role::Server,
@@ -504,16 +518,17 @@ impl<T: Transport, C> Rpc<T, C> {
         let now = self.clock.now_ns();
         match self.transport.resolve(&pkt.server.routing()) {
             Ok(route) => {
+                let base_override = self.req_base_override;
                 let s = self.session_mut(sn).expect("matched above");
                 s.server_ep = pkt.server;
                 s.remote_num = pkt.server.session_num;
                 s.remote_incarnation = pkt.server.incarnation();
                 // The base the server adopted (0 from a C++ server).
-                let base = if s.remote_incarnation != 0 {
-                    pkt.server.req_base() & REQ_BASE_MASK & !(SESSION_REQ_WINDOW as u64 - 1)
+                let base = base_override.unwrap_or(if s.remote_incarnation != 0 {
+                    slot_base(pkt.server.req_base())
                 } else {
                     0
-                };
+                });
                 s.set_req_base(base);
                 s.route = Some(route);
                 s.state = SessionState::Connected;

@@ -1,0 +1,160 @@
+//! Session management and the data path against stale, hostile and
+//! long-lived traffic (issue 12): request numbers across the 44-bit wrap,
+//! late duplicate connect requests, forged connect floods, transport-type
+//! and credit negotiation. Deterministic, on the simulated network; a
+//! failing run prints its seed and a one-line replay command.
+
+mod common;
+
+use common::app::{self, Ctx, ECHO, Op, SIZED};
+use common::scenarios::{N, check_done, connect, nodes};
+use common::{Node, SimWorld, World, run_until, with_seeds};
+use erpc::pkthdr::MAX_REQ_NUM;
+use erpc::rng::Rng;
+use erpc::{DropReason, RpcConfig, RpcError, SessionEventKind};
+
+const FILE: &str = "hardening";
+
+type W = SimWorld;
+
+/// A request-number base that leaves each slot `k` requests before the
+/// 44-bit wrap (slot `i` starts at `base + i`; its first request is
+/// `base + i + 8`).
+fn base_below_wrap(k: u64) -> u64 {
+    MAX_REQ_NUM + 1 - 8 * (k + 1)
+}
+
+#[test]
+fn request_numbers_wrap_past_2_pow_44_between_erpc_rs_peers() {
+    with_seeds(
+        "request_numbers_wrap_past_2_pow_44_between_erpc_rs_peers",
+        FILE,
+        &[1, 2],
+        |seed| {
+            let mut w = W::new(seed);
+            let mut ns = nodes(&mut w, 2, seed);
+            // The client proposes a base 3 requests per slot below the
+            // wrap; the erpc-rs server adopts it.
+            ns[0].rpc.fault_set_req_base(Some(base_below_wrap(3)));
+            connect(&mut w, &mut ns, 0, 1, 1);
+            let sn = ns[0].ctx.sessions[0];
+            let srv = ns[1].rpc.session_nums()[0];
+            let nums = ns[1].rpc.session_info(srv).unwrap().req_nums;
+            assert_eq!(nums[0], base_below_wrap(3), "server adopted the base");
+            // Single- and multi-packet requests and responses (credit
+            // returns and requests for response) across the wrap.
+            let mut rng = Rng::new(seed);
+            ns[0].ctx.todo = app::random_ops(&mut rng, 400, &[ECHO, SIZED], &[12, 968, 969, 5000]);
+            {
+                let n = &mut ns[0];
+                app::start(&mut n.rpc, &mut n.ctx, 16);
+            }
+            run_until(
+                &mut w,
+                &mut ns,
+                1_000_000,
+                "requests across the wrap",
+                |ns| ns[0].ctx.completed + ns[0].ctx.failed == 400,
+            );
+            check_done::<W>(&ns);
+            assert_eq!(ns[1].ctx.handled, 400, "each request ran exactly once");
+            assert_eq!(ns[0].rpc.stats().total_drops(), 0, "{}", ns[0].rpc.stats());
+            assert_eq!(ns[1].rpc.stats().total_drops(), 0, "{}", ns[1].rpc.stats());
+            // Every slot went round: its numbers are small again, still its own.
+            let info = ns[0].rpc.session_info(sn).unwrap();
+            for (i, &n) in info.req_nums.iter().enumerate() {
+                assert!(n < 8 * 400, "slot {i} at {n}: did not wrap");
+                assert_eq!(n % 8, i as u64);
+            }
+            assert_eq!(
+                ns[1].rpc.session_info(srv).unwrap().req_nums,
+                info.req_nums,
+                "both ends agree"
+            );
+        },
+    );
+}
+
+/// Closed-loop requests that stop at the first failure (the session is gone).
+fn issue_until_failure(n: &mut N<W>, count: usize) {
+    n.ctx.todo = (0..count)
+        .map(|_| Op {
+            req_type: ECHO,
+            req_len: 32,
+            resp_len: 32,
+        })
+        .collect();
+    app::start(&mut n.rpc, &mut n.ctx, 1);
+}
+
+#[test]
+fn a_session_to_a_cpp_peer_ends_cleanly_instead_of_wrapping() {
+    with_seeds(
+        "a_session_to_a_cpp_peer_ends_cleanly_instead_of_wrapping",
+        FILE,
+        &[3],
+        |seed| {
+            let mut w = W::new(seed);
+            let mut ns = nodes(&mut w, 1, seed);
+            // The server presents itself exactly as a C++ eRPC process:
+            // no extensions, request numbers from its own base.
+            let nexus = app::register::<<W as World>::T>(w.nexus("cpp:31850"))
+                .sm_extensions(false)
+                .build()
+                .unwrap();
+            ns.push(Node::new(
+                &mut w,
+                &nexus,
+                1,
+                Ctx::new(seed),
+                RpcConfig::default(),
+                Some(app::sm_handler),
+            ));
+            let base = base_below_wrap(2);
+            ns[0].rpc.fault_set_req_base(Some(base));
+            ns[1].rpc.fault_set_req_base(Some(base));
+            let sn = ns[0].rpc.create_session("cpp:31850", 1).unwrap();
+            ns[0].ctx.sessions.push(sn);
+            run_until(&mut w, &mut ns, 100_000, "connect", |ns| {
+                ns[0].rpc.is_connected(sn)
+            });
+            // One request at a time on slot 0: two fit below the wrap.
+            issue_until_failure(&mut ns[0], 3);
+            run_until(&mut w, &mut ns, 100_000, "exhaustion", |ns| {
+                ns[0].ctx.failed == 1
+            });
+            assert_eq!(ns[0].ctx.completed, 2);
+            assert_eq!(
+                ns[1].ctx.handled, 2,
+                "nothing past the wrap reached the server"
+            );
+            assert_eq!(
+                ns[0].ctx.failures,
+                vec![RpcError::ReqNumsExhausted { session: sn }]
+            );
+            run_until(&mut w, &mut ns, 1000, "event", |ns| {
+                ns[0]
+                    .ctx
+                    .events
+                    .iter()
+                    .any(|e| e.kind == SessionEventKind::ReqNumsExhausted)
+            });
+            assert_eq!(ns[0].rpc.session_state(sn), None, "the session is gone");
+            assert_eq!(ns[1].rpc.stats().drops(DropReason::StaleReqNum), 0);
+            // A new session starts over and works.
+            ns[0].rpc.fault_set_req_base(None);
+            ns[1].rpc.fault_set_req_base(None);
+            ns[0].ctx.errors.clear();
+            ns[0].ctx.failed = 0;
+            ns[0].ctx.sessions.clear();
+            let before = ns[0].ctx.completed;
+            let sn = ns[0].rpc.create_session("cpp:31850", 1).unwrap();
+            ns[0].ctx.sessions.push(sn);
+            issue_until_failure(&mut ns[0], 20);
+            run_until(&mut w, &mut ns, 100_000, "new session", |ns| {
+                ns[0].ctx.completed == before + 20
+            });
+            check_done::<W>(&ns);
+        },
+    );
+}
