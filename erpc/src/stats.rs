@@ -28,7 +28,8 @@ pub enum DropReason {
     /// Data length or message size inconsistent with the header or the
     /// request in progress.
     SizeMismatch,
-    /// Control packet (CR, RFR) carrying data or a size.
+    /// Control packet (CR, RFR) with a non-zero message size. (Bytes
+    /// after the header are no reason: the C++ eRPC sends 8.)
     CtrlHasData,
     /// Packet number ahead of the next expected one, or a multi-packet
     /// request not starting at packet 0 (reordering is treated as loss).
