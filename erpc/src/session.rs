@@ -11,7 +11,7 @@
 //! no progress for the retransmission timeout (`rpc/loss.rs`).
 //!
 //! Credit invariant of a connected client session, checked by the tests:
-//! `credits + sum over busy slots of (num_tx - num_rx) == session credits`.
+//! `credits + sum over busy slots of (num_tx - num_rx) == credits_max`.
 
 use std::collections::VecDeque;
 
@@ -190,6 +190,11 @@ pub(crate) struct Session<T: Transport, C> {
     pub route: Option<T::Route>,
     /// Client: packets we may still send before credits come back.
     pub credits: u32,
+    /// The session's credits: RX ring entries it reserves at this Rpc and,
+    /// at a client, the most packets it has outstanding (the configured
+    /// credits until the server's answer, then what both ends agreed; see
+    /// `sm_types::EXT_CREDITS`).
+    pub credits_max: u32,
     pub slots: [SSlot<T, C>; SESSION_REQ_WINDOW],
     pub backlog: VecDeque<PendingReq<T, C>>,
     /// Client: an SM request is outstanding; when it was last sent.
@@ -233,6 +238,7 @@ impl<T: Transport, C> Session<T, C> {
             server_ep,
             route: None,
             credits,
+            credits_max: credits,
             slots: std::array::from_fn(|i| SSlot {
                 cur_req_num: i as u64,
                 tx_msgbuf: None,

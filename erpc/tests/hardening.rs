@@ -158,3 +158,125 @@ fn a_session_to_a_cpp_peer_ends_cleanly_instead_of_wrapping() {
         },
     );
 }
+
+/// Node `i` ("node-i:31850", Rpc id `i`) with its own config and SM
+/// extensions on or off.
+fn node_with(w: &mut W, i: usize, seed: u64, cfg: RpcConfig, extensions: bool) -> N<W> {
+    let nexus = app::register::<<W as World>::T>(w.nexus(&format!("node-{i}:31850")))
+        .sm_extensions(extensions)
+        .failure_timeout_ms(cfg.failure_timeout_ms)
+        .build()
+        .unwrap();
+    Node::new(
+        w,
+        &nexus,
+        i as u8,
+        Ctx::new(seed ^ (i as u64) << 32),
+        cfg,
+        Some(app::sm_handler),
+    )
+}
+
+fn credits(c: usize) -> RpcConfig {
+    RpcConfig {
+        session_credits: c,
+        ..RpcConfig::default()
+    }
+}
+
+#[test]
+fn clients_never_use_more_credits_than_the_server_reserved() {
+    with_seeds(
+        "clients_never_use_more_credits_than_the_server_reserved",
+        FILE,
+        &[11],
+        |seed| {
+            // 64-entry rings: two clients with 64 credits each would put
+            // 128 packets at once into the server's ring.
+            let mut w = W::with_config(erpc::sim::SimConfig {
+                seed,
+                ring_entries: 64,
+                ..erpc::sim::SimConfig::default()
+            });
+            let mut ns = vec![
+                node_with(&mut w, 0, seed, credits(8), true),
+                node_with(&mut w, 1, seed, credits(64), true),
+                node_with(&mut w, 2, seed, credits(64), true),
+            ];
+            connect(&mut w, &mut ns, 1, 0, 1);
+            connect(&mut w, &mut ns, 2, 0, 1);
+            for c in [1, 2] {
+                let sn = ns[c].ctx.sessions[0];
+                assert_eq!(
+                    ns[c].rpc.session_credits(sn),
+                    Some(8),
+                    "granted by the server"
+                );
+                assert_eq!(ns[c].rpc.rx_ring_unreserved(), (64 - 8, 64));
+            }
+            assert_eq!(ns[0].rpc.rx_ring_unreserved(), (64 - 16, 64));
+            // Large requests from both clients at once.
+            for c in [1, 2] {
+                ns[c].ctx.todo = (0..20)
+                    .map(|_| Op {
+                        req_type: SIZED,
+                        req_len: 60 * 968,
+                        resp_len: 40 * 968,
+                    })
+                    .collect();
+                let n = &mut ns[c];
+                app::start(&mut n.rpc, &mut n.ctx, 8);
+            }
+            run_until(&mut w, &mut ns, 2_000_000, "large requests", |ns| {
+                ns[1].ctx.completed == 20 && ns[2].ctx.completed == 20
+            });
+            check_done::<W>(&ns);
+            assert_eq!(w.net.stats().rx_ring_full, 0, "{:?}", w.net.stats());
+            for n in &ns {
+                assert_eq!(n.rpc.stats().retransmissions, 0);
+                n.rpc.check_credit_invariant().unwrap();
+            }
+        },
+    );
+}
+
+#[test]
+fn credits_toward_a_cpp_peer_are_its_32_both_ways() {
+    with_seeds(
+        "credits_toward_a_cpp_peer_are_its_32_both_ways",
+        FILE,
+        &[12],
+        |seed| {
+            let mut w = W::new(seed);
+            let mut ns = vec![
+                // A server presenting itself as C++: it reserves 32 for
+                // any client, whatever its own configuration says.
+                node_with(&mut w, 0, seed, credits(8), false),
+                // An erpc-rs client configured for 64.
+                node_with(&mut w, 1, seed, credits(64), true),
+            ];
+            connect(&mut w, &mut ns, 1, 0, 1);
+            let sn = ns[1].ctx.sessions[0];
+            assert_eq!(ns[1].rpc.session_credits(sn), Some(32));
+            assert_eq!(ns[1].rpc.rx_ring_unreserved().0, 4096 - 32);
+            assert_eq!(ns[0].rpc.rx_ring_unreserved().0, 4096 - 32);
+            ns[1].ctx.todo = app::random_ops(&mut Rng::new(seed), 100, &[SIZED], &[12, 50_000]);
+            {
+                let n = &mut ns[1];
+                app::start(&mut n.rpc, &mut n.ctx, 8);
+            }
+            run_until(&mut w, &mut ns, 2_000_000, "requests", |ns| {
+                ns[1].ctx.completed == 100
+            });
+            check_done::<W>(&ns);
+            assert_eq!(ns[1].rpc.session_credits(sn), Some(32));
+            // Everything given back when the session goes.
+            ns[1].rpc.destroy_session(sn).unwrap();
+            run_until(&mut w, &mut ns, 100_000, "disconnect", |ns| {
+                ns[0].rpc.num_sessions() == 0 && ns[1].rpc.num_sessions() == 0
+            });
+            assert_eq!(ns[0].rpc.rx_ring_unreserved().0, 4096);
+            assert_eq!(ns[1].rpc.rx_ring_unreserved().0, 4096);
+        },
+    );
+}

@@ -776,14 +776,14 @@ impl<T: Transport, C> Rpc<T, C> {
 
     /// Checks the credit invariant of every connected client session:
     /// credits plus unacknowledged packets of its slots equal the
-    /// configured credits. For tests (deterministic simulation); returns a
+    /// session's credits. For tests (deterministic simulation); returns a
     /// description of the first violation.
     pub fn check_credit_invariant(&self) -> Result<(), String> {
-        let max = self.config.session_credits as u32;
         for s in self.sessions.iter().flatten() {
             if s.role != session::Role::Client {
                 continue;
             }
+            let max = s.credits_max;
             let out: u32 = s
                 .slots
                 .iter()

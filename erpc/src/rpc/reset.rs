@@ -247,10 +247,10 @@ impl<T: Transport, C> Rpc<T, C> {
     /// reset): frees it, or parks it in `Resetting` until its running
     /// handlers respond.
     pub(crate) fn retire_server_session(&mut self, sn: SessionNum) {
-        let credits = self.config.session_credits;
         let Some(s) = self.session_mut(sn) else {
             return;
         };
+        let credits = s.credits_max as usize;
         debug_assert_eq!(s.role, Role::Server);
         if s.state == SessionState::Resetting {
             // Already retired; waiting for its handlers.

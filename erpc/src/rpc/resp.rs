@@ -107,11 +107,11 @@ impl<T: Transport, C> Rpc<T, C> {
         let sn = hdr.dest_session_num;
         let i = (hdr.req_num % SESSION_REQ_WINDOW as u64) as usize;
         let now = self.now_ns;
-        let max_credits = self.config.session_credits as u32;
         let msg_size = hdr.msg_size as usize;
         let s = self.sessions[usize::from(sn)]
             .as_deref_mut()
             .expect("dispatch checked the session");
+        let max_credits = s.credits_max;
         let slot = &mut s.slots[i];
         if hdr.req_num == slot.client.abandoned_req_num {
             // The request completed with an error; its slot may carry
