@@ -280,3 +280,117 @@ fn credits_toward_a_cpp_peer_are_its_32_both_ways() {
         },
     );
 }
+
+/// Polls every node and steps the world `steps` times.
+fn run_steps(w: &mut W, ns: &mut [N<W>], steps: u64) {
+    for _ in 0..steps {
+        for n in ns.iter_mut() {
+            n.poll();
+        }
+        w.step();
+    }
+}
+
+#[test]
+fn a_late_duplicate_connect_request_never_creates_a_session() {
+    with_seeds(
+        "a_late_duplicate_connect_request_never_creates_a_session",
+        FILE,
+        &[21],
+        |seed| {
+            use erpc::sm_types::{SmPkt, SmPktType};
+            let mut w = W::new(seed);
+            let mut ns = nodes(&mut w, 2, seed);
+            let server = erpc::Uri::new("node-1", 31850);
+            w.net.sm_hub().tap(&server);
+            connect(&mut w, &mut ns, 0, 1, 1);
+            let sn = ns[0].ctx.sessions[0];
+            ns[0].rpc.destroy_session(sn).unwrap();
+            run_until(&mut w, &mut ns, 100_000, "disconnect", |ns| {
+                ns[0].rpc.num_sessions() == 0 && ns[1].rpc.num_sessions() == 0
+            });
+            let req = w
+                .net
+                .sm_hub()
+                .take_tapped(&server)
+                .into_iter()
+                .find(|b| SmPkt::decode(b).unwrap().pkt_type == SmPktType::ConnectReq)
+                .expect("the connect request reached the server");
+            // The network delivers the connect request again, late.
+            for k in 0..3 {
+                w.net.sm_hub().inject(&server, &req);
+                run_steps(&mut w, &mut ns, 200);
+                assert_eq!(ns[1].rpc.num_sessions(), 0, "copy {k} made a session");
+                assert_eq!(ns[1].rpc.stats().sm_stale_connect, k + 1);
+            }
+            // Still ignored near the end of the token memory (10 s).
+            w.step_ns = 1_000_000;
+            run_steps(&mut w, &mut ns, 9_000);
+            w.net.sm_hub().inject(&server, &req);
+            run_steps(&mut w, &mut ns, 10);
+            assert_eq!(ns[1].rpc.num_sessions(), 0);
+            assert_eq!(ns[1].rpc.stats().sm_stale_connect, 4);
+            assert_eq!(ns[1].rpc.rx_ring_unreserved().0, 4096);
+        },
+    );
+}
+
+#[test]
+fn delayed_and_duplicated_sm_packets_leave_no_orphan_sessions() {
+    // The SM hub delays each packet by up to 200 ms on its own (so they
+    // overtake each other) and duplicates half of them, while a client
+    // opens, uses and closes sessions: late copies of connect requests
+    // arrive after their session was closed.
+    with_seeds(
+        "delayed_and_duplicated_sm_packets_leave_no_orphan_sessions",
+        FILE,
+        &[31, 32],
+        |seed| {
+            let mut w = W::with_config(erpc::sim::SimConfig {
+                seed,
+                sm: erpc::sim::SmHubConfig {
+                    delay_ns: 1_000_000,
+                    jitter_ns: 200_000_000,
+                    loss_ppm: 0,
+                    dup_ppm: 500_000,
+                },
+                ..erpc::sim::SimConfig::default()
+            });
+            w.step_ns = 20_000;
+            // Connects may take up to two 200 ms trips.
+            let cfg = RpcConfig {
+                failure_timeout_ms: 2_000,
+                ..RpcConfig::default()
+            };
+            let mut ns = common::scenarios::nodes_with(&mut w, 2, seed, cfg);
+            let mut rng = Rng::new(seed);
+            for _ in 0..12 {
+                ns[0].ctx.sessions.clear();
+                connect(&mut w, &mut ns, 0, 1, 1 + rng.below(3) as usize);
+                let before = ns[0].ctx.completed;
+                ns[0].ctx.todo = app::random_ops(&mut rng, 10, &[ECHO, SIZED], &[12, 3000]);
+                {
+                    let n = &mut ns[0];
+                    app::start(&mut n.rpc, &mut n.ctx, 4);
+                }
+                run_until(&mut w, &mut ns, 1_000_000, "round", |ns| {
+                    ns[0].ctx.completed == before + 10
+                });
+                let sessions = ns[0].ctx.sessions.clone();
+                for &sn in &sessions {
+                    ns[0].rpc.destroy_session(sn).unwrap();
+                }
+                run_until(&mut w, &mut ns, 1_000_000, "disconnect", |ns| {
+                    ns[0].rpc.num_sessions() == 0
+                });
+            }
+            // Every late copy has arrived by now.
+            run_steps(&mut w, &mut ns, 50_000);
+            check_done::<W>(&ns);
+            assert!(w.net.sm_hub().stats().duplicated > 20);
+            assert_eq!(ns[1].rpc.num_sessions(), 0, "orphan server sessions");
+            assert_eq!(ns[1].rpc.rx_ring_unreserved().0, 4096);
+            assert_eq!(ns[0].rpc.num_sessions(), 0);
+        },
+    );
+}

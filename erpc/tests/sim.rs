@@ -274,6 +274,9 @@ fn session_management_errors_and_retries() {
                 dup_ppm: 300_000,
             });
             w.step_ns = 50_000;
+            // Record what reaches the client's Nexus, to replay it later.
+            let client_uri = erpc::Uri::new("node-0", 31850);
+            w.net.sm_hub().tap(&client_uri);
             ns[0].ctx.events.clear();
             ns[0].ctx.errors.clear();
             ns[0].ctx.failed = 0;
@@ -299,8 +302,41 @@ fn session_management_errors_and_retries() {
                 ns[1].rpc.num_sessions() == 0
             });
             // Duplicate SM responses that arrive after the session is gone are
-            // counted, never acted on.
-            let _ = ns[0].rpc.stats().drops(DropReason::SmStale);
+            // counted, never acted on: replay every connect and disconnect
+            // response the client received.
+            use erpc::sm_types::{SmPkt, SmPktType};
+            let replay: Vec<_> = w
+                .net
+                .sm_hub()
+                .take_tapped(&client_uri)
+                .into_iter()
+                .filter(|b| {
+                    matches!(
+                        SmPkt::decode(b).map(|p| p.pkt_type),
+                        Ok(SmPktType::ConnectResp | SmPktType::DisconnectResp)
+                    )
+                })
+                .collect();
+            assert!(replay.len() >= 12, "6 connects and 6 disconnects answered");
+            let stale = ns[0].rpc.stats().drops(DropReason::SmStale);
+            let events = ns[0].ctx.events.len();
+            for b in &replay {
+                w.net.sm_hub().inject(&client_uri, b);
+            }
+            for _ in 0..1_000 {
+                for n in ns.iter_mut() {
+                    n.poll();
+                }
+                w.step();
+            }
+            assert_eq!(
+                ns[0].rpc.stats().drops(DropReason::SmStale),
+                stale + replay.len() as u64,
+                "every late response counted"
+            );
+            assert_eq!(ns[0].ctx.events.len(), events, "and none acted on");
+            assert_eq!(ns[0].rpc.num_sessions(), 0);
+            assert_eq!(ns[1].rpc.num_sessions(), 0);
         },
     );
 }
