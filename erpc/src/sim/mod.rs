@@ -407,7 +407,9 @@ impl SimNet {
             ipv4: Ipv4Addr::from(ip),
             udp_port: 20_000 + ep as u16,
             rxq_id: 0,
-            rss_table_size: 0,
+            // Steered by exact UDP port, like our mlx5 transport: a table
+            // of one (a C++ DPDK peer divides by it).
+            rss_table_size: 1,
         };
         let ring = RingMem::new(n.cfg.ring_entries);
         n.endpoints.push(Endpoint {
@@ -677,6 +679,17 @@ impl Transport for SimTransport {
                 why: "no simulated endpoint has this address".into(),
             });
         };
+        // Toward a peer that uses RSS (a C++ DPDK receiver), the source
+        // port its RSS maps to its queue, as the real transports pick it.
+        let src_port = match transport::rss::source_port(self.routing.ipv4, info) {
+            Ok(p) => p.unwrap_or(self.routing.udp_port),
+            Err(e) => {
+                return Err(TransportError::Resolve {
+                    info: *info,
+                    why: e.to_string(),
+                });
+            }
+        };
         Ok(SimRoute {
             ep,
             template: FrameTemplate {
@@ -684,7 +697,7 @@ impl Transport for SimTransport {
                 src_mac: self.routing.mac,
                 src_ip: self.routing.ipv4,
                 dst_ip: info.ipv4,
-                src_port: self.routing.udp_port,
+                src_port,
                 dst_port: info.udp_port,
             },
         })
