@@ -213,6 +213,11 @@ pub(crate) struct Session<T: Transport, C> {
     pub fault_drop_tx: std::cell::Cell<u32>,
     /// Go-back-N rollbacks on this session.
     pub retransmits: u64,
+    /// Server: when the session was created.
+    pub created_ns: u64,
+    /// Server: a request arrived on the session (it is never reclaimed;
+    /// see `rpc/admission.rs`).
+    pub served_any: bool,
 }
 
 impl<T: Transport, C> Session<T, C> {
@@ -253,6 +258,8 @@ impl<T: Transport, C> Session<T, C> {
             tracked: false,
             fault_drop_tx: std::cell::Cell::new(0),
             retransmits: 0,
+            created_ns: 0,
+            served_any: false,
         }
     }
 

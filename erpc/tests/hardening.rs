@@ -12,6 +12,7 @@ use common::{Node, SimWorld, World, run_until, with_seeds};
 use erpc::pkthdr::MAX_REQ_NUM;
 use erpc::rng::Rng;
 use erpc::{DropReason, RpcConfig, RpcError, SessionEventKind};
+use transport::Transport;
 
 const FILE: &str = "hardening";
 
@@ -391,6 +392,295 @@ fn delayed_and_duplicated_sm_packets_leave_no_orphan_sessions() {
             assert_eq!(ns[1].rpc.num_sessions(), 0, "orphan server sessions");
             assert_eq!(ns[1].rpc.rx_ring_unreserved().0, 4096);
             assert_eq!(ns[0].rpc.num_sessions(), 0);
+        },
+    );
+}
+
+/// A connect request as a C++ client would send it (no extensions), from
+/// the client URI `host:1`, with routing info that resolves (an endpoint of
+/// the network), to Rpc `rpc_id` at `to`.
+fn forged_connect(
+    host: &str,
+    token: u64,
+    routing: transport::RoutingInfo,
+    to: &erpc::Uri,
+    rpc_id: u8,
+) -> [u8; erpc::sm_types::SM_PKT_BYTES] {
+    use erpc::sm_types::{SmEndpoint, SmPkt, SmPktType};
+    let mut client = SmEndpoint {
+        sm_udp_port: 1,
+        rpc_id: 0,
+        session_num: 0,
+        routing_info: routing.to_bytes(),
+        ..SmEndpoint::default()
+    };
+    client.set_hostname(host).unwrap();
+    let mut server = SmEndpoint {
+        sm_udp_port: to.port,
+        rpc_id,
+        ..SmEndpoint::default()
+    };
+    server.set_hostname(&to.host).unwrap();
+    SmPkt {
+        pkt_type: SmPktType::ConnectReq,
+        err: erpc::SmErr::NoError,
+        uniq_token: token,
+        client,
+        server,
+    }
+    .encode()
+}
+
+#[test]
+fn connect_requests_are_limited_per_source() {
+    with_seeds(
+        "connect_requests_are_limited_per_source",
+        FILE,
+        &[41],
+        |seed| {
+            let mut w = W::new(seed);
+            let cfg = RpcConfig {
+                connect_burst_per_source: 8,
+                connects_per_sec_per_source: 4,
+                ..RpcConfig::default()
+            };
+            let mut ns = vec![
+                node_with(&mut w, 0, seed, cfg, true),
+                node_with(&mut w, 1, seed, RpcConfig::default(), true),
+            ];
+            let server = erpc::Uri::new("node-0", 31850);
+            let routing = w.net.add_transport().local_routing_info();
+            let flood = |w: &mut W, from: u64, n: u64| {
+                for t in from..from + n {
+                    let p = forged_connect("forger", 0x1000 + t, routing, &server, 0);
+                    w.net.sm_hub().inject(&server, &p);
+                }
+            };
+            flood(&mut w, 0, 100);
+            run_steps(&mut w, &mut ns, 200);
+            assert_eq!(ns[0].rpc.num_sessions(), 8, "the burst");
+            assert_eq!(ns[0].rpc.stats().sm_connect_rate_limited, 92);
+            // Four a second after that.
+            w.step_ns = 1_000_000;
+            run_steps(&mut w, &mut ns, 1_000);
+            flood(&mut w, 100, 10);
+            run_steps(&mut w, &mut ns, 10);
+            assert_eq!(ns[0].rpc.num_sessions(), 12);
+            // Retransmissions of an admitted request are not charged.
+            let again = forged_connect("forger", 0x1000, routing, &server, 0);
+            w.net.sm_hub().inject(&server, &again);
+            run_steps(&mut w, &mut ns, 10);
+            assert_eq!(ns[0].rpc.stats().sm_dup_connect, 1);
+            // Other sources are not slowed.
+            w.step_ns = 500;
+            connect(&mut w, &mut ns, 1, 0, 3);
+            assert_eq!(ns[0].rpc.num_sessions(), 15);
+        },
+    );
+}
+
+#[test]
+fn a_server_full_of_forged_sessions_reclaims_them_for_real_clients() {
+    with_seeds(
+        "a_server_full_of_forged_sessions_reclaims_them_for_real_clients",
+        FILE,
+        &[42],
+        |seed| {
+            // 1024-entry rings and 32 credits: 32 sessions per Rpc.
+            let mut w = W::with_config(erpc::sim::SimConfig {
+                seed,
+                ring_entries: 1024,
+                ..erpc::sim::SimConfig::default()
+            });
+            let mut ns = nodes(&mut w, 2, seed);
+            let server = erpc::Uri::new("node-0", 31850);
+            let routing = w.net.add_transport().local_routing_info();
+            // 32 forgers (one request each, under every per-source limit)
+            // take the whole ring, and never send a request.
+            let forger0 = erpc::Uri::new("forger-0", 1);
+            w.net.sm_hub().tap(&forger0);
+            for k in 0..32u64 {
+                let p = forged_connect(&format!("forger-{k}"), 0x2000 + k, routing, &server, 0);
+                w.net.sm_hub().inject(&server, &p);
+            }
+            run_steps(&mut w, &mut ns, 100);
+            assert_eq!(ns[0].rpc.num_sessions(), 32);
+            assert_eq!(ns[0].rpc.rx_ring_unreserved().0, 0);
+            // A real client is refused while they are young...
+            let sn = ns[1].rpc.create_session("node-0:31850", 0).unwrap();
+            run_until(&mut w, &mut ns, 100_000, "refusal", |ns| {
+                !ns[1].ctx.events.is_empty()
+            });
+            assert_eq!(
+                ns[1].ctx.events[0].kind,
+                SessionEventKind::ConnectFailed(erpc::SmErr::RingExhausted)
+            );
+            assert_eq!(ns[1].rpc.session_state(sn), None);
+            // ... and served once they are old enough to be reclaimed.
+            w.step_ns = 1_000_000;
+            run_steps(&mut w, &mut ns, 10_000);
+            w.step_ns = 500;
+            ns[1].ctx.events.clear();
+            connect(&mut w, &mut ns, 1, 0, 1);
+            assert_eq!(ns[0].rpc.stats().sessions_reclaimed, 1, "one, the oldest");
+            assert_eq!(ns[0].rpc.num_sessions(), 32);
+            ns[1].ctx.todo = app::random_ops(&mut Rng::new(seed), 50, &[ECHO, SIZED], &[12, 5000]);
+            {
+                let n = &mut ns[1];
+                app::start(&mut n.rpc, &mut n.ctx, 4);
+            }
+            run_until(&mut w, &mut ns, 1_000_000, "requests", |ns| {
+                ns[1].ctx.completed == 50
+            });
+            check_done::<W>(&ns);
+            // The forger presented itself as a C++ client: it got its
+            // connect response, and no notice (C++ could not take one).
+            assert_eq!(w.net.sm_hub().take_tapped(&forger0).len(), 1);
+            // Reclaiming can be turned off.
+            let off = RpcConfig {
+                unused_session_reclaim_ms: None,
+                ..RpcConfig::default()
+            };
+            let mut strict = vec![node_with(&mut w, 5, seed, off, true)];
+            let strict_uri = erpc::Uri::new("node-5", 31850);
+            for k in 0..32u64 {
+                let p = forged_connect(&format!("f-{k}"), 0x3000 + k, routing, &strict_uri, 5);
+                w.net.sm_hub().inject(&strict_uri, &p);
+            }
+            w.step_ns = 1_000_000;
+            run_steps(&mut w, &mut strict, 20_000);
+            let sm_tx = strict[0].rpc.stats().sm_tx;
+            let p = forged_connect("late", 0x4000, routing, &strict_uri, 5);
+            w.net.sm_hub().inject(&strict_uri, &p);
+            run_steps(&mut w, &mut strict, 10);
+            assert_eq!(strict[0].rpc.stats().sessions_reclaimed, 0);
+            assert_eq!(strict[0].rpc.num_sessions(), 32);
+            assert_eq!(strict[0].rpc.stats().sm_tx, sm_tx + 1, "refused");
+        },
+    );
+}
+
+/// `k` requests over every session of node `c`, round robin, to completion.
+fn use_sessions(w: &mut W, ns: &mut [N<W>], c: usize, k: usize) {
+    let before = ns[c].ctx.completed;
+    ns[c].ctx.todo = (0..k)
+        .map(|_| Op {
+            req_type: ECHO,
+            req_len: 16,
+            resp_len: 16,
+        })
+        .collect();
+    {
+        let n = &mut ns[c];
+        app::start(&mut n.rpc, &mut n.ctx, k);
+    }
+    run_until(w, ns, 1_000_000, "use sessions", |ns| {
+        ns[c].ctx.completed == before + k as u64
+    });
+}
+
+#[test]
+fn an_unused_session_is_reclaimed_only_when_the_ring_is_short_and_its_client_is_told() {
+    with_seeds(
+        "an_unused_session_is_reclaimed_only_when_the_ring_is_short_and_its_client_is_told",
+        FILE,
+        &[43, 44],
+        |seed| {
+            let mut w = W::with_config(erpc::sim::SimConfig {
+                seed,
+                ring_entries: 1024,
+                ..erpc::sim::SimConfig::default()
+            });
+            // Node 0 serves; node 1 holds one idle session; node 2 uses 30;
+            // node 3 comes later.
+            let mut ns = nodes(&mut w, 4, seed);
+            connect(&mut w, &mut ns, 1, 0, 1);
+            let idle = ns[1].ctx.sessions[0];
+            connect(&mut w, &mut ns, 2, 0, 30);
+            use_sessions(&mut w, &mut ns, 2, 60);
+            // Long after the reclaim age, with room left: nothing happens.
+            w.step_ns = 1_000_000;
+            run_steps(&mut w, &mut ns, 11_000);
+            w.step_ns = 500;
+            connect(&mut w, &mut ns, 3, 0, 1);
+            assert_eq!(ns[0].rpc.stats().sessions_reclaimed, 0);
+            assert!(ns[1].rpc.is_connected(idle));
+            // The ring is full now: the next session takes the idle one's
+            // place (node 3's own session is young; node 2's served).
+            connect(&mut w, &mut ns, 3, 0, 1);
+            assert_eq!(ns[0].rpc.stats().sessions_reclaimed, 1);
+            run_until(&mut w, &mut ns, 100_000, "notice", |ns| {
+                ns[1].rpc.session_state(idle).is_none()
+            });
+            assert!(
+                ns[1].ctx.events.contains(&erpc::SessionEvent {
+                    session: idle,
+                    kind: SessionEventKind::ServerReclaimed
+                }),
+                "{:?}",
+                ns[1].ctx.events
+            );
+            // Sessions that served requests were kept and still work.
+            use_sessions(&mut w, &mut ns, 2, 30);
+            check_done::<W>(&ns);
+            assert_eq!(ns[0].rpc.num_sessions(), 32);
+        },
+    );
+}
+
+#[test]
+fn a_lost_reclaim_notice_comes_again_with_the_clients_next_packet() {
+    with_seeds(
+        "a_lost_reclaim_notice_comes_again_with_the_clients_next_packet",
+        FILE,
+        &[45],
+        |seed| {
+            let mut w = W::with_config(erpc::sim::SimConfig {
+                seed,
+                ring_entries: 1024,
+                ..erpc::sim::SimConfig::default()
+            });
+            let mut ns = nodes(&mut w, 3, seed);
+            connect(&mut w, &mut ns, 1, 0, 1);
+            let idle = ns[1].ctx.sessions[0];
+            connect(&mut w, &mut ns, 2, 0, 31);
+            use_sessions(&mut w, &mut ns, 2, 31);
+            w.step_ns = 1_000_000;
+            run_steps(&mut w, &mut ns, 11_000);
+            w.step_ns = 500;
+            // Node 1 hears no SM while node 2 asks for one more session.
+            let uri1 = erpc::Uri::new("node-1", 31850);
+            w.net.sm_hub().set_cut_off(&uri1, true);
+            let sn = ns[2].rpc.create_session("node-0:31850", 0).unwrap();
+            run_until(&mut w, &mut ns, 100_000, "connect", |ns| {
+                ns[2].rpc.is_connected(sn)
+            });
+            w.net.sm_hub().set_cut_off(&uri1, false);
+            assert_eq!(ns[0].rpc.stats().sessions_reclaimed, 1);
+            assert!(ns[1].rpc.is_connected(idle), "the notice was lost");
+            // Node 1 sends a request on its session: the server has no
+            // session of that number, tells node 1 again, and the request
+            // fails rather than hanging.
+            ns[1].ctx.todo = [Op {
+                req_type: ECHO,
+                req_len: 16,
+                resp_len: 16,
+            }]
+            .into();
+            {
+                let n = &mut ns[1];
+                app::start(&mut n.rpc, &mut n.ctx, 1);
+            }
+            run_until(&mut w, &mut ns, 1_000_000, "failure", |ns| {
+                ns[1].ctx.failed == 1
+            });
+            assert_eq!(
+                ns[1].ctx.failures,
+                vec![RpcError::ServerReclaimed { session: idle }]
+            );
+            assert!(ns[0].rpc.stats().sm_reclaim_notices_resent >= 1);
+            assert_eq!(ns[1].rpc.session_state(idle), None);
+            assert_eq!(ns[0].ctx.handled, 31, "the request never ran");
         },
     );
 }

@@ -9,6 +9,7 @@
 //! requests outstanding), `fault` (fault injection), `sm_handlers`
 //! (session management), `bg` (worker-thread handlers).
 
+mod admission;
 mod bg;
 mod cr;
 mod ev_loop;
@@ -34,8 +35,8 @@ use transport::{MAX_DATA_PER_PKT, RxRing, Transport};
 
 use crate::clock::Clock;
 use crate::consts::{
-    CTRL_BUFS, FAILURE_TIMEOUT_MS, MAX_RPC_ID, PKT_LOSS_SCAN_US, RTO_US, SESSION_CREDITS,
-    SM_RETRY_MS,
+    CONNECT_BURST_PER_SOURCE, CONNECTS_PER_SEC_PER_SOURCE, CTRL_BUFS, FAILURE_TIMEOUT_MS,
+    MAX_RPC_ID, PKT_LOSS_SCAN_US, RTO_US, SESSION_CREDITS, SM_RETRY_MS, UNUSED_SESSION_RECLAIM_MS,
 };
 use crate::msgbuf::{MsgBuf, MsgBufError, Origin};
 use crate::nexus::{BgDone, HandlerEntry, Job, Nexus, SmQueue};
@@ -154,6 +155,14 @@ pub enum RpcError {
         /// Session number.
         session: SessionNum,
     },
+    /// The server reclaimed the session: it had received no request on it
+    /// for `unused_session_reclaim_ms` and needed its RX ring entries for
+    /// another session. The request did not run. Create a new session.
+    #[error("the server reclaimed session {session}, unused; create a new session")]
+    ServerReclaimed {
+        /// Session number.
+        session: SessionNum,
+    },
 }
 
 /// A finished request, handed to its continuation.
@@ -194,6 +203,10 @@ pub enum SessionEventKind {
     /// The session, to a C++ eRPC peer, ran out of request numbers and is
     /// gone (see [`RpcError::ReqNumsExhausted`]).
     ReqNumsExhausted,
+    /// The server reclaimed the session, which had sent it no request,
+    /// because it needed the RX ring entries (see
+    /// [`RpcError::ServerReclaimed`]). The session is gone.
+    ServerReclaimed,
 }
 
 impl fmt::Display for SessionEventKind {
@@ -206,6 +219,7 @@ impl fmt::Display for SessionEventKind {
             SessionEventKind::PeerFailed => f.write_str("peer failed"),
             SessionEventKind::Reset => f.write_str("reset"),
             SessionEventKind::ReqNumsExhausted => f.write_str("request numbers exhausted"),
+            SessionEventKind::ServerReclaimed => f.write_str("reclaimed by the server"),
         }
     }
 }
@@ -275,6 +289,21 @@ pub struct RpcConfig {
     /// also declared failed when none of their requests made progress for
     /// this long.
     pub failure_timeout_ms: u64,
+    /// Connect requests that would create a session, per source (the
+    /// client URI they name): a burst of this many (default 256; 0: no
+    /// limit) ...
+    pub connect_burst_per_source: u32,
+    /// ... refilled at this many a second (default 128). Requests over the
+    /// limit are dropped unanswered (the client retries). See
+    /// `rpc/admission.rs` and the README's "Session management and
+    /// hostile networks".
+    pub connects_per_sec_per_source: u32,
+    /// When a new session finds the RX ring short, server sessions that
+    /// never received a request and are at least this old are reclaimed,
+    /// oldest first (default 10 s; `None`: never). An erpc-rs client is
+    /// told ([`SessionEventKind::ServerReclaimed`]); a C++ client cannot
+    /// be, and its next request on that session goes unanswered.
+    pub unused_session_reclaim_ms: Option<u64>,
 }
 
 impl Default for RpcConfig {
@@ -286,6 +315,9 @@ impl Default for RpcConfig {
             rto_us: RTO_US,
             pkt_loss_scan_us: PKT_LOSS_SCAN_US,
             failure_timeout_ms: FAILURE_TIMEOUT_MS,
+            connect_burst_per_source: CONNECT_BURST_PER_SOURCE,
+            connects_per_sec_per_source: CONNECTS_PER_SEC_PER_SOURCE,
+            unused_session_reclaim_ms: Some(UNUSED_SESSION_RECLAIM_MS),
         }
     }
 }
@@ -511,6 +543,11 @@ pub struct Rpc<T: Transport, C> {
     /// Session events and error continuations owed to the application,
     /// paid at the next event-loop iteration.
     owed: VecDeque<reset::Owed<T, C>>,
+    /// Connect requests per source (`admission.rs`).
+    connect_limiter: admission::ConnectLimiter,
+    /// Server sessions reclaimed from erpc-rs clients, their numbers
+    /// reserved for a while (`admission.rs`).
+    reclaimed: VecDeque<admission::Reclaimed>,
     /// Test hook: request-number base of sessions made from now on
     /// (`Rpc::fault_set_req_base`).
     req_base_override: Option<u64>,
@@ -636,6 +673,8 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             client_sessions: Vec::new(),
             owed: VecDeque::new(),
             req_base_override: None,
+            connect_limiter: admission::ConnectLimiter::default(),
+            reclaimed: VecDeque::new(),
             last_loss_scan_ns: now_ns,
             rto_ns: config.rto_us * 1000,
             loss_scan_ns: config.pkt_loss_scan_us * 1000,

@@ -301,6 +301,8 @@ impl<T: Transport, C> Rpc<T, C> {
         }
         // Bury the previous request: its response was received by the
         // client, which is why it sent this one.
+        s.served_any = true;
+        let slot = &mut s.slots[i];
         let old_resp = slot.tx_msgbuf.take();
         let old_req = slot.server.req_msgbuf.take();
         slot.cur_req_num = hdr.req_num;

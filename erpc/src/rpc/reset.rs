@@ -38,6 +38,8 @@ pub(crate) enum ResetCause {
     ConnectTimedOut,
     /// The 44-bit request numbers of a session to a C++ eRPC peer ran out.
     ReqNumsExhausted,
+    /// The server reclaimed the session (it had received no request).
+    ServerReclaimed,
 }
 
 impl ResetCause {
@@ -47,6 +49,7 @@ impl ResetCause {
             ResetCause::Requested => RpcError::SessionReset { session },
             ResetCause::ConnectTimedOut => RpcError::TimedOut { session },
             ResetCause::ReqNumsExhausted => RpcError::ReqNumsExhausted { session },
+            ResetCause::ServerReclaimed => RpcError::ServerReclaimed { session },
         }
     }
 
@@ -56,6 +59,7 @@ impl ResetCause {
             ResetCause::Requested => SessionEventKind::Reset,
             ResetCause::ConnectTimedOut => SessionEventKind::ConnectTimedOut,
             ResetCause::ReqNumsExhausted => SessionEventKind::ReqNumsExhausted,
+            ResetCause::ServerReclaimed => SessionEventKind::ServerReclaimed,
         }
     }
 }

@@ -157,6 +157,7 @@ impl<T: Transport, C> Rpc<T, C> {
             return Err(SessionError::RemoteRpcId(remote_rpc_id));
         }
         let credits = self.config.session_credits;
+        self.make_ring_room(credits);
         self.ring_check(credits)?;
         let sn = self.alloc_session_num().ok_or(SessionError::NoSessionNum)?;
         let client_ep = self.local_endpoint(sn);
@@ -264,7 +265,8 @@ impl<T: Transport, C> Rpc<T, C> {
         self.nexus.sm_send(&to, &pkt.encode());
     }
 
-    fn send_sm(&mut self, pkt: &SmPkt) {
+    /// Sends an SM response (to the client endpoint's URI).
+    pub(crate) fn send_sm(&mut self, pkt: &SmPkt) {
         let Some(to) = pkt.client.uri() else {
             return self.stats.drop(DropReason::SmStale);
         };
@@ -438,6 +440,10 @@ impl<T: Transport, C> Rpc<T, C> {
             self.stats.sm_stale_connect += 1;
             return self.stats.drop(DropReason::SmStale);
         }
+        // A new session: charged to its source.
+        if !self.admit_connect(pkt) {
+            return;
+        }
         let fail = |rpc: &mut Self, err| rpc.send_sm(&pkt.response(err));
         let ext_client = self.ext_peer(&pkt.client);
         if !self.accepts_transport(pkt.client.transport_type, ext_client)
@@ -456,7 +462,7 @@ impl<T: Transport, C> Rpc<T, C> {
         } else {
             SESSION_CREDITS as u32
         };
-        if self.ring_check(credits as usize).is_err() {
+        if !self.make_ring_room(credits as usize) {
             return fail(self, SmErr::RingExhausted);
         }
         let route = match self.transport.resolve(&pkt.client.routing()) {
@@ -518,6 +524,7 @@ impl<T: Transport, C> Rpc<T, C> {
         // A server session sends only what its client's packets ask for;
         // `credits` is its ring reservation.
         s.credits = 0;
+        s.created_ns = self.clock.now_ns();
         s.remote_num = pkt.client.session_num;
         s.route = Some(route);
         s.set_req_base(req_base);
@@ -561,6 +568,10 @@ impl<T: Transport, C> Rpc<T, C> {
     }
 
     fn handle_connect_resp(&mut self, pkt: &SmPkt) {
+        // A server telling us it ended a connected session.
+        if pkt.err == SmErr::SrvDisconnected && self.handle_server_disconnected(pkt) {
+            return;
+        }
         let Some(sn) = self.client_session_for(pkt, SessionState::ConnectInProgress) else {
             if self.abandoned_resp(pkt) {
                 return;
