@@ -146,11 +146,13 @@ impl SmErr {
 pub enum TransportType {
     /// InfiniBand verbs.
     InfiniBand = 0,
-    /// Raw Ethernet (the mlx5 transport).
+    /// Raw Ethernet: the C++ mlx5-verbs transport (IPv4 checksum 0).
     Raw = 1,
-    /// DPDK (UDP frames; also what our kernel-UDP transport speaks).
+    /// DPDK: Ethernet/IPv4/UDP frames with the IPv4 checksum. Our UDP and
+    /// mlx5 transports send the same frames as DPDK and may present either
+    /// type (`RpcConfig::transport_type`).
     Dpdk = 2,
-    /// The C++ fake transport; our in-process simulation uses it.
+    /// The C++ fake transport (matches only itself).
     Fake = 3,
 }
 

@@ -270,8 +270,13 @@ pub struct SessionInfo {
 pub struct RpcConfig {
     /// Packet credits per session (default 32).
     pub session_credits: usize,
-    /// Transport type announced in session management (default Raw, the
-    /// C++ raw-Ethernet transport's; both ends must agree).
+    /// Transport type this Rpc presents in session management (default
+    /// Raw, the C++ raw-Ethernet transport's). A C++ eRPC peer needs its
+    /// own type here: `Dpdk` toward a C++ DPDK process (over our UDP or
+    /// mlx5 transport), `Raw` toward a C++ raw-transport process (mlx5
+    /// only). A server refuses C++ clients of another type, as C++ does;
+    /// erpc-rs peers accept each other's `Raw` and `Dpdk` (see the
+    /// README's "Talking to C++ eRPC").
     pub transport_type: TransportType,
     /// SM request retry interval (default 100 ms).
     pub sm_retry_ms: u64,
