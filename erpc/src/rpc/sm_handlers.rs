@@ -462,9 +462,6 @@ impl<T: Transport, C> Rpc<T, C> {
         } else {
             SESSION_CREDITS as u32
         };
-        if !self.make_ring_room(credits as usize) {
-            return fail(self, SmErr::RingExhausted);
-        }
         let route = match self.transport.resolve(&pkt.client.routing()) {
             Ok(r) => r,
             Err(e) => {
@@ -472,6 +469,11 @@ impl<T: Transport, C> Rpc<T, C> {
                 return fail(self, SmErr::RoutingResolutionFailure);
             }
         };
+        // Only a request that would otherwise succeed may reclaim an
+        // unused session for its room.
+        if !self.make_ring_room(credits as usize) {
+            return fail(self, SmErr::RingExhausted);
+        }
         let Some(sn) = self.alloc_session_num() else {
             return fail(self, SmErr::OutOfMemory);
         };
