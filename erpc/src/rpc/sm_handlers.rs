@@ -14,6 +14,11 @@ use super::{Rpc, RpcError, SessionError, SessionEventKind, SessionNum};
 use crate::consts::{
     MAX_RPC_ID, MAX_SESSIONS, SESSION_CREDITS, SESSION_NUM_QUARANTINE_MS, SESSION_REQ_WINDOW,
 };
+use crate::msgbuf::{MsgBuf, Origin};
+use crate::nexus::{SmItem, Uri};
+use crate::session::{Role, Session, SessionState, SrvState};
+use crate::sm_types::{SmEndpoint, SmErr, SmPkt, SmPktType, TransportType};
+use crate::stats::DropReason;
 
 /// Request-number bases a client proposes are below 2^40, so a session
 /// reaches the 44-bit wrap only after 2^44 - 2^40 requests (it matters to
@@ -36,11 +41,6 @@ fn granted_credits(field: u32) -> u32 {
 fn slot_base(b: u64) -> u64 {
     b & crate::pkthdr::MAX_REQ_NUM & !(SESSION_REQ_WINDOW as u64 - 1)
 }
-use crate::msgbuf::{MsgBuf, Origin};
-use crate::nexus::{SmItem, Uri};
-use crate::session::{Role, Session, SessionState, SrvState};
-use crate::sm_types::{SmEndpoint, SmErr, SmPkt, SmPktType, TransportType};
-use crate::stats::DropReason;
 
 /// SM packets handled per event-loop iteration.
 const SM_PER_LOOP_MAX: usize = 64;
@@ -606,7 +606,7 @@ impl<T: Transport, C> Rpc<T, C> {
                 s.credits_max = credits;
                 s.credits = credits;
                 // The base the server adopted (0 from a C++ server).
-                let base = base_override.unwrap_or(if s.remote_incarnation != 0 {
+                let base = base_override.unwrap_or(if ext_server {
                     slot_base(pkt.server.req_base())
                 } else {
                     0
