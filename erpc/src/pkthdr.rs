@@ -161,24 +161,26 @@ impl PktHdr {
     /// above 44) is an error, never masked.
     #[inline]
     pub fn encode(&self) -> Result<[u8; ERPC_HDR_BYTES], FieldTooWide> {
-        let wide = |field, value: u64, max: u64| Err(FieldTooWide { field, value, max });
-        if self.msg_size > MAX_HDR_MSG_SIZE {
-            return wide(
-                "message size",
-                u64::from(self.msg_size),
-                u64::from(MAX_HDR_MSG_SIZE),
-            );
+        self.check()?;
+        Ok(self.encode_checked())
+    }
+
+    /// Every field within its wire width? One branch on the hot path;
+    /// which field is wrong is found on the cold one.
+    #[inline]
+    fn check(&self) -> Result<(), FieldTooWide> {
+        if (self.msg_size > MAX_HDR_MSG_SIZE)
+            | (self.pkt_num > MAX_PKT_NUM)
+            | (self.req_num > MAX_REQ_NUM)
+        {
+            return Err(self.too_wide());
         }
-        if self.pkt_num > MAX_PKT_NUM {
-            return wide(
-                "packet number",
-                u64::from(self.pkt_num),
-                u64::from(MAX_PKT_NUM),
-            );
-        }
-        if self.req_num > MAX_REQ_NUM {
-            return wide("request number", self.req_num, MAX_REQ_NUM);
-        }
+        Ok(())
+    }
+
+    /// The wire bytes of a header that passed [`PktHdr::check`].
+    #[inline]
+    fn encode_checked(&self) -> [u8; ERPC_HDR_BYTES] {
         let mut b = [0u8; ERPC_HDR_BYTES];
         b[0] = self.req_type;
         b[1] = self.msg_size as u8;
@@ -190,14 +192,35 @@ impl PktHdr {
             | (self.req_num << REQ_NUM_SHIFT)
             | (u64::from(PKT_MAGIC) << MAGIC_SHIFT);
         b[6..14].copy_from_slice(&word.to_le_bytes());
-        Ok(b)
+        b
+    }
+
+    #[cold]
+    fn too_wide(&self) -> FieldTooWide {
+        let (field, value, max) = if self.msg_size > MAX_HDR_MSG_SIZE {
+            (
+                "message size",
+                u64::from(self.msg_size),
+                u64::from(MAX_HDR_MSG_SIZE),
+            )
+        } else if self.pkt_num > MAX_PKT_NUM {
+            (
+                "packet number",
+                u64::from(self.pkt_num),
+                u64::from(MAX_PKT_NUM),
+            )
+        } else {
+            ("request number", self.req_num, MAX_REQ_NUM)
+        };
+        FieldTooWide { field, value, max }
     }
 
     /// Writes the header into the first 14 bytes of `out` (see
     /// [`PktHdr::encode`] for the errors; `out` is left alone on error).
     #[inline]
     pub fn write_to(&self, out: &mut [u8]) -> Result<(), FieldTooWide> {
-        out[..ERPC_HDR_BYTES].copy_from_slice(&self.encode()?);
+        self.check()?;
+        out[..ERPC_HDR_BYTES].copy_from_slice(&self.encode_checked());
         Ok(())
     }
 
