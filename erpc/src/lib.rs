@@ -151,6 +151,10 @@
 //! * `tests/udp.rs`: real threads, UDP SM threads and worker threads over
 //!   kernel UDP; `tests/netns.rs`: two processes in two network namespaces
 //!   (root; runs in CI).
+//! * `tests/cpp_wire.rs`: the C++ eRPC's byte forms both ways (a C++
+//!   client and a C++ server played by the test); `tests/hardening.rs`:
+//!   request numbers across the 44-bit wrap, late and forged SM packets,
+//!   transport types and credits between peers.
 //! * `tests/alloc_free.rs`: a counting global allocator proves the request
 //!   path allocates nothing after warm-up.
 //! * `tests/fuzz.rs` (and `erpc/fuzz/` for cargo-fuzz): hostile data and SM

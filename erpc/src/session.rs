@@ -11,7 +11,7 @@
 //! no progress for the retransmission timeout (`rpc/loss.rs`).
 //!
 //! Credit invariant of a connected client session, checked by the tests:
-//! `credits + sum over busy slots of (num_tx - num_rx) == session credits`.
+//! `credits + sum over busy slots of (num_tx - num_rx) == credits_max`.
 
 use std::collections::VecDeque;
 
@@ -199,6 +199,11 @@ pub(crate) struct Session<T: Transport, C> {
     pub route: Option<T::Route>,
     /// Client: packets we may still send before credits come back.
     pub credits: u32,
+    /// The session's credits: RX ring entries it reserves at this Rpc and,
+    /// at a client, the most packets it has outstanding (the configured
+    /// credits until the server's answer, then what both ends agreed; see
+    /// `sm_types::EXT_CREDITS`).
+    pub credits_max: u32,
     pub slots: [SSlot<T, C>; SESSION_REQ_WINDOW],
     pub backlog: VecDeque<PendingReq<T, C>>,
     /// Client: an SM request is outstanding; when it was last sent.
@@ -222,6 +227,11 @@ pub(crate) struct Session<T: Transport, C> {
     /// Client: TX timestamps of each slot's packets in flight (`Rpc::tx_ts_cap`
     /// per slot), for RTT samples; empty with congestion control off.
     pub tx_ts: Box<[std::cell::Cell<u64>]>,
+    /// Server: when the session was created.
+    pub created_ns: u64,
+    /// Server: a request arrived on the session (it is never reclaimed;
+    /// see `rpc/admission.rs`).
+    pub served_any: bool,
 }
 
 impl<T: Transport, C> Session<T, C> {
@@ -247,6 +257,7 @@ impl<T: Transport, C> Session<T, C> {
             server_ep,
             route: None,
             credits,
+            credits_max: credits,
             slots: std::array::from_fn(|i| SSlot {
                 cur_req_num: i as u64,
                 tx_msgbuf: None,
@@ -263,6 +274,8 @@ impl<T: Transport, C> Session<T, C> {
             retransmits: 0,
             cc: None,
             tx_ts: Box::new([]),
+            created_ns: 0,
+            served_any: false,
         }
     }
 

@@ -28,7 +28,8 @@ pub enum DropReason {
     /// Data length or message size inconsistent with the header or the
     /// request in progress.
     SizeMismatch,
-    /// Control packet (CR, RFR) carrying data or a size.
+    /// Control packet (CR, RFR) with a non-zero message size. (Bytes
+    /// after the header are no reason: the C++ eRPC sends 8.)
     CtrlHasData,
     /// Packet number ahead of the next expected one, or a multi-packet
     /// request not starting at packet 0 (reordering is treated as loss).
@@ -178,6 +179,15 @@ pub struct RpcStats {
     /// Sessions a server created for a connect this client had given up
     /// on, disconnected when the late answer came.
     pub sm_abandoned_cleanups: u64,
+    /// Connect requests dropped unanswered because their source sent
+    /// more than its share (`RpcConfig::connect_burst_per_source`).
+    pub sm_connect_rate_limited: u64,
+    /// Server sessions that never received a request, reclaimed because
+    /// the RX ring was short (see `RpcConfig::unused_session_reclaim_ms`).
+    pub sessions_reclaimed: u64,
+    /// Reclaim notices sent again because the client sent data to the
+    /// reclaimed session.
+    pub sm_reclaim_notices_resent: u64,
     /// SM requests given up after the failure timeout (connect: the
     /// session fails; disconnect: it is freed locally).
     pub sm_timeouts: u64,

@@ -14,6 +14,7 @@
 
 mod liveness;
 mod sm_link;
+mod udp_sm;
 mod workers;
 
 use std::any::Any;
@@ -22,7 +23,8 @@ use std::sync::{Arc, Mutex};
 
 pub use liveness::{LivenessStats, PeerFailure};
 pub(crate) use sm_link::SmItem;
-pub use sm_link::{SmLink, SmQueue, SmRouter, SmRouterStats, UdpSmLink};
+pub use sm_link::{SmLink, SmQueue, SmRouter, SmRouterStats};
+pub use udp_sm::{Resolver, UdpSmLink, UdpSmStats, system_resolver};
 pub(crate) use workers::{BG_REPLY_QUEUE, BgDone, Job, WorkerPool, run_job as workers_run_job};
 pub use workers::{BgHandler, BgResponse, WorkerDispatch, WorkerStats};
 

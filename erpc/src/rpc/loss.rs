@@ -61,7 +61,6 @@ impl<T: Transport, C> Rpc<T, C> {
         let now = self.now_ns;
         let rto = self.rto_ns;
         let failure_ns = self.config.failure_timeout_ms * 1_000_000;
-        let max_credits = self.config.session_credits as u32;
         let ts_mask = self.tx_ts_cap - 1;
         // Slots due for a rollback, as (session, slot bitmask); sessions of
         // unpingable peers that went silent.
@@ -77,7 +76,7 @@ impl<T: Transport, C> Rpc<T, C> {
             };
             // With every credit home, no slot has unacknowledged packets
             // (credits + sum(num_tx - num_rx) is the session's credits).
-            if s.state != SessionState::Connected || s.credits == max_credits {
+            if s.state != SessionState::Connected || s.credits == s.credits_max {
                 continue;
             }
             let mut mask = 0u8;
@@ -143,10 +142,10 @@ impl<T: Transport, C> Rpc<T, C> {
     /// acknowledged packet and resend from there.
     fn retransmit(&mut self, sn: u16, i: usize) {
         let now = self.now_ns;
-        let max_credits = self.config.session_credits as u32;
         let Some(s) = self.session_mut(sn) else {
             return;
         };
+        let max_credits = s.credits_max;
         let slot = &mut s.slots[i];
         let c = &mut slot.client;
         let delta = c.num_tx - c.num_rx;

@@ -9,6 +9,7 @@
 //! requests outstanding), `fault` (fault injection), `sm_handlers`
 //! (session management), `bg` (worker-thread handlers).
 
+mod admission;
 mod bg;
 mod cc;
 mod cr;
@@ -35,8 +36,8 @@ use transport::{MAX_DATA_PER_PKT, RxRing, Transport};
 
 use crate::clock::Clock;
 use crate::consts::{
-    CTRL_BUFS, FAILURE_TIMEOUT_MS, MAX_RPC_ID, PKT_LOSS_SCAN_US, RTO_US, SESSION_CREDITS,
-    SM_RETRY_MS,
+    CONNECT_BURST_PER_SOURCE, CONNECTS_PER_SEC_PER_SOURCE, CTRL_BUFS, FAILURE_TIMEOUT_MS,
+    MAX_RPC_ID, PKT_LOSS_SCAN_US, RTO_US, SESSION_CREDITS, SM_RETRY_MS, UNUSED_SESSION_RECLAIM_MS,
 };
 use crate::msgbuf::{MsgBuf, MsgBufError, Origin};
 use crate::nexus::{BgDone, HandlerEntry, Job, Nexus, SmQueue};
@@ -144,6 +145,25 @@ pub enum RpcError {
         /// Session number.
         session: SessionNum,
     },
+    /// The session, to a C++ eRPC peer, used up its 44-bit request
+    /// numbers (2^44 requests; a C++ server cannot follow a wrap) and was
+    /// reset. The request that found no number was not sent; requests in
+    /// flight on the session at that moment may or may not have run.
+    /// Create a new session. Sessions between erpc-rs peers wrap instead
+    /// and never end this way.
+    #[error("session {session} ran out of request numbers; create a new session")]
+    ReqNumsExhausted {
+        /// Session number.
+        session: SessionNum,
+    },
+    /// The server reclaimed the session: it had received no request on it
+    /// for `unused_session_reclaim_ms` and needed its RX ring entries for
+    /// another session. The request did not run. Create a new session.
+    #[error("the server reclaimed session {session}, unused; create a new session")]
+    ServerReclaimed {
+        /// Session number.
+        session: SessionNum,
+    },
 }
 
 /// A finished request, handed to its continuation.
@@ -181,6 +201,13 @@ pub enum SessionEventKind {
     /// The session was reset locally ([`Rpc::reset_session`], fault
     /// injection) and is gone.
     Reset,
+    /// The session, to a C++ eRPC peer, ran out of request numbers and is
+    /// gone (see [`RpcError::ReqNumsExhausted`]).
+    ReqNumsExhausted,
+    /// The server reclaimed the session, which had sent it no request,
+    /// because it needed the RX ring entries (see
+    /// [`RpcError::ServerReclaimed`]). The session is gone.
+    ServerReclaimed,
 }
 
 impl fmt::Display for SessionEventKind {
@@ -192,6 +219,8 @@ impl fmt::Display for SessionEventKind {
             SessionEventKind::Disconnected => f.write_str("disconnected"),
             SessionEventKind::PeerFailed => f.write_str("peer failed"),
             SessionEventKind::Reset => f.write_str("reset"),
+            SessionEventKind::ReqNumsExhausted => f.write_str("request numbers exhausted"),
+            SessionEventKind::ServerReclaimed => f.write_str("reclaimed by the server"),
         }
     }
 }
@@ -245,8 +274,13 @@ pub struct SessionInfo {
 pub struct RpcConfig {
     /// Packet credits per session (default 32).
     pub session_credits: usize,
-    /// Transport type announced in session management (default Raw, the
-    /// C++ raw-Ethernet transport's; both ends must agree).
+    /// Transport type this Rpc presents in session management (default
+    /// Raw, the C++ raw-Ethernet transport's). A C++ eRPC peer needs its
+    /// own type here: `Dpdk` toward a C++ DPDK process (over our UDP or
+    /// mlx5 transport), `Raw` toward a C++ raw-transport process (mlx5
+    /// only). A server refuses C++ clients of another type, as C++ does;
+    /// erpc-rs peers accept each other's `Raw` and `Dpdk` (see the
+    /// README's "Talking to C++ eRPC").
     pub transport_type: TransportType,
     /// SM request retry interval (default 100 ms).
     pub sm_retry_ms: u64,
@@ -275,6 +309,21 @@ pub struct RpcConfig {
     /// MTU-size buffer (default on). Off, `response_buffer` allocates every
     /// response (for measuring what preallocation saves).
     pub prealloc_responses: bool,
+    /// Connect requests that would create a session, per source (the
+    /// client URI they name): a burst of this many (default 256; 0: no
+    /// limit) ...
+    pub connect_burst_per_source: u32,
+    /// ... refilled at this many a second (default 128). Requests over the
+    /// limit are dropped unanswered (the client retries). See
+    /// `rpc/admission.rs` and the README's "Session management and
+    /// hostile networks".
+    pub connects_per_sec_per_source: u32,
+    /// When a new session finds the RX ring short, server sessions that
+    /// never received a request and are at least this old are reclaimed,
+    /// oldest first (default 10 s; `None`: never). An erpc-rs client is
+    /// told ([`SessionEventKind::ServerReclaimed`]); a C++ client cannot
+    /// be, and its next request on that session goes unanswered.
+    pub unused_session_reclaim_ms: Option<u64>,
 }
 
 impl Default for RpcConfig {
@@ -289,6 +338,9 @@ impl Default for RpcConfig {
             cc: crate::cc::CcConfig::default(),
             zero_copy_rx: true,
             prealloc_responses: true,
+            connect_burst_per_source: CONNECT_BURST_PER_SOURCE,
+            connects_per_sec_per_source: CONNECTS_PER_SEC_PER_SOURCE,
+            unused_session_reclaim_ms: Some(UNUSED_SESSION_RECLAIM_MS),
         }
     }
 }
@@ -525,6 +577,14 @@ pub struct Rpc<T: Transport, C> {
     /// Session events and error continuations owed to the application,
     /// paid at the next event-loop iteration.
     owed: VecDeque<reset::Owed<T, C>>,
+    /// Connect requests per source (`admission.rs`).
+    connect_limiter: admission::ConnectLimiter,
+    /// Server sessions reclaimed from erpc-rs clients, their numbers
+    /// reserved for a while (`admission.rs`).
+    reclaimed: VecDeque<admission::Reclaimed>,
+    /// Test hook: request-number base of sessions made from now on
+    /// (`Rpc::fault_set_req_base`).
+    req_base_override: Option<u64>,
     /// When the loss scan last ran.
     last_loss_scan_ns: u64,
     rto_ns: u64,
@@ -661,6 +721,9 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             stallq: Vec::with_capacity(64),
             client_sessions: Vec::new(),
             owed: VecDeque::new(),
+            req_base_override: None,
+            connect_limiter: admission::ConnectLimiter::default(),
+            reclaimed: VecDeque::new(),
             last_loss_scan_ns: now_ns,
             rto_ns: config.rto_us * 1000,
             loss_scan_ns: config.pkt_loss_scan_us * 1000,
@@ -812,14 +875,14 @@ impl<T: Transport, C> Rpc<T, C> {
 
     /// Checks the credit invariant of every connected client session:
     /// credits plus unacknowledged packets of its slots equal the
-    /// configured credits. For tests (deterministic simulation); returns a
+    /// session's credits. For tests (deterministic simulation); returns a
     /// description of the first violation.
     pub fn check_credit_invariant(&self) -> Result<(), String> {
-        let max = self.config.session_credits as u32;
         for s in self.sessions.iter().flatten() {
             if s.role != session::Role::Client {
                 continue;
             }
+            let max = s.credits_max;
             let out: u32 = s
                 .slots
                 .iter()

@@ -84,7 +84,8 @@ impl<T: Transport, C> Rpc<T, C> {
                 req_num: h.req_num,
             };
             let b = resp.pkthdr_mut(k);
-            hdr.write_to(&mut b[HEADROOM_BYTES..]);
+            hdr.write_to(&mut b[HEADROOM_BYTES..])
+                .expect("a response of at most MAX_MSG_BYTES numbers its packets in 14 bits");
             self.transport.fill_headroom(
                 route,
                 &mut b[..HEADROOM_BYTES],
@@ -107,11 +108,11 @@ impl<T: Transport, C> Rpc<T, C> {
         let sn = hdr.dest_session_num;
         let i = (hdr.req_num % SESSION_REQ_WINDOW as u64) as usize;
         let now = self.now_ns;
-        let max_credits = self.config.session_credits as u32;
         let msg_size = hdr.msg_size as usize;
         let s = self.sessions[usize::from(sn)]
             .as_deref_mut()
             .expect("dispatch checked the session");
+        let max_credits = s.credits_max;
         let slot = &mut s.slots[i];
         if hdr.req_num == slot.client.abandoned_req_num {
             // The request completed with an error; its slot may carry

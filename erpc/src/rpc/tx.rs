@@ -133,7 +133,8 @@ impl<T: Transport, C> Rpc<T, C> {
         };
         let buf = self.ctrl.as_mut().expect("control buffer lives until drop");
         let h = &mut buf.as_mut_slice()[n * CTRL_SLOT_BYTES..n * CTRL_SLOT_BYTES + PKTHDR_BYTES];
-        hdr.write_to(&mut h[HEADROOM_BYTES..]);
+        hdr.write_to(&mut h[HEADROOM_BYTES..])
+            .expect("control headers carry numbers taken from valid headers");
         self.transport
             .fill_headroom(route, &mut h[..HEADROOM_BYTES], PKTHDR_BYTES);
         self.tx.push(TxEntry {

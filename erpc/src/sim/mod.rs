@@ -36,6 +36,9 @@ pub use sm_hub::{SimSmHub, SmHubConfig, SmHubStats};
 use crate::rng::Rng;
 use ring::RingMem;
 
+/// Most frames [`SimNet::capture`] keeps between takes.
+const CAPTURE_MAX: usize = 1 << 16;
+
 /// Fault injection and timing of one direction of a link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LinkConfig {
@@ -173,6 +176,8 @@ struct Endpoint {
     refuse_bursts: u32,
     /// Restarts so far; a transport of an earlier incarnation is inert.
     generation: u32,
+    /// Copies of the frames that reached this endpoint (`SimNet::capture`).
+    captured: Option<Vec<Box<[u8]>>>,
 }
 
 struct NetInner {
@@ -282,6 +287,11 @@ impl NetInner {
         if ep.down {
             self.stats.endpoint_down += 1;
             return;
+        }
+        if let Some(c) = ep.captured.as_mut()
+            && c.len() < CAPTURE_MAX
+        {
+            c.push(frame.into());
         }
         let entries = ep.ring.entries() as u64;
         if ep.written - ep.reposted >= entries {
@@ -397,7 +407,9 @@ impl SimNet {
             ipv4: Ipv4Addr::from(ip),
             udp_port: 20_000 + ep as u16,
             rxq_id: 0,
-            rss_table_size: 0,
+            // Steered by exact UDP port, like our mlx5 transport: a table
+            // of one (a C++ DPDK peer divides by it).
+            rss_table_size: 1,
         };
         let ring = RingMem::new(n.cfg.ring_entries);
         n.endpoints.push(Endpoint {
@@ -410,6 +422,7 @@ impl SimNet {
             down: false,
             refuse_bursts: 0,
             generation: 0,
+            captured: None,
         });
         for row in n.links.iter_mut() {
             row.push(None);
@@ -467,6 +480,32 @@ impl SimNet {
             routing,
             tx_burst_max,
         }
+    }
+
+    /// Starts (`true`) or stops keeping a copy of every frame that
+    /// reaches endpoint `ep`, exactly as it arrives (before validation and
+    /// whether or not its RX ring has room), for [`SimNet::take_captured`]:
+    /// a test that plays a peer (a C++ eRPC process) on a bare endpoint
+    /// reads what is sent to it, headers and all. At most 65536 frames are
+    /// kept between takes. Off by default (no cost).
+    pub fn capture(&self, ep: usize, on: bool) {
+        let mut n = self.inner.borrow_mut();
+        let e = &mut n.endpoints[ep];
+        match (on, e.captured.is_some()) {
+            (true, false) => e.captured = Some(Vec::new()),
+            (false, true) => e.captured = None,
+            _ => {}
+        }
+    }
+
+    /// The frames captured at endpoint `ep` since the last call, in
+    /// arrival order.
+    pub fn take_captured(&self, ep: usize) -> Vec<Box<[u8]>> {
+        self.inner.borrow_mut().endpoints[ep]
+            .captured
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// Makes the next `bursts` `tx_burst` calls of endpoint `ep` accept
@@ -645,6 +684,17 @@ impl Transport for SimTransport {
                 why: "no simulated endpoint has this address".into(),
             });
         };
+        // Toward a peer that uses RSS (a C++ DPDK receiver), the source
+        // port its RSS maps to its queue, as the real transports pick it.
+        let src_port = match transport::rss::source_port(self.routing.ipv4, info) {
+            Ok(p) => p.unwrap_or(self.routing.udp_port),
+            Err(e) => {
+                return Err(TransportError::Resolve {
+                    info: *info,
+                    why: e.to_string(),
+                });
+            }
+        };
         Ok(SimRoute {
             ep,
             template: FrameTemplate {
@@ -652,7 +702,7 @@ impl Transport for SimTransport {
                 src_mac: self.routing.mac,
                 src_ip: self.routing.ipv4,
                 dst_ip: info.ipv4,
-                src_port: self.routing.udp_port,
+                src_port,
                 dst_port: info.udp_port,
             },
         })
