@@ -204,6 +204,7 @@ struct NetInner {
 }
 
 /// A frame arrives at endpoint `ep`.
+#[inline]
 fn deliver(x: &mut Extra, ep: &mut Endpoint, frame: &[u8]) {
     if ep.down {
         x.endpoint_down += 1;

@@ -134,6 +134,11 @@ pub struct NetStats {
 
 struct LinkDir {
     faults: LinkFaults,
+    /// `faults` has nothing random (the common case): a frame arrives
+    /// `delay_ns` after its last bit left.
+    fixed: bool,
+    /// `faults.delay` in ns.
+    delay_ns: u64,
     rng: Rng,
     /// Transmitter free again at (ps); only the device → switch direction
     /// uses it (the other is the switch's output queue).
@@ -146,15 +151,38 @@ impl LinkDir {
     fn new(seed: u64, stream: u64, faults: LinkFaults) -> LinkDir {
         LinkDir {
             faults,
+            fixed: faults.is_fixed(),
+            delay_ns: faults.delay.as_nanos() as u64,
             rng: Rng::with_stream(seed, stream),
             busy_ps: 0,
             last_arrival_ns: 0,
         }
     }
+
+    fn set(&mut self, faults: LinkFaults) {
+        self.faults = faults;
+        self.fixed = faults.is_fixed();
+        self.delay_ns = faults.delay.as_nanos() as u64;
+    }
+}
+
+/// A MAC as a hash key (one word: one multiply to hash).
+#[inline]
+fn mac_key(m: &[u8]) -> u64 {
+    u64::from(m[0]) << 40
+        | u64::from(m[1]) << 32
+        | u64::from(m[2]) << 24
+        | u64::from(m[3]) << 16
+        | u64::from(m[4]) << 8
+        | u64::from(m[5])
 }
 
 struct Port<D> {
     mac: Option<[u8; 6]>,
+    /// A MAC the switch maps to this port for sure (the port's own, until
+    /// it is learned behind another port): frames from it need no
+    /// learning lookup.
+    own_mac: Option<u64>,
     dev: D,
     cfg: PortConfig,
     up: LinkDir,
@@ -162,6 +190,9 @@ struct Port<D> {
     egress: Egress,
     pcap: Option<PcapWriter>,
     stats: PortStats,
+    /// The last unicast destination of frames from this port: (MAC key,
+    /// port, MAC table version), so a stream to one peer skips the lookup.
+    last_dst: (u64, u32, u64),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -221,7 +252,9 @@ const POOL_MAX: usize = 1 << 14;
 pub struct Network<D> {
     cfg: NetConfig,
     ports: Vec<Port<D>>,
-    macs: FxHashMap<[u8; 6], u32>,
+    macs: FxHashMap<u64, u32>,
+    /// Changes of `macs` so far (invalidates the ports' `last_dst`).
+    macs_version: u64,
     heap: BinaryHeap<Reverse<Event>>,
     seq: u64,
     next_frame: u64,
@@ -276,6 +309,7 @@ impl<D> Network<D> {
             cfg,
             ports: Vec::new(),
             macs: FxHashMap::default(),
+            macs_version: 0,
             heap: BinaryHeap::with_capacity(1 << 12),
             seq: 0,
             next_frame: 0,
@@ -300,6 +334,7 @@ impl<D> Network<D> {
         let f = self.cfg.faults;
         self.ports.push(Port {
             mac,
+            own_mac: mac.map(|m| mac_key(&m)),
             dev,
             cfg: self.cfg.port,
             up: LinkDir::new(seed, u64::from(id) * 2, f),
@@ -307,9 +342,11 @@ impl<D> Network<D> {
             egress: Egress::default(),
             pcap: None,
             stats: PortStats::default(),
+            last_dst: (u64::MAX, 0, u64::MAX),
         });
         if let Some(m) = mac {
-            self.macs.insert(m, id);
+            self.macs.insert(mac_key(&m), id);
+            self.macs_version += 1;
         }
         PortId(id)
     }
@@ -347,7 +384,7 @@ impl<D> Network<D> {
 
     /// The port the switch has learned (or was told) `mac` is behind.
     pub fn port_of_mac(&self, mac: &[u8; 6]) -> Option<PortId> {
-        self.macs.get(mac).map(|&p| PortId(p))
+        self.macs.get(&mac_key(mac)).map(|&p| PortId(p))
     }
 
     fn port_mut(&mut self, port: PortId) -> Option<&mut Port<D>> {
@@ -359,10 +396,10 @@ impl<D> Network<D> {
     pub fn set_faults(&mut self, port: PortId, dir: Option<Direction>, faults: LinkFaults) {
         if let Some(p) = self.port_mut(port) {
             if dir != Some(Direction::ToDevice) {
-                p.up.faults = faults;
+                p.up.set(faults);
             }
             if dir != Some(Direction::ToSwitch) {
-                p.down.faults = faults;
+                p.down.set(faults);
             }
         }
     }
@@ -540,15 +577,54 @@ impl<D> Network<D> {
             return self.recycle(frame);
         }
         let rate = pt.cfg.rate_bps;
+        if rate == 0
+            && pt.up.fixed
+            && let Some(to) = self.cut_through(p, &frame)
+        {
+            // Nothing on the way can queue, drop or draw: the frame reaches
+            // the device after the two propagation delays, exactly as the
+            // hop-by-hop path would take it there.
+            let at = now_ns + self.ports[p].up.delay_ns + self.ports[to].down.delay_ns;
+            if at > now_ns {
+                return self.schedule(at, Hop::AtDevice, to, id, frame);
+            }
+            return self.deliver(now_ns, to, frame, deliver);
+        }
         let end_ps = if rate == 0 {
             now_ns.saturating_mul(1000)
         } else {
+            let pt = &mut self.ports[p];
             let end = now_ns.saturating_mul(1000).max(pt.up.busy_ps)
                 + serialization_ps(frame.len(), rate);
             pt.up.busy_ps = end;
             end
         };
         self.cross_then(now_ns, end_ps, p, Direction::ToSwitch, id, frame, deliver);
+    }
+
+    /// The destination port of a frame from port `from` whose whole path
+    /// is trivial: unicast from the port's own MAC (nothing to learn) to a
+    /// known other port whose queue is unlimited and whose link towards
+    /// the device has only a fixed delay. `None` sends it hop by hop.
+    #[inline]
+    fn cut_through(&mut self, from: usize, frame: &[u8]) -> Option<usize> {
+        if frame.len() < 14 || frame[0] & 1 != 0 {
+            return None;
+        }
+        if self.ports[from].own_mac != Some(mac_key(&frame[6..12])) {
+            return None;
+        }
+        let key = mac_key(&frame[0..6]);
+        let (k, p, v) = self.ports[from].last_dst;
+        let to = if k == key && v == self.macs_version {
+            p
+        } else {
+            let p = *self.macs.get(&key)?;
+            self.ports[from].last_dst = (key, p, self.macs_version);
+            p
+        } as usize;
+        let t = &self.ports[to];
+        (to != from && t.cfg.is_unlimited() && t.down.fixed).then_some(to)
     }
 
     /// Delivers `frame` towards `port`'s device as if it came from the
@@ -578,6 +654,11 @@ impl<D> Network<D> {
             let p = ev.port as usize;
             match ev.hop {
                 Hop::AtSwitch => self.switch(ev.due_ns, p, ev.frame_id, ev.frame, deliver),
+                Hop::AtDevice if self.ports[p].down.faults.down => {
+                    // The link went down while the frame was on it.
+                    self.ports[p].stats.link_down_drops += 1;
+                    self.recycle(ev.frame);
+                }
                 Hop::AtDevice => self.deliver(ev.due_ns, p, ev.frame, deliver),
             }
         }
@@ -601,6 +682,7 @@ impl<D> Network<D> {
     /// onto the wire at `end_ps`, then takes the next hop at `t_ns` (when
     /// it arrives by then) or schedules it.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     fn cross_then<F>(
         &mut self,
         t_ns: u64,
@@ -631,6 +713,7 @@ impl<D> Network<D> {
     }
 
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     fn next_hop<F>(
         &mut self,
         t_ns: u64,
@@ -652,6 +735,7 @@ impl<D> Network<D> {
         }
     }
 
+    #[inline]
     fn cross(
         &mut self,
         t_ns: u64,
@@ -668,11 +752,11 @@ impl<D> Network<D> {
             Direction::ToSwitch => &mut port.up,
             Direction::ToDevice => &mut port.down,
         };
-        let f = link.faults;
-        let base = end_ps.div_ceil(1000) + f.delay.as_nanos() as u64;
-        if f.is_fixed() {
+        let base = end_ps.div_ceil(1000) + link.delay_ns;
+        if link.fixed {
             return Crossing::One(base);
         }
+        let f = link.faults;
         let s = &mut port.stats;
         let mut ev = |kind| log_event(log, cap, id, p as u32, dir, kind, t_ns);
         if f.down {
@@ -724,16 +808,37 @@ impl<D> Network<D> {
             self.ports[from].stats.runts += 1;
             return self.recycle(frame);
         }
-        let mut dmac = [0u8; 6];
-        dmac.copy_from_slice(&frame[0..6]);
-        let mut smac = [0u8; 6];
-        smac.copy_from_slice(&frame[6..12]);
-        if smac[0] & 1 == 0 && self.macs.get(&smac) != Some(&(from as u32)) {
-            self.macs.insert(smac, from as u32);
+        // Learn the source, unless it is the MAC the port was added with
+        // (already known, no lookup needed).
+        let smac = &frame[6..12];
+        let key = mac_key(smac);
+        if smac[0] & 1 == 0 && self.ports[from].own_mac != Some(key) {
+            let old = self.macs.insert(key, from as u32);
+            if old != Some(from as u32) {
+                self.macs_version += 1;
+            }
+            if let Some(old) = old
+                && old as usize != from
+                && let Some(o) = self.ports.get_mut(old as usize)
+                && o.own_mac == Some(key)
+            {
+                // The MAC moved: its old port no longer owns it for sure.
+                o.own_mac = None;
+            }
         }
-        let unicast = dmac[0] & 1 == 0;
+        let unicast = frame[0] & 1 == 0;
         let dest = if unicast {
-            self.macs.get(&dmac).copied()
+            let key = mac_key(&frame[0..6]);
+            let (k, p, v) = self.ports[from].last_dst;
+            if k == key && v == self.macs_version {
+                Some(p)
+            } else {
+                let d = self.macs.get(&key).copied();
+                if let Some(p) = d {
+                    self.ports[from].last_dst = (key, p, self.macs_version);
+                }
+                d
+            }
         } else {
             None
         };
@@ -830,7 +935,15 @@ impl<D> Network<D> {
     }
 }
 
+#[inline]
 fn capture(pcap: &mut Option<PcapWriter>, port: usize, t_ns: u64, frame: &[u8]) {
+    if pcap.is_some() {
+        capture_slow(pcap, port, t_ns, frame);
+    }
+}
+
+#[cold]
+fn capture_slow(pcap: &mut Option<PcapWriter>, port: usize, t_ns: u64, frame: &[u8]) {
     if let Some(w) = pcap.as_mut()
         && let Err(e) = w.write_frame(t_ns, frame)
     {
@@ -914,6 +1027,48 @@ mod tests {
         assert_eq!(got, vec![(1, 1)]);
         n.run_until(25_000, &mut sink(&mut got));
         assert_eq!(got, vec![(1, 1), (1, 2)]);
+    }
+
+    /// A frame whose path is trivial skips the switch's event; one whose
+    /// source must be learned goes hop by hop: both arrive at the same time.
+    #[test]
+    fn the_shortcut_and_the_hop_by_hop_path_agree() {
+        let mut n: Network<()> = Network::new(NetConfig::default());
+        let d = |ns| LinkFaults {
+            delay: Duration::from_nanos(ns),
+            ..LinkFaults::default()
+        };
+        let a = n.add_port(Some(mac(1)), ());
+        let b = n.add_port(Some(mac(2)), ());
+        let c = n.add_port(None, ());
+        n.set_faults(a, Some(Direction::ToSwitch), d(300));
+        n.set_faults(c, Some(Direction::ToSwitch), d(300));
+        n.set_faults(b, Some(Direction::ToDevice), d(200));
+        let mut got = Vec::new();
+        n.transmit(0, a, frame(mac(2), mac(1), 1, 60), &mut sink(&mut got));
+        n.transmit(0, c, frame(mac(2), mac(3), 2, 60), &mut sink(&mut got));
+        assert_eq!(n.pending(), 2);
+        assert_eq!(
+            n.run_until(499, &mut sink(&mut got)),
+            1,
+            "c's frame at the switch"
+        );
+        assert!(got.is_empty());
+        n.run_until(500, &mut sink(&mut got));
+        assert_eq!(got, vec![(1, 1), (1, 2)]);
+        // A link that goes down drops what is on it.
+        n.transmit(600, a, frame(mac(2), mac(1), 3, 60), &mut sink(&mut got));
+        n.set_faults(
+            b,
+            Some(Direction::ToDevice),
+            LinkFaults {
+                down: true,
+                ..LinkFaults::default()
+            },
+        );
+        n.run_until(2000, &mut sink(&mut got));
+        assert_eq!(got.len(), 2);
+        assert_eq!(n.port_stats(b).unwrap().link_down_drops, 1);
     }
 
     #[test]
