@@ -159,8 +159,6 @@ impl Net for DevNet {
     type T = transport::mlx5::Mlx5Transport<mlx5_sim::SimBackend>;
 
     fn new(seed: u64, f: &Faults, _nodes: usize) -> Self {
-        let l = f.link;
-        let ppm = |x: u32| f64::from(x) / 1e6;
         DevNet {
             net: SimNet::new(SimConfig {
                 seed,
@@ -173,17 +171,9 @@ impl Net for DevNet {
                 ..Default::default()
             }),
             nics: Vec::new(),
-            faults: mlx5_sim::LinkFaults {
-                loss: ppm(l.loss_ppm),
-                duplicate: ppm(l.dup_ppm),
-                reorder: ppm(l.reorder_ppm),
-                reorder_delay: Duration::from_nanos(l.delay_ns + l.jitter_ns),
-                // The model delivers damaged frames (it has no FCS); a
-                // real link drops them, which is loss, covered above.
-                corrupt: 0.0,
-                delay: Duration::from_nanos(l.delay_ns),
-                down: false,
-            },
+            // The same faults in the same place (what a node sends) as on
+            // the simulated network: one network model under both.
+            faults: f.link.faults(),
             last: None,
             busy: true,
         }
@@ -198,12 +188,19 @@ impl Net for DevNet {
                     ..Default::default()
                 },
             );
-            self.fabric.set_link_faults(nic.port(), self.faults);
+            self.fabric
+                .set_link_faults_dir(nic.port(), mlx5_sim::Direction::ToSwitch, self.faults);
             self.nics.push(nic);
         } else {
             self.net.sm_hub().set_cut_off(&node_uri(i), false);
+            // Up again: the crash took both directions down.
             self.fabric
-                .set_link_faults(self.nics[i].port(), self.faults);
+                .set_link_faults(self.nics[i].port(), mlx5_sim::LinkFaults::default());
+            self.fabric.set_link_faults_dir(
+                self.nics[i].port(),
+                mlx5_sim::Direction::ToSwitch,
+                self.faults,
+            );
         }
         let dev = mlx5::Device::open(
             self.nics[i].backend(),
@@ -260,13 +257,15 @@ impl Net for DevNet {
     }
 
     fn step(&mut self, max_ns: u64) {
-        // The fabric has no event queue to peek at: small steps while
-        // frames move, large ones when the network is quiet.
+        // Small steps while frames move, else up to the next SM delivery or
+        // hop the fabric holds.
         let d = if self.busy { 500 } else { max_ns };
-        let d = match self.net.next_event_ns() {
-            Some(t) if t > self.net.now_ns() => d.min(t - self.net.now_ns()),
-            _ => d,
-        };
+        let now = self.net.now_ns();
+        let d = [self.net.next_event_ns(), self.fabric.next_event_ns()]
+            .into_iter()
+            .flatten()
+            .filter(|&t| t > now)
+            .fold(d, |d, t| d.min(t - now));
         self.net.advance(d.max(1));
         self.busy = self.fabric.advance(Duration::from_nanos(d.max(1))) > 0;
     }

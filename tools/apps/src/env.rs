@@ -159,10 +159,18 @@ impl World for SimWorld {
         } else {
             self.link
         };
-        for other in (0..self.endpoints).filter(|&o| o != ep) {
-            self.net.set_link(ep, other, l);
-            self.net.set_link(other, ep, l);
-        }
+        // What it sends (the endpoint's own link) and what it receives
+        // (the switch's side, clean and without delay when not cut).
+        self.net.set_link(ep, l);
+        let inbound = if cut {
+            l
+        } else {
+            LinkConfig {
+                delay_ns: 0,
+                ..LinkConfig::default()
+            }
+        };
+        self.net.set_link_to(ep, inbound);
         self.net
             .sm_hub()
             .set_cut_off(&Uri::parse(uri).expect("a valid URI"), cut);
