@@ -32,7 +32,7 @@ use mlx5::{Device, Gather, QueueConfig, QueueSet, RxRingView, TxFrame};
 
 use crate::pcap::Capture;
 use crate::rss;
-use crate::wire::{self, FrameError, FrameTemplate, ParseOptions, RoutingInfo};
+use crate::wire::{self, FrameError, FrameTemplate, Headroom, ParseOptions, RoutingInfo};
 use crate::{
     ERPC_HDR_BYTES, HEADROOM_BYTES, MTU, PKTHDR_BYTES, RxRing, Transport, TransportError,
     TransportStats, TxItem,
@@ -79,6 +79,8 @@ impl Mlx5Config {
 /// A resolved peer: the fixed part of every frame to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Mlx5Route {
+    /// Headers of every frame to the peer, built once.
+    headroom: Headroom,
     template: FrameTemplate,
 }
 
@@ -304,21 +306,23 @@ impl<B: HwBackend> Transport for Mlx5Transport<B> {
             Ok(p) => p.unwrap_or(self.local.udp_port),
             Err(e) => return fail(&e.to_string()),
         };
+        let template = FrameTemplate {
+            dst_mac: info.mac,
+            src_mac: self.local.mac,
+            src_ip: self.local.ipv4,
+            dst_ip: info.ipv4,
+            src_port,
+            dst_port: info.udp_port,
+        };
         Ok(Mlx5Route {
-            template: FrameTemplate {
-                dst_mac: info.mac,
-                src_mac: self.local.mac,
-                src_ip: self.local.ipv4,
-                dst_ip: info.ipv4,
-                src_port,
-                dst_port: info.udp_port,
-            },
+            headroom: Headroom::new(&template),
+            template,
         })
     }
 
     #[inline]
     fn fill_headroom(&self, route: &Mlx5Route, headroom: &mut [u8], frame_len: usize) {
-        wire::build_headroom(&route.template, headroom, frame_len);
+        route.headroom.write(headroom, frame_len);
     }
 
     fn tx_burst(&mut self, items: &[TxItem<'_, Mlx5Route>]) -> usize {

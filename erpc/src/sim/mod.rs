@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use netsim::{Direction, LinkFaults, NetConfig, Network, PortId};
-use transport::wire::{FrameTemplate, build_headroom, parse_frame};
+use transport::wire::{FrameTemplate, Headroom, build_headroom, parse_frame};
 use transport::{
     HEADROOM_BYTES, MTU, RoutingInfo, RxRing, Transport, TransportError, TransportStats, TxItem,
 };
@@ -644,7 +644,8 @@ fn port(ep: usize) -> PortId {
 #[derive(Debug, Clone)]
 pub struct SimRoute {
     ep: usize,
-    template: FrameTemplate,
+    /// Headers of every frame to the peer, built once.
+    headroom: Headroom,
 }
 
 /// Read handle of a simulated RX ring (one per transport).
@@ -729,21 +730,22 @@ impl Transport for SimTransport {
                 });
             }
         };
+        let template = FrameTemplate {
+            dst_mac: info.mac,
+            src_mac: self.routing.mac,
+            src_ip: self.routing.ipv4,
+            dst_ip: info.ipv4,
+            src_port,
+            dst_port: info.udp_port,
+        };
         Ok(SimRoute {
             ep,
-            template: FrameTemplate {
-                dst_mac: info.mac,
-                src_mac: self.routing.mac,
-                src_ip: self.routing.ipv4,
-                dst_ip: info.ipv4,
-                src_port,
-                dst_port: info.udp_port,
-            },
+            headroom: Headroom::new(&template),
         })
     }
 
     fn fill_headroom(&self, route: &SimRoute, headroom: &mut [u8], frame_len: usize) {
-        build_headroom(&route.template, headroom, frame_len);
+        route.headroom.write(headroom, frame_len);
     }
 
     fn tx_burst(&mut self, items: &[TxItem<'_, SimRoute>]) -> usize {
