@@ -3,23 +3,68 @@
 # callgrind runs of different lengths (the difference cancels setup).
 # Counts functions whose symbol is in `erpc::` but not `erpc::sim`, and
 # excludes lines inlined from the simulated transport or transport crate.
-# Usage: erpc/benches/callgrind_ir.sh   (from the workspace root)
+#
+# Usage (from the workspace root):
+#   erpc/benches/callgrind_ir.sh             # totals and the top 15 functions
+#   erpc/benches/callgrind_ir.sh --max 1000  # also fail (exit 1) above 1000
+#   TOP=40 erpc/benches/callgrind_ir.sh      # a longer table
 set -euo pipefail
 : "${CARGO_TARGET_DIR:=target}"
+max=""
+if [ "${1:-}" = "--max" ]; then max="$2"; fi
 cargo bench -p erpc --bench small_rpc --no-run >/dev/null 2>&1
 bin=$(ls -t "$CARGO_TARGET_DIR"/release/deps/small_rpc-* | grep -v '\.d$' | head -1)
 tmp=$(mktemp -d)
-sum() {
-  callgrind_annotate --auto=no --inclusive=no --threshold=100 "$1" 2>/dev/null |
-    awk '/ erpc::/ && !/erpc::sim/ && !/erpc\/src\/sim\// && !/transport\/src\// {
-           gsub(",", "", $1); s += $1 } END { print s + 0 }'
-}
-for n in 10000 30000; do
+trap 'rm -rf "$tmp"' EXIT
+short=10000
+long=30000
+for n in $short $long; do
   valgrind --tool=callgrind --callgrind-out-file="$tmp/cg.$n" "$bin" callgrind "$n" >/dev/null 2>&1
+  callgrind_annotate --auto=no --inclusive=no --threshold=100 "$tmp/cg.$n" >"$tmp/ann.$n" 2>/dev/null
 done
-a=$(sum "$tmp/cg.10000"); b=$(sum "$tmp/cg.30000")
-all_a=$(callgrind_annotate --auto=no "$tmp/cg.10000" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
-all_b=$(callgrind_annotate --auto=no "$tmp/cg.30000" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
-echo "eRPC instructions per RPC (client + server): $(( (b - a) / 20000 ))"
-echo "whole program (eRPC + simulated network + benchmark loop) per RPC: $(( (all_b - all_a) / 20000 ))"
-rm -rf "$tmp"
+python3 - "$tmp/ann.$short" "$tmp/ann.$long" $(( long - short )) "${TOP:-15}" "$max" <<'PY'
+import re, sys
+short, long_, rpcs, top, limit = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+line = re.compile(r"^\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(\S+):(.*?)(?: \[[^\]]*\])?\s*$")
+def load(path):
+    fns, total = {}, 0
+    for l in open(path):
+        if "PROGRAM TOTALS" in l:
+            total = int(l.split()[0].replace(",", ""))
+            continue
+        m = line.match(l)
+        if not m:
+            continue
+        ir, file, fn = int(m.group(1).replace(",", "")), m.group(2), m.group(3)
+        fns[(file, fn)] = fns.get((file, fn), 0) + ir
+    return fns, total
+a, ta = load(short)
+b, tb = load(long_)
+def ours(file, fn):
+    return " erpc::" in " " + fn and "erpc::sim" not in fn and "erpc/src/sim/" not in file and "transport/src/" not in file
+per = {}
+for k, v in b.items():
+    d = (v - a.get(k, 0)) / rpcs
+    if d > 0:
+        per[k] = d
+mine = sum(d for k, d in per.items() if ours(*k))
+print(f"eRPC instructions per RPC (client + server): {round(mine)}")
+print(f"whole program (eRPC + simulated network + benchmark loop) per RPC: {round((tb - ta) / rpcs)}")
+print(f"top {top} functions by instructions per RPC (eRPC's marked *):")
+# One row per function, its own lines and those inlined into it from
+# other files together (eRPC's rows count only what the total counts).
+rows = {}
+for (file, fn), d in per.items():
+    name = re.sub(r"::h[0-9a-f]{16}$", "", fn)
+    mark = " erpc::" in " " + fn and "erpc::sim" not in fn
+    if mark and not ours(file, fn):
+        continue
+    rows[(mark, name)] = rows.get((mark, name), 0) + d
+for (mark, name), d in sorted(rows.items(), key=lambda kv: -kv[1])[:top]:
+    if len(name) > 90:
+        name = name[:87] + "..."
+    print(f"  {d:7.1f} {'*' if mark else ' '} {name}")
+if limit and mine > int(limit):
+    print(f"FAIL: {round(mine)} instructions per RPC is above the limit of {limit}")
+    sys.exit(1)
+PY

@@ -219,6 +219,9 @@ impl<T: Transport, C> Rpc<T, C> {
             let first = c.num_tx;
             c.num_tx += n;
             s.credits -= n;
+            // Everything the slot may send is queued now (the usual case):
+            // no second look at the session after the loop below.
+            let all_sent = c.num_tx == wire;
             let req_pkts = c.req_pkts;
             let req_type = c.req_type;
             for pkt in first..first + n {
@@ -243,7 +246,32 @@ impl<T: Transport, C> Rpc<T, C> {
                     );
                 }
             }
+            if all_sent {
+                return false;
+            }
         }
+    }
+
+    /// Client slot `i` was just freed: the oldest backlogged request, if
+    /// any, takes it. A connected session with a backlog has every other
+    /// slot busy (requests wait only when no slot is free, a connecting
+    /// session's backlog is drained when it connects, and every slot that
+    /// frees up comes here), so this is all `drain_backlog` would do.
+    pub(crate) fn refill_slot(&mut self, session: SessionNum, i: usize) {
+        let Some(s) = self.session_mut(session) else {
+            return;
+        };
+        if s.state != SessionState::Connected || s.slots[i].tx_msgbuf.is_some() {
+            return;
+        }
+        let Some(p) = s.backlog.pop_front() else {
+            return;
+        };
+        debug_assert!(
+            s.backlog.is_empty() || s.free_slot() == Some(i),
+            "a backlog waits only while every other slot is busy"
+        );
+        self.start_request(session, i, p.req_type, p.req, p.resp, p.cont, p.tag);
     }
 
     /// Moves backlogged requests of a connected session into free slots.
@@ -320,7 +348,10 @@ impl<T: Transport, C> Rpc<T, C> {
         sv.next_rfr = req_pkts as u32;
         sv.progress_ns = now;
         sv.state = SrvState::Idle;
-        for m in [old_resp, old_req].into_iter().flatten() {
+        if let Some(m) = old_resp {
+            self.recycle(m);
+        }
+        if let Some(m) = old_req {
             self.recycle(m);
         }
         if req_pkts == 1 && self.config.zero_copy_rx {

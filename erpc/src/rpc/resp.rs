@@ -232,6 +232,6 @@ impl<T: Transport, C> Rpc<T, C> {
                 result,
             },
         );
-        self.drain_backlog(sn);
+        self.refill_slot(sn, i);
     }
 }

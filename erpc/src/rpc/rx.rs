@@ -26,15 +26,19 @@ impl<T: Transport, C> Rpc<T, C> {
             .take()
             .expect("run_event_loop_once must not be called from a handler or continuation");
         debug_assert!(n <= self.ring_entries);
-        for k in 0..n {
-            let idx = (self.rx_head + k) % self.ring_entries;
-            self.stats.rx_pkts += 1;
+        let mut idx = self.rx_head;
+        for _ in 0..n {
             match ring.packet(idx) {
                 Some(pkt) => self.process_pkt(ctx, pkt),
                 None => self.stats.drop(DropReason::RingMalformed),
             }
+            idx += 1;
+            if idx == self.ring_entries {
+                idx = 0;
+            }
         }
-        self.rx_head = (self.rx_head + n) % self.ring_entries;
+        self.stats.rx_pkts += n as u64;
+        self.rx_head = idx;
         self.transport.post_recvs(&mut ring, n);
         self.ring = Some(ring);
         n

@@ -15,6 +15,7 @@
 //! wire (the client's retransmission timeout; the server answers the
 //! retransmitted request again). Nothing vanishes uncounted.
 
+use arrayvec::ArrayVec;
 use transport::{HEADROOM_BYTES, PKTHDR_BYTES, Transport, TxItem};
 
 use super::{CTRL_SLOT_BYTES, Rpc};
@@ -161,11 +162,17 @@ impl<T: Transport, C> Rpc<T, C> {
 
     /// Sends everything queued, in bursts of at most `tx_burst_max`.
     /// Packets the transport refuses stay queued, in order.
+    #[inline]
     pub(crate) fn flush_tx(&mut self) {
-        let n = self.tx.len;
-        if n == 0 {
-            return;
+        // Most event-loop iterations have nothing queued: decide that
+        // before paying for the call.
+        if self.tx.len != 0 {
+            self.flush_tx_queued();
         }
+    }
+
+    fn flush_tx_queued(&mut self) {
+        let n = self.tx.len;
         let chunk = self.tx_burst_max.min(TX_CHUNK_MAX);
         let mut done = 0;
         while done < n {
@@ -190,11 +197,9 @@ impl<T: Transport, C> Rpc<T, C> {
         debug_assert!(end - start <= TX_CHUNK_MAX);
         let ctrl = self.ctrl.as_ref().expect("control buffer lives until drop");
         let ctrl_bytes = ctrl.as_slice();
-        let mut items: [Option<TxItem<'_, T::Route>>; TX_CHUNK_MAX] =
-            [const { None }; TX_CHUNK_MAX];
+        let mut burst: ArrayVec<TxItem<'_, T::Route>, TX_CHUNK_MAX> = ArrayVec::new();
         // Entry index of each item, to know what a partial burst consumed.
         let mut entry_of = [0u8; TX_CHUNK_MAX];
-        let mut k = 0;
         // Congestion control: TX timestamps of client packets, one clock
         // read per burst with batched timestamps.
         let cc = self.wheel.is_some();
@@ -265,18 +270,14 @@ impl<T: Transport, C> Rpc<T, C> {
                     }
                 }
             };
-            items[k] = Some(item);
-            entry_of[k] = j as u8;
-            k += 1;
+            entry_of[burst.len()] = j as u8;
+            burst.push(item);
         }
-        let Some(pad) = items[0].clone() else {
+        let k = burst.len();
+        if k == 0 {
             return end - start;
-        };
-        // A contiguous array for the transport; slots past `k` are padding
-        // that is never passed on.
-        let burst: [TxItem<'_, T::Route>; TX_CHUNK_MAX] =
-            std::array::from_fn(|j| items[j].take().unwrap_or_else(|| pad.clone()));
-        let sent = self.transport.tx_burst(&burst[..k]).min(k);
+        }
+        let sent = self.transport.tx_burst(&burst).min(k);
         self.stats.tx_bursts += 1;
         self.stats.tx_pkts += sent as u64;
         if sent == k {
