@@ -993,12 +993,11 @@ fn run_points<T: Transport + 'static>(
     ))
 }
 
-/// Raw echo of eRPC-sized packets between two transports of a testbed (no
-/// eRPC): round trips per second with `window` in flight.
+/// The raw-echo reference of one eRPC point, between two transports of a
+/// testbed (no eRPC): see [`raw_echo`].
 pub fn raw_echo_on<W: Testbed>(
     w: &W,
-    size: usize,
-    window: usize,
+    p: Point,
     dur: Duration,
     progress: &Progress,
 ) -> Result<f64, BenchError> {
@@ -1006,125 +1005,200 @@ pub fn raw_echo_on<W: Testbed>(
     let mut b = w.transport(1, RAW_ECHO_PORT + 1, &Knobs::default())?;
     let (mut aa, mut ab) = (w.allocator(0, 2 << 20)?, w.allocator(1, 2 << 20)?);
     raw_echo(
-        &mut a,
-        &mut b,
-        &mut aa,
-        &mut ab,
-        size,
-        window,
+        [&mut a, &mut b],
+        [&mut aa, &mut ab],
+        p,
         dur,
         progress,
         || w.step(),
     )
 }
 
-/// Echoes packets of `PKTHDR_BYTES + min(size, MAX_DATA_PER_PKT)` bytes
-/// from `a` to `b` and back, keeping `window` in flight, for `dur`;
-/// returns round trips per second.
-#[allow(clippy::too_many_arguments)]
+/// First payload byte of a raw-echo packet: a request (answered) or a
+/// response (completes a round trip).
+const RAW_REQ: u8 = 0;
+const RAW_RESP: u8 = 1;
+
+/// One node of the raw echo: what eRPC's node does with packets, without
+/// eRPC. Requests and responses are two pre-built frames (headers filled
+/// once), sent as often as needed.
+struct EchoNode<'a, T: Transport> {
+    t: &'a mut T,
+    ring: T::Ring,
+    head: usize,
+    route: T::Route,
+    req: mempool::Buffer,
+    resp: mempool::Buffer,
+    /// Requests sent and not yet answered.
+    in_flight: usize,
+    /// Requests and responses queued for the next flush (refused ones stay).
+    queued_req: usize,
+    queued_resp: usize,
+    /// Round trips completed.
+    done: u64,
+}
+
+impl<T: Transport> EchoNode<'_, T> {
+    /// Queues a batch of requests if the window allows (eRPC's `issue`).
+    fn issue(&mut self, p: Point) {
+        if self.in_flight + p.batch <= p.window {
+            self.in_flight += p.batch;
+            self.queued_req += p.batch;
+        }
+    }
+
+    /// One event-loop iteration: an RX burst (requests queue a response,
+    /// responses complete), then the TX flush in bursts of the transport's
+    /// maximum, requests first; what the transport refuses stays queued.
+    fn poll(&mut self, len: usize) {
+        let n = self.t.rx_burst();
+        if n > 0 {
+            let entries = self.ring.entries();
+            for k in 0..n {
+                match self.ring.packet((self.head + k) % entries).map(|p| p[0]) {
+                    Some(RAW_REQ) => self.queued_resp += 1,
+                    Some(_) => {
+                        self.in_flight -= 1;
+                        self.done += 1;
+                    }
+                    None => {}
+                }
+            }
+            self.head = (self.head + n) % entries;
+            self.t.post_recvs(&mut self.ring, n);
+        }
+        let chunk = self.t.tx_burst_max().min(16);
+        while self.queued_req + self.queued_resp > 0 {
+            let nreq = self.queued_req.min(chunk);
+            let k = (nreq + self.queued_resp).min(chunk);
+            let (route, req, resp) = (&self.route, &self.req, &self.resp);
+            let items: [TxItem<'_, T::Route>; 16] = std::array::from_fn(|j| {
+                let buf = if j < nreq { req } else { resp };
+                TxItem {
+                    route,
+                    pkt: &buf.as_slice()[..len],
+                    pkt_iova: buf.iova(),
+                    data: &[],
+                    data_iova: 0,
+                    lkey: buf.lkey(),
+                    drop: false,
+                }
+            });
+            let sent = self.t.tx_burst(&items[..k]).min(k);
+            let sent_req = sent.min(nreq);
+            self.queued_req -= sent_req;
+            self.queued_resp -= sent - sent_req;
+            if sent < k {
+                break;
+            }
+        }
+    }
+}
+
+/// The like-for-like reference of an eRPC point: two nodes, each both
+/// client and server as in eRPC's run, each sending requests in batches
+/// of `p.batch` with at most `p.window` in flight and answering the other's
+/// requests, with frames of eRPC's packet size, polled and flushed the
+/// way the eRPC event loop does (one RX burst, then one TX flush, per node
+/// per iteration, `step` after both). Returns round trips completed per
+/// second by both nodes together, counted as eRPC counts RPCs; eRPC's
+/// packet rate divided by this is at most 1 unless the measurement is
+/// wrong.
 pub fn raw_echo<T: Transport>(
-    a: &mut T,
-    b: &mut T,
-    aa: &mut Allocator,
-    ab: &mut Allocator,
-    size: usize,
-    window: usize,
+    t: [&mut T; 2],
+    mut alloc: [&mut Allocator; 2],
+    p: Point,
     dur: Duration,
     progress: &Progress,
     mut step: impl FnMut(),
 ) -> Result<f64, BenchError> {
-    let len = PKTHDR_BYTES + raw_echo_data_bytes(size);
-    let resolve = |t: &T, peer: &T, who: &str| {
-        t.resolve(&peer.local_routing_info())
-            .map_err(|e| BenchError::setup(format!("raw echo: resolving {who}'s peer"), e))
-    };
-    let (ra, rb) = (resolve(a, b, "a")?, resolve(b, a, "b")?);
-    let alloc = |x: &mut Allocator| {
-        x.alloc(len)
-            .map_err(|e| BenchError::setup("raw echo: packet buffer", e))
-    };
-    let mut ba = alloc(aa)?;
-    let mut bb = match alloc(ab) {
-        Ok(b) => b,
-        Err(e) => {
-            aa.free(ba);
-            return Err(e);
-        }
-    };
-    a.fill_headroom(
-        &ra,
-        &mut ba.as_mut_slice()[..transport::HEADROOM_BYTES],
-        len,
-    );
-    b.fill_headroom(
-        &rb,
-        &mut bb.as_mut_slice()[..transport::HEADROOM_BYTES],
-        len,
-    );
-    fn item<'a, R>(r: &'a R, buf: &'a mempool::Buffer, len: usize) -> TxItem<'a, R> {
-        TxItem {
-            route: r,
-            pkt: &buf.as_slice()[..len],
-            pkt_iova: buf.iova(),
-            data: &[],
-            data_iova: 0,
-            lkey: buf.lkey(),
-            drop: false,
+    let len = PKTHDR_BYTES + raw_echo_data_bytes(p.size);
+    let [ta, tb] = t;
+    let routes = [
+        ta.resolve(&tb.local_routing_info()),
+        tb.resolve(&ta.local_routing_info()),
+    ];
+    let mut nodes: Vec<EchoNode<'_, T>> = Vec::with_capacity(2);
+    let mut failed = None;
+    for (i, (t, route)) in [ta, tb].into_iter().zip(routes).enumerate() {
+        let made = (|| {
+            let route = route.map_err(|e| {
+                BenchError::setup(format!("raw echo: resolving node {i}'s peer"), e)
+            })?;
+            let ring = t
+                .take_rx_ring()
+                .ok_or_else(|| BenchError::Run("raw echo: the RX ring was taken".into()))?;
+            let req = alloc[i]
+                .alloc(len)
+                .map_err(|e| BenchError::setup("raw echo: packet buffer", e))?;
+            let resp = match alloc[i].alloc(len) {
+                Ok(b) => b,
+                Err(e) => {
+                    alloc[i].free(req);
+                    return Err(BenchError::setup("raw echo: packet buffer", e));
+                }
+            };
+            Ok((route, ring, req, resp))
+        })();
+        match made {
+            Ok((route, ring, mut req, mut resp)) => {
+                for (b, kind) in [(&mut req, RAW_REQ), (&mut resp, RAW_RESP)] {
+                    let s = b.as_mut_slice();
+                    t.fill_headroom(&route, &mut s[..transport::HEADROOM_BYTES], len);
+                    s[transport::HEADROOM_BYTES..len].fill(0);
+                    s[transport::HEADROOM_BYTES] = kind;
+                }
+                nodes.push(EchoNode {
+                    t,
+                    ring,
+                    head: 0,
+                    route,
+                    req,
+                    resp,
+                    in_flight: 0,
+                    queued_req: 0,
+                    queued_resp: 0,
+                    done: 0,
+                });
+            }
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
         }
     }
-    let mut ring_a = a.take_rx_ring().expect("the RX ring");
-    let mut ring_b = b.take_rx_ring().expect("the RX ring");
-    let (mut head_a, mut head_b) = (0usize, 0usize);
-    let (mut in_flight, mut done) = (0usize, 0u64);
-    progress.phase("raw echo", dur);
-    let t0 = Instant::now();
-    while t0.elapsed() < dur {
-        progress.tick(t0.elapsed());
-        for _ in 0..64 {
-            let n = (window - in_flight).min(a.tx_burst_max());
-            if n > 0 {
-                let items: [TxItem<'_, T::Route>; 16] =
-                    std::array::from_fn(|_| item(&ra, &ba, len));
-                in_flight += a.tx_burst(&items[..n.min(16)]);
-            }
-            step();
-            let nb = b.rx_burst();
-            if nb > 0 {
-                for i in 0..nb {
-                    std::hint::black_box(ring_b.packet((head_b + i) % ring_b.entries()));
+    let mut elapsed = 0.0;
+    if failed.is_none() {
+        progress.phase(&format!("raw echo, B = {}", p.batch), dur);
+        let t0 = Instant::now();
+        while t0.elapsed() < dur {
+            progress.tick(t0.elapsed());
+            for _ in 0..64 {
+                for n in nodes.iter_mut() {
+                    n.issue(p);
+                    n.poll(len);
                 }
-                head_b += nb;
-                let mut left = nb;
-                while left > 0 {
-                    let k = left.min(b.tx_burst_max()).min(16);
-                    let items: [TxItem<'_, T::Route>; 16] =
-                        std::array::from_fn(|_| item(&rb, &bb, len));
-                    left -= b.tx_burst(&items[..k]);
-                }
-                b.post_recvs(&mut ring_b, nb);
+                step();
             }
-            step();
-            let na = a.rx_burst();
-            for i in 0..na {
-                std::hint::black_box(ring_a.packet((head_a + i) % ring_a.entries()));
-            }
-            head_a += na;
-            a.post_recvs(&mut ring_a, na);
-            in_flight = in_flight.saturating_sub(na);
-            done += na as u64;
         }
+        elapsed = t0.elapsed().as_secs_f64();
+        progress.clear();
     }
-    let rate = done as f64 / t0.elapsed().as_secs_f64();
-    progress.clear();
-    aa.free(ba);
-    ab.free(bb);
+    let done: u64 = nodes.iter().map(|n| n.done).sum();
+    for (i, n) in nodes.into_iter().enumerate() {
+        alloc[i].free(n.req);
+        alloc[i].free(n.resp);
+    }
+    if let Some(e) = failed {
+        return Err(e);
+    }
     if done == 0 {
         return Err(BenchError::Run(format!(
             "raw echo: no packet of {len} bytes came back in {:.1} s",
             dur.as_secs_f64()
         )));
     }
-    Ok(rate)
+    Ok(done as f64 / elapsed)
 }
 
 /// An identity-mapped allocator for the kernel-UDP runs (the kernel
@@ -1184,11 +1258,11 @@ pub fn udp_erpc(
     Ok(out)
 }
 
-/// Raw echo over two UDP transports on loopback, same shape as eRPC's run.
+/// The raw-echo reference of an eRPC point over two UDP transports on
+/// loopback (see [`raw_echo`]).
 pub fn udp_raw_echo(
     plan: &MemoryPlan,
-    size: usize,
-    window: usize,
+    p: Point,
     dur: Duration,
     progress: &Progress,
 ) -> Result<f64, BenchError> {
@@ -1200,12 +1274,9 @@ pub fn udp_raw_echo(
     let mut aa = udp_allocator(plan, 2 << 20, "raw echo: buffers")?;
     let mut ab = udp_allocator(plan, 2 << 20, "raw echo: buffers")?;
     raw_echo(
-        &mut a,
-        &mut b,
-        &mut aa,
-        &mut ab,
-        size,
-        window,
+        [&mut a, &mut b],
+        [&mut aa, &mut ab],
+        p,
         dur,
         progress,
         || {},
