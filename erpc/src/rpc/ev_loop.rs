@@ -30,7 +30,9 @@ impl<T: Transport, C> Rpc<T, C> {
         }
         self.process_rx(ctx);
         self.process_stallq();
-        self.process_bg();
+        if !self.bg.backlog.is_empty() || self.bg.outstanding != 0 {
+            self.process_bg();
+        }
         if !self.sm_queue.is_empty() || !self.sm_pending.is_empty() || !self.abandoned.is_empty() {
             self.process_sm();
         }
