@@ -39,6 +39,12 @@ impl<T: Transport, C> Rpc<T, C> {
             self.pay_owed(ctx);
         }
         self.flush_tx();
+        // The debug endpoint: one relaxed load while nobody is attached.
+        if let Some(p) = &self.inspect
+            && p.wanted()
+        {
+            self.publish_inspect();
+        }
         self.in_event_loop = false;
     }
 

@@ -503,6 +503,8 @@ pub struct Rpc<T: Transport, C> {
     bg: BgState,
     in_event_loop: bool,
     stats: RpcStats,
+    /// Debug-endpoint publication (`crate::inspect`), if the Nexus is exposed.
+    pub(crate) inspect: Option<debug_endpoint::Publisher<crate::inspect::RpcView>>,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -629,6 +631,7 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             },
             in_event_loop: false,
             stats: RpcStats::default(),
+            inspect: nexus.inspect_publisher(rpc_id),
             _not_send: PhantomData,
         })
     }
