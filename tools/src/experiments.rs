@@ -83,7 +83,7 @@ fn measure(
     warmup: Duration,
     progress: &Progress,
 ) -> Result<Outcome, BenchError> {
-    let dm = DeviceModel::new(plan.clone(), None)?;
+    let dm = DeviceModel::new(plan.clone(), None, false)?;
     dm.set_loss(loss);
     erpc_on(&dm, p, dur, warmup, progress)
 }
