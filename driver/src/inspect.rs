@@ -783,7 +783,7 @@ impl<B: HwBackend> Source for DeviceSource<B> {
         // this thread holding a handle.
         let guard = self.inner.read().unwrap_or_else(|p| p.into_inner());
         let Some(inner) = guard.as_ref().and_then(Weak::upgrade) else {
-            return serde_json::json!({ "name": self.name, "closed": true });
+            return Value::Null; // being closed
         };
         let dev = Device { inner };
         let (eq, cq_errors) = eq_view(&dev);

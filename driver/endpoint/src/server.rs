@@ -58,7 +58,8 @@ pub trait Source: Send + Sync + 'static {
     /// True while one of this source's publishers has not answered
     /// `generation`.
     fn pending(&self, generation: u64) -> bool;
-    /// This source's section of a snapshot.
+    /// This source's section of a snapshot (`Value::Null`: nothing to
+    /// show, e.g. the object is being torn down).
     fn render(&self, query: &Query) -> Value;
 }
 
@@ -448,6 +449,9 @@ fn snapshot(rings: bool, timeout: Duration) -> Value {
     obj.insert("waited_ms".into(), json!(waited_ms));
     for s in sources() {
         let section = s.render(&q);
+        if section.is_null() {
+            continue;
+        }
         let e = obj
             .entry(s.kind())
             .or_insert_with(|| Value::Array(Vec::new()));
