@@ -139,9 +139,10 @@ pub struct QueueSetSoftware {
     pub rings: Option<Rings>,
 }
 
-/// How a software value must relate to its firmware twin.
+/// How a software value must relate to its firmware twin (JSON: an object
+/// with `kind`, and `window` for `unordered`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Relation {
     /// Must be equal.
     Equal,

@@ -183,11 +183,11 @@ impl<'a> Rates<'a> {
 fn rate(prev: u64, cur: u64, secs: f64) -> String {
     let r = cur.saturating_sub(prev) as f64 / secs;
     if r >= 1e6 {
-        format!("{:.2} M/s", r / 1e6)
+        format!("[{:.2} M/s]", r / 1e6)
     } else if r >= 1e3 {
-        format!("{:.1} k/s", r / 1e3)
+        format!("[{:.1} k/s]", r / 1e3)
     } else {
-        format!("{r:.0}/s")
+        format!("[{r:.0}/s]")
     }
 }
 
@@ -340,7 +340,7 @@ fn queue_set_text(
     let r = rates.and_then(|r| r.queue_set(&dev.report.name, q.udp_port));
     let rt = |f: fn(&QueueSetView) -> u64| {
         r.map_or(String::new(), |(p, c, dt)| {
-            format!(" ({})", rate(f(p), f(c), dt))
+            format!(" {}", rate(f(p), f(c), dt))
         })
     };
     let sq_state = match &s.sq_error {
@@ -382,15 +382,14 @@ fn queue_set_text(
     let posted_strides = u64::from(s.rq_head) * u64::from(strides);
     let _ = writeln!(
         out,
-        "    RQ       {} WQEs posted of {} ({} strides of {} B each); {} strides reported, {} outstanding; {} slots to repost; {} reposts",
-        s.rq_head,
+        "    RQ       {} WQEs x {} strides of {} B; {} WQEs posted, {} strides reported, {} posted and not yet reported; {} slots given back, not reposted",
         sw.rq_wqes,
         strides,
         sw.rq_stride_bytes,
+        s.rq_head,
         sw.rx_strides_reported,
         posted_strides.wrapping_sub(u64::from(sw.rx_strides_reported)) & 0xffff_ffff,
-        s.rx_to_post,
-        st.rx_reposts
+        s.rx_to_post
     );
     let oob = q
         .firmware
@@ -581,7 +580,7 @@ fn rpc_text(
     let rt = |k: &str| {
         rr.map_or(String::new(), |(p, cur, dt)| {
             let f = |x: &RpcView| x.stats.counters.get(k).copied().unwrap_or(0);
-            format!(" ({})", rate(f(p), f(cur), dt))
+            format!(" {}", rate(f(p), f(cur), dt))
         })
     };
     let _ = writeln!(
@@ -1057,9 +1056,9 @@ mod tests {
 
     #[test]
     fn rates_and_request_numbers_read_well() {
-        assert_eq!(rate(0, 1_500_000, 1.0), "1.50 M/s");
-        assert_eq!(rate(10, 2_010, 2.0), "1.0 k/s");
-        assert_eq!(rate(5, 3, 1.0), "0/s");
+        assert_eq!(rate(0, 1_500_000, 1.0), "[1.50 M/s]");
+        assert_eq!(rate(10, 2_010, 2.0), "[1.0 k/s]");
+        assert_eq!(rate(5, 3, 1.0), "[0/s]");
         assert_eq!(
             req_nums_text(&[16, 9, 10, 11, 12, 13, 14, 15]),
             "9+[7 0 1 2 3 4 5 6]"

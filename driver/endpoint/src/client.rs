@@ -83,14 +83,18 @@ impl Client {
             move |source| ClientError::Io { what, path, source }
         };
         let mut s = self.reader.get_ref();
-        s.write_all(line.as_bytes())
-            .and_then(|()| s.write_all(b"\n"))
-            .map_err(io("cannot send to"))?;
+        let sent = s
+            .write_all(line.as_bytes())
+            .and_then(|()| s.write_all(b"\n"));
         let mut answer = String::new();
-        let n = self
-            .reader
-            .read_line(&mut answer)
-            .map_err(io("cannot read from"))?;
+        let read = self.reader.read_line(&mut answer);
+        // An endpoint that refuses the connection answers before it reads
+        // (and closes): its answer counts even if sending failed.
+        let n = match (sent, read) {
+            (_, Ok(n)) if n > 0 => n,
+            (Err(e), _) => return Err(io("cannot send to")(e)),
+            (Ok(()), r) => r.map_err(io("cannot read from"))?,
+        };
         if n == 0 {
             return Err(ClientError::Closed {
                 path: self.path.clone(),

@@ -58,9 +58,6 @@ enum Cmd {
         /// JSON instead of a table.
         #[arg(long)]
         json: bool,
-        /// Socket directory (default: $ERPC_INSPECT_DIR, $XDG_RUNTIME_DIR/erpc, /run/erpc).
-        #[arg(long, value_name = "DIR")]
-        dir: Option<PathBuf>,
     },
     /// Bring a device up (no running process needed), print what it is,
     /// tear it down.
@@ -122,10 +119,10 @@ struct Cli {
     #[arg(long, default_value_t = 500, value_name = "MS")]
     timeout_ms: u64,
     /// Socket directory (default: $ERPC_INSPECT_DIR, $XDG_RUNTIME_DIR/erpc, /run/erpc).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", global = true)]
     dir: Option<PathBuf>,
     /// Colors: auto (a terminal without NO_COLOR), always, never.
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_enum, default_value = "auto", global = true)]
     color: Color,
 }
 
@@ -180,8 +177,8 @@ fn json<T: serde::Serialize>(v: &T, pretty: bool) -> String {
 
 fn run(cli: Cli) -> Result<(), Fail> {
     match cli.cmd {
-        Some(Cmd::List { json: j, dir }) => {
-            let dir = dir.unwrap_or_else(debug_endpoint::socket_dir);
+        Some(Cmd::List { json: j }) => {
+            let dir = cli.dir.clone().unwrap_or_else(debug_endpoint::socket_dir);
             let l = list(&dir).map_err(|e| Fail::Run(format!("reading {}: {e}", dir.display())))?;
             if j {
                 out(&json(&l, true))
@@ -221,6 +218,11 @@ fn show(cli: Cli) -> Result<(), Fail> {
                 .into(),
         ));
     };
+    if matches!(target, "list" | "device") {
+        return Err(Fail::Usage(format!(
+            "options go after the subcommand: `erpc-inspect {target} [OPTIONS]`"
+        )));
+    }
     if !cli.interval.is_finite() || !(0.05..=3600.0).contains(&cli.interval) {
         return Err(Fail::Usage(format!(
             "--interval {}: must be 0.05 to 3600 seconds",
@@ -237,21 +239,6 @@ fn show(cli: Cli) -> Result<(), Fail> {
     if cli.count == Some(0) {
         return Err(Fail::Usage("--count 0: must be at least 1".into()));
     }
-    let dir = cli.dir.clone().unwrap_or_else(debug_endpoint::socket_dir);
-    let (path, pid) = match target.parse::<u32>() {
-        Ok(pid) => (debug_endpoint::socket_path(&dir, pid), Some(pid)),
-        Err(_) => (PathBuf::from(target), None),
-    };
-    if !path.exists() {
-        return Err(Fail::Run(match pid {
-            Some(p) if std::path::Path::new(&format!("/proc/{p}")).exists() => format!(
-                "process {p} has no debug endpoint in {} (it needs NexusBuilder::inspect, DeviceConfig::inspect, ERPC_INSPECT=1 or erpc-bench --inspect; another directory? see --dir)",
-                dir.display()
-            ),
-            Some(p) => format!("no process {p}, and no endpoint {}", path.display()),
-            None => format!("no endpoint socket at {}", path.display()),
-        }));
-    }
     let descriptor = match (cli.cqe, cli.wqe) {
         (Some(n), _) => Some(match cli.cq {
             Cq::Rx => Descriptor::RxCqe(n),
@@ -267,6 +254,30 @@ fn show(cli: Cli) -> Result<(), Fail> {
         return Err(Fail::Usage(
             "--queue selects the queue set of --cqe or --wqe".into(),
         ));
+    }
+    let dir = cli.dir.clone().unwrap_or_else(debug_endpoint::socket_dir);
+    let (path, pid) = match target.parse::<u32>() {
+        Ok(pid) => (debug_endpoint::socket_path(&dir, pid), Some(pid)),
+        Err(_) => (PathBuf::from(target), None),
+    };
+    match std::fs::symlink_metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Err(Fail::Run(format!(
+                "cannot reach {}: {e} (the endpoint is owner-only: run erpc-inspect as the user the process runs as)",
+                path.display()
+            )));
+        }
+        _ => {}
+    }
+    if !path.exists() {
+        return Err(Fail::Run(match pid {
+            Some(p) if std::path::Path::new(&format!("/proc/{p}")).exists() => format!(
+                "process {p} has no debug endpoint in {} (it needs NexusBuilder::inspect, DeviceConfig::inspect, ERPC_INSPECT=1 or erpc-bench --inspect; another directory? see --dir)",
+                dir.display()
+            ),
+            Some(p) => format!("no process {p}, and no endpoint {}", path.display()),
+            None => format!("no endpoint socket at {}", path.display()),
+        }));
     }
     let rings = descriptor.is_some_and(Descriptor::needs_rings);
     let timeout = Duration::from_millis(cli.timeout_ms);
