@@ -4,10 +4,12 @@
 //! A [`Device`] opened with [`crate::DeviceConfig::inspect`] (or with
 //! `ERPC_INSPECT=1`) registers itself with the process's endpoint. Each of
 //! its queue sets then owns a publisher: when a client asks, the queue
-//! set's thread copies its software state ([`QueueSetSoftware`]) the next
-//! time [`crate::QueueSet::poll_control`] services the event queue (every
-//! `control_interval` calls, so the datapath pays nothing per call). Every
-//! thing else is read by the endpoint's thread, which the datapath never
+//! set's thread copies its software state as it is (counters, indexes and
+//! the raw RX CQEs, [`QueueSetRaw`]) the next time
+//! [`crate::QueueSet::poll_control`] services the event queue (every
+//! `control_interval` calls, so the datapath pays nothing per call); the
+//! endpoint's thread turns the copy into a [`QueueSetSoftware`] (hex,
+//! names). Everything else is read by the endpoint's thread, which the datapath never
 //! waits for: the device's identity and capabilities, the health registers,
 //! the event queue (under the control lock, which queue-set threads only
 //! ever try-lock), and the firmware's view of every queue through QUERY_SQ,
@@ -89,6 +91,59 @@ impl RingCopy {
         self.hex
             .get(k as usize)
             .and_then(|h| debug_endpoint::unhex(h))
+    }
+}
+
+/// A ring as copied by the queue set's thread (raw bytes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawRing {
+    /// Bytes per entry.
+    pub entry_bytes: u32,
+    /// Entries in the ring.
+    pub ring_entries: u32,
+    /// Ring index of the first entry copied.
+    pub first: u32,
+    /// The entries, back to back.
+    pub bytes: Vec<u8>,
+}
+
+impl RawRing {
+    fn view(&self) -> RingCopy {
+        RingCopy {
+            entry_bytes: self.entry_bytes,
+            ring_entries: self.ring_entries,
+            first: self.first,
+            hex: self
+                .bytes
+                .chunks(self.entry_bytes.max(1) as usize)
+                .map(debug_endpoint::hex)
+                .collect(),
+        }
+    }
+}
+
+/// What a queue set's thread copies when asked: its state as is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueSetRaw {
+    /// See [`QueueSetSoftware`]: every field but the CQEs and rings.
+    pub software: QueueSetSoftware,
+    /// The RX CQ ring, raw.
+    pub rx_cqes: RawRing,
+    /// Whole rings (SQ, RQ, TX CQ), when asked for.
+    pub rings: Option<[RawRing; 3]>,
+}
+
+impl QueueSetRaw {
+    /// The view: descriptors as hex.
+    pub fn view(&self) -> QueueSetSoftware {
+        let mut v = self.software.clone();
+        v.rx_cqes = self.rx_cqes.view().hex;
+        v.rings = self.rings.as_ref().map(|[sq, rq, tx_cq]| Rings {
+            sq: sq.view(),
+            rq: rq.view(),
+            tx_cq: tx_cq.view(),
+        });
+        v
     }
 }
 
@@ -739,7 +794,7 @@ fn eq_view<B: HwBackend>(dev: &Device<B>) -> (Option<EqView>, Vec<CqErrorView>) 
 struct QsEntry {
     udp_port: u16,
     ids: QueueIds,
-    slot: Arc<Slot<QueueSetSoftware>>,
+    slot: Arc<Slot<QueueSetRaw>>,
 }
 
 /// The device's source, served by the endpoint thread.
@@ -752,7 +807,7 @@ struct DeviceSource<B: HwBackend> {
 }
 
 impl<B: HwBackend> DeviceSource<B> {
-    fn entries(&self) -> Vec<(u16, QueueIds, Arc<Slot<QueueSetSoftware>>)> {
+    fn entries(&self) -> Vec<(u16, QueueIds, Arc<Slot<QueueSetRaw>>)> {
         let mut q = self.queue_sets.lock().unwrap_or_else(|p| p.into_inner());
         q.retain(|e| !e.slot.is_closed());
         q.iter()
@@ -793,7 +848,7 @@ impl<B: HwBackend> Source for DeviceSource<B> {
             .into_iter()
             .map(|(udp_port, ids, slot)| {
                 let latest = slot.latest();
-                let mut software = latest.as_ref().map(|l| (*l.value).clone());
+                let mut software = latest.as_ref().map(|l| l.value.view());
                 if !q.rings
                     && let Some(s) = software.as_mut()
                 {
@@ -863,11 +918,7 @@ impl<B: HwBackend> DeviceInspect<B> {
     }
 
     /// A publisher for a new queue set.
-    pub(crate) fn add_queue_set(
-        &self,
-        udp_port: u16,
-        ids: QueueIds,
-    ) -> Publisher<QueueSetSoftware> {
+    pub(crate) fn add_queue_set(&self, udp_port: u16, ids: QueueIds) -> Publisher<QueueSetRaw> {
         let (p, slot) = Publisher::new();
         let mut q = self
             .source

@@ -394,7 +394,7 @@ pub struct QueueSet<B: HwBackend> {
     /// Calls of `poll_control` until the next EQ service.
     control_countdown: u32,
     /// Publication for the debug endpoint, if the device exposes one.
-    inspect: Option<debug_endpoint::Publisher<crate::inspect::QueueSetSoftware>>,
+    inspect: Option<debug_endpoint::Publisher<crate::inspect::QueueSetRaw>>,
     _not_sync: PhantomData<Cell<()>>,
 }
 

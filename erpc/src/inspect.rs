@@ -6,9 +6,11 @@
 //! `ERPC_INSPECT=1`) registers itself with the process's endpoint, and
 //! each of its Rpcs gets a publisher. The event loop checks it once per
 //! iteration — one relaxed atomic load while nobody is attached — and when
-//! a client asks, copies its counters and sessions ([`RpcView`]) and hands
-//! them over without waiting. The Nexus's own counters (session
-//! management, keep-alive) are read by the endpoint thread.
+//! a client asks, copies its counters and sessions as they are (`RpcRaw`)
+//! and hands them over without waiting; the endpoint thread turns them
+//! into an [`RpcView`] (names, maps), so the datapath pays only for the
+//! copy. The Nexus's own counters (session management, keep-alive) are
+//! read by the endpoint thread.
 //!
 //! The JSON keys are the field names of [`NexusView`] and the types it
 //! holds; `erpc-inspect --json` prints them and a test pins them.
@@ -20,10 +22,10 @@ use std::sync::{Arc, Mutex};
 use debug_endpoint::{PublishInfo, Publisher, Query, Registration, Slot, Source};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use transport::{Transport, TransportStats};
+use transport::{RoutingInfo, Transport, TransportStats};
 
 use crate::nexus::{LivenessStats, SmRouter, SmRouterStats, Uri};
-use crate::rpc::{Rpc, SessionNum};
+use crate::rpc::{Rpc, SessionInfo, SessionNum};
 use crate::stats::{DropReason, RpcStats};
 
 /// `CamelCase` → `snake_case` (stable JSON names from enum variants).
@@ -370,9 +372,78 @@ fn liveness_view(s: LivenessStats) -> LivenessView {
     }
 }
 
+/// What an Rpc's thread copies when asked: its state as is, converted
+/// into an [`RpcView`] by the endpoint thread.
+#[derive(Debug, Clone)]
+pub(crate) struct RpcRaw {
+    rpc_id: u8,
+    now_ns: u64,
+    kind: &'static str,
+    routing: RoutingInfo,
+    transport: TransportStats,
+    stats: RpcStats,
+    rx_ring_entries: usize,
+    rx_ring_unreserved: usize,
+    alloc_in_use_bytes: usize,
+    alloc_reserved_bytes: usize,
+    /// Each session with its RTT and Timely rate, if kept.
+    sessions: Vec<(SessionInfo, Option<f64>, Option<f64>)>,
+}
+
+impl RpcRaw {
+    /// The view, with names and maps.
+    pub(crate) fn view(&self) -> RpcView {
+        let ri = &self.routing;
+        RpcView {
+            rpc_id: self.rpc_id,
+            now_ns: self.now_ns,
+            transport: TransportView {
+                kind: self.kind.to_string(),
+                mac: ri
+                    .mac
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<Vec<_>>()
+                    .join(":"),
+                ipv4: ri.ipv4.to_string(),
+                udp_port: ri.udp_port,
+                rxq_id: ri.rxq_id,
+                rss_table_size: ri.rss_table_size,
+                stats: transport_stats(&self.transport),
+            },
+            stats: rpc_stats(&self.stats),
+            rx_ring_entries: self.rx_ring_entries,
+            rx_ring_unreserved: self.rx_ring_unreserved,
+            alloc_in_use_bytes: self.alloc_in_use_bytes,
+            alloc_reserved_bytes: self.alloc_reserved_bytes,
+            sessions: self
+                .sessions
+                .iter()
+                .map(|(s, rtt_us, timely_rate_gbps)| SessionView {
+                    session: s.session,
+                    role: if s.is_client { "client" } else { "server" }.into(),
+                    state: snake(&format!("{:?}", s.state)),
+                    remote_uri: s.remote_uri.clone(),
+                    remote_rpc_id: s.remote_rpc_id,
+                    remote_session: s.remote_session,
+                    remote_incarnation: s.remote_incarnation,
+                    credits: s.credits,
+                    slots_in_use: s.busy_slots,
+                    backlog: s.backlog,
+                    req_nums: s.req_nums.to_vec(),
+                    retransmits: s.retransmits,
+                    slots: s.slots.clone(),
+                    rtt_us: *rtt_us,
+                    timely_rate_gbps: *timely_rate_gbps,
+                })
+                .collect(),
+        }
+    }
+}
+
 struct RpcEntry {
     rpc_id: u8,
-    slot: Arc<Slot<RpcView>>,
+    slot: Arc<Slot<RpcRaw>>,
 }
 
 struct NexusSource {
@@ -386,7 +457,7 @@ struct NexusSource {
 }
 
 impl NexusSource {
-    fn entries(&self) -> Vec<(u8, Arc<Slot<RpcView>>)> {
+    fn entries(&self) -> Vec<(u8, Arc<Slot<RpcRaw>>)> {
         let mut r = self.rpcs.lock().unwrap_or_else(|p| p.into_inner());
         r.retain(|e| !e.slot.is_closed());
         r.iter().map(|e| (e.rpc_id, e.slot.clone())).collect()
@@ -416,7 +487,7 @@ impl Source for NexusSource {
                 RpcSlotView {
                     rpc_id,
                     published: latest.as_ref().map(|l| l.info(q.generation)),
-                    rpc: latest.map(|l| (*l.value).clone()),
+                    rpc: latest.map(|l| l.value.view()),
                 }
             })
             .collect();
@@ -481,7 +552,7 @@ impl NexusInspect {
     }
 
     /// A publisher for a new Rpc.
-    pub(crate) fn add_rpc(&self, rpc_id: u8) -> Publisher<RpcView> {
+    pub(crate) fn add_rpc(&self, rpc_id: u8) -> Publisher<RpcRaw> {
         let (p, slot) = Publisher::new();
         let mut r = self.source.rpcs.lock().unwrap_or_else(|p| p.into_inner());
         r.retain(|e| !e.slot.is_closed());
@@ -500,61 +571,37 @@ impl<T: Transport, C> Rpc<T, C> {
     /// What the debug endpoint shows of this Rpc (also usable directly,
     /// e.g. by tests and tools in the same process).
     pub fn inspect_view(&self) -> RpcView {
-        let ri = self.transport().local_routing_info();
+        self.inspect_raw().view()
+    }
+
+    /// The copy the event loop publishes: counters and sessions as they
+    /// are, no formatting.
+    pub(crate) fn inspect_raw(&self) -> RpcRaw {
         let (unreserved, entries) = self.rx_ring_unreserved();
         let alloc = self.alloc_stats();
-        let sessions = self
-            .session_nums()
-            .into_iter()
-            .filter_map(|sn| self.session_info(sn))
-            .map(|s| {
-                let (rtt_us, timely_rate_gbps) = cc_view(self, s.session);
-                SessionView {
-                    session: s.session,
-                    role: if s.is_client { "client" } else { "server" }.into(),
-                    state: snake(&format!("{:?}", s.state)),
-                    remote_uri: s.remote_uri,
-                    remote_rpc_id: s.remote_rpc_id,
-                    remote_session: s.remote_session,
-                    remote_incarnation: s.remote_incarnation,
-                    credits: s.credits,
-                    slots_in_use: s.busy_slots,
-                    backlog: s.backlog,
-                    req_nums: s.req_nums.to_vec(),
-                    retransmits: s.retransmits,
-                    slots: s.slots,
-                    rtt_us,
-                    timely_rate_gbps,
-                }
-            })
-            .collect();
-        RpcView {
+        RpcRaw {
             rpc_id: self.rpc_id(),
             now_ns: self.now_ns(),
-            transport: TransportView {
-                kind: std::any::type_name::<T>().to_string(),
-                mac: ri
-                    .mac
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect::<Vec<_>>()
-                    .join(":"),
-                ipv4: ri.ipv4.to_string(),
-                udp_port: ri.udp_port,
-                rxq_id: ri.rxq_id,
-                rss_table_size: ri.rss_table_size,
-                stats: transport_stats(&self.transport().stats()),
-            },
-            stats: rpc_stats(self.stats()),
+            kind: std::any::type_name::<T>(),
+            routing: self.transport().local_routing_info(),
+            transport: self.transport().stats(),
+            stats: self.stats().clone(),
             rx_ring_entries: entries,
             rx_ring_unreserved: unreserved,
             alloc_in_use_bytes: alloc.in_use_bytes,
             alloc_reserved_bytes: alloc.reserved_bytes,
-            sessions,
+            sessions: self
+                .session_nums()
+                .into_iter()
+                .filter_map(|sn| {
+                    let (rtt, rate) = cc_view(self, sn);
+                    self.session_info(sn).map(|s| (s, rtt, rate))
+                })
+                .collect(),
         }
     }
 
-    /// Publishes [`Rpc::inspect_view`] for the endpoint (the event loop
+    /// Publishes [`Rpc::inspect_raw`] for the endpoint (the event loop
     /// calls it when a client asked).
     #[cold]
     pub(crate) fn publish_inspect(&mut self) {
@@ -562,7 +609,7 @@ impl<T: Transport, C> Rpc<T, C> {
             return;
         };
         let pending = p.begin();
-        let v = self.inspect_view();
+        let v = self.inspect_raw();
         if let Some(p) = self.inspect.as_mut() {
             p.publish(pending, v);
         }

@@ -1,38 +1,36 @@
 //! A queue set's publication for the debug endpoint (see
 //! [`crate::inspect`]): what its thread copies when a client asks.
 
+use crate::dma::DmaMem;
 use crate::hw::HwBackend;
-use crate::inspect::{QueueIds, QueueSetSoftware, RING_COPY_MAX, RingCopy, Rings};
+use crate::inspect::{QueueIds, QueueSetRaw, QueueSetSoftware, RING_COPY_MAX, RawRing};
 use crate::prm::Layout;
 use crate::prm::wqe::{MprqWqe, SEND_WQE_BB};
 
 use super::{CQE_BYTES, QueueSet};
-use crate::dma::DmaMem;
 
 /// Copies `count` entries of `entry` bytes starting at ring index `first`
-/// (wrapping), with volatile reads: the NIC may be writing some of them,
-/// so an entry can be torn; the copy is for display only.
-fn copy_ring(mem: &DmaMem, entry: usize, entries: usize, first: usize, count: usize) -> RingCopy {
-    let mut hex = Vec::with_capacity(count);
-    let mut buf = vec![0u8; entry];
+/// (wrapping), with volatile 8-byte reads: the NIC may be writing some of
+/// them, so an entry can be torn; the copy is for display only.
+fn copy_ring(mem: &DmaMem, entry: usize, entries: usize, first: usize, count: usize) -> RawRing {
+    let mut bytes = Vec::with_capacity(count * entry);
     for k in 0..count {
         let off = ((first + k) % entries) * entry;
-        for (i, chunk) in buf.chunks_exact_mut(8).enumerate() {
-            chunk.copy_from_slice(&mem.read_be64(off + 8 * i).to_be_bytes());
+        for i in (0..entry).step_by(8) {
+            bytes.extend_from_slice(&mem.read_be64(off + i).to_be_bytes());
         }
-        hex.push(debug_endpoint::hex(&buf));
     }
-    RingCopy {
+    RawRing {
         entry_bytes: entry as u32,
         ring_entries: entries as u32,
         first: first as u32,
-        hex,
+        bytes,
     }
 }
 
 /// The whole ring if it is small, else the `RING_COPY_MAX` entries before
 /// `producer`.
-fn window(mem: &DmaMem, entry: usize, entries: usize, producer: u32) -> RingCopy {
+fn window(mem: &DmaMem, entry: usize, entries: usize, producer: u32) -> RawRing {
     if entries <= RING_COPY_MAX {
         copy_ring(mem, entry, entries, 0, entries)
     } else {
@@ -57,37 +55,49 @@ impl<B: HwBackend> QueueSet<B> {
         }
     }
 
-    /// The software state, for the endpoint; `rings` adds whole rings.
+    /// The software state as the debug endpoint shows it; `rings` adds
+    /// whole rings.
     pub fn inspect_software(&self, rings: bool) -> QueueSetSoftware {
+        self.inspect_raw(rings).view()
+    }
+
+    /// The copy the queue set's thread publishes: counters, indexes and
+    /// raw descriptors, no formatting.
+    pub(crate) fn inspect_raw(&self, rings: bool) -> QueueSetRaw {
         let sq_wqebbs = self.sq.mask + 1;
         let tx_cq_entries = 1usize << self.tx_cq.log;
         let rq_wqes = 1usize << self.rq.log_wqes;
-        let rx = copy_ring(
-            &self.rx_cq.ring,
-            CQE_BYTES,
-            self.rx_cq.entries,
-            0,
-            self.rx_cq.entries,
-        );
-        QueueSetSoftware {
-            snapshot: self.snapshot(),
-            sq_wqebbs,
-            unsignaled_batch: self.sq.batch,
-            blueflame: self.cfg.blueflame,
-            inline_l2: self.inline,
-            bf_register: (self.sq.bf_offset + self.sq.bf_toggle) as u64,
-            bf_half_bytes: self.sq.bf_half as u32,
-            rq_wqes: rq_wqes as u32,
-            rq_strides_per_wqe: 1 << self.rq.log_strides,
-            rq_stride_bytes: self.rq.stride as u32,
-            rx_strides_reported: self.rq.reported,
-            rx_cq_entries: self.rx_cq.entries as u32,
-            tx_cq_entries: tx_cq_entries as u32,
-            rx_cqes: rx.hex,
-            rings: rings.then(|| Rings {
-                sq: window(&self.sq.ring, SEND_WQE_BB, sq_wqebbs as usize, self.sq.pi),
-                rq: window(&self.rq.wqes, MprqWqe::BYTES, rq_wqes, self.rq.head),
-                tx_cq: window(&self.tx_cq.ring, CQE_BYTES, tx_cq_entries, self.tx_cq.ci),
+        QueueSetRaw {
+            software: QueueSetSoftware {
+                snapshot: self.snapshot(),
+                sq_wqebbs,
+                unsignaled_batch: self.sq.batch,
+                blueflame: self.cfg.blueflame,
+                inline_l2: self.inline,
+                bf_register: (self.sq.bf_offset + self.sq.bf_toggle) as u64,
+                bf_half_bytes: self.sq.bf_half as u32,
+                rq_wqes: rq_wqes as u32,
+                rq_strides_per_wqe: 1 << self.rq.log_strides,
+                rq_stride_bytes: self.rq.stride as u32,
+                rx_strides_reported: self.rq.reported,
+                rx_cq_entries: self.rx_cq.entries as u32,
+                tx_cq_entries: tx_cq_entries as u32,
+                rx_cqes: Vec::new(),
+                rings: None,
+            },
+            rx_cqes: copy_ring(
+                &self.rx_cq.ring,
+                CQE_BYTES,
+                self.rx_cq.entries,
+                0,
+                self.rx_cq.entries,
+            ),
+            rings: rings.then(|| {
+                [
+                    window(&self.sq.ring, SEND_WQE_BB, sq_wqebbs as usize, self.sq.pi),
+                    window(&self.rq.wqes, MprqWqe::BYTES, rq_wqes, self.rq.head),
+                    window(&self.tx_cq.ring, CQE_BYTES, tx_cq_entries, self.tx_cq.ci),
+                ]
             }),
         }
     }
@@ -103,7 +113,7 @@ impl<B: HwBackend> QueueSet<B> {
             return;
         }
         let pending = p.begin();
-        let v = self.inspect_software(pending.rings);
+        let v = self.inspect_raw(pending.rings);
         if let Some(p) = self.inspect.as_mut() {
             p.publish(pending, v);
         }

@@ -423,7 +423,7 @@ impl Nexus {
     pub(crate) fn inspect_publisher(
         &self,
         rpc_id: u8,
-    ) -> Option<debug_endpoint::Publisher<crate::inspect::RpcView>> {
+    ) -> Option<debug_endpoint::Publisher<crate::inspect::RpcRaw>> {
         self.inspect.as_ref().map(|i| i.add_rpc(rpc_id))
     }
 

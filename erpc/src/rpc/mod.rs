@@ -504,7 +504,7 @@ pub struct Rpc<T: Transport, C> {
     in_event_loop: bool,
     stats: RpcStats,
     /// Debug-endpoint publication (`crate::inspect`), if the Nexus is exposed.
-    pub(crate) inspect: Option<debug_endpoint::Publisher<crate::inspect::RpcView>>,
+    pub(crate) inspect: Option<debug_endpoint::Publisher<crate::inspect::RpcRaw>>,
     _not_send: PhantomData<*const ()>,
 }
 
