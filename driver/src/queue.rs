@@ -877,6 +877,10 @@ impl<B: HwBackend> QueueSet<B> {
             return Err(self.sq_error(cqe));
         }
         let mut posted = 0;
+        // WQEs written since the last doorbell, and whether one of them
+        // asks for a completion.
+        let mut unrung = 0;
+        let mut unrung_signaled = false;
         let mut last_off = 0;
         let mut last_wqebbs = 0;
         for f in frames {
@@ -889,21 +893,31 @@ impl<B: HwBackend> QueueSet<B> {
             let ds = self.wqe_ds(f);
             let wqebbs = (ds * SEND_WQE_DS as u32).div_ceil(SEND_WQE_BB as u32);
             let signal = self.sq.since_signal + 1 >= self.sq.batch;
+            let full = self.sq.pi.wrapping_sub(self.sq.ci) + wqebbs > self.sq.mask + 1;
+            if (full || signal) && unrung_signaled {
+                // About to wait for a completion that a WQE of this burst,
+                // not yet announced to the NIC, must bring: ring for what
+                // is written first (with a signal every few sends, less
+                // than a burst, this happens within a burst).
+                self.ring_sq_doorbell(last_off, last_wqebbs, unrung == 1);
+                unrung = 0;
+                unrung_signaled = false;
+            }
             if signal && !self.wait_signaled()? {
                 break;
             }
-            if self.sq.pi.wrapping_sub(self.sq.ci) + wqebbs > self.sq.mask + 1
-                && !self.reap_until_space(wqebbs)?
-            {
+            if full && !self.reap_until_space(wqebbs)? {
                 self.stats.tx_full += 1;
                 break;
             }
             last_off = self.write_send_wqe(f, ds, signal);
             last_wqebbs = wqebbs;
             posted += 1;
+            unrung += 1;
+            unrung_signaled |= signal;
         }
-        if posted > 0 {
-            self.ring_sq_doorbell(last_off, last_wqebbs, posted == 1);
+        if unrung > 0 {
+            self.ring_sq_doorbell(last_off, last_wqebbs, unrung == 1);
         }
         Ok(posted)
     }

@@ -60,6 +60,16 @@ pub const FAILURE_TIMEOUT_MS: u64 = 500;
 /// Keep-alive pings per failure timeout (a peer must miss this many in a
 /// row to be declared failed).
 pub const PINGS_PER_FAILURE_TIMEOUT: u64 = 10;
+/// Default burst of connect requests per source (see
+/// `RpcConfig::connect_burst_per_source`): more than the sessions one Rpc
+/// can hold with the default ring and credits, so a legitimate client
+/// opening many sessions at once is never slowed.
+pub const CONNECT_BURST_PER_SOURCE: u32 = 256;
+/// Default refill of that burst, per second.
+pub const CONNECTS_PER_SEC_PER_SOURCE: u32 = 128;
+/// Default age after which a server session that never received a request
+/// may be reclaimed when the RX ring is short.
+pub const UNUSED_SESSION_RECLAIM_MS: u64 = 10_000;
 /// Tries of a TX batch the transport keeps refusing (with a TX flush
 /// between tries) before the oldest queued packet is given up to loss
 /// recovery (counted in `RpcStats::tx_given_up`).
@@ -85,3 +95,8 @@ const _: () = assert!(TX_BATCH_MAX <= CTRL_BUFS);
 const _: () = assert!(MAX_RPC_ID < u8::MAX);
 const _: () = assert!(PKT_LOSS_SCAN_US < RTO_US);
 const _: () = assert!(RTO_US < FAILURE_TIMEOUT_MS * 1000);
+const _: () =
+    assert!(CONNECT_BURST_PER_SOURCE as usize >= RX_RING_ENTRIES_DEFAULT / SESSION_CREDITS);
+// A client retries a connect for the failure timeout: an unused session
+// is never reclaimed before its client could have used it.
+const _: () = assert!(UNUSED_SESSION_RECLAIM_MS >= 10 * FAILURE_TIMEOUT_MS);

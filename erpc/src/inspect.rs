@@ -148,6 +148,10 @@ fn rpc_stats(s: &RpcStats) -> RpcStatsView {
         tx_fault_dropped,
         retransmissions,
         retransmitted_pkts,
+        timely_updates,
+        timely_bypassed,
+        wheel_bypassed,
+        wheel_stale,
         tx_stale,
         reqs_enqueued,
         reqs_backlogged,
@@ -161,11 +165,15 @@ fn rpc_stats(s: &RpcStats) -> RpcStatsView {
         bg_jobs,
         bg_backlogged,
         deferred_copies,
+        rx_copied,
         sm_tx,
         sm_retries,
         sm_dup_connect,
         sm_stale_connect,
         sm_abandoned_cleanups,
+        sm_connect_rate_limited,
+        sessions_reclaimed,
+        sm_reclaim_notices_resent,
         sm_timeouts,
         sessions_reset,
         sessions_peer_failed,
@@ -182,6 +190,10 @@ fn rpc_stats(s: &RpcStats) -> RpcStatsView {
         ("tx_fault_dropped", tx_fault_dropped),
         ("retransmissions", retransmissions),
         ("retransmitted_pkts", retransmitted_pkts),
+        ("timely_updates", timely_updates),
+        ("timely_bypassed", timely_bypassed),
+        ("wheel_bypassed", wheel_bypassed),
+        ("wheel_stale", wheel_stale),
         ("tx_stale", tx_stale),
         ("reqs_enqueued", reqs_enqueued),
         ("reqs_backlogged", reqs_backlogged),
@@ -195,11 +207,15 @@ fn rpc_stats(s: &RpcStats) -> RpcStatsView {
         ("bg_jobs", bg_jobs),
         ("bg_backlogged", bg_backlogged),
         ("deferred_copies", deferred_copies),
+        ("rx_copied", rx_copied),
         ("sm_tx", sm_tx),
         ("sm_retries", sm_retries),
         ("sm_dup_connect", sm_dup_connect),
         ("sm_stale_connect", sm_stale_connect),
         ("sm_abandoned_cleanups", sm_abandoned_cleanups),
+        ("sm_connect_rate_limited", sm_connect_rate_limited),
+        ("sessions_reclaimed", sessions_reclaimed),
+        ("sm_reclaim_notices_resent", sm_reclaim_notices_resent),
         ("sm_timeouts", sm_timeouts),
         ("sessions_reset", sessions_reset),
         ("sessions_peer_failed", sessions_peer_failed),
@@ -247,12 +263,38 @@ pub struct SessionView {
     /// Per slot: client `tx/rx` packet counts of the request in flight
     /// (`-` when idle); server: the slot's state.
     pub slots: Vec<String>,
-    /// Smoothed RTT in µs, once congestion control measures it (`null`
-    /// until then).
+    /// Client: the last RTT sample in µs, from a packet's TX timestamp
+    /// to its acknowledgement (`null` at a server, with congestion control
+    /// off, or before the first acknowledgement).
     pub rtt_us: Option<f64>,
-    /// Timely's sending rate in Gbit/s, once congestion control runs
-    /// (`null` until then).
+    /// Client: Timely's sending rate in Gbit/s; equal to the Rpc's
+    /// `cc.link_gbps` while the session is not rate limited (`null` at a
+    /// server or with congestion control off).
     pub timely_rate_gbps: Option<f64>,
+}
+
+/// An Rpc's congestion control: settings and timing-wheel counters
+/// ([`crate::cc::CcConfig`], [`crate::cc::WheelStats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CcView {
+    /// The link rate sessions start at and never exceed, Gbit/s.
+    pub link_gbps: f64,
+    /// Timely's minimum rate, Gbit/s.
+    pub min_gbps: f64,
+    /// Timely's bypass at link rate is on.
+    pub timely_bypass: bool,
+    /// The wheel bypass is on.
+    pub wheel_bypass: bool,
+    /// Packets waiting in the timing wheel now.
+    pub wheel_queued: usize,
+    /// Packets ever put into the wheel.
+    pub wheel_inserted: u64,
+    /// Packets the wheel released.
+    pub wheel_reaped: u64,
+    /// Inserts beyond the horizon (placed in the last slot).
+    pub wheel_clamped: u64,
+    /// Inserts refused for lack of buckets (sent at once).
+    pub wheel_overflow: u64,
 }
 
 /// What an Rpc's thread publishes.
@@ -274,6 +316,8 @@ pub struct RpcView {
     pub alloc_in_use_bytes: usize,
     /// Bytes reserved from the OS for message buffers.
     pub alloc_reserved_bytes: usize,
+    /// Congestion control (`null` when it is off).
+    pub cc: Option<CcView>,
     /// Every session, by number.
     pub sessions: Vec<SessionView>,
 }
@@ -386,8 +430,8 @@ pub(crate) struct RpcRaw {
     rx_ring_unreserved: usize,
     alloc_in_use_bytes: usize,
     alloc_reserved_bytes: usize,
-    /// Each session with its RTT and Timely rate, if kept.
-    sessions: Vec<(SessionInfo, Option<f64>, Option<f64>)>,
+    cc: Option<CcView>,
+    sessions: Vec<SessionInfo>,
 }
 
 impl RpcRaw {
@@ -416,10 +460,11 @@ impl RpcRaw {
             rx_ring_unreserved: self.rx_ring_unreserved,
             alloc_in_use_bytes: self.alloc_in_use_bytes,
             alloc_reserved_bytes: self.alloc_reserved_bytes,
+            cc: self.cc,
             sessions: self
                 .sessions
                 .iter()
-                .map(|(s, rtt_us, timely_rate_gbps)| SessionView {
+                .map(|s| SessionView {
                     session: s.session,
                     role: if s.is_client { "client" } else { "server" }.into(),
                     state: snake(&format!("{:?}", s.state)),
@@ -433,8 +478,8 @@ impl RpcRaw {
                     req_nums: s.req_nums.to_vec(),
                     retransmits: s.retransmits,
                     slots: s.slots.clone(),
-                    rtt_us: *rtt_us,
-                    timely_rate_gbps: *timely_rate_gbps,
+                    rtt_us: s.rtt_us,
+                    timely_rate_gbps: s.timely_gbps,
                 })
                 .collect(),
         }
@@ -561,12 +606,6 @@ impl NexusInspect {
     }
 }
 
-/// RTT and Timely rate of a session, once congestion control keeps them
-/// (`erpc::cc`); until then `None`, shown as `-`.
-fn cc_view<T: Transport, C>(_rpc: &Rpc<T, C>, _sn: SessionNum) -> (Option<f64>, Option<f64>) {
-    (None, None)
-}
-
 impl<T: Transport, C> Rpc<T, C> {
     /// What the debug endpoint shows of this Rpc (also usable directly,
     /// e.g. by tests and tools in the same process).
@@ -590,13 +629,11 @@ impl<T: Transport, C> Rpc<T, C> {
             rx_ring_unreserved: unreserved,
             alloc_in_use_bytes: alloc.in_use_bytes,
             alloc_reserved_bytes: alloc.reserved_bytes,
+            cc: self.cc_view(),
             sessions: self
                 .session_nums()
                 .into_iter()
-                .filter_map(|sn| {
-                    let (rtt, rate) = cc_view(self, sn);
-                    self.session_info(sn).map(|s| (s, rtt, rate))
-                })
+                .filter_map(|sn| self.session_info(sn))
                 .collect(),
         }
     }

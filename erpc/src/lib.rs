@@ -157,6 +157,10 @@
 //! * `tests/udp.rs`: real threads, UDP SM threads and worker threads over
 //!   kernel UDP; `tests/netns.rs`: two processes in two network namespaces
 //!   (root; runs in CI).
+//! * `tests/cpp_wire.rs`: the C++ eRPC's byte forms both ways (a C++
+//!   client and a C++ server played by the test); `tests/hardening.rs`:
+//!   request numbers across the 44-bit wrap, late and forged SM packets,
+//!   transport types and credits between peers.
 //! * `tests/alloc_free.rs`: a counting global allocator proves the request
 //!   path allocates nothing after warm-up.
 //! * `tests/fuzz.rs` (and `erpc/fuzz/` for cargo-fuzz): hostile data and SM
@@ -170,6 +174,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod cc;
 pub mod clock;
 pub mod consts;
 pub mod inspect;
@@ -187,7 +192,10 @@ pub mod stats;
 pub use clock::{Clock, VirtualClock};
 pub use consts::{MAX_MSG_BYTES, SESSION_CREDITS, SESSION_REQ_WINDOW};
 pub use msgbuf::{MsgBuf, MsgBufError};
-pub use nexus::{BgHandler, BgResponse, Nexus, NexusBuilder, NexusError, SmLink, Uri};
+pub use nexus::{
+    BgHandler, BgResponse, Nexus, NexusBuilder, NexusError, SmLink, Uri, WorkerDispatch,
+    WorkerStats,
+};
 pub use rpc::{
     Completion, Continuation, CreateError, EnqueueError, EnqueueErrorKind, ReqHandle, ReqHandler,
     Request, RespondError, Rpc, RpcConfig, RpcError, SessionError, SessionEvent, SessionEventKind,

@@ -10,12 +10,19 @@
 //!
 //! [`PktHdr::decode`] never reads past its input and rejects a bad magic;
 //! everything else is checked by the Rpc against its own state.
+//! [`PktHdr::encode`] refuses a field wider than its wire width (the same
+//! in debug and release builds: nothing is ever masked off).
+//!
+//! Request numbers live on a 44-bit circle: [`next_req_num`] wraps from
+//! the top back to the bottom (keeping the slot, the number mod 8), and
+//! [`req_num_delta`] compares two numbers the wrap-aware way (serial-number
+//! arithmetic, as RFC 1982 does for 32-bit sequence numbers).
 
 use std::fmt;
 
 use transport::ERPC_HDR_BYTES;
 
-use crate::consts::{MSG_SIZE_BITS, PKT_MAGIC, PKT_NUM_BITS, REQ_NUM_BITS};
+use crate::consts::{MSG_SIZE_BITS, PKT_MAGIC, PKT_NUM_BITS, REQ_NUM_BITS, SESSION_REQ_WINDOW};
 
 /// Packet type (2 bits on the wire).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -102,33 +109,119 @@ pub enum HdrError {
     },
 }
 
+/// A header field does not fit its wire width ([`PktHdr::encode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{field} {value} does not fit the eRPC header (at most {max})")]
+pub struct FieldTooWide {
+    /// Which field.
+    pub field: &'static str,
+    /// The value given.
+    pub value: u64,
+    /// The largest value the field carries.
+    pub max: u64,
+}
+
+/// The request number after `n` on the same slot: `n + 8`, wrapping from
+/// the top of the 44-bit space to its bottom (2^44 is a multiple of 8, so
+/// the slot, `n mod 8`, is kept).
+#[inline]
+pub const fn next_req_num(n: u64) -> u64 {
+    (n + SESSION_REQ_WINDOW as u64) & MAX_REQ_NUM
+}
+
+/// The request number before `n` on the same slot (the inverse of
+/// [`next_req_num`]).
+#[inline]
+pub const fn prev_req_num(n: u64) -> u64 {
+    n.wrapping_sub(SESSION_REQ_WINDOW as u64) & MAX_REQ_NUM
+}
+
+/// How far request number `n` is ahead of `cur` on the 44-bit circle:
+/// `Ok(d)` with `d` in `0..2^43` when `n` is `d` ahead (0: the same
+/// number), `Err(d)` when `n` is `d` behind (`d` in `1..=2^43`). Both
+/// numbers must be at most [`MAX_REQ_NUM`].
+#[inline]
+pub const fn req_num_delta(n: u64, cur: u64) -> Result<u64, u64> {
+    let ahead = n.wrapping_sub(cur) & MAX_REQ_NUM;
+    if ahead < REQ_NUM_HALF {
+        Ok(ahead)
+    } else {
+        Err((1 << REQ_NUM_BITS) - ahead)
+    }
+}
+
+/// Half the request-number circle: numbers less than this far ahead are
+/// newer, the rest older.
+const REQ_NUM_HALF: u64 = 1 << (REQ_NUM_BITS - 1);
+const _: () = assert!(((1u64 << REQ_NUM_BITS) % SESSION_REQ_WINDOW as u64) == 0);
+
 impl PktHdr {
-    /// Encodes into the 14 wire bytes. Fields wider than their wire width
-    /// are a programming error (debug assertion) and are masked.
+    /// Encodes into the 14 wire bytes. A field wider than its wire width
+    /// (message size above 24 bits, packet number above 14, request number
+    /// above 44) is an error, never masked.
     #[inline]
-    pub fn encode(&self) -> [u8; ERPC_HDR_BYTES] {
-        debug_assert!(self.msg_size <= MAX_HDR_MSG_SIZE);
-        debug_assert!(self.pkt_num <= MAX_PKT_NUM);
-        debug_assert!(self.req_num <= MAX_REQ_NUM);
+    pub fn encode(&self) -> Result<[u8; ERPC_HDR_BYTES], FieldTooWide> {
+        self.check()?;
+        Ok(self.encode_checked())
+    }
+
+    /// Every field within its wire width? One branch on the hot path;
+    /// which field is wrong is found on the cold one.
+    #[inline]
+    fn check(&self) -> Result<(), FieldTooWide> {
+        if (self.msg_size > MAX_HDR_MSG_SIZE)
+            | (self.pkt_num > MAX_PKT_NUM)
+            | (self.req_num > MAX_REQ_NUM)
+        {
+            return Err(self.too_wide());
+        }
+        Ok(())
+    }
+
+    /// The wire bytes of a header that passed [`PktHdr::check`].
+    #[inline]
+    fn encode_checked(&self) -> [u8; ERPC_HDR_BYTES] {
         let mut b = [0u8; ERPC_HDR_BYTES];
         b[0] = self.req_type;
-        let size = self.msg_size & MAX_HDR_MSG_SIZE;
-        b[1] = size as u8;
-        b[2] = (size >> 8) as u8;
-        b[3] = (size >> 16) as u8;
+        b[1] = self.msg_size as u8;
+        b[2] = (self.msg_size >> 8) as u8;
+        b[3] = (self.msg_size >> 16) as u8;
         b[4..6].copy_from_slice(&self.dest_session_num.to_le_bytes());
         let word = ((self.pkt_type as u64) << PKT_TYPE_SHIFT)
-            | (u64::from(self.pkt_num & MAX_PKT_NUM) << PKT_NUM_SHIFT)
-            | ((self.req_num & MAX_REQ_NUM) << REQ_NUM_SHIFT)
+            | (u64::from(self.pkt_num) << PKT_NUM_SHIFT)
+            | (self.req_num << REQ_NUM_SHIFT)
             | (u64::from(PKT_MAGIC) << MAGIC_SHIFT);
         b[6..14].copy_from_slice(&word.to_le_bytes());
         b
     }
 
-    /// Writes the header into the first 14 bytes of `out`.
+    #[cold]
+    fn too_wide(&self) -> FieldTooWide {
+        let (field, value, max) = if self.msg_size > MAX_HDR_MSG_SIZE {
+            (
+                "message size",
+                u64::from(self.msg_size),
+                u64::from(MAX_HDR_MSG_SIZE),
+            )
+        } else if self.pkt_num > MAX_PKT_NUM {
+            (
+                "packet number",
+                u64::from(self.pkt_num),
+                u64::from(MAX_PKT_NUM),
+            )
+        } else {
+            ("request number", self.req_num, MAX_REQ_NUM)
+        };
+        FieldTooWide { field, value, max }
+    }
+
+    /// Writes the header into the first 14 bytes of `out` (see
+    /// [`PktHdr::encode`] for the errors; `out` is left alone on error).
     #[inline]
-    pub fn write_to(&self, out: &mut [u8]) {
-        out[..ERPC_HDR_BYTES].copy_from_slice(&self.encode());
+    pub fn write_to(&self, out: &mut [u8]) -> Result<(), FieldTooWide> {
+        self.check()?;
+        out[..ERPC_HDR_BYTES].copy_from_slice(&self.encode_checked());
+        Ok(())
     }
 
     /// Decodes the first 14 bytes of `b`; checks length and magic only.
@@ -185,7 +278,7 @@ mod tests {
         let want = [
             0xab, 0x56, 0x34, 0x12, 0xef, 0xbe, 0x57, 0x55, 0x34, 0x12, 0xf0, 0xde, 0xbc, 0xba,
         ];
-        assert_eq!(h.encode(), want);
+        assert_eq!(h.encode(), Ok(want));
         assert_eq!(PktHdr::decode(&want), Ok(h));
     }
 
@@ -199,7 +292,7 @@ mod tests {
             pkt_num: 0,
             req_num: 8,
         };
-        let b = h.encode();
+        let b = h.encode().unwrap();
         assert_eq!(PktHdr::decode(&b[..13]), Err(HdrError::Short { len: 13 }));
         for magic in 0..16u8 {
             let mut c = b;
@@ -230,9 +323,87 @@ mod tests {
                     pkt_num,
                     req_num,
                 };
-                assert_eq!(PktHdr::decode(&h.encode()), Ok(h), "{h}");
+                assert_eq!(PktHdr::decode(&h.encode().unwrap()), Ok(h), "{h}");
             }
         }
+    }
+
+    #[test]
+    fn fields_wider_than_the_wire_are_errors_in_every_build() {
+        let ok = PktHdr {
+            req_type: 1,
+            msg_size: MAX_HDR_MSG_SIZE,
+            dest_session_num: 0,
+            pkt_type: PktType::Req,
+            pkt_num: MAX_PKT_NUM,
+            req_num: MAX_REQ_NUM,
+        };
+        assert!(ok.encode().is_ok());
+        let cases = [
+            (
+                PktHdr {
+                    msg_size: MAX_HDR_MSG_SIZE + 1,
+                    ..ok
+                },
+                "message size",
+            ),
+            (
+                PktHdr {
+                    pkt_num: MAX_PKT_NUM + 1,
+                    ..ok
+                },
+                "packet number",
+            ),
+            (
+                PktHdr {
+                    req_num: MAX_REQ_NUM + 1,
+                    ..ok
+                },
+                "request number",
+            ),
+        ];
+        for (h, name) in cases {
+            match h.encode() {
+                Err(FieldTooWide { field, .. }) => assert_eq!(field, name),
+                other => panic!("{name}: {other:?}"),
+            }
+            let mut out = [0xeeu8; 14];
+            assert!(h.write_to(&mut out).is_err());
+            assert_eq!(out, [0xee; 14], "nothing written on error");
+        }
+    }
+
+    #[test]
+    fn request_numbers_wrap_around_the_44_bit_circle() {
+        let top = MAX_REQ_NUM - 7 + 3; // slot 3, the last number of its slot
+        assert_eq!(top % 8, 3);
+        assert_eq!(next_req_num(top), 3);
+        assert_eq!(prev_req_num(3), top);
+        assert_eq!(next_req_num(16), 24);
+        assert_eq!(prev_req_num(24), 16);
+        assert_eq!(req_num_delta(3, top), Ok(8));
+        assert_eq!(req_num_delta(top, 3), Err(8));
+        assert_eq!(req_num_delta(24, 24), Ok(0));
+        assert_eq!(req_num_delta(16, 24), Err(8));
+        assert_eq!(req_num_delta(24 + (1 << 42), 24), Ok(1 << 42));
+        // Exactly half way round counts as behind.
+        assert_eq!(req_num_delta(24 + (1 << 43), 24), Err(1 << 43));
+        // Every number a slot goes through round-trips on the wire.
+        let mut n = MAX_REQ_NUM + 1 - 8 * 3 + 5;
+        for _ in 0..6 {
+            let h = PktHdr {
+                req_type: 0,
+                msg_size: 0,
+                dest_session_num: 0,
+                pkt_type: PktType::Req,
+                pkt_num: 0,
+                req_num: n,
+            };
+            assert_eq!(PktHdr::decode(&h.encode().unwrap()).unwrap().req_num, n);
+            assert_eq!(n % 8, 5);
+            n = next_req_num(n);
+        }
+        assert_eq!(n, 5 + 8 * 3);
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! no progress for the retransmission timeout (`rpc/loss.rs`).
 //!
 //! Credit invariant of a connected client session, checked by the tests:
-//! `credits + sum over busy slots of (num_tx - num_rx) == session credits`.
+//! `credits + sum over busy slots of (num_tx - num_rx) == credits_max`.
 
 use std::collections::VecDeque;
 
@@ -82,6 +82,12 @@ pub(crate) struct ClientInfo<T: Transport, C> {
     /// Request number of the last request on this slot that completed with
     /// an error, so that its late response is counted as such.
     pub abandoned_req_num: u64,
+    /// Request size in bytes.
+    pub req_bytes: u32,
+    /// Packets of this slot in the timing wheel (current generation).
+    pub wheel_count: u16,
+    /// Rollback generation: wheel entries of an older one are dropped.
+    pub wheel_gen: u8,
     /// When the request was enqueued.
     pub enqueue_ns: u64,
     /// In the Rpc's credit-stall queue.
@@ -104,6 +110,9 @@ impl<T: Transport, C> ClientInfo<T, C> {
             retx_ns: 0,
             retransmits: 0,
             abandoned_req_num: u64::MAX,
+            req_bytes: 0,
+            wheel_count: 0,
+            wheel_gen: 0,
             enqueue_ns: 0,
             in_stallq: false,
         }
@@ -190,6 +199,11 @@ pub(crate) struct Session<T: Transport, C> {
     pub route: Option<T::Route>,
     /// Client: packets we may still send before credits come back.
     pub credits: u32,
+    /// The session's credits: RX ring entries it reserves at this Rpc and,
+    /// at a client, the most packets it has outstanding (the configured
+    /// credits until the server's answer, then what both ends agreed; see
+    /// `sm_types::EXT_CREDITS`).
+    pub credits_max: u32,
     pub slots: [SSlot<T, C>; SESSION_REQ_WINDOW],
     pub backlog: VecDeque<PendingReq<T, C>>,
     /// Client: an SM request is outstanding; when it was last sent.
@@ -208,6 +222,16 @@ pub(crate) struct Session<T: Transport, C> {
     pub fault_drop_tx: std::cell::Cell<u32>,
     /// Go-back-N rollbacks on this session.
     pub retransmits: u64,
+    /// Client: Timely and pacing state (congestion control on).
+    pub cc: Option<crate::cc::SessionCc>,
+    /// Client: TX timestamps of each slot's packets in flight (`Rpc::tx_ts_cap`
+    /// per slot), for RTT samples; empty with congestion control off.
+    pub tx_ts: Box<[std::cell::Cell<u64>]>,
+    /// Server: when the session was created.
+    pub created_ns: u64,
+    /// Server: a request arrived on the session (it is never reclaimed;
+    /// see `rpc/admission.rs`).
+    pub served_any: bool,
 }
 
 impl<T: Transport, C> Session<T, C> {
@@ -233,6 +257,7 @@ impl<T: Transport, C> Session<T, C> {
             server_ep,
             route: None,
             credits,
+            credits_max: credits,
             slots: std::array::from_fn(|i| SSlot {
                 cur_req_num: i as u64,
                 tx_msgbuf: None,
@@ -247,6 +272,10 @@ impl<T: Transport, C> Session<T, C> {
             tracked: false,
             fault_drop_tx: std::cell::Cell::new(0),
             retransmits: 0,
+            cc: None,
+            tx_ts: Box::new([]),
+            created_ns: 0,
+            served_any: false,
         }
     }
 

@@ -146,11 +146,13 @@ impl SmErr {
 pub enum TransportType {
     /// InfiniBand verbs.
     InfiniBand = 0,
-    /// Raw Ethernet (the mlx5 transport).
+    /// Raw Ethernet: the C++ mlx5-verbs transport (IPv4 checksum 0).
     Raw = 1,
-    /// DPDK (UDP frames; also what our kernel-UDP transport speaks).
+    /// DPDK: Ethernet/IPv4/UDP frames with the IPv4 checksum. Our UDP and
+    /// mlx5 transports send the same frames as DPDK and may present either
+    /// type (`RpcConfig::transport_type`).
     Dpdk = 2,
-    /// The C++ fake transport; our in-process simulation uses it.
+    /// The C++ fake transport (matches only itself).
     Fake = 3,
 }
 
@@ -192,12 +194,22 @@ pub const EXT_RPC_BITMAP_BYTES: usize = 32;
 /// restarted peer reusing session numbers) cannot carry a request number
 /// this session expects.
 pub const EXT_REQ_BASE: usize = 32;
+/// Offset, in a connect packet's endpoint routing info, of the erpc-rs
+/// session-credit field (u32 LE). In the client's endpoint: the credits
+/// the client wants per session (its `RpcConfig::session_credits`). In the
+/// server's: the credits the server granted, which is the number of RX
+/// ring entries it reserved for the session (at most the client's wish);
+/// the client never has more packets outstanding than that. A C++ peer
+/// leaves the field zero and always uses (and reserves) its fixed 32
+/// credits (`kSessionCredits`), so 0 means 32.
+pub const EXT_CREDITS: usize = 20;
 const _: () = assert!(EXT_RPC_BITMAP_BYTES <= EXT_INCARNATION);
+const _: () = assert!(EXT_CREDITS + 4 <= EXT_REQ_BASE);
 const _: () = assert!(EXT_INCARNATION + 8 <= ROUTING_INFO_BYTES);
 const _: () = assert!(EXT_REQ_BASE + 8 <= EXT_INCARNATION);
 // The Ethernet routing info (MAC, pad, IPv4, UDP port, RX queue, RSS
 // table size) ends at byte 18 (C++ pads its struct to 20).
-const _: () = assert!(20 <= EXT_INCARNATION);
+const _: () = assert!(20 <= EXT_CREDITS);
 
 /// One side of a session, as carried in SM packets.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -277,6 +289,19 @@ impl SmEndpoint {
     /// Writes the request-number base.
     pub fn set_req_base(&mut self, base: u64) {
         self.routing_info[EXT_REQ_BASE..EXT_REQ_BASE + 8].copy_from_slice(&base.to_le_bytes());
+    }
+
+    /// The session credits this endpoint asks for or granted (see
+    /// [`EXT_CREDITS`]); 0 from a C++ peer.
+    pub fn credits(&self) -> u32 {
+        let mut b = [0u8; 4];
+        b.copy_from_slice(&self.routing_info[EXT_CREDITS..EXT_CREDITS + 4]);
+        u32::from_le_bytes(b)
+    }
+
+    /// Writes the session-credit field.
+    pub fn set_credits(&mut self, credits: u32) {
+        self.routing_info[EXT_CREDITS..EXT_CREDITS + 4].copy_from_slice(&credits.to_le_bytes());
     }
 
     /// The bitmap of live Rpc ids a keep-alive ping carries (bit `i` of

@@ -28,7 +28,8 @@ pub enum DropReason {
     /// Data length or message size inconsistent with the header or the
     /// request in progress.
     SizeMismatch,
-    /// Control packet (CR, RFR) carrying data or a size.
+    /// Control packet (CR, RFR) with a non-zero message size. (Bytes
+    /// after the header are no reason: the C++ eRPC sends 8.)
     CtrlHasData,
     /// Packet number ahead of the next expected one, or a multi-packet
     /// request not starting at packet 0 (reordering is treated as loss).
@@ -125,6 +126,16 @@ pub struct RpcStats {
     pub retransmissions: u64,
     /// Packets presumed lost at those rollbacks (credits reclaimed).
     pub retransmitted_pkts: u64,
+    /// Timely rate computations (RTT samples not bypassed).
+    pub timely_updates: u64,
+    /// RTT samples skipped by the Timely bypass (link rate, RTT ≤ T_low).
+    pub timely_bypassed: u64,
+    /// Client packets sent without the timing wheel (session at link rate,
+    /// none of the slot's packets in the wheel).
+    pub wheel_bypassed: u64,
+    /// Wheel entries dropped when due: their request completed or was
+    /// rolled back meanwhile (never sent twice).
+    pub wheel_stale: u64,
     /// Queued packets whose message was gone at flush time (skipped).
     pub tx_stale: u64,
     /// Requests enqueued by the application.
@@ -153,6 +164,9 @@ pub struct RpcStats {
     /// Dispatch requests copied out of the ring because the handler
     /// returned without responding.
     pub deferred_copies: u64,
+    /// Single-packet requests copied out of the ring before their handler
+    /// ran (`RpcConfig::zero_copy_rx` off).
+    pub rx_copied: u64,
     /// SM packets sent.
     pub sm_tx: u64,
     /// SM requests resent after the retry interval.
@@ -165,6 +179,15 @@ pub struct RpcStats {
     /// Sessions a server created for a connect this client had given up
     /// on, disconnected when the late answer came.
     pub sm_abandoned_cleanups: u64,
+    /// Connect requests dropped unanswered because their source sent
+    /// more than its share (`RpcConfig::connect_burst_per_source`).
+    pub sm_connect_rate_limited: u64,
+    /// Server sessions that never received a request, reclaimed because
+    /// the RX ring was short (see `RpcConfig::unused_session_reclaim_ms`).
+    pub sessions_reclaimed: u64,
+    /// Reclaim notices sent again because the client sent data to the
+    /// reclaimed session.
+    pub sm_reclaim_notices_resent: u64,
     /// SM requests given up after the failure timeout (connect: the
     /// session fails; disconnect: it is freed locally).
     pub sm_timeouts: u64,

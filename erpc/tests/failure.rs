@@ -200,7 +200,7 @@ fn pkt(t: PktType, session: u16, req_num: u64, pkt_num: u16, msg_size: u32) -> V
         req_num,
     };
     let mut b = vec![0u8; transport::ERPC_HDR_BYTES + msg_size.min(968) as usize];
-    h.write_to(&mut b);
+    h.write_to(&mut b).expect("fields in range");
     b
 }
 

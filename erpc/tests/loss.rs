@@ -323,7 +323,6 @@ fn a_late_response_to_a_request_that_failed_is_counted_never_delivered() {
             connect(&mut w, &mut ns, 0, 1, 1);
             w.net.set_link(
                 1,
-                0,
                 LinkConfig {
                     dup_ppm: 1_000_000,
                     ..LinkConfig::default()

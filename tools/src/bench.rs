@@ -588,18 +588,22 @@ pub trait Testbed {
     fn plan(&self) -> &MemoryPlan;
 
     /// A transport on node `i`'s NIC.
-    fn transport(&self, i: usize, port: u16) -> Result<Mlx5Transport<Self::B>, BenchError> {
-        Mlx5Transport::new(
-            self.device(i),
-            Mlx5Config::new(
-                node_ipv4(i),
-                QueueConfig {
-                    udp_port: port,
-                    ..Default::default()
-                },
-            ),
-        )
-        .map_err(|e| BenchError::setup(format!("mlx5 transport of node {i}"), e))
+    fn transport(
+        &self,
+        i: usize,
+        port: u16,
+        knobs: &Knobs,
+    ) -> Result<Mlx5Transport<Self::B>, BenchError> {
+        let mut cfg = Mlx5Config::new(
+            node_ipv4(i),
+            QueueConfig {
+                udp_port: port,
+                ..knobs.queue
+            },
+        );
+        cfg.postlist = knobs.postlist;
+        Mlx5Transport::new(self.device(i), cfg)
+            .map_err(|e| BenchError::setup(format!("mlx5 transport of node {i}"), e))
     }
 
     /// Message buffers registered with node `i`'s NIC, `bytes` reserved up
@@ -823,9 +827,34 @@ impl DeviceModel {
     }
 }
 
+/// What a run can switch off to measure it (the factor analysis): the
+/// Rpc's settings, the queue sets' and the mlx5 transport's postlist. The
+/// default is everything on, as a user would run it.
+#[derive(Debug, Clone, Copy)]
+pub struct Knobs {
+    /// The Rpcs' settings (congestion control and its bypasses, zero-copy
+    /// RX, preallocated responses).
+    pub rpc: RpcConfig,
+    /// The queue sets' settings (the UDP port is set per node).
+    pub queue: QueueConfig,
+    /// Frames per doorbell.
+    pub postlist: usize,
+}
+
+impl Default for Knobs {
+    fn default() -> Self {
+        Knobs {
+            rpc: RpcConfig::default(),
+            queue: QueueConfig::default(),
+            postlist: transport::mlx5::POSTLIST,
+        }
+    }
+}
+
 /// eRPC at one point on a testbed, for `dur` after `warmup`.
 pub fn erpc_on<W: Testbed>(
     w: &W,
+    knobs: &Knobs,
     p: Point,
     dur: Duration,
     warmup: Duration,
@@ -848,9 +877,9 @@ where
         let mut rpc = Rpc::new(
             nexus,
             i as u8,
-            w.transport(i, DATA_PORT + i as u16)?,
+            w.transport(i, DATA_PORT + i as u16, knobs)?,
             w.allocator(i, node_bytes(p.size, p.window))?,
-            RpcConfig::default(),
+            knobs.rpc,
             None,
         )
         .map_err(|e| BenchError::setup(format!("Rpc of node {i}"), e))?;
@@ -981,8 +1010,8 @@ pub fn raw_echo_on<W: Testbed>(
     dur: Duration,
     progress: &Progress,
 ) -> Result<f64, BenchError> {
-    let mut a = w.transport(0, RAW_ECHO_PORT)?;
-    let mut b = w.transport(1, RAW_ECHO_PORT + 1)?;
+    let mut a = w.transport(0, RAW_ECHO_PORT, &Knobs::default())?;
+    let mut b = w.transport(1, RAW_ECHO_PORT + 1, &Knobs::default())?;
     let (mut aa, mut ab) = (w.allocator(0, 2 << 20)?, w.allocator(1, 2 << 20)?);
     raw_echo(
         &mut a,

@@ -25,7 +25,7 @@ use serde::Serialize;
 use transport::Transport;
 use transport::udp::{UdpConfig, UdpTransport};
 
-use crate::bench::{BenchError, DeviceModel, Outcome, Point, Progress, erpc_on};
+use crate::bench::{BenchError, DeviceModel, Knobs, Outcome, Point, Progress, erpc_on};
 use crate::memory::MemoryPlan;
 
 /// Frame loss rates of the loss experiment (0 is the reference).
@@ -85,7 +85,7 @@ fn measure(
 ) -> Result<Outcome, BenchError> {
     let dm = DeviceModel::new(plan.clone(), None, false)?;
     dm.set_loss(loss);
-    erpc_on(&dm, p, dur, warmup, progress)
+    erpc_on(&dm, &Knobs::default(), p, dur, warmup, progress)
 }
 
 /// The large-message rows: `size`-byte RPCs with `window` in flight per
@@ -395,4 +395,113 @@ pub fn failure_detection(
         min_ms: *sorted.first().unwrap_or(&0.0),
         trials_ms,
     })
+}
+
+// --------------------------------------------------- factor analysis
+
+/// One row of the factor analysis: a configuration with one optimisation
+/// switched off (or all on, or congestion control off).
+#[derive(Debug, Clone, Serialize)]
+pub struct FactorRow {
+    /// What is switched off.
+    pub factor: &'static str,
+    /// Million RPCs per second, both nodes: the median of the rounds.
+    pub mrps: f64,
+    /// Every round's rate.
+    pub rounds_mrps: Vec<f64>,
+    /// `mrps` over the all-on rate (below 1: the optimisation helps).
+    pub ratio_to_all_on: f64,
+}
+
+/// The configurations of the factor analysis: everything on, then each of
+/// eRPC's optimisations off in turn (the paper's Table 3 idea), and
+/// congestion control off altogether (its cost when uncongested).
+pub fn factor_knobs() -> Vec<(&'static str, Knobs)> {
+    let all = Knobs::default();
+    let rpc = |f: &dyn Fn(&mut erpc::RpcConfig)| {
+        let mut k = all;
+        f(&mut k.rpc);
+        k
+    };
+    let queue = |f: &dyn Fn(&mut mlx5::QueueConfig)| {
+        let mut k = all;
+        f(&mut k.queue);
+        k
+    };
+    vec![
+        ("none (all optimisations on)", all),
+        (
+            "batched RTT timestamps",
+            rpc(&|r| r.cc.batch_timestamps = false),
+        ),
+        ("Timely bypass", rpc(&|r| r.cc.timely_bypass = false)),
+        ("timing-wheel bypass", rpc(&|r| r.cc.wheel_bypass = false)),
+        (
+            "multi-packet RQ (8 instead of 512 strides per WQE)",
+            queue(&|q| {
+                q.rq_log_strides = 3;
+                q.rq_log_wqes = 9;
+            }),
+        ),
+        (
+            "unsignaled TX (a CQE per send instead of 1 per 64)",
+            queue(&|q| q.unsignaled_batch = 1),
+        ),
+        ("doorbell batching (postlist 1)", {
+            let mut k = all;
+            k.postlist = 1;
+            k
+        }),
+        (
+            "preallocated responses",
+            rpc(&|r| r.prealloc_responses = false),
+        ),
+        ("zero-copy RX", rpc(&|r| r.zero_copy_rx = false)),
+        (
+            "congestion control (Timely, wheel, bypasses)",
+            rpc(&|r| r.cc = erpc::cc::CcConfig::disabled()),
+        ),
+    ]
+}
+
+/// Measures every configuration of [`factor_knobs`] `rounds` times,
+/// interleaved (so that a change in the machine's load hits every row
+/// alike), at one point; the rate of a row is the median of its rounds.
+#[allow(clippy::too_many_arguments)]
+pub fn factor_analysis(
+    plan: &MemoryPlan,
+    p: Point,
+    rounds: usize,
+    dur: Duration,
+    warmup: Duration,
+    progress: &Progress,
+) -> Result<Vec<FactorRow>, BenchError> {
+    let knobs = factor_knobs();
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); knobs.len()];
+    for _ in 0..rounds.max(1) {
+        for (k, (_, kn)) in knobs.iter().enumerate() {
+            let dm = DeviceModel::new(plan.clone(), None, false)?;
+            let o = erpc_on(&dm, kn, p, dur, warmup, progress)?;
+            rates[k].push(o.rpcs_per_sec / 1e6);
+        }
+    }
+    let median = |v: &[f64]| {
+        let mut s = v.to_vec();
+        s.sort_by(f64::total_cmp);
+        s[s.len() / 2]
+    };
+    let base = median(&rates[0]);
+    Ok(knobs
+        .iter()
+        .zip(rates)
+        .map(|((name, _), r)| {
+            let m = median(&r);
+            FactorRow {
+                factor: name,
+                mrps: m,
+                ratio_to_all_on: if base > 0.0 { m / base } else { 0.0 },
+                rounds_mrps: r,
+            }
+        })
+        .collect())
 }

@@ -617,6 +617,32 @@ fn rpc_text(
         g("sessions_reset"),
         g("sessions_peer_failed")
     );
+    match &v.cc {
+        Some(cc) => {
+            let _ = writeln!(
+                out,
+                "    cc         Timely {} updates, {} bypassed{}; link {} Gbit/s, min {:.3}; wheel {} queued, {} paced, {} bypassed, {} stale, {} clamped, {} overflow",
+                g("timely_updates"),
+                g("timely_bypassed"),
+                if cc.timely_bypass {
+                    ""
+                } else {
+                    " (bypass off)"
+                },
+                cc.link_gbps,
+                cc.min_gbps,
+                cc.wheel_queued,
+                cc.wheel_inserted,
+                g("wheel_bypassed"),
+                g("wheel_stale"),
+                cc.wheel_clamped,
+                cc.wheel_overflow,
+            );
+        }
+        None => {
+            let _ = writeln!(out, "    cc         off (no RTT, no Timely, no wheel)");
+        }
+    }
     let _ = writeln!(
         out,
         "    eRPC drops {}",
@@ -661,12 +687,20 @@ fn rpc_text(
         "TIMELY",
         "SLOT tx/rx"
     );
+    let link = v.cc.map(|c| c.link_gbps);
     for s in &v.sessions {
         let opt =
             |x: Option<f64>, unit: &str| x.map_or("-".to_string(), |v| format!("{v:.1}{unit}"));
+        // A session Timely slowed below the link rate is rate limited: its
+        // packets go through the wheel.
+        let timely = format!("{:>8}", opt(s.timely_rate_gbps, "G"));
+        let timely = match (s.timely_rate_gbps, link) {
+            (Some(r), Some(l)) if r < l => style.yellow(&timely),
+            _ => timely,
+        };
         let _ = writeln!(
             out,
-            "    {:>5} {:<6} {:<22} {:<20} {:>7} {:>5} {:>7} {:>5} {:>7} {:>8}  {:<24} {}",
+            "    {:>5} {:<6} {:<22} {:<20} {:>7} {:>5} {:>7} {:>5} {:>7} {}  {:<24} {}",
             s.session,
             s.role,
             s.state,
@@ -680,7 +714,7 @@ fn rpc_text(
             s.backlog,
             s.retransmits,
             opt(s.rtt_us, ""),
-            opt(s.timely_rate_gbps, "G"),
+            timely,
             s.slots.join(" "),
             req_nums_text(&s.req_nums)
         );

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use erpc::{Completion, MsgBuf, Request, Rpc, RpcConfig};
-use erpc_tools::bench::{DeviceModel, Testbed, packets_per_direction};
+use erpc_tools::bench::{DeviceModel, Knobs, Testbed, packets_per_direction};
 use erpc_tools::inspect::Snapshot;
 use erpc_tools::memory::MemoryPlan;
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -147,7 +147,7 @@ fn fixture() -> Result<(), String> {
         let rpc = Rpc::new(
             &nexus,
             i,
-            dm.transport(usize::from(i), 31850 + u16::from(i))
+            dm.transport(usize::from(i), 31850 + u16::from(i), &Knobs::default())
                 .map_err(|e| e.to_string())?,
             dm.allocator(usize::from(i), 16 << 20)
                 .map_err(|e| e.to_string())?,
@@ -205,7 +205,17 @@ fn fixture() -> Result<(), String> {
             .map(|s| r.session_info(s).map(|i| i.req_nums.to_vec()))
             .collect::<Vec<_>>()
     };
-    let truth = json!({ "client_req_nums": info(0), "server_req_nums": info(1) });
+    // The client's congestion control as the Rpc itself reports it (no
+    // traffic from here on: it stays so).
+    let cc = nodes[0]
+        .0
+        .session_info(sn)
+        .map(|i| (i.rtt_us, i.timely_gbps));
+    let truth = json!({
+        "client_req_nums": info(0),
+        "server_req_nums": info(1),
+        "client_cc": cc,
+    });
     println!("ready {truth}");
     std::io::stdout().flush().map_err(|e| e.to_string())?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -554,11 +564,43 @@ fn json_matches_traffic() -> Result<(), Failed> {
                 && se.remote_rpc_id == peer as u8
                 && se.slots_in_use == 0
                 && se.backlog == 0
-                && se.retransmits == 0
-                && se.rtt_us.is_none()
-                && se.timely_rate_gbps.is_none(),
+                && se.retransmits == 0,
             || format!("{se:?}"),
         )?;
+        // Congestion control is on (the default): the client measured an
+        // RTT on every acknowledgement and has a Timely rate within its
+        // bounds, exactly what the Rpc reports in-process; a server keeps
+        // neither. Nothing waits in the timing wheel once traffic stopped.
+        let cc = r.cc.as_ref().ok_or("no cc view")?;
+        check(
+            cc.link_gbps == erpc::RpcConfig::default().cc.link_gbps
+                && cc.wheel_queued == 0
+                && cc.wheel_inserted == cc.wheel_reaped,
+            || format!("{cc:?}"),
+        )?;
+        let samples = c("timely_updates") + c("timely_bypassed");
+        if client {
+            let rate = se.timely_rate_gbps.ok_or("no Timely rate")?;
+            let rtt = se.rtt_us.ok_or("no RTT")?;
+            check(
+                rtt.is_finite()
+                    && rtt >= 0.0
+                    && (cc.min_gbps..=cc.link_gbps).contains(&rate)
+                    && json!([se.rtt_us, se.timely_rate_gbps]) == f.truth["client_cc"]
+                    && samples <= pkts as u64,
+                || {
+                    format!(
+                        "{se:?} {cc:?} samples {samples} vs {}",
+                        f.truth["client_cc"]
+                    )
+                },
+            )?;
+        } else {
+            check(
+                se.rtt_us.is_none() && se.timely_rate_gbps.is_none() && samples == 0,
+                || format!("{se:?} samples {samples}"),
+            )?;
+        }
         if client {
             check(se.credits == erpc::SESSION_CREDITS as u32, || {
                 format!("credits {}", se.credits)

@@ -57,6 +57,10 @@ pub struct Mlx5Config {
     /// truncated). Default `None`: no capture, and no cost. See
     /// [`crate::pcap`].
     pub pcap: Option<PathBuf>,
+    /// Most frames posted with one doorbell (the postlist, 1..=16, default
+    /// 16). 1 rings a doorbell per frame: no doorbell batching (for
+    /// measuring what batching saves).
+    pub postlist: usize,
 }
 
 impl Mlx5Config {
@@ -67,6 +71,7 @@ impl Mlx5Config {
             queue,
             accept_zero_ip_checksum: true,
             pcap: None,
+            postlist: POSTLIST,
         }
     }
 }
@@ -153,6 +158,8 @@ pub struct Mlx5Transport<B: HwBackend> {
     stats: TransportStats,
     /// Next ring slot rx_burst validates.
     rx_head: usize,
+    /// Frames per doorbell.
+    postlist: usize,
 }
 
 impl<B: HwBackend> std::fmt::Debug for Mlx5Transport<B> {
@@ -165,6 +172,12 @@ impl<B: HwBackend> Mlx5Transport<B> {
     /// Creates the queue set and the flow rule for `cfg.queue.udp_port`,
     /// and the pcap file if one is configured.
     pub fn new(device: &Device<B>, cfg: Mlx5Config) -> Result<Self, TransportError> {
+        if !(1..=POSTLIST).contains(&cfg.postlist) {
+            return Err(TransportError::Device(format!(
+                "postlist {} outside 1..={POSTLIST}",
+                cfg.postlist
+            )));
+        }
         let pcap = match &cfg.pcap {
             Some(path) => Some(Box::new(Capture::create(path)?)),
             None => None,
@@ -198,6 +211,7 @@ impl<B: HwBackend> Mlx5Transport<B> {
             pcap,
             stats: TransportStats::default(),
             rx_head: 0,
+            postlist: cfg.postlist,
         })
     }
 
@@ -318,7 +332,7 @@ impl<B: HwBackend> Transport for Mlx5Transport<B> {
         // before the first frame not posted (and the capture writes them).
         let mut item_of = [0u8; POSTLIST];
         let mut n = 0;
-        let considered = items.len().min(POSTLIST);
+        let considered = items.len().min(self.postlist);
         for (i, item) in items[..considered].iter().enumerate() {
             if item.drop {
                 self.stats.tx_dropped_on_purpose += 1;
@@ -376,7 +390,7 @@ impl<B: HwBackend> Transport for Mlx5Transport<B> {
     }
 
     fn tx_burst_max(&self) -> usize {
-        POSTLIST
+        self.postlist
     }
 
     fn tx_flush(&mut self) {

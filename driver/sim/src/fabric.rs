@@ -1,20 +1,27 @@
-//! The simulated Ethernet fabric: a learning switch with ports, one link per
-//! port with seeded fault injection, per-port pcap, and the clock.
+//! The simulated Ethernet fabric the device-model NICs plug into: the
+//! project's one network model ([`netsim`]) in its shared form, plus what
+//! only NICs need (object numbers unique across the functions of one
+//! fabric).
 //!
 //! # Delivery
 //!
 //! A frame sent by a NIC crosses its port's link (NIC → switch), the switch
 //! (MAC learning; unknown unicast, broadcast and multicast are flooded to
-//! every other port in port order), then the receiving port's link
-//! (switch → NIC). Each link direction applies its [`LinkFaults`] with its
-//! own random stream, derived from the fabric seed and the port number, so
-//! the fate of frames on one link does not depend on traffic elsewhere.
+//! every other port in port order) and its output queue towards the
+//! destination port, then that port's link (switch → NIC). Each link
+//! direction applies its [`LinkFaults`] with its own random stream, derived
+//! from the fabric seed and the port number, so the fate of frames on one
+//! link does not depend on traffic elsewhere. Links have a rate and the
+//! switch a buffer per output port ([`PortConfig`]; unlimited by default):
+//! with limits, an incast builds a real queue and drops at the tail
+//! ([`Fabric::queue`]).
 //!
-//! A hop without delay is taken synchronously, inside the sender's call
-//! (inside the doorbell write that produced the frame), with no lock of the
-//! sending NIC held. A delayed hop (fixed delay, or a frame held back to be
-//! reordered) goes into the event queue and is taken when the clock reaches
-//! its due time.
+//! A hop that takes no time (no rate, delay or queue) is taken
+//! synchronously, inside the sender's call (inside the doorbell write that
+//! produced the frame), with no lock of the sending NIC held. A delayed
+//! hop goes into the event queue and is taken when the clock reaches its
+//! due time. Frames are handed to NICs after the network's lock is
+//! released.
 //!
 //! # Clock and modes
 //!
@@ -29,76 +36,18 @@
 //!   any [`Fabric::advance`]); a pump thread delivers delayed frames when
 //!   they are due. Any number of threads may ring doorbells on any NICs.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, Write};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
-use std::thread::ThreadId;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
-use crate::pcap::PcapWriter;
-use crate::rng::Rng;
-use crate::util::{lock, read, write};
-
-/// A switch port.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PortId(pub u32);
-
-impl fmt::Display for PortId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "port {}", self.0)
-    }
-}
-
-/// Faults applied to every frame crossing a link, in each direction.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LinkFaults {
-    /// Probability that a frame is lost.
-    pub loss: f64,
-    /// Probability that a frame is delivered twice.
-    pub duplicate: f64,
-    /// Probability that a frame is held back by `reorder_delay`, so that
-    /// later frames overtake it.
-    pub reorder: f64,
-    /// How long a reordered frame is held back.
-    pub reorder_delay: Duration,
-    /// Probability that one bit of the frame (past the Ethernet header) is
-    /// flipped. Frames carry no FCS in the model, so a corrupted frame is
-    /// delivered; the receiver's checksum flags in the CQE show it.
-    pub corrupt: f64,
-    /// Fixed one-way delay of the link.
-    pub delay: Duration,
-    /// Link down: every frame is dropped (and `QUERY_VPORT_STATE` says down).
-    pub down: bool,
-}
-
-impl Default for LinkFaults {
-    fn default() -> Self {
-        LinkFaults {
-            loss: 0.0,
-            duplicate: 0.0,
-            reorder: 0.0,
-            reorder_delay: Duration::from_micros(20),
-            corrupt: 0.0,
-            delay: Duration::ZERO,
-            down: false,
-        }
-    }
-}
-
-impl LinkFaults {
-    fn is_clean(&self) -> bool {
-        self.loss <= 0.0
-            && self.duplicate <= 0.0
-            && self.reorder <= 0.0
-            && self.corrupt <= 0.0
-            && self.delay.is_zero()
-            && !self.down
-    }
-}
+pub use netsim::{
+    Direction, LinkEvent, LinkEventKind, LinkFaults, PortConfig, PortId, PortSink, PortStats,
+    QueueSample, QueueStats, Tap,
+};
+use netsim::{NetConfig, SharedNetwork};
 
 /// Fabric configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -107,10 +56,13 @@ pub struct FabricConfig {
     pub seed: u64,
     /// Virtual clock, single thread, exact replay (see the module doc).
     pub deterministic: bool,
-    /// Faults of every new port's link.
+    /// Faults of every new port's link (both directions).
     pub default_faults: LinkFaults,
-    /// How many link events (losses, duplicates, ...) are kept for
-    /// [`Fabric::link_events`]; older ones are discarded.
+    /// Link rate and switch buffer of every new port (unlimited by
+    /// default).
+    pub port: PortConfig,
+    /// How many link events (losses, duplicates, buffer drops, ...) are
+    /// kept for [`Fabric::link_events`]; older ones are discarded.
     pub event_log_capacity: usize,
 }
 
@@ -120,79 +72,10 @@ impl Default for FabricConfig {
             seed: 0,
             deterministic: true,
             default_faults: LinkFaults::default(),
+            port: PortConfig::default(),
             event_log_capacity: 1 << 16,
         }
     }
-}
-
-/// Direction of a link hop.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Direction {
-    /// From the port's device into the switch.
-    ToSwitch,
-    /// From the switch to the port's device.
-    ToDevice,
-}
-
-/// What a link did to a frame.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum LinkEventKind {
-    /// Dropped by `loss`.
-    Lost,
-    /// Dropped because the link is down.
-    LinkDown,
-    /// Delivered twice.
-    Duplicated,
-    /// Held back.
-    Reordered,
-    /// One bit flipped.
-    Corrupted,
-}
-
-/// One thing a link did, for replay checks and debugging.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct LinkEvent {
-    /// Fabric-wide sequence number of the frame (assigned when it entered
-    /// the fabric; deterministic in deterministic mode).
-    pub frame_id: u64,
-    /// The link's port.
-    pub port: PortId,
-    /// Which way the frame was going.
-    pub direction: Direction,
-    /// What happened.
-    pub kind: LinkEventKind,
-    /// Fabric clock.
-    pub time_ns: u64,
-}
-
-/// Per-port counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PortStats {
-    /// Frames the device sent into the port.
-    pub tx_frames: u64,
-    /// Their bytes.
-    pub tx_bytes: u64,
-    /// Frames delivered to the device.
-    pub rx_frames: u64,
-    /// Their bytes.
-    pub rx_bytes: u64,
-    /// Frames lost on the link (both directions).
-    pub lost: u64,
-    /// Frames dropped because the link was down.
-    pub link_down_drops: u64,
-    /// Extra copies made by duplication.
-    pub duplicated: u64,
-    /// Frames held back for reordering.
-    pub reordered: u64,
-    /// Frames corrupted.
-    pub corrupted: u64,
-    /// Hops that waited in the event queue.
-    pub delayed: u64,
-    /// Frames for this port dropped because nothing is plugged in (the
-    /// device was dropped).
-    pub no_device_drops: u64,
-    /// Frames whose destination was the port they came from (dropped).
-    pub hairpin_drops: u64,
 }
 
 /// Fabric-wide counters.
@@ -202,92 +85,13 @@ pub struct FabricStats {
     pub frames: u64,
     /// Frames flooded (unknown unicast, broadcast, multicast).
     pub flooded: u64,
-    /// Frames waiting in the event queue now.
+    /// Hops waiting in the event queue now.
     pub pending: u64,
     /// Calls into a deterministic fabric from a thread other than its
     /// creator (each one is a replay hazard).
     pub foreign_thread_calls: u64,
     /// Fabric clock.
     pub now_ns: u64,
-}
-
-/// Something plugged into a port.
-pub(crate) trait PortSink: Send + Sync {
-    /// A frame arrives from the switch.
-    fn receive(&self, frame: &[u8]);
-}
-
-#[derive(Debug, Default)]
-struct PortCounters {
-    tx_frames: AtomicU64,
-    tx_bytes: AtomicU64,
-    rx_frames: AtomicU64,
-    rx_bytes: AtomicU64,
-    lost: AtomicU64,
-    link_down_drops: AtomicU64,
-    duplicated: AtomicU64,
-    reordered: AtomicU64,
-    corrupted: AtomicU64,
-    delayed: AtomicU64,
-    no_device_drops: AtomicU64,
-    hairpin_drops: AtomicU64,
-}
-
-struct LinkDir {
-    faults: LinkFaults,
-    rng: Rng,
-}
-
-struct Port {
-    id: PortId,
-    sink: RwLock<Option<Weak<dyn PortSink>>>,
-    to_switch: Mutex<LinkDir>,
-    to_device: Mutex<LinkDir>,
-    pcap: Mutex<Option<PcapWriter>>,
-    c: PortCounters,
-}
-
-struct Event {
-    due_ns: u64,
-    seq: u64,
-    hop: Hop,
-    frame_id: u64,
-    data: Vec<u8>,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Hop {
-    AtSwitch { from: u32 },
-    AtDevice { to: u32 },
-}
-
-impl PartialEq for Event {
-    fn eq(&self, o: &Self) -> bool {
-        (self.due_ns, self.seq) == (o.due_ns, o.seq)
-    }
-}
-impl Eq for Event {}
-impl PartialOrd for Event {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Event {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (self.due_ns, self.seq).cmp(&(o.due_ns, o.seq))
-    }
-}
-
-#[derive(Default)]
-struct Queue {
-    heap: BinaryHeap<Reverse<Event>>,
-    seq: u64,
-}
-
-struct PumpShared {
-    queue: Mutex<Queue>,
-    cv: Condvar,
-    stop: AtomicBool,
 }
 
 /// Object number spaces shared by every function of the fabric, so that a
@@ -358,29 +162,8 @@ impl Registry {
 
 pub(crate) struct FabricInner {
     cfg: FabricConfig,
-    start: Instant,
-    virt_ns: AtomicU64,
-    owner_thread: ThreadId,
-    foreign_calls: AtomicU64,
-    ports: RwLock<Vec<Arc<Port>>>,
-    macs: Mutex<HashMap<[u8; 6], u32>>,
-    pump: Arc<PumpShared>,
-    next_frame: AtomicU64,
-    flooded: AtomicU64,
-    events: Mutex<Vec<LinkEvent>>,
+    net: SharedNetwork,
     pub(crate) registry: Mutex<Registry>,
-}
-
-impl Drop for FabricInner {
-    fn drop(&mut self) {
-        self.pump.stop.store(true, Ordering::Release);
-        self.pump.cv.notify_all();
-        for p in read(&self.ports).iter() {
-            if let Some(w) = lock(&p.pcap).as_mut() {
-                let _ = w.flush();
-            }
-        }
-    }
 }
 
 /// The fabric: a switch, its ports and links, and the clock. Cheap to
@@ -401,7 +184,7 @@ impl fmt::Debug for Fabric {
             } else {
                 "threaded"
             },
-            read(&self.inner.ports).len(),
+            self.inner.net.with(|n| n.port_count()),
             self.inner.now_ns()
         )
     }
@@ -411,40 +194,34 @@ impl Fabric {
     /// A fabric with no ports. In threaded mode this starts the pump
     /// thread (it stops when the last handle is gone).
     pub fn new(cfg: FabricConfig) -> Fabric {
-        let pump = Arc::new(PumpShared {
-            queue: Mutex::new(Queue::default()),
-            cv: Condvar::new(),
-            stop: AtomicBool::new(false),
-        });
-        let inner = Arc::new(FabricInner {
-            cfg,
-            start: Instant::now(),
-            virt_ns: AtomicU64::new(0),
-            owner_thread: std::thread::current().id(),
-            foreign_calls: AtomicU64::new(0),
-            ports: RwLock::new(Vec::new()),
-            macs: Mutex::new(HashMap::new()),
-            pump: pump.clone(),
-            next_frame: AtomicU64::new(0),
-            flooded: AtomicU64::new(0),
-            events: Mutex::new(Vec::new()),
-            registry: Mutex::new(Registry::default()),
-        });
-        if !inner.cfg.deterministic {
-            let weak = Arc::downgrade(&inner);
-            let spawned = std::thread::Builder::new()
-                .name("mlx5-sim-pump".into())
-                .spawn(move || pump_thread(pump, weak));
-            if let Err(e) = spawned {
-                tracing::error!(%e, "cannot start the fabric pump thread; delayed frames will only move in Fabric::advance");
-            }
+        let net = SharedNetwork::new(
+            NetConfig {
+                seed: cfg.seed,
+                faults: cfg.default_faults,
+                port: cfg.port,
+                flood_unknown_unicast: true,
+                event_log_capacity: cfg.event_log_capacity,
+            },
+            cfg.deterministic,
+        );
+        Fabric {
+            inner: Arc::new(FabricInner {
+                cfg,
+                net,
+                registry: Mutex::new(Registry::default()),
+            }),
         }
-        Fabric { inner }
     }
 
     /// The configuration.
     pub fn config(&self) -> &FabricConfig {
         &self.inner.cfg
+    }
+
+    /// The network model underneath (for what this wrapper does not
+    /// expose).
+    pub fn network(&self) -> &SharedNetwork {
+        &self.inner.net
     }
 
     /// Fabric clock in nanoseconds.
@@ -456,43 +233,58 @@ impl Fabric {
     /// (in deterministic mode this is the only way time passes). Returns
     /// the number of hops taken.
     pub fn advance(&self, d: Duration) -> usize {
-        self.inner.check_thread();
-        self.inner.advance_by(d)
+        self.inner.net.advance(d)
+    }
+
+    /// Time of the next hop waiting in the event queue.
+    pub fn next_event_ns(&self) -> Option<u64> {
+        self.inner.net.with(|n| n.next_event_ns())
     }
 
     /// Sets the faults of `port`'s link (both directions).
     pub fn set_link_faults(&self, port: PortId, faults: LinkFaults) {
-        if let Some(p) = self.inner.port(port.0) {
-            lock(&p.to_switch).faults = faults;
-            lock(&p.to_device).faults = faults;
-        }
+        self.inner.net.with(|n| n.set_faults(port, None, faults));
     }
 
     /// Sets the faults of one direction of `port`'s link.
     pub fn set_link_faults_dir(&self, port: PortId, dir: Direction, faults: LinkFaults) {
-        if let Some(p) = self.inner.port(port.0) {
-            match dir {
-                Direction::ToSwitch => lock(&p.to_switch).faults = faults,
-                Direction::ToDevice => lock(&p.to_device).faults = faults,
-            }
-        }
+        self.inner
+            .net
+            .with(|n| n.set_faults(port, Some(dir), faults));
     }
 
     /// The faults of `port`'s link (device → switch direction).
     pub fn link_faults(&self, port: PortId) -> Option<LinkFaults> {
-        self.inner.port(port.0).map(|p| lock(&p.to_switch).faults)
+        self.inner.net.with(|n| n.faults(port, Direction::ToSwitch))
+    }
+
+    /// Sets `port`'s link rate and the switch's buffer towards it.
+    pub fn set_port_config(&self, port: PortId, cfg: PortConfig) {
+        self.inner.net.with(|n| n.set_port_config(port, cfg));
+    }
+
+    /// The switch's output queue towards `port` now: occupancy, high-water
+    /// marks, drops.
+    pub fn queue(&self, port: PortId) -> Option<QueueStats> {
+        let now = self.now_ns();
+        self.inner.net.with(|n| n.queue(port, now))
+    }
+
+    /// Records the output queue towards `port` at every arrival (up to
+    /// `capacity` samples); [`Fabric::queue_trace`] reads them.
+    pub fn set_queue_trace(&self, port: PortId, capacity: usize) {
+        self.inner.net.with(|n| n.set_queue_trace(port, capacity));
+    }
+
+    /// The recorded samples of the output queue towards `port`.
+    pub fn queue_trace(&self, port: PortId) -> Vec<QueueSample> {
+        self.inner.net.with(|n| n.queue_trace(port).to_vec())
     }
 
     /// Captures every frame the port sends and receives into `out`, in
     /// pcap format (stamped with the fabric clock).
     pub fn set_pcap(&self, port: PortId, out: impl Write + Send + 'static) -> io::Result<()> {
-        let p = self
-            .inner
-            .port(port.0)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no {port}")))?;
-        let w = PcapWriter::new(Box::new(out))?;
-        *lock(&p.pcap) = Some(w);
-        Ok(())
+        self.inner.net.set_pcap(port, out)
     }
 
     /// Captures `port` into a pcap file at `path`.
@@ -503,54 +295,36 @@ impl Fabric {
 
     /// Flushes every pcap writer.
     pub fn flush_pcaps(&self) -> io::Result<()> {
-        for p in read(&self.inner.ports).iter() {
-            if let Some(w) = lock(&p.pcap).as_mut() {
-                w.flush()?;
-            }
-        }
-        Ok(())
+        self.inner.net.with(|n| n.flush_pcaps())
     }
 
     /// Counters of `port`.
     pub fn port_stats(&self, port: PortId) -> Option<PortStats> {
-        let p = self.inner.port(port.0)?;
-        let c = &p.c;
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        Some(PortStats {
-            tx_frames: g(&c.tx_frames),
-            tx_bytes: g(&c.tx_bytes),
-            rx_frames: g(&c.rx_frames),
-            rx_bytes: g(&c.rx_bytes),
-            lost: g(&c.lost),
-            link_down_drops: g(&c.link_down_drops),
-            duplicated: g(&c.duplicated),
-            reordered: g(&c.reordered),
-            corrupted: g(&c.corrupted),
-            delayed: g(&c.delayed),
-            no_device_drops: g(&c.no_device_drops),
-            hairpin_drops: g(&c.hairpin_drops),
-        })
+        self.inner.net.with(|n| n.port_stats(port))
     }
 
     /// Every port.
     pub fn ports(&self) -> Vec<PortId> {
-        read(&self.inner.ports).iter().map(|p| p.id).collect()
+        let n = self.inner.net.with(|n| n.port_count());
+        (0..n as u32).map(PortId).collect()
     }
 
     /// Fabric-wide counters.
     pub fn stats(&self) -> FabricStats {
+        let s = self.inner.net.with(|n| n.stats());
         FabricStats {
-            frames: self.inner.next_frame.load(Ordering::Relaxed),
-            flooded: self.inner.flooded.load(Ordering::Relaxed),
-            pending: lock(&self.inner.pump.queue).heap.len() as u64,
-            foreign_thread_calls: self.inner.foreign_calls.load(Ordering::Relaxed),
+            frames: s.frames,
+            flooded: s.flooded,
+            pending: s.pending,
+            foreign_thread_calls: self.inner.net.foreign_thread_calls(),
             now_ns: self.inner.now_ns(),
         }
     }
 
-    /// What the links did (oldest first, up to the configured capacity).
+    /// What the links and the switch did (oldest first, up to the
+    /// configured capacity).
     pub fn link_events(&self) -> Vec<LinkEvent> {
-        lock(&self.inner.events).clone()
+        self.inner.net.with(|n| n.link_events().to_vec())
     }
 
     /// Adds a port whose device side is `sink` (the bridge's way in).
@@ -565,77 +339,14 @@ impl Fabric {
     /// Adds a tap: a port whose received frames are kept in memory, and
     /// which can send frames into the switch.
     pub fn add_tap(&self, mac: Option<[u8; 6]>) -> Tap {
-        let sink = Arc::new(TapSink {
-            frames: Mutex::new(Vec::new()),
-        });
-        let dyn_sink: Arc<dyn PortSink> = sink.clone();
-        let port = self.inner.add_port(Some(Arc::downgrade(&dyn_sink)), mac);
-        Tap {
-            fabric: self.clone(),
-            port,
-            sink,
-            _keep: dyn_sink,
-        }
+        self.inner.net.add_tap(mac)
     }
 
     /// Delivers `frame` to `port`'s device as if it came from the switch
-    /// (through the port's switch → device link and its faults).
+    /// (through the switch's output queue and the port's switch → device
+    /// link and its faults).
     pub fn inject(&self, port: PortId, frame: &[u8]) {
-        self.inner.check_thread();
-        let id = self.inner.next_frame.fetch_add(1, Ordering::Relaxed);
-        self.inner
-            .hop(Hop::AtDevice { to: port.0 }, id, frame.to_vec(), false);
-    }
-}
-
-/// A port of the fabric that records what it receives (for tests).
-pub struct Tap {
-    fabric: Fabric,
-    port: PortId,
-    sink: Arc<TapSink>,
-    _keep: Arc<dyn PortSink>,
-}
-
-impl fmt::Debug for Tap {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Tap({})", self.port)
-    }
-}
-
-struct TapSink {
-    frames: Mutex<Vec<Vec<u8>>>,
-}
-
-impl PortSink for TapSink {
-    fn receive(&self, frame: &[u8]) {
-        lock(&self.frames).push(frame.to_vec());
-    }
-}
-
-impl Tap {
-    /// The tap's port.
-    pub fn port(&self) -> PortId {
-        self.port
-    }
-
-    /// Frames received so far (and forgets them).
-    pub fn take(&self) -> Vec<Vec<u8>> {
-        std::mem::take(&mut *lock(&self.sink.frames))
-    }
-
-    /// Frames received and not yet taken.
-    pub fn len(&self) -> usize {
-        lock(&self.sink.frames).len()
-    }
-
-    /// True if nothing is waiting.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Sends a frame from the tap into the switch.
-    pub fn send(&self, frame: &[u8]) {
-        self.fabric.inner.transmit(self.port.0, frame.to_vec());
+        self.inner.net.inject(port, frame.to_vec());
     }
 }
 
@@ -645,37 +356,17 @@ impl FabricInner {
     }
 
     pub(crate) fn now_ns(&self) -> u64 {
-        let v = self.virt_ns.load(Ordering::Acquire);
-        if self.cfg.deterministic {
-            v
-        } else {
-            v.saturating_add(self.start.elapsed().as_nanos() as u64)
-        }
+        self.net.now_ns()
     }
 
     /// Moves the clock by `d` and takes every hop that is due.
     pub(crate) fn advance_by(&self, d: Duration) -> usize {
-        self.virt_ns.fetch_add(
-            d.as_nanos().min(u128::from(u64::MAX / 4)) as u64,
-            Ordering::AcqRel,
-        );
-        self.pump_due()
+        self.net.advance(d)
     }
 
     /// Counts calls into a deterministic fabric from foreign threads.
     pub(crate) fn check_thread(&self) {
-        if self.cfg.deterministic && std::thread::current().id() != self.owner_thread {
-            let n = self.foreign_calls.fetch_add(1, Ordering::Relaxed);
-            if n == 0 {
-                tracing::warn!(
-                    "deterministic fabric used from a second thread: replay is no longer exact"
-                );
-            }
-        }
-    }
-
-    fn port(&self, id: u32) -> Option<Arc<Port>> {
-        read(&self.ports).get(id as usize).cloned()
+        self.net.check_thread();
     }
 
     pub(crate) fn add_port(
@@ -683,281 +374,31 @@ impl FabricInner {
         sink: Option<Weak<dyn PortSink>>,
         mac: Option<[u8; 6]>,
     ) -> PortId {
-        let mut ports = write(&self.ports);
-        let id = ports.len() as u32;
-        let seed = self.cfg.seed;
-        let mk = |stream: u64| LinkDir {
-            faults: self.cfg.default_faults,
-            rng: Rng::new(seed, stream),
-        };
-        ports.push(Arc::new(Port {
-            id: PortId(id),
-            sink: RwLock::new(sink),
-            to_switch: Mutex::new(mk(u64::from(id) * 2)),
-            to_device: Mutex::new(mk(u64::from(id) * 2 + 1)),
-            pcap: Mutex::new(None),
-            c: PortCounters::default(),
-        }));
-        drop(ports);
-        if let Some(m) = mac {
-            lock(&self.macs).insert(m, id);
-        }
-        PortId(id)
+        self.net.add_port(mac, sink)
     }
 
     pub(crate) fn set_sink(&self, port: PortId, sink: Weak<dyn PortSink>) {
-        if let Some(p) = self.port(port.0) {
-            *write(&p.sink) = Some(sink);
-        }
+        self.net.set_sink(port, Some(sink));
     }
 
     pub(crate) fn link_is_down(&self, port: PortId) -> bool {
-        self.port(port.0)
-            .is_some_and(|p| lock(&p.to_device).faults.down || lock(&p.to_switch).faults.down)
+        self.net.with(|n| n.link_is_down(port))
     }
 
     /// The port the switch has learned (or was told) `mac` is behind.
     pub(crate) fn port_of_mac(&self, mac: &[u8; 6]) -> Option<u32> {
-        lock(&self.macs).get(mac).copied()
+        self.net.with(|n| n.port_of_mac(mac)).map(|p| p.0)
     }
 
     /// A frame leaves the device at `port`. No lock of any device may be
     /// held by the caller.
     pub(crate) fn transmit(&self, port: u32, frame: Vec<u8>) {
-        self.check_thread();
-        let Some(p) = self.port(port) else { return };
-        p.c.tx_frames.fetch_add(1, Ordering::Relaxed);
-        p.c.tx_bytes
-            .fetch_add(frame.len() as u64, Ordering::Relaxed);
-        self.capture(&p, &frame);
-        let id = self.next_frame.fetch_add(1, Ordering::Relaxed);
-        self.hop(Hop::AtSwitch { from: port }, id, frame, false);
-        if self.cfg.deterministic {
-            self.pump_due();
-        }
-    }
-
-    fn capture(&self, p: &Port, frame: &[u8]) {
-        let mut g = lock(&p.pcap);
-        if let Some(w) = g.as_mut() {
-            if let Err(e) = w.write_frame(self.now_ns(), frame) {
-                tracing::warn!(%e, port = p.id.0, "pcap write failed; capture stopped");
-                *g = None;
-            }
-        }
-    }
-
-    fn log_event(&self, frame_id: u64, port: u32, direction: Direction, kind: LinkEventKind) {
-        let mut ev = lock(&self.events);
-        if ev.len() < self.cfg.event_log_capacity {
-            ev.push(LinkEvent {
-                frame_id,
-                port: PortId(port),
-                direction,
-                kind,
-                time_ns: self.now_ns(),
-            });
-        }
-    }
-
-    /// Applies a link's faults to a frame about to take `hop`, then takes
-    /// it now or queues it. `queued` is true when the frame comes out of
-    /// the event queue (its link delay has been paid already).
-    fn hop(&self, hop: Hop, frame_id: u64, mut frame: Vec<u8>, queued: bool) {
-        if queued {
-            self.arrive(hop, frame_id, frame);
-            return;
-        }
-        let (port, dir) = match hop {
-            Hop::AtSwitch { from } => (from, Direction::ToSwitch),
-            Hop::AtDevice { to } => (to, Direction::ToDevice),
-        };
-        let Some(p) = self.port(port) else { return };
-        let link = match dir {
-            Direction::ToSwitch => &p.to_switch,
-            Direction::ToDevice => &p.to_device,
-        };
-        let mut copies: [(u64, bool); 2] = [(0, false); 2];
-        let mut n = 1;
-        {
-            let mut l = lock(link);
-            let f = l.faults;
-            if !f.is_clean() {
-                if f.down {
-                    p.c.link_down_drops.fetch_add(1, Ordering::Relaxed);
-                    drop(l);
-                    self.log_event(frame_id, port, dir, LinkEventKind::LinkDown);
-                    return;
-                }
-                if l.rng.chance(f.loss) {
-                    p.c.lost.fetch_add(1, Ordering::Relaxed);
-                    drop(l);
-                    self.log_event(frame_id, port, dir, LinkEventKind::Lost);
-                    return;
-                }
-                if l.rng.chance(f.corrupt) && !frame.is_empty() {
-                    let lo = if frame.len() > 14 { 14 } else { 0 };
-                    let at = lo + l.rng.below((frame.len() - lo) as u64) as usize;
-                    let bit = l.rng.below(8);
-                    frame[at] ^= 1 << bit;
-                    p.c.corrupted.fetch_add(1, Ordering::Relaxed);
-                    self.log_event(frame_id, port, dir, LinkEventKind::Corrupted);
-                }
-                let delay = f.delay.as_nanos() as u64;
-                copies[0].0 = delay;
-                if l.rng.chance(f.reorder) {
-                    copies[0].0 = delay + f.reorder_delay.as_nanos() as u64;
-                    copies[0].1 = true;
-                    p.c.reordered.fetch_add(1, Ordering::Relaxed);
-                    self.log_event(frame_id, port, dir, LinkEventKind::Reordered);
-                }
-                if l.rng.chance(f.duplicate) {
-                    copies[1] = (delay, false);
-                    n = 2;
-                    p.c.duplicated.fetch_add(1, Ordering::Relaxed);
-                    self.log_event(frame_id, port, dir, LinkEventKind::Duplicated);
-                }
-            }
-        }
-        let now = self.now_ns();
-        for (i, &(delay, _)) in copies[..n].iter().enumerate() {
-            let data = if i + 1 == n {
-                std::mem::take(&mut frame)
-            } else {
-                frame.clone()
-            };
-            if delay == 0 {
-                self.arrive(hop, frame_id, data);
-            } else {
-                p.c.delayed.fetch_add(1, Ordering::Relaxed);
-                let mut q = lock(&self.pump.queue);
-                let seq = q.seq;
-                q.seq += 1;
-                q.heap.push(Reverse(Event {
-                    due_ns: now + delay,
-                    seq,
-                    hop,
-                    frame_id,
-                    data,
-                }));
-                drop(q);
-                self.pump.cv.notify_one();
-            }
-        }
-    }
-
-    fn arrive(&self, hop: Hop, frame_id: u64, frame: Vec<u8>) {
-        match hop {
-            Hop::AtSwitch { from } => self.switch(from, frame_id, frame),
-            Hop::AtDevice { to } => self.deliver(to, frame),
-        }
-    }
-
-    fn switch(&self, from: u32, frame_id: u64, frame: Vec<u8>) {
-        if frame.len() < 14 {
-            return;
-        }
-        let mut dmac = [0u8; 6];
-        dmac.copy_from_slice(&frame[0..6]);
-        let mut smac = [0u8; 6];
-        smac.copy_from_slice(&frame[6..12]);
-        let dest = {
-            let mut macs = lock(&self.macs);
-            if smac[0] & 1 == 0 {
-                macs.insert(smac, from);
-            }
-            if dmac[0] & 1 == 0 {
-                macs.get(&dmac).copied()
-            } else {
-                None
-            }
-        };
-        match dest {
-            Some(to) if to == from => {
-                if let Some(p) = self.port(from) {
-                    p.c.hairpin_drops.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            Some(to) => self.hop(Hop::AtDevice { to }, frame_id, frame, false),
-            None => {
-                self.flooded.fetch_add(1, Ordering::Relaxed);
-                let n = read(&self.ports).len() as u32;
-                let others: Vec<u32> = (0..n).filter(|&i| i != from).collect();
-                let last = others.len();
-                let mut frame = Some(frame);
-                for (k, to) in others.into_iter().enumerate() {
-                    let data = if k + 1 == last {
-                        frame.take().unwrap_or_default()
-                    } else {
-                        frame.as_ref().cloned().unwrap_or_default()
-                    };
-                    self.hop(Hop::AtDevice { to }, frame_id, data, false);
-                }
-            }
-        }
-    }
-
-    fn deliver(&self, to: u32, frame: Vec<u8>) {
-        let Some(p) = self.port(to) else { return };
-        let sink = read(&p.sink).as_ref().and_then(Weak::upgrade);
-        let Some(sink) = sink else {
-            p.c.no_device_drops.fetch_add(1, Ordering::Relaxed);
-            return;
-        };
-        p.c.rx_frames.fetch_add(1, Ordering::Relaxed);
-        p.c.rx_bytes
-            .fetch_add(frame.len() as u64, Ordering::Relaxed);
-        self.capture(&p, &frame);
-        sink.receive(&frame);
+        self.net.transmit(PortId(port), frame);
     }
 
     /// Takes every queued hop that is due. Returns how many.
     pub(crate) fn pump_due(&self) -> usize {
-        let mut n = 0;
-        loop {
-            let now = self.now_ns();
-            let ev = {
-                let mut q = lock(&self.pump.queue);
-                match q.heap.peek() {
-                    Some(Reverse(e)) if e.due_ns <= now => q.heap.pop().map(|r| r.0),
-                    _ => None,
-                }
-            };
-            let Some(ev) = ev else { break };
-            self.hop(ev.hop, ev.frame_id, ev.data, true);
-            n += 1;
-        }
-        n
-    }
-}
-
-fn pump_thread(shared: Arc<PumpShared>, fabric: Weak<FabricInner>) {
-    const IDLE: Duration = Duration::from_millis(20);
-    loop {
-        if shared.stop.load(Ordering::Acquire) {
-            return;
-        }
-        let Some(f) = fabric.upgrade() else { return };
-        let now = f.now_ns();
-        let wait = {
-            let q = lock(&shared.queue);
-            match q.heap.peek() {
-                Some(Reverse(e)) if e.due_ns <= now => None,
-                Some(Reverse(e)) => Some(Duration::from_nanos(e.due_ns - now).min(IDLE)),
-                None => Some(IDLE),
-            }
-        };
-        match wait {
-            None => {
-                f.pump_due();
-                drop(f);
-            }
-            Some(d) => {
-                drop(f);
-                let q = lock(&shared.queue);
-                let _ = shared.cv.wait_timeout(q, d);
-            }
-        }
+        self.net.pump_due()
     }
 }
 
@@ -1043,5 +484,33 @@ mod tests {
         assert_eq!(n1, n2);
         assert_eq!(n1 + l1.len(), 200);
         assert_ne!(l1, l3);
+    }
+
+    #[test]
+    fn a_slow_port_queues_and_drops_at_its_buffer() {
+        let fab = Fabric::new(FabricConfig {
+            port: PortConfig::new(1_000_000_000, 600),
+            ..Default::default()
+        });
+        let a = fab.add_tap(Some(A));
+        let b = fab.add_tap(Some(B));
+        // Ten 60-byte frames at once: the uplink spaces them 672 ns apart,
+        // so they reach the switch no faster than B's port drains them.
+        for i in 0..10 {
+            a.send(&frame(B, A, i));
+        }
+        fab.advance(Duration::from_micros(20));
+        assert_eq!(b.len(), 10);
+        let q = fab.queue(b.port()).unwrap();
+        assert_eq!((q.max_frames, q.drops), (1, 0));
+        // Injected frames bypass the uplink: they all arrive at once and
+        // the buffer holds ten.
+        for i in 0..12 {
+            fab.inject(b.port(), &frame(B, A, i));
+        }
+        let q = fab.queue(b.port()).unwrap();
+        assert_eq!((q.bytes, q.drops), (600, 2));
+        fab.advance(Duration::from_micros(20));
+        assert_eq!(b.len(), 20);
     }
 }

@@ -28,7 +28,8 @@
 //! * [`nic`]: [`SimNic`], configuration, BAR0 dispatch, PCI config space.
 //! * `firmware`: command queue, every command, pages, capabilities.
 //! * `tx` / `rx` / `steering`: the datapath.
-//! * [`fabric`]: switch, links, faults, clock; [`pcap`].
+//! * [`fabric`]: the NICs' side of the network model ([`netsim`]): switch,
+//!   links with rates and faults, output queues, clock; [`pcap`].
 //! * [`inject`]: device-side fault injection; [`stats`]: introspection.
 #![doc = include_str!("../README.md")]
 #![deny(unsafe_code)]
@@ -43,15 +44,20 @@ pub mod inject;
 pub mod nic;
 mod objects;
 pub mod packet;
-pub mod pcap;
 pub mod profile;
 mod queues;
-pub mod rng;
 mod rx;
 pub mod stats;
 mod steering;
 mod tx;
 mod util;
+
+/// The network model the fabric is built on.
+pub use netsim;
+/// pcap capture of fabric ports (the network model's).
+pub use netsim::pcap;
+/// The network model's seeded generator.
+pub use netsim::rng;
 
 pub use backend::SimBackend;
 pub use bridge::{Bridge, BridgeError, BridgeStats};
@@ -60,15 +66,15 @@ pub use dma::{
     SimMapper,
 };
 pub use fabric::{
-    Direction, Fabric, FabricConfig, FabricStats, LinkEvent, LinkEventKind, LinkFaults, PortId,
-    PortStats, Tap,
+    Direction, Fabric, FabricConfig, FabricStats, LinkEvent, LinkEventKind, LinkFaults, PortConfig,
+    PortId, PortStats, QueueSample, QueueStats, Tap,
 };
 pub use firmware::cmdq::{MAILBOX_ALIGN, MAX_MSG_BYTES};
 pub use firmware::pages::PAGE_FILL;
 pub use firmware::{CommandRecord, HcaState, Why};
 pub use inject::{FailCommand, InjectError, Injection};
+pub use netsim::PcapBuffer;
 pub use nic::{BF_REG_BYTES, Eswitch, FIRST_UAR, Limits, NicConfig, SimNic, WqeIdMode};
-pub use pcap::PcapBuffer;
 pub use profile::Profile;
 pub use stats::{
     CqInfo, DropReason, EqInfo, NicStats, ObjectCounts, Queues, RqInfo, SqInfo, WqState,

@@ -14,6 +14,7 @@
 
 mod liveness;
 mod sm_link;
+mod udp_sm;
 mod workers;
 
 use std::any::Any;
@@ -22,9 +23,10 @@ use std::sync::{Arc, Mutex};
 
 pub use liveness::{LivenessStats, PeerFailure};
 pub(crate) use sm_link::SmItem;
-pub use sm_link::{SmLink, SmQueue, SmRouter, SmRouterStats, UdpSmLink};
+pub use sm_link::{SmLink, SmQueue, SmRouter, SmRouterStats};
+pub use udp_sm::{Resolver, UdpSmLink, UdpSmStats, system_resolver};
 pub(crate) use workers::{BG_REPLY_QUEUE, BgDone, Job, WorkerPool, run_job as workers_run_job};
-pub use workers::{BgHandler, BgResponse};
+pub use workers::{BgHandler, BgResponse, WorkerDispatch, WorkerStats};
 
 use crate::clock::Clock;
 use crate::consts::{FAILURE_TIMEOUT_MS, MAX_RPC_ID, SM_UDP_PORT_BASE};
@@ -97,6 +99,16 @@ pub enum NexusError {
         /// Why.
         why: String,
     },
+    /// [`WorkerDispatch::SingleQueue`] with a depth outside 1 to
+    /// [`WorkerDispatch::MAX_DEPTH`].
+    #[error(
+        "single-queue worker dispatch with depth {depth}: the depth (jobs a worker holds, the running one included) must be 1 to {max}; 1 or 2 is the useful range",
+        max = WorkerDispatch::MAX_DEPTH
+    )]
+    WorkerDispatch {
+        /// The depth given.
+        depth: usize,
+    },
     /// A worker thread could not be spawned.
     #[error("cannot spawn worker thread {index}: {source}")]
     Spawn {
@@ -135,6 +147,7 @@ pub struct NexusBuilder {
     uri: Uri,
     handlers: Vec<(u8, HandlerEntry)>,
     workers: Option<usize>,
+    dispatch: WorkerDispatch,
     link: Option<Arc<dyn SmLink>>,
     clock: Option<Clock>,
     seed: Option<u64>,
@@ -187,6 +200,17 @@ impl NexusBuilder {
     /// through the same queues, deterministically.
     pub fn workers(mut self, n: usize) -> Self {
         self.workers = Some(n);
+        self
+    }
+
+    /// How background requests are handed to the worker threads (default
+    /// [`WorkerDispatch::RoundRobin`]). [`WorkerDispatch::SingleQueue`]
+    /// keeps a job that no worker may take yet in the Rpc's FIFO backlog,
+    /// so that a long request never holds up a short one while another
+    /// worker is idle (depth 1), or at most behind one running job (depth
+    /// 2). No effect with 0 workers.
+    pub fn worker_dispatch(mut self, policy: WorkerDispatch) -> Self {
+        self.dispatch = policy;
         self
     }
 
@@ -258,7 +282,7 @@ impl NexusBuilder {
         let n_workers = self
             .workers
             .unwrap_or(if clock.is_virtual() { 0 } else { 1 });
-        let workers = WorkerPool::new(n_workers, bg)?;
+        let workers = WorkerPool::new(n_workers, bg, self.dispatch)?;
         let link: Arc<dyn SmLink> = match self.link {
             Some(l) => l,
             None => Arc::new(UdpSmLink::new()),
@@ -334,6 +358,7 @@ impl Nexus {
             uri,
             handlers: Vec::new(),
             workers: None,
+            dispatch: WorkerDispatch::default(),
             link: None,
             clock: None,
             seed: None,
@@ -394,6 +419,16 @@ impl Nexus {
     /// Number of worker threads (0: background handlers run inline).
     pub fn worker_threads(&self) -> usize {
         self.workers.threads()
+    }
+
+    /// The worker-dispatch policy.
+    pub fn worker_dispatch(&self) -> WorkerDispatch {
+        self.workers.policy()
+    }
+
+    /// Per-worker counters (jobs finished, jobs held now), in worker order.
+    pub fn worker_stats(&self) -> Vec<WorkerStats> {
+        self.workers.stats()
     }
 
     pub(crate) fn handler(&self, req_type: u8) -> Option<&HandlerEntry> {

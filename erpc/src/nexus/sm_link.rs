@@ -3,11 +3,8 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::Duration;
 
 use super::liveness::{self, Liveness, LivenessStats, PeerFailure};
 use super::{NexusError, Uri};
@@ -344,126 +341,6 @@ impl SmRouter {
             invalid_rpc_id_resp: l(&self.invalid_rpc_id_resp),
             unsupported_type: l(&self.unsupported_type),
             queue_full: l(&self.queue_full),
-        }
-    }
-}
-
-/// Session management over kernel UDP: the Nexus's SM thread receives on
-/// the URI's port; Rpcs send from the same socket.
-#[derive(Debug, Default)]
-pub struct UdpSmLink {
-    socket: Mutex<Option<Arc<UdpSocket>>>,
-    /// Peer addresses, resolved once (a hostname lookup may block).
-    resolved: Mutex<std::collections::HashMap<Uri, SocketAddr>>,
-    stop: Arc<AtomicBool>,
-    thread: Mutex<Option<JoinHandle<()>>>,
-    send_errors: AtomicU64,
-}
-
-/// How often the SM thread wakes to check for shutdown.
-const SM_THREAD_POLL_MS: u64 = 20;
-
-impl UdpSmLink {
-    /// An unstarted link.
-    pub fn new() -> UdpSmLink {
-        UdpSmLink::default()
-    }
-
-    /// Sends that failed (unresolvable host, OS error).
-    pub fn send_errors(&self) -> u64 {
-        self.send_errors.load(Ordering::Relaxed)
-    }
-}
-
-fn resolve(uri: &Uri) -> Option<SocketAddr> {
-    (uri.host.as_str(), uri.port)
-        .to_socket_addrs()
-        .ok()?
-        .find(|a| a.is_ipv4())
-}
-
-impl SmLink for UdpSmLink {
-    fn start(&self, local: &Uri, router: Arc<SmRouter>) -> Result<(), NexusError> {
-        let io = |what, source| NexusError::SmIo {
-            uri: local.clone(),
-            what,
-            source,
-        };
-        let addr = resolve(local).ok_or_else(|| NexusError::SmBind {
-            uri: local.clone(),
-            why: "host does not resolve to an IPv4 address".into(),
-        })?;
-        let sock = UdpSocket::bind(addr).map_err(|e| io("bind", e))?;
-        // Wake at least once per ping interval to run failure detection.
-        let poll = Duration::from_millis(SM_THREAD_POLL_MS)
-            .min(Duration::from_nanos(router.tick_interval_ns()))
-            .max(Duration::from_millis(1));
-        sock.set_read_timeout(Some(poll))
-            .map_err(|e| io("set_read_timeout", e))?;
-        let sock = Arc::new(sock);
-        *self.socket.lock().unwrap_or_else(|e| e.into_inner()) = Some(sock.clone());
-        let stop = self.stop.clone();
-        let name = format!("erpc-sm-{}", local.port);
-        let t = std::thread::Builder::new()
-            .name(name)
-            .spawn(move || {
-                let mut buf = [0u8; 2048];
-                let mut pings = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    router.tick(&mut pings);
-                    for (to, ping) in pings.drain(..) {
-                        if let Some(a) = resolve(&to) {
-                            let _ = sock.send_to(&ping, a);
-                        }
-                    }
-                    let n = match sock.recv_from(&mut buf) {
-                        Ok((n, _)) => n,
-                        Err(_) => continue, // timeout or transient error
-                    };
-                    if let Some((to, reply)) = router.deliver(&buf[..n])
-                        && let Some(a) = resolve(&to)
-                    {
-                        let _ = sock.send_to(&reply, a);
-                    }
-                }
-            })
-            .map_err(|e| io("spawn SM thread", e))?;
-        *self.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
-        Ok(())
-    }
-
-    fn send(&self, _from: &Uri, to: &Uri, pkt: &[u8; SM_PKT_BYTES]) {
-        let sock = self
-            .socket
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let addr = {
-            let mut cache = self.resolved.lock().unwrap_or_else(|e| e.into_inner());
-            match cache.get(to) {
-                Some(a) => Some(*a),
-                None => {
-                    let a = resolve(to);
-                    if let Some(a) = a {
-                        cache.insert(to.clone(), a);
-                    }
-                    a
-                }
-            }
-        };
-        let ok = match (sock, addr) {
-            (Some(s), Some(a)) => s.send_to(pkt, a).is_ok(),
-            _ => false,
-        };
-        if !ok {
-            self.send_errors.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    fn stop(&self, _local: &Uri) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = t.join();
         }
     }
 }

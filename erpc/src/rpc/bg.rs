@@ -80,7 +80,7 @@ impl<T: Transport, C> Rpc<T, C> {
     fn bg_oom(&mut self, sn: SessionNum, i: usize) {
         // Undo the slot's claim so that a retransmission can retry.
         if let Some(s) = self.session_mut(sn) {
-            s.slots[i].cur_req_num -= crate::consts::SESSION_REQ_WINDOW as u64;
+            s.slots[i].cur_req_num = crate::pkthdr::prev_req_num(s.slots[i].cur_req_num);
             s.slots[i].server.state = SrvState::Idle;
         }
         self.stats.drop(DropReason::OutOfMemory);

@@ -29,18 +29,21 @@ impl<T: Transport, C> Rpc<T, C> {
         );
     }
 
-    /// Client: a credit return arrived.
-    pub(crate) fn process_expl_cr(&mut self, hdr: &PktHdr, data: &[u8]) {
-        if hdr.msg_size != 0 || !data.is_empty() {
+    /// Client: a credit return arrived. Bytes after the header are
+    /// ignored: the C++ eRPC sends 8 (its control buffers have 8 data
+    /// bytes), and a NIC may pad a short frame. A non-zero message size
+    /// is refused.
+    pub(crate) fn process_expl_cr(&mut self, hdr: &PktHdr, _trailing: &[u8]) {
+        if hdr.msg_size != 0 {
             return self.stats.drop(DropReason::CtrlHasData);
         }
         let sn = hdr.dest_session_num;
         let i = (hdr.req_num % SESSION_REQ_WINDOW as u64) as usize;
         let now = self.now_ns;
-        let max_credits = self.config.session_credits as u32;
         let s = self.sessions[usize::from(sn)]
             .as_deref_mut()
             .expect("dispatch checked the session");
+        let max_credits = s.credits_max;
         let slot = &mut s.slots[i];
         if slot.tx_msgbuf.is_none() {
             return self
@@ -72,6 +75,10 @@ impl<T: Transport, C> Rpc<T, C> {
         debug_assert!(s.credits < max_credits);
         s.credits = (s.credits + 1).min(max_credits);
         let more = slot_has_more(&s.slots[i].client);
+        if self.wheel.is_some() {
+            let rx = self.cc_rx_now();
+            self.cc_rtt_sample(sn, i, pkt_num, rx);
+        }
         if more {
             self.kick(sn, i as u8);
         }

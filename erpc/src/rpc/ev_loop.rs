@@ -38,6 +38,9 @@ impl<T: Transport, C> Rpc<T, C> {
         if !self.owed.is_empty() {
             self.pay_owed(ctx);
         }
+        if self.wheel.is_some() {
+            self.process_wheel();
+        }
         self.flush_tx();
         // The debug endpoint: one relaxed load while nobody is attached.
         if let Some(p) = &self.inspect

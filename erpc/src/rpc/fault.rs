@@ -34,6 +34,22 @@ impl<T: Transport, C> Rpc<T, C> {
         Ok(())
     }
 
+    /// Test hook: sessions this Rpc creates or accepts from now on number
+    /// their requests from `base` (rounded down to a multiple of the 8
+    /// slots, within 44 bits): slot `i` starts at `base + i`, whatever the
+    /// handshake said. With `base` near 2^44 a test reaches the request-
+    /// number wrap in a few requests. Both ends of a session must use the
+    /// same base: an erpc-rs server adopts the base an erpc-rs client
+    /// proposes, so setting it at the client is enough between erpc-rs
+    /// peers; a peer presenting itself as C++ (no SM extensions) numbers
+    /// from 0 unless it is set there too. `None` goes back to the
+    /// handshake's base.
+    pub fn fault_set_req_base(&mut self, base: Option<u64>) {
+        self.req_base_override = base.map(|b| {
+            b & crate::pkthdr::MAX_REQ_NUM & !(crate::consts::SESSION_REQ_WINDOW as u64 - 1)
+        });
+    }
+
     /// Resets session `sn` as [`Rpc::reset_session`] does.
     pub fn fault_reset_session(&mut self, sn: SessionNum) -> Result<(), SessionError> {
         self.reset_session(sn)

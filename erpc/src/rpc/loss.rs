@@ -61,7 +61,7 @@ impl<T: Transport, C> Rpc<T, C> {
         let now = self.now_ns;
         let rto = self.rto_ns;
         let failure_ns = self.config.failure_timeout_ms * 1_000_000;
-        let max_credits = self.config.session_credits as u32;
+        let ts_mask = self.tx_ts_cap - 1;
         // Slots due for a rollback, as (session, slot bitmask); sessions of
         // unpingable peers that went silent.
         let mut due: Vec<(u16, u8)> = Vec::new();
@@ -76,7 +76,7 @@ impl<T: Transport, C> Rpc<T, C> {
             };
             // With every credit home, no slot has unacknowledged packets
             // (credits + sum(num_tx - num_rx) is the session's credits).
-            if s.state != SessionState::Connected || s.credits == max_credits {
+            if s.state != SessionState::Connected || s.credits == s.credits_max {
                 continue;
             }
             let mut mask = 0u8;
@@ -93,7 +93,20 @@ impl<T: Transport, C> Rpc<T, C> {
                     // Waiting for credits, not for the network.
                     continue;
                 }
-                if now.saturating_sub(c.progress_ns.max(c.retx_ns)) >= rto {
+                let mut since = c.progress_ns.max(c.retx_ns);
+                if !s.tx_ts.is_empty() {
+                    // Congestion control paces the slot's packets: the
+                    // last `wheel_count` it queued are still in the wheel.
+                    // If the oldest unacknowledged one is among them it
+                    // was never sent; otherwise its timeout runs from when
+                    // it left.
+                    if c.num_tx - u32::from(c.wheel_count) <= c.num_rx {
+                        continue;
+                    }
+                    let sent = &s.tx_ts[i * self.tx_ts_cap + (c.num_rx as usize & ts_mask)];
+                    since = since.max(sent.get());
+                }
+                if now.saturating_sub(since) >= rto {
                     mask |= 1 << i;
                 }
             }
@@ -129,10 +142,10 @@ impl<T: Transport, C> Rpc<T, C> {
     /// acknowledged packet and resend from there.
     fn retransmit(&mut self, sn: u16, i: usize) {
         let now = self.now_ns;
-        let max_credits = self.config.session_credits as u32;
         let Some(s) = self.session_mut(sn) else {
             return;
         };
+        let max_credits = s.credits_max;
         let slot = &mut s.slots[i];
         let c = &mut slot.client;
         let delta = c.num_tx - c.num_rx;
@@ -141,6 +154,11 @@ impl<T: Transport, C> Rpc<T, C> {
         s.credits += delta;
         c.num_tx = c.num_rx;
         c.retx_ns = now;
+        // Packets of this request still in the timing wheel are presumed
+        // lost with the rest: drop them when they come out, resend from
+        // num_rx (never twice).
+        c.wheel_gen = c.wheel_gen.wrapping_add(1);
+        c.wheel_count = 0;
         c.retransmits += 1;
         s.retransmits += 1;
         self.stats.retransmissions += 1;

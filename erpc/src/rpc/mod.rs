@@ -9,7 +9,9 @@
 //! requests outstanding), `fault` (fault injection), `sm_handlers`
 //! (session management), `bg` (worker-thread handlers).
 
+mod admission;
 mod bg;
+mod cc;
 mod cr;
 mod ev_loop;
 mod fault;
@@ -34,8 +36,8 @@ use transport::{MAX_DATA_PER_PKT, RxRing, Transport};
 
 use crate::clock::Clock;
 use crate::consts::{
-    CTRL_BUFS, FAILURE_TIMEOUT_MS, MAX_RPC_ID, PKT_LOSS_SCAN_US, RTO_US, SESSION_CREDITS,
-    SM_RETRY_MS,
+    CONNECT_BURST_PER_SOURCE, CONNECTS_PER_SEC_PER_SOURCE, CTRL_BUFS, FAILURE_TIMEOUT_MS,
+    MAX_RPC_ID, PKT_LOSS_SCAN_US, RTO_US, SESSION_CREDITS, SM_RETRY_MS, UNUSED_SESSION_RECLAIM_MS,
 };
 use crate::msgbuf::{MsgBuf, MsgBufError, Origin};
 use crate::nexus::{BgDone, HandlerEntry, Job, Nexus, SmQueue};
@@ -143,6 +145,25 @@ pub enum RpcError {
         /// Session number.
         session: SessionNum,
     },
+    /// The session, to a C++ eRPC peer, used up its 44-bit request
+    /// numbers (2^44 requests; a C++ server cannot follow a wrap) and was
+    /// reset. The request that found no number was not sent; requests in
+    /// flight on the session at that moment may or may not have run.
+    /// Create a new session. Sessions between erpc-rs peers wrap instead
+    /// and never end this way.
+    #[error("session {session} ran out of request numbers; create a new session")]
+    ReqNumsExhausted {
+        /// Session number.
+        session: SessionNum,
+    },
+    /// The server reclaimed the session: it had received no request on it
+    /// for `unused_session_reclaim_ms` and needed its RX ring entries for
+    /// another session. The request did not run. Create a new session.
+    #[error("the server reclaimed session {session}, unused; create a new session")]
+    ServerReclaimed {
+        /// Session number.
+        session: SessionNum,
+    },
 }
 
 /// A finished request, handed to its continuation.
@@ -180,6 +201,13 @@ pub enum SessionEventKind {
     /// The session was reset locally ([`Rpc::reset_session`], fault
     /// injection) and is gone.
     Reset,
+    /// The session, to a C++ eRPC peer, ran out of request numbers and is
+    /// gone (see [`RpcError::ReqNumsExhausted`]).
+    ReqNumsExhausted,
+    /// The server reclaimed the session, which had sent it no request,
+    /// because it needed the RX ring entries (see
+    /// [`RpcError::ServerReclaimed`]). The session is gone.
+    ServerReclaimed,
 }
 
 impl fmt::Display for SessionEventKind {
@@ -191,6 +219,8 @@ impl fmt::Display for SessionEventKind {
             SessionEventKind::Disconnected => f.write_str("disconnected"),
             SessionEventKind::PeerFailed => f.write_str("peer failed"),
             SessionEventKind::Reset => f.write_str("reset"),
+            SessionEventKind::ReqNumsExhausted => f.write_str("request numbers exhausted"),
+            SessionEventKind::ServerReclaimed => f.write_str("reclaimed by the server"),
         }
     }
 }
@@ -205,7 +235,7 @@ pub struct SessionEvent {
 }
 
 /// A snapshot of one session, for tools and diagnostics.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SessionInfo {
     /// Local session number.
     pub session: SessionNum,
@@ -232,6 +262,13 @@ pub struct SessionInfo {
     pub req_nums: [u64; crate::consts::SESSION_REQ_WINDOW],
     /// Client: go-back-N rollbacks so far.
     pub retransmits: u64,
+    /// Client: Timely's current rate in Gbit/s (`None` with congestion
+    /// control off).
+    pub timely_gbps: Option<f64>,
+    /// Client: the last RTT sample in µs, from a packet's TX timestamp to
+    /// its acknowledgement (`None` with congestion control off or before
+    /// the first acknowledgement).
+    pub rtt_us: Option<f64>,
     /// Per slot: client `(num_tx, num_rx)`; server: a short state name.
     pub slots: Vec<String>,
 }
@@ -241,8 +278,13 @@ pub struct SessionInfo {
 pub struct RpcConfig {
     /// Packet credits per session (default 32).
     pub session_credits: usize,
-    /// Transport type announced in session management (default Raw, the
-    /// C++ raw-Ethernet transport's; both ends must agree).
+    /// Transport type this Rpc presents in session management (default
+    /// Raw, the C++ raw-Ethernet transport's). A C++ eRPC peer needs its
+    /// own type here: `Dpdk` toward a C++ DPDK process (over our UDP or
+    /// mlx5 transport), `Raw` toward a C++ raw-transport process (mlx5
+    /// only). A server refuses C++ clients of another type, as C++ does;
+    /// erpc-rs peers accept each other's `Raw` and `Dpdk` (see the
+    /// README's "Talking to C++ eRPC").
     pub transport_type: TransportType,
     /// SM request retry interval (default 100 ms).
     pub sm_retry_ms: u64,
@@ -260,6 +302,32 @@ pub struct RpcConfig {
     /// also declared failed when none of their requests made progress for
     /// this long.
     pub failure_timeout_ms: u64,
+    /// Congestion control: Timely, the timing wheel and their bypasses
+    /// (all on by default).
+    pub cc: crate::cc::CcConfig,
+    /// Hand dispatch handlers their single-packet requests in place in the
+    /// RX ring (default on). Off, each is first copied into a msgbuf (for
+    /// measuring what zero-copy RX saves).
+    pub zero_copy_rx: bool,
+    /// Answer single-packet responses from each server slot's preallocated
+    /// MTU-size buffer (default on). Off, `response_buffer` allocates every
+    /// response (for measuring what preallocation saves).
+    pub prealloc_responses: bool,
+    /// Connect requests that would create a session, per source (the
+    /// client URI they name): a burst of this many (default 256; 0: no
+    /// limit) ...
+    pub connect_burst_per_source: u32,
+    /// ... refilled at this many a second (default 128). Requests over the
+    /// limit are dropped unanswered (the client retries). See
+    /// `rpc/admission.rs` and the README's "Session management and
+    /// hostile networks".
+    pub connects_per_sec_per_source: u32,
+    /// When a new session finds the RX ring short, server sessions that
+    /// never received a request and are at least this old are reclaimed,
+    /// oldest first (default 10 s; `None`: never). An erpc-rs client is
+    /// told ([`SessionEventKind::ServerReclaimed`]); a C++ client cannot
+    /// be, and its next request on that session goes unanswered.
+    pub unused_session_reclaim_ms: Option<u64>,
 }
 
 impl Default for RpcConfig {
@@ -271,6 +339,12 @@ impl Default for RpcConfig {
             rto_us: RTO_US,
             pkt_loss_scan_us: PKT_LOSS_SCAN_US,
             failure_timeout_ms: FAILURE_TIMEOUT_MS,
+            cc: crate::cc::CcConfig::default(),
+            zero_copy_rx: true,
+            prealloc_responses: true,
+            connect_burst_per_source: CONNECT_BURST_PER_SOURCE,
+            connects_per_sec_per_source: CONNECTS_PER_SEC_PER_SOURCE,
+            unused_session_reclaim_ms: Some(UNUSED_SESSION_RECLAIM_MS),
         }
     }
 }
@@ -315,6 +389,17 @@ pub enum CreateError {
         rto_us: u64,
         /// Configured scan interval.
         scan_us: u64,
+    },
+    /// Congestion-control settings out of range.
+    #[error(
+        "congestion control: link rate {link_gbps} Gbit/s must be at least Timely's minimum \
+         rate {min_rate_mbps} MB/s (the timing wheel's horizon is sized for it)"
+    )]
+    CcConfig {
+        /// Configured link rate.
+        link_gbps: f64,
+        /// Timely's minimum rate.
+        min_rate_mbps: f64,
     },
     /// The transport's RX ring handle was taken before the Rpc got it.
     #[error("the transport's RX ring handle was already taken: give the Rpc a fresh transport")]
@@ -496,10 +581,22 @@ pub struct Rpc<T: Transport, C> {
     /// Session events and error continuations owed to the application,
     /// paid at the next event-loop iteration.
     owed: VecDeque<reset::Owed<T, C>>,
+    /// Connect requests per source (`admission.rs`).
+    connect_limiter: admission::ConnectLimiter,
+    /// Server sessions reclaimed from erpc-rs clients, their numbers
+    /// reserved for a while (`admission.rs`).
+    reclaimed: VecDeque<admission::Reclaimed>,
+    /// Test hook: request-number base of sessions made from now on
+    /// (`Rpc::fault_set_req_base`).
+    req_base_override: Option<u64>,
     /// When the loss scan last ran.
     last_loss_scan_ns: u64,
     rto_ns: u64,
     loss_scan_ns: u64,
+    /// The timing wheel (congestion control on).
+    wheel: Option<crate::cc::TimingWheel>,
+    /// TX timestamps per client slot (a power of two ≥ the credits).
+    tx_ts_cap: usize,
     bg: BgState,
     in_event_loop: bool,
     stats: RpcStats,
@@ -548,6 +645,17 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
         let tx_burst_max = transport.tx_burst_max();
         if tx_burst_max == 0 || tx_burst_max > crate::consts::TX_BATCH_MAX {
             return Err(CreateError::TxBurst(tx_burst_max));
+        }
+        let cc = &config.cc;
+        if cc.enabled
+            && !(cc.link_rate().is_finite()
+                && cc.timely.min_rate > 0.0
+                && cc.link_rate() >= cc.timely.min_rate)
+        {
+            return Err(CreateError::CcConfig {
+                link_gbps: cc.link_gbps,
+                min_rate_mbps: cc.timely.min_rate / 1e6,
+            });
         }
         if config.rto_us == 0
             || config.pkt_loss_scan_us == 0
@@ -619,9 +727,17 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             stallq: Vec::with_capacity(64),
             client_sessions: Vec::new(),
             owed: VecDeque::new(),
+            req_base_override: None,
+            connect_limiter: admission::ConnectLimiter::default(),
+            reclaimed: VecDeque::new(),
             last_loss_scan_ns: now_ns,
             rto_ns: config.rto_us * 1000,
             loss_scan_ns: config.pkt_loss_scan_us * 1000,
+            wheel: config
+                .cc
+                .enabled
+                .then(|| crate::cc::TimingWheel::new(config.cc.wheel(), now_ns)),
+            tx_ts_cap: config.session_credits.next_power_of_two(),
             bg: BgState {
                 reply_tx,
                 reply_rx,
@@ -714,6 +830,12 @@ impl<T: Transport, C> Rpc<T, C> {
             backlog: s.backlog.len(),
             req_nums: std::array::from_fn(|i| s.slots[i].cur_req_num),
             retransmits: s.retransmits,
+            timely_gbps: s.cc.as_ref().map(|c| c.timely.rate() * 8.0 / 1e9),
+            rtt_us: s
+                .cc
+                .as_ref()
+                .and_then(|c| c.last_rtt_ns)
+                .map(|ns| ns as f64 / 1e3),
             slots: s
                 .slots
                 .iter()
@@ -753,6 +875,11 @@ impl<T: Transport, C> Rpc<T, C> {
         self.session(sn).map(|s| s.busy_slots() + s.backlog.len())
     }
 
+    /// The timing wheel's counters (`None` with congestion control off).
+    pub fn wheel_stats(&self) -> Option<crate::cc::WheelStats> {
+        self.wheel.as_ref().map(|w| w.stats())
+    }
+
     /// Go-back-N rollbacks on a session so far.
     pub fn session_retransmits(&self, sn: SessionNum) -> Option<u64> {
         self.session(sn).map(|s| s.retransmits)
@@ -760,14 +887,14 @@ impl<T: Transport, C> Rpc<T, C> {
 
     /// Checks the credit invariant of every connected client session:
     /// credits plus unacknowledged packets of its slots equal the
-    /// configured credits. For tests (deterministic simulation); returns a
+    /// session's credits. For tests (deterministic simulation); returns a
     /// description of the first violation.
     pub fn check_credit_invariant(&self) -> Result<(), String> {
-        let max = self.config.session_credits as u32;
         for s in self.sessions.iter().flatten() {
             if s.role != session::Role::Client {
                 continue;
             }
+            let max = s.credits_max;
             let out: u32 = s
                 .slots
                 .iter()

@@ -7,12 +7,14 @@
 
 use transport::{HEADROOM_BYTES, PKTHDR_BYTES, Transport};
 
+use super::reset::{FailedReq, Owed, ResetCause};
 use super::{
-    Continuation, EnqueueError, EnqueueErrorKind, HandlerSlot, ReqHandle, Request, Rpc, SessionNum,
+    Continuation, EnqueueError, EnqueueErrorKind, HandlerSlot, ReqHandle, Request, Rpc, RpcError,
+    SessionNum,
 };
 use crate::consts::{MAX_MSG_BYTES, SESSION_REQ_WINDOW};
 use crate::msgbuf::{MsgBuf, Origin, data_size_to_num_pkts, pkt_data_bytes};
-use crate::pkthdr::{PktHdr, PktType};
+use crate::pkthdr::{PktHdr, PktType, next_req_num, prev_req_num, req_num_delta};
 use crate::session::{PendingReq, Role, SessionState, SrvState};
 use crate::stats::DropReason;
 
@@ -98,8 +100,16 @@ impl<T: Transport, C> Rpc<T, C> {
         let route = s.route.as_ref().expect("connected session has a route");
         let slot = &mut s.slots[i];
         debug_assert!(slot.tx_msgbuf.is_none());
-        slot.cur_req_num += SESSION_REQ_WINDOW as u64;
-        let req_num = slot.cur_req_num;
+        let req_num = next_req_num(slot.cur_req_num);
+        if req_num < slot.cur_req_num && s.remote_incarnation == 0 {
+            // The 44-bit request number would wrap. An erpc-rs server
+            // compares request numbers on the circle; a C++ eRPC server
+            // does not (it would drop every later request as stale), so
+            // the session ends here, with a clear error, instead of going
+            // silent.
+            return self.req_nums_exhausted(session, req, resp, cont, tag);
+        }
+        slot.cur_req_num = req_num;
         let msg_size = req.len();
         let num_pkts = req.num_pkts();
         for p in 0..num_pkts {
@@ -112,7 +122,8 @@ impl<T: Transport, C> Rpc<T, C> {
                 req_num,
             };
             let slot_bytes = req.pkthdr_mut(p);
-            h.write_to(&mut slot_bytes[HEADROOM_BYTES..]);
+            h.write_to(&mut slot_bytes[HEADROOM_BYTES..])
+                .expect("msgbufs hold at most MAX_MSG_BYTES; request numbers stay in 44 bits");
             self.transport.fill_headroom(
                 route,
                 &mut slot_bytes[..HEADROOM_BYTES],
@@ -133,8 +144,39 @@ impl<T: Transport, C> Rpc<T, C> {
         c.enqueue_ns = now;
         c.retx_ns = 0;
         c.retransmits = 0;
+        c.req_bytes = msg_size as u32;
+        c.wheel_count = 0;
         slot.tx_msgbuf = Some(req);
         self.kick(session, i as u8);
+    }
+
+    /// A request cannot be numbered on a session to a C++ eRPC server (see
+    /// `start_request`): it fails, and so does the session, with
+    /// [`RpcError::ReqNumsExhausted`] (the continuations run in the next
+    /// event-loop iteration). A new session starts from request number 8
+    /// again.
+    #[cold]
+    fn req_nums_exhausted(
+        &mut self,
+        session: SessionNum,
+        req: MsgBuf,
+        resp: MsgBuf,
+        cont: Continuation<T, C>,
+        tag: usize,
+    ) {
+        tracing::warn!(
+            session,
+            "request numbers exhausted on a session to a C++ eRPC peer; resetting it"
+        );
+        self.owed.push_back(Owed::Failed(FailedReq {
+            session,
+            req,
+            resp,
+            cont,
+            tag,
+            err: RpcError::ReqNumsExhausted { session },
+        }));
+        self.reset_client_session(session, ResetCause::ReqNumsExhausted);
     }
 
     /// Sends what the slot may send now (request packets, then RFRs) and
@@ -180,6 +222,10 @@ impl<T: Transport, C> Rpc<T, C> {
             let req_pkts = c.req_pkts;
             let req_type = c.req_type;
             for pkt in first..first + n {
+                // Congestion control: a paced packet waits in the wheel.
+                if self.wheel.is_some() && self.cc_pace(session, i, pkt, req_num) {
+                    continue;
+                }
                 if pkt < req_pkts {
                     self.enqueue_msg_pkt(session, i, pkt, req_num);
                 } else {
@@ -239,12 +285,12 @@ impl<T: Transport, C> Rpc<T, C> {
             .as_deref_mut()
             .expect("dispatch checked the session");
         let slot = &mut s.slots[i];
-        if hdr.req_num < slot.cur_req_num {
-            return self.stats.drop(DropReason::StaleReqNum);
-        }
-        if hdr.req_num == slot.cur_req_num {
-            return self.process_req_same_num(ctx, hdr, data, i);
-        }
+        // Request numbers wrap at 2^44: compare on the circle.
+        let ahead = match req_num_delta(hdr.req_num, slot.cur_req_num) {
+            Err(_) => return self.stats.drop(DropReason::StaleReqNum),
+            Ok(0) => return self.process_req_same_num(ctx, hdr, data, i),
+            Ok(d) => d,
+        };
         // A new request on this slot.
         match slot.server.state {
             SrvState::InHandler | SrvState::Deferred | SrvState::Background => {
@@ -256,11 +302,13 @@ impl<T: Transport, C> Rpc<T, C> {
         }
         // A client moves a slot exactly one window ahead per request; a
         // first packet of anything else is out of order (or forged).
-        if pkt_num != 0 || hdr.req_num != slot.cur_req_num + SESSION_REQ_WINDOW as u64 {
+        if pkt_num != 0 || ahead != SESSION_REQ_WINDOW as u64 {
             return self.stats.drop(DropReason::OutOfOrder);
         }
         // Bury the previous request: its response was received by the
         // client, which is why it sent this one.
+        s.served_any = true;
+        let slot = &mut s.slots[i];
         let old_resp = slot.tx_msgbuf.take();
         let old_req = slot.server.req_msgbuf.take();
         slot.cur_req_num = hdr.req_num;
@@ -275,7 +323,7 @@ impl<T: Transport, C> Rpc<T, C> {
         for m in [old_resp, old_req].into_iter().flatten() {
             self.recycle(m);
         }
-        if req_pkts == 1 {
+        if req_pkts == 1 && self.config.zero_copy_rx {
             self.stats.rx_accepted += 1;
             return self.invoke_handler(ctx, sn, i, hdr.req_type, Err(data));
         }
@@ -284,12 +332,17 @@ impl<T: Transport, C> Rpc<T, C> {
             Err(_) => {
                 // Roll back so a retransmission can try again.
                 let s = self.session_mut(sn).expect("exists");
-                s.slots[i].cur_req_num -= SESSION_REQ_WINDOW as u64;
+                s.slots[i].cur_req_num = prev_req_num(s.slots[i].cur_req_num);
                 return self.stats.drop(DropReason::OutOfMemory);
             }
         };
         m.write_pkt_data(0, data);
         self.stats.rx_accepted += 1;
+        if req_pkts == 1 {
+            // Zero-copy RX off: the handler reads the copy.
+            self.stats.rx_copied += 1;
+            return self.invoke_handler(ctx, sn, i, hdr.req_type, Ok(m));
+        }
         let s = self.session_mut(sn).expect("exists");
         let slot = &mut s.slots[i];
         slot.server.req_msgbuf = Some(m);

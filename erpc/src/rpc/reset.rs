@@ -36,6 +36,10 @@ pub(crate) enum ResetCause {
     Requested,
     /// The connect request went unanswered.
     ConnectTimedOut,
+    /// The 44-bit request numbers of a session to a C++ eRPC peer ran out.
+    ReqNumsExhausted,
+    /// The server reclaimed the session (it had received no request).
+    ServerReclaimed,
 }
 
 impl ResetCause {
@@ -44,6 +48,8 @@ impl ResetCause {
             ResetCause::PeerFailed => RpcError::PeerFailed { session },
             ResetCause::Requested => RpcError::SessionReset { session },
             ResetCause::ConnectTimedOut => RpcError::TimedOut { session },
+            ResetCause::ReqNumsExhausted => RpcError::ReqNumsExhausted { session },
+            ResetCause::ServerReclaimed => RpcError::ServerReclaimed { session },
         }
     }
 
@@ -52,6 +58,8 @@ impl ResetCause {
             ResetCause::PeerFailed => SessionEventKind::PeerFailed,
             ResetCause::Requested => SessionEventKind::Reset,
             ResetCause::ConnectTimedOut => SessionEventKind::ConnectTimedOut,
+            ResetCause::ReqNumsExhausted => SessionEventKind::ReqNumsExhausted,
+            ResetCause::ServerReclaimed => SessionEventKind::ServerReclaimed,
         }
     }
 }
@@ -243,10 +251,10 @@ impl<T: Transport, C> Rpc<T, C> {
     /// reset): frees it, or parks it in `Resetting` until its running
     /// handlers respond.
     pub(crate) fn retire_server_session(&mut self, sn: SessionNum) {
-        let credits = self.config.session_credits;
         let Some(s) = self.session_mut(sn) else {
             return;
         };
+        let credits = s.credits_max as usize;
         debug_assert_eq!(s.role, Role::Server);
         if s.state == SessionState::Resetting {
             // Already retired; waiting for its handlers.

@@ -20,6 +20,7 @@ impl<T: Transport, C> Rpc<T, C> {
     /// allocation), a new msgbuf otherwise.
     pub fn response_buffer(&mut self, h: &ReqHandle, len: usize) -> Result<MsgBuf, MsgBufError> {
         if len <= MAX_DATA_PER_PKT
+            && self.config.prealloc_responses
             && let Some(s) = self.session_mut(h.session)
             && let Some(mut m) = s.slots[usize::from(h.slot)].server.pre_resp.take()
         {
@@ -83,7 +84,8 @@ impl<T: Transport, C> Rpc<T, C> {
                 req_num: h.req_num,
             };
             let b = resp.pkthdr_mut(k);
-            hdr.write_to(&mut b[HEADROOM_BYTES..]);
+            hdr.write_to(&mut b[HEADROOM_BYTES..])
+                .expect("a response of at most MAX_MSG_BYTES numbers its packets in 14 bits");
             self.transport.fill_headroom(
                 route,
                 &mut b[..HEADROOM_BYTES],
@@ -106,11 +108,11 @@ impl<T: Transport, C> Rpc<T, C> {
         let sn = hdr.dest_session_num;
         let i = (hdr.req_num % SESSION_REQ_WINDOW as u64) as usize;
         let now = self.now_ns;
-        let max_credits = self.config.session_credits as u32;
         let msg_size = hdr.msg_size as usize;
         let s = self.sessions[usize::from(sn)]
             .as_deref_mut()
             .expect("dispatch checked the session");
+        let max_credits = s.credits_max;
         let slot = &mut s.slots[i];
         if hdr.req_num == slot.client.abandoned_req_num {
             // The request completed with an error; its slot may carry
@@ -178,10 +180,15 @@ impl<T: Transport, C> Rpc<T, C> {
         debug_assert!(s.credits < max_credits);
         s.credits = (s.credits + 1).min(max_credits);
         let c = &s.slots[i].client;
+        let done = c.num_rx == c.wire_pkts();
+        if self.wheel.is_some() {
+            let rx = self.cc_rx_now();
+            self.cc_rtt_sample(sn, i, pkt_num, rx);
+        }
         if let Some(e) = too_large {
             return self.complete(ctx, sn, i, Err(e));
         }
-        if c.num_rx == c.wire_pkts() {
+        if done {
             return self.complete(ctx, sn, i, Ok(()));
         }
         self.kick(sn, i as u8);

@@ -12,9 +12,10 @@ use crate::session::SrvState;
 use crate::stats::DropReason;
 
 impl<T: Transport, C> Rpc<T, C> {
-    /// Server: an RFR arrived.
-    pub(crate) fn process_rfr(&mut self, hdr: &PktHdr, data: &[u8]) {
-        if hdr.msg_size != 0 || !data.is_empty() {
+    /// Server: an RFR arrived. Bytes after the header are ignored (the
+    /// C++ eRPC sends 8); a non-zero message size is refused.
+    pub(crate) fn process_rfr(&mut self, hdr: &PktHdr, _trailing: &[u8]) {
+        if hdr.msg_size != 0 {
             return self.stats.drop(DropReason::CtrlHasData);
         }
         let sn = hdr.dest_session_num;

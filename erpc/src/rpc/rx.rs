@@ -49,6 +49,9 @@ impl<T: Transport, C> Rpc<T, C> {
         };
         let data = &pkt[ERPC_HDR_BYTES..];
         let Some(s) = self.session(hdr.dest_session_num) else {
+            if !self.reclaimed.is_empty() {
+                self.renotify_reclaimed(hdr.dest_session_num);
+            }
             return self.stats.drop(DropReason::UnknownSession);
         };
         if s.state != SessionState::Connected {

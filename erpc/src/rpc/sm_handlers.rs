@@ -11,16 +11,36 @@ use transport::{MAX_DATA_PER_PKT, Transport};
 
 use super::reset::{FailedReq, Owed};
 use super::{Rpc, RpcError, SessionError, SessionEventKind, SessionNum};
-use crate::consts::{MAX_RPC_ID, MAX_SESSIONS, SESSION_NUM_QUARANTINE_MS, SESSION_REQ_WINDOW};
-
-/// Request-number bases are below 2^40: a session then wraps the 44-bit
-/// request number only after 2^44 - 2^40 requests.
-const REQ_BASE_MASK: u64 = (1 << 40) - 1;
+use crate::consts::{
+    MAX_RPC_ID, MAX_SESSIONS, SESSION_CREDITS, SESSION_NUM_QUARANTINE_MS, SESSION_REQ_WINDOW,
+};
 use crate::msgbuf::{MsgBuf, Origin};
 use crate::nexus::{SmItem, Uri};
 use crate::session::{Role, Session, SessionState, SrvState};
-use crate::sm_types::{SmEndpoint, SmErr, SmPkt, SmPktType};
+use crate::sm_types::{SmEndpoint, SmErr, SmPkt, SmPktType, TransportType};
 use crate::stats::DropReason;
+
+/// Request-number bases a client proposes are below 2^40, so a session
+/// reaches the 44-bit wrap only after 2^44 - 2^40 requests (it matters to
+/// nobody but a C++ server, which cannot follow a wrap; erpc-rs peers
+/// compare request numbers on the 44-bit circle and accept any base).
+const REQ_BASE_MASK: u64 = (1 << 40) - 1;
+
+/// The credits an endpoint's credit field grants (0, from a C++ peer or
+/// an old erpc-rs one: the C++ eRPC's fixed 32).
+fn granted_credits(field: u32) -> u32 {
+    if field == 0 {
+        SESSION_CREDITS as u32
+    } else {
+        field
+    }
+}
+
+/// A request-number base as a session uses it: within 44 bits and a
+/// multiple of the slot count (slot `i` starts at `base + i`).
+fn slot_base(b: u64) -> u64 {
+    b & crate::pkthdr::MAX_REQ_NUM & !(SESSION_REQ_WINDOW as u64 - 1)
+}
 
 /// SM packets handled per event-loop iteration.
 const SM_PER_LOOP_MAX: usize = 64;
@@ -81,8 +101,31 @@ impl<T: Transport, C> Rpc<T, C> {
         self.free_session_nums.pop_front().map(|(n, _)| n)
     }
 
-    fn ring_check(&self) -> Result<(), SessionError> {
-        let credits = self.config.session_credits;
+    /// Whether a connect request declaring transport type `t` can be
+    /// served. As the C++ eRPC does, a server takes only its own type
+    /// (`RpcConfig::transport_type`), with one exception: an erpc-rs
+    /// client (one carrying the SM extensions, when this Nexus uses them
+    /// too) declaring raw Ethernet or DPDK is served by a server presenting
+    /// either. Both declare the same frames (Ethernet/IPv4/UDP + the eRPC
+    /// header), and every erpc-rs transport computes the IPv4 checksum and
+    /// takes frames that carry one, so two erpc-rs Rpcs never fail on the
+    /// type. A C++ client declaring the other Ethernet type is refused with
+    /// `InvalidTransport`: its raw transport sends IPv4 checksum 0, which a
+    /// Linux socket drops. InfiniBand and the fake transport match only
+    /// themselves.
+    fn accepts_transport(&self, t: TransportType, ext_client: bool) -> bool {
+        let own = self.config.transport_type;
+        let ethernet = |t| matches!(t, TransportType::Raw | TransportType::Dpdk);
+        t == own || (ext_client && ethernet(t) && ethernet(own))
+    }
+
+    /// True if the endpoint is an erpc-rs peer's and this Nexus speaks the
+    /// erpc-rs SM extensions too (otherwise both sides act as C++ does).
+    fn ext_peer(&self, ep: &SmEndpoint) -> bool {
+        ep.incarnation() != 0 && self.nexus.sm_extensions()
+    }
+
+    fn ring_check(&self, credits: usize) -> Result<(), SessionError> {
         if self.ring_entries_available < credits {
             return Err(SessionError::RingExhausted {
                 ring_entries: self.ring_entries,
@@ -113,7 +156,9 @@ impl<T: Transport, C> Rpc<T, C> {
         if remote_rpc_id > MAX_RPC_ID {
             return Err(SessionError::RemoteRpcId(remote_rpc_id));
         }
-        self.ring_check()?;
+        let credits = self.config.session_credits;
+        self.make_ring_room(credits);
+        self.ring_check(credits)?;
         let sn = self.alloc_session_num().ok_or(SessionError::NoSessionNum)?;
         let client_ep = self.local_endpoint(sn);
         let mut server_ep = SmEndpoint {
@@ -127,10 +172,13 @@ impl<T: Transport, C> Rpc<T, C> {
             .expect("Uri::parse checked the length");
         let token = self.nexus.random_u64();
         // A random request-number base, far below the 44-bit limit.
-        let req_base = (self.nexus.random_u64() & REQ_BASE_MASK) & !(SESSION_REQ_WINDOW as u64 - 1);
+        let req_base = self
+            .req_base_override
+            .unwrap_or(slot_base(self.nexus.random_u64() & REQ_BASE_MASK));
         let mut client_ep = client_ep;
         if self.nexus.sm_extensions() {
             client_ep.set_req_base(req_base);
+            client_ep.set_credits(credits as u32);
         }
         let mut s = Session::new(
             Role::Client,
@@ -140,14 +188,19 @@ impl<T: Transport, C> Rpc<T, C> {
             uri,
             client_ep,
             server_ep,
-            self.config.session_credits as u32,
+            credits as u32,
         );
         let now = self.clock.now_ns();
         s.sm_pending_since_ns = Some(now);
         s.sm_first_sent_ns = now;
+        (s.cc, s.tx_ts) = super::cc::new_client_cc(&self.config.cc, now, self.tx_ts_cap);
+        if let Some(w) = self.wheel.as_mut() {
+            // Every packet in the wheel holds one of its session's credits.
+            w.reserve(self.config.session_credits);
+        }
         self.sessions[usize::from(sn)] = Some(Box::new(s));
         self.open_sessions += 1;
-        self.ring_entries_available -= self.config.session_credits;
+        self.ring_entries_available -= credits;
         self.sm_pending.push(sn);
         self.send_sm_req(sn);
         Ok(sn)
@@ -217,7 +270,8 @@ impl<T: Transport, C> Rpc<T, C> {
         self.nexus.sm_send(&to, &pkt.encode());
     }
 
-    fn send_sm(&mut self, pkt: &SmPkt) {
+    /// Sends an SM response (to the client endpoint's URI).
+    pub(crate) fn send_sm(&mut self, pkt: &SmPkt) {
         let Some(to) = pkt.client.uri() else {
             return self.stats.drop(DropReason::SmStale);
         };
@@ -391,16 +445,28 @@ impl<T: Transport, C> Rpc<T, C> {
             self.stats.sm_stale_connect += 1;
             return self.stats.drop(DropReason::SmStale);
         }
+        // A new session: charged to its source.
+        if !self.admit_connect(pkt) {
+            return;
+        }
         let fail = |rpc: &mut Self, err| rpc.send_sm(&pkt.response(err));
-        if pkt.client.transport_type != self.config.transport_type {
+        let ext_client = self.ext_peer(&pkt.client);
+        if !self.accepts_transport(pkt.client.transport_type, ext_client)
+            || !self.accepts_transport(pkt.server.transport_type, ext_client)
+        {
             return fail(self, SmErr::InvalidTransport);
         }
         if pkt.server.rpc_id != self.rpc_id {
             return fail(self, SmErr::InvalidRemoteRpcId);
         }
-        if self.ring_check().is_err() {
-            return fail(self, SmErr::RingExhausted);
-        }
+        // The credits the client will use, which is what its session
+        // reserves here: an erpc-rs client asks (and gets at most our
+        // configured credits); a C++ client always uses its fixed 32.
+        let credits = if ext_client {
+            granted_credits(pkt.client.credits()).min(self.config.session_credits as u32)
+        } else {
+            SESSION_CREDITS as u32
+        };
         let route = match self.transport.resolve(&pkt.client.routing()) {
             Ok(r) => r,
             Err(e) => {
@@ -408,6 +474,11 @@ impl<T: Transport, C> Rpc<T, C> {
                 return fail(self, SmErr::RoutingResolutionFailure);
             }
         };
+        // Only a request that would otherwise succeed may reclaim an
+        // unused session for its room.
+        if !self.make_ring_room(credits as usize) {
+            return fail(self, SmErr::RingExhausted);
+        }
         let Some(sn) = self.alloc_session_num() else {
             return fail(self, SmErr::OutOfMemory);
         };
@@ -428,15 +499,24 @@ impl<T: Transport, C> Rpc<T, C> {
                 }
             }
         }
-        let mut server_ep = self.local_endpoint(sn);
+        // The server endpoint goes back as the client filled it (hostname,
+        // SM port, Rpc id, transport type: a C++ client asserts that the
+        // hostname is unchanged), with our session number and routing
+        // info, as the C++ eRPC answers.
+        let mut server_ep = pkt.server;
+        server_ep.session_num = sn;
+        server_ep.routing_info = self.local_endpoint(sn).routing_info;
         // An erpc-rs client proposes a request-number base; adopt and echo
         // it. A C++ client numbers from 0.
-        let req_base = if pkt.client.incarnation() != 0 && self.nexus.sm_extensions() {
-            pkt.client.req_base() & REQ_BASE_MASK & !(SESSION_REQ_WINDOW as u64 - 1)
+        let req_base = self.req_base_override.unwrap_or(if ext_client {
+            slot_base(pkt.client.req_base())
         } else {
             0
-        };
-        server_ep.set_req_base(req_base);
+        });
+        if self.nexus.sm_extensions() {
+            server_ep.set_req_base(req_base);
+            server_ep.set_credits(credits);
+        }
         let remote_uri = pkt.client.uri().unwrap_or_else(|| Uri::new("?", 0));
         let mut s = Session::new(
             Role::Server,
@@ -446,8 +526,12 @@ impl<T: Transport, C> Rpc<T, C> {
             remote_uri,
             pkt.client,
             server_ep,
-            0,
+            credits,
         );
+        // A server session sends only what its client's packets ask for;
+        // `credits` is its ring reservation.
+        s.credits = 0;
+        s.created_ns = self.clock.now_ns();
         s.remote_num = pkt.client.session_num;
         s.route = Some(route);
         s.set_req_base(req_base);
@@ -457,7 +541,7 @@ impl<T: Transport, C> Rpc<T, C> {
         s.remote_incarnation = pkt.client.incarnation();
         self.sessions[usize::from(sn)] = Some(Box::new(s));
         self.open_sessions += 1;
-        self.ring_entries_available -= self.config.session_credits;
+        self.ring_entries_available -= credits as usize;
         self.token_map.insert(pkt.uniq_token, sn);
         self.track_session(sn);
         let mut r = pkt.response(SmErr::NoError);
@@ -491,6 +575,10 @@ impl<T: Transport, C> Rpc<T, C> {
     }
 
     fn handle_connect_resp(&mut self, pkt: &SmPkt) {
+        // A server telling us it ended a connected session.
+        if pkt.err == SmErr::SrvDisconnected && self.handle_server_disconnected(pkt) {
+            return;
+        }
         let Some(sn) = self.client_session_for(pkt, SessionState::ConnectInProgress) else {
             if self.abandoned_resp(pkt) {
                 return;
@@ -504,20 +592,35 @@ impl<T: Transport, C> Rpc<T, C> {
         let now = self.clock.now_ns();
         match self.transport.resolve(&pkt.server.routing()) {
             Ok(route) => {
+                let base_override = self.req_base_override;
+                let ext_server = self.ext_peer(&pkt.server);
                 let s = self.session_mut(sn).expect("matched above");
                 s.server_ep = pkt.server;
                 s.remote_num = pkt.server.session_num;
                 s.remote_incarnation = pkt.server.incarnation();
+                // Never more credits than the server reserved for us: what
+                // an erpc-rs server granted, 32 at a C++ server. The spare
+                // part of our own reservation goes back to the ring.
+                let granted = if ext_server {
+                    granted_credits(pkt.server.credits())
+                } else {
+                    SESSION_CREDITS as u32
+                };
+                let credits = granted.min(s.credits_max);
+                let spare = (s.credits_max - credits) as usize;
+                s.credits_max = credits;
+                s.credits = credits;
                 // The base the server adopted (0 from a C++ server).
-                let base = if s.remote_incarnation != 0 {
-                    pkt.server.req_base() & REQ_BASE_MASK & !(SESSION_REQ_WINDOW as u64 - 1)
+                let base = base_override.unwrap_or(if ext_server {
+                    slot_base(pkt.server.req_base())
                 } else {
                     0
-                };
+                });
                 s.set_req_base(base);
                 s.route = Some(route);
                 s.state = SessionState::Connected;
                 s.sm_pending_since_ns = None;
+                self.ring_entries_available += spare;
                 self.client_sessions.push(sn);
                 self.track_session(sn);
                 self.owe_event(sn, SessionEventKind::Connected);
@@ -624,7 +727,7 @@ impl<T: Transport, C> Rpc<T, C> {
                     .retire(s.uniq_token, self.clock.now_ns());
             }
             self.open_sessions -= 1;
-            self.ring_entries_available += self.config.session_credits;
+            self.ring_entries_available += s.credits_max as usize;
         }
         let now = self.clock.now_ns();
         self.free_session_nums.push_back((sn, now));

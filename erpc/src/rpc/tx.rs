@@ -133,7 +133,8 @@ impl<T: Transport, C> Rpc<T, C> {
         };
         let buf = self.ctrl.as_mut().expect("control buffer lives until drop");
         let h = &mut buf.as_mut_slice()[n * CTRL_SLOT_BYTES..n * CTRL_SLOT_BYTES + PKTHDR_BYTES];
-        hdr.write_to(&mut h[HEADROOM_BYTES..]);
+        hdr.write_to(&mut h[HEADROOM_BYTES..])
+            .expect("control headers carry numbers taken from valid headers");
         self.transport
             .fill_headroom(route, &mut h[..HEADROOM_BYTES], PKTHDR_BYTES);
         self.tx.push(TxEntry {
@@ -194,6 +195,16 @@ impl<T: Transport, C> Rpc<T, C> {
         // Entry index of each item, to know what a partial burst consumed.
         let mut entry_of = [0u8; TX_CHUNK_MAX];
         let mut k = 0;
+        // Congestion control: TX timestamps of client packets, one clock
+        // read per burst with batched timestamps.
+        let cc = self.wheel.is_some();
+        let batch_ts = self.config.cc.batch_timestamps;
+        let ts = if cc && batch_ts {
+            self.clock.now_ns()
+        } else {
+            0
+        };
+        let ts_mask = self.tx_ts_cap - 1;
         for (j, e) in self.tx.entries[start..end].iter().enumerate() {
             let Some(s) = self
                 .sessions
@@ -207,6 +218,12 @@ impl<T: Transport, C> Rpc<T, C> {
                 self.stats.tx_stale += 1;
                 continue;
             };
+            if cc && s.role == crate::session::Role::Client {
+                let at = usize::from(e.slot) * self.tx_ts_cap + (e.pkt_idx as usize & ts_mask);
+                if let Some(c) = s.tx_ts.get(at) {
+                    c.set(if batch_ts { ts } else { self.clock.now_ns() });
+                }
+            }
             // Fault injection: one predictable branch when unused.
             let drop = s.fault_drop_tx.get() != 0;
             if drop {

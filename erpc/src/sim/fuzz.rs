@@ -155,7 +155,7 @@ pub fn run(input: &[u8]) -> FuzzReport {
                     pkt_num: b.u16() % 20,
                     req_num: u64::from(b.u8()) % 64,
                 };
-                let mut p = hdr.encode().to_vec();
+                let mut p = hdr.encode().expect("fields in range").to_vec();
                 if sel & 2 != 0 {
                     p[13] ^= 0x10; // bad magic
                 }

@@ -3,9 +3,17 @@
 //! in-memory session-management hub ([`SimSmHub`]) stepped by the same
 //! clock.
 //!
-//! Frames are real Ethernet/IPv4/UDP frames (headers built with
-//! `transport::wire`, validated on arrival); each link can lose, duplicate,
-//! reorder, corrupt and delay them, from the seed. Nothing moves until
+//! The network is the project's one network model ([`netsim`]): each
+//! endpoint is a NIC port on one switch, with its own link. Frames are real
+//! Ethernet/IPv4/UDP frames (headers built with `transport::wire`,
+//! validated on arrival). By default links are infinitely fast and the
+//! switch's buffers unlimited; [`SimConfig::port`] (or
+//! [`SimNet::set_port_config`]) gives links a rate and the switch a
+//! drop-tail buffer per output port, so that an incast builds a real queue
+//! in virtual time ([`SimNet::queue`]). Each endpoint's link can lose,
+//! duplicate, reorder, corrupt and delay what the endpoint sends
+//! ([`LinkConfig`], applied in the endpoint → switch direction, so a frame
+//! meets its sender's faults once), from the seed. Nothing moves until
 //! [`SimNet::advance`] is called, so a scenario that polls its Rpcs and
 //! advances the clock in one thread replays exactly from its seed.
 //!
@@ -18,28 +26,33 @@ mod ring;
 mod sm_hub;
 
 use std::cell::RefCell;
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::fmt;
+use std::io::Write;
 use std::net::Ipv4Addr;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Duration;
 
+use netsim::{Direction, LinkFaults, NetConfig, Network, PortId};
 use transport::wire::{FrameTemplate, build_headroom, parse_frame};
 use transport::{
     HEADROOM_BYTES, MTU, RoutingInfo, RxRing, Transport, TransportError, TransportStats, TxItem,
 };
 
 pub use crate::clock::VirtualClock;
+pub use netsim::{PortConfig, QueueSample, QueueStats};
 pub use sm_hub::{SimSmHub, SmHubConfig, SmHubStats};
 
-use crate::rng::Rng;
 use ring::RingMem;
 
-/// Fault injection and timing of one direction of a link.
+/// Most frames [`SimNet::capture`] keeps between takes.
+const CAPTURE_MAX: usize = 1 << 16;
+
+/// Fault injection and timing of one endpoint's link, in the direction
+/// from the endpoint into the switch (what the endpoint sends).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LinkConfig {
-    /// One-way delay.
+    /// One-way propagation delay.
     pub delay_ns: u64,
     /// Extra random delay in `0..=jitter_ns` (order is kept unless a
     /// packet is picked for reordering).
@@ -48,11 +61,12 @@ pub struct LinkConfig {
     pub loss_ppm: u32,
     /// Duplication probability, per million.
     pub dup_ppm: u32,
-    /// Probability that a packet may overtake earlier ones, per million.
+    /// Probability, per million, that a packet is held back by
+    /// `delay_ns + jitter_ns` so that later ones overtake it.
     pub reorder_ppm: u32,
     /// Probability that a bit of the frame is flipped on the wire, per
-    /// million. As on a real Ethernet link, the receiving port's frame
-    /// check sequence catches it and the frame is dropped (counted as
+    /// million. As on a real Ethernet link, the switch port's frame check
+    /// sequence catches it and the frame is dropped (counted as
     /// `fcs_errors`): to eRPC a corrupted frame is a lost one.
     pub corrupt_ppm: u32,
     /// Probability, per million, that one byte after the IPv4 header is
@@ -78,13 +92,35 @@ impl Default for LinkConfig {
     }
 }
 
+impl LinkConfig {
+    /// The same link in the network model's terms.
+    pub fn faults(&self) -> LinkFaults {
+        let p = |ppm: u32| f64::from(ppm) / 1e6;
+        LinkFaults {
+            loss: p(self.loss_ppm),
+            duplicate: p(self.dup_ppm),
+            reorder: p(self.reorder_ppm),
+            reorder_delay: Duration::from_nanos(self.delay_ns + self.jitter_ns),
+            fcs_error: p(self.corrupt_ppm),
+            corrupt: p(self.corrupt_undetected_ppm),
+            corrupt_from: HEADROOM_BYTES,
+            delay: Duration::from_nanos(self.delay_ns),
+            jitter: Duration::from_nanos(self.jitter_ns),
+            down: false,
+        }
+    }
+}
+
 /// Settings of a simulated network.
 #[derive(Debug, Clone, Copy)]
 pub struct SimConfig {
     /// Seed of every random choice.
     pub seed: u64,
-    /// Default link behaviour (overridable per pair of endpoints).
+    /// Default link behaviour (overridable per endpoint).
     pub link: LinkConfig,
+    /// Link rate and switch buffer of every endpoint's port (unlimited by
+    /// default: an infinitely fast network).
+    pub port: PortConfig,
     /// RX ring entries per endpoint.
     pub ring_entries: usize,
     /// Largest TX burst (the postlist).
@@ -98,6 +134,7 @@ impl Default for SimConfig {
         SimConfig {
             seed: 1,
             link: LinkConfig::default(),
+            port: PortConfig::default(),
             ring_entries: crate::consts::RX_RING_ENTRIES_DEFAULT,
             tx_burst_max: 16,
             sm: SmHubConfig::default(),
@@ -116,13 +153,15 @@ pub struct NetStats {
     pub lost: u64,
     /// Extra copies made.
     pub duplicated: u64,
-    /// Frames allowed to overtake.
+    /// Frames held back so that later ones overtook them.
     pub reordered: u64,
-    /// Frames damaged on the wire and dropped by the receiver's frame
-    /// check.
+    /// Frames damaged on the wire and dropped by the frame check.
     pub fcs_errors: u64,
     /// Frames damaged past the frame check and delivered.
     pub corrupted_undetected: u64,
+    /// Frames the switch dropped because its buffer towards the
+    /// destination was full.
+    pub queue_drops: u64,
     /// Arrivals dropped because the RX ring was full.
     pub rx_ring_full: u64,
     /// Frames to an address no endpoint has.
@@ -133,33 +172,7 @@ pub struct NetStats {
     pub tx_refused_bursts: u64,
 }
 
-struct InFlight {
-    deliver_ns: u64,
-    seq: u64,
-    dst: usize,
-    len: usize,
-    /// Damaged on the wire: the receiver's frame check drops it.
-    fcs_bad: bool,
-    frame: Box<[u8]>,
-}
-
-impl PartialEq for InFlight {
-    fn eq(&self, o: &Self) -> bool {
-        (self.deliver_ns, self.seq) == (o.deliver_ns, o.seq)
-    }
-}
-impl Eq for InFlight {}
-impl PartialOrd for InFlight {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for InFlight {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (self.deliver_ns, self.seq).cmp(&(o.deliver_ns, o.seq))
-    }
-}
-
+/// One endpoint: the device plugged into a port of the network model.
 struct Endpoint {
     routing: RoutingInfo,
     ring: Rc<RingMem>,
@@ -173,151 +186,90 @@ struct Endpoint {
     refuse_bursts: u32,
     /// Restarts so far; a transport of an earlier incarnation is inert.
     generation: u32,
+    /// The link was set explicitly (a new default does not apply).
+    link_set: bool,
+    /// Copies of the frames that reached this endpoint (`SimNet::capture`).
+    captured: Option<Vec<Box<[u8]>>>,
+}
+
+/// Counters the network model does not keep.
+#[derive(Debug, Default)]
+struct Extra {
+    sent: u64,
+    delivered: u64,
+    rx_ring_full: u64,
+    endpoint_down: u64,
+    tx_refused_bursts: u64,
 }
 
 struct NetInner {
-    rng: Rng,
+    net: Network<Endpoint>,
     cfg: SimConfig,
-    endpoints: Vec<Endpoint>,
-    links: Vec<Vec<Option<LinkConfig>>>,
-    last_deliver_ns: Vec<Vec<u64>>,
-    inflight: BinaryHeap<Reverse<InFlight>>,
-    pool: Vec<Box<[u8]>>,
-    seq: u64,
-    stats: NetStats,
+    extra: Extra,
+}
+
+/// A frame arrives at endpoint `ep`.
+#[inline]
+fn deliver(x: &mut Extra, ep: &mut Endpoint, frame: &[u8]) {
+    if ep.down {
+        x.endpoint_down += 1;
+        return;
+    }
+    if let Some(c) = ep.captured.as_mut()
+        && c.len() < CAPTURE_MAX
+    {
+        c.push(frame.into());
+    }
+    let entries = ep.ring.entries() as u64;
+    if ep.written - ep.reposted >= entries {
+        x.rx_ring_full += 1;
+        ep.stats.rx_errors += 1;
+        return;
+    }
+    ep.stats.rx_pkts += 1;
+    ep.stats.rx_bytes += frame.len() as u64;
+    let idx = (ep.written % entries) as usize;
+    match parse_frame(frame) {
+        Ok(p) => {
+            if p.dst_ip != ep.routing.ipv4 || p.dst_port != ep.routing.udp_port {
+                ep.stats.rx_not_for_us += 1;
+                return;
+            }
+            ep.ring.write(idx, Some(p.payload));
+        }
+        Err(e) => {
+            use transport::FrameError as F;
+            match e {
+                F::Short => ep.stats.rx_short += 1,
+                F::Oversize => ep.stats.rx_oversize += 1,
+                F::BadEthertype => ep.stats.rx_bad_ethertype += 1,
+                F::BadIp => ep.stats.rx_bad_ip += 1,
+                F::BadUdp => ep.stats.rx_bad_udp += 1,
+            }
+            ep.ring.write(idx, None);
+        }
+    }
+    ep.written += 1;
+    x.delivered += 1;
+}
+
+/// The delivery callback of the network model: into the endpoint's ring.
+fn into_ring(x: &mut Extra) -> impl FnMut(PortId, &mut Endpoint, &mut Vec<u8>) -> bool + '_ {
+    |_, ep, frame| {
+        deliver(x, ep, frame);
+        true
+    }
 }
 
 impl NetInner {
-    fn link(&self, src: usize, dst: usize) -> LinkConfig {
-        self.links[src][dst].unwrap_or(self.cfg.link)
-    }
-
-    fn frame_buf(&mut self) -> Box<[u8]> {
-        self.pool
-            .pop()
-            .unwrap_or_else(|| vec![0u8; MTU].into_boxed_slice())
-    }
-
-    fn send(&mut self, now_ns: u64, src: usize, dst: usize, frame: Box<[u8]>, len: usize) {
-        self.stats.sent += 1;
-        if self.endpoints[src].down {
-            self.stats.endpoint_down += 1;
-            self.pool.push(frame);
-            return;
-        }
-        let l = self.link(src, dst);
-        if self.rng.chance_ppm(l.loss_ppm) {
-            self.stats.lost += 1;
-            self.pool.push(frame);
-            return;
-        }
-        if self.rng.chance_ppm(l.dup_ppm) {
-            self.stats.duplicated += 1;
-            let mut copy = self.frame_buf();
-            copy[..len].copy_from_slice(&frame[..len]);
-            self.enqueue(now_ns, src, dst, copy, len, &l);
-        }
-        self.enqueue(now_ns, src, dst, frame, len, &l);
-    }
-
-    fn enqueue(
-        &mut self,
-        now_ns: u64,
-        src: usize,
-        dst: usize,
-        mut frame: Box<[u8]>,
-        len: usize,
-        l: &LinkConfig,
-    ) {
-        let fcs_bad = self.rng.chance_ppm(l.corrupt_ppm);
-        if self.rng.chance_ppm(l.corrupt_undetected_ppm) && len > HEADROOM_BYTES {
-            self.stats.corrupted_undetected += 1;
-            let at = HEADROOM_BYTES + self.rng.below((len - HEADROOM_BYTES) as u64) as usize;
-            frame[at] ^= 1 << self.rng.below(8);
-        }
-        let jitter = if l.jitter_ns > 0 {
-            self.rng.below(l.jitter_ns + 1)
-        } else {
-            0
-        };
-        let mut at = now_ns + l.delay_ns + jitter;
-        if self.rng.chance_ppm(l.reorder_ppm) {
-            self.stats.reordered += 1;
-            at = now_ns + self.rng.below(l.delay_ns + jitter + 1);
-        } else {
-            at = at.max(self.last_deliver_ns[src][dst]);
-            self.last_deliver_ns[src][dst] = at;
-        }
-        self.seq += 1;
-        self.inflight.push(Reverse(InFlight {
-            deliver_ns: at,
-            seq: self.seq,
-            dst,
-            len,
-            fcs_bad,
-            frame,
-        }));
-    }
-
-    fn deliver_due(&mut self, now_ns: u64) {
-        while let Some(Reverse(top)) = self.inflight.peek() {
-            if top.deliver_ns > now_ns {
-                break;
-            }
-            let Some(Reverse(p)) = self.inflight.pop() else {
-                break;
-            };
-            if p.fcs_bad {
-                self.stats.fcs_errors += 1;
-                self.endpoints[p.dst].stats.rx_errors += 1;
-            } else {
-                self.deliver(p.dst, &p.frame[..p.len]);
-            }
-            self.pool.push(p.frame);
-        }
-    }
-
-    fn deliver(&mut self, dst: usize, frame: &[u8]) {
-        let ep = &mut self.endpoints[dst];
-        if ep.down {
-            self.stats.endpoint_down += 1;
-            return;
-        }
-        let entries = ep.ring.entries() as u64;
-        if ep.written - ep.reposted >= entries {
-            self.stats.rx_ring_full += 1;
-            ep.stats.rx_errors += 1;
-            return;
-        }
-        ep.stats.rx_pkts += 1;
-        ep.stats.rx_bytes += frame.len() as u64;
-        let idx = (ep.written % entries) as usize;
-        match parse_frame(frame) {
-            Ok(p) => {
-                if p.dst_ip != ep.routing.ipv4 || p.dst_port != ep.routing.udp_port {
-                    ep.stats.rx_not_for_us += 1;
-                    return;
-                }
-                ep.ring.write(idx, Some(p.payload));
-            }
-            Err(e) => {
-                use transport::FrameError as F;
-                match e {
-                    F::Short => ep.stats.rx_short += 1,
-                    F::Oversize => ep.stats.rx_oversize += 1,
-                    F::BadEthertype => ep.stats.rx_bad_ethertype += 1,
-                    F::BadIp => ep.stats.rx_bad_ip += 1,
-                    F::BadUdp => ep.stats.rx_bad_udp += 1,
-                }
-                ep.ring.write(idx, None);
-            }
-        }
-        ep.written += 1;
-        self.stats.delivered += 1;
+    fn run_until(&mut self, now_ns: u64) {
+        let NetInner { net, extra, .. } = self;
+        net.run_until(now_ns, &mut into_ring(extra));
     }
 }
 
-/// A simulated network: endpoints, links, a virtual clock and an SM hub.
+/// A simulated network: endpoints, links, a switch, a virtual clock and an
+/// SM hub.
 #[derive(Clone)]
 pub struct SimNet {
     inner: Rc<RefCell<NetInner>>,
@@ -330,11 +282,10 @@ impl fmt::Debug for SimNet {
         let n = self.inner.borrow();
         write!(
             f,
-            "SimNet {{ now {} ns, {} endpoints, {} in flight, {:?} }}",
+            "SimNet {{ now {} ns, {} endpoints, {} in flight }}",
             self.clock.now_ns(),
-            n.endpoints.len(),
-            n.inflight.len(),
-            n.stats
+            n.net.port_count(),
+            n.net.pending(),
         )
     }
 }
@@ -344,17 +295,20 @@ impl SimNet {
     pub fn new(cfg: SimConfig) -> SimNet {
         let clock = VirtualClock::new();
         let hub = Arc::new(SimSmHub::new(clock.clone(), cfg.seed ^ 0x5353_4d5f, cfg.sm));
+        let net = Network::new(NetConfig {
+            seed: cfg.seed,
+            faults: LinkFaults::default(),
+            port: cfg.port,
+            // Every endpoint's MAC is known: a frame to another MAC is a
+            // frame to an address no endpoint has.
+            flood_unknown_unicast: false,
+            event_log_capacity: 0,
+        });
         SimNet {
             inner: Rc::new(RefCell::new(NetInner {
-                rng: Rng::new(cfg.seed),
+                net,
                 cfg,
-                endpoints: Vec::new(),
-                links: Vec::new(),
-                last_deliver_ns: Vec::new(),
-                inflight: BinaryHeap::with_capacity(1 << 14),
-                pool: Vec::with_capacity(1 << 14),
-                seq: 0,
-                stats: NetStats::default(),
+                extra: Extra::default(),
             })),
             clock,
             hub,
@@ -389,7 +343,7 @@ impl SimNet {
     /// Adds an endpoint (a NIC port with its RX ring).
     pub fn add_transport(&self) -> SimTransport {
         let mut n = self.inner.borrow_mut();
-        let ep = n.endpoints.len();
+        let ep = n.net.port_count();
         assert!(ep < 60_000, "too many simulated endpoints");
         let ip = u32::from(Ipv4Addr::new(10, 0, 0, 0)) + ep as u32 + 1;
         let routing = RoutingInfo {
@@ -397,29 +351,29 @@ impl SimNet {
             ipv4: Ipv4Addr::from(ip),
             udp_port: 20_000 + ep as u16,
             rxq_id: 0,
-            rss_table_size: 0,
+            // Steered by exact UDP port, like our mlx5 transport: a table
+            // of one (a C++ DPDK peer divides by it).
+            rss_table_size: 1,
         };
         let ring = RingMem::new(n.cfg.ring_entries);
-        n.endpoints.push(Endpoint {
-            routing,
-            ring: ring.clone(),
-            written: 0,
-            reported: 0,
-            reposted: 0,
-            stats: TransportStats::default(),
-            down: false,
-            refuse_bursts: 0,
-            generation: 0,
-        });
-        for row in n.links.iter_mut() {
-            row.push(None);
-        }
-        let count = n.endpoints.len();
-        n.links.push(vec![None; count]);
-        for row in n.last_deliver_ns.iter_mut() {
-            row.push(0);
-        }
-        n.last_deliver_ns.push(vec![0; count]);
+        let port = n.net.add_port(
+            Some(routing.mac),
+            Endpoint {
+                routing,
+                ring: ring.clone(),
+                written: 0,
+                reported: 0,
+                reposted: 0,
+                stats: TransportStats::default(),
+                down: false,
+                refuse_bursts: 0,
+                generation: 0,
+                link_set: false,
+                captured: None,
+            },
+        );
+        let faults = n.cfg.link.faults();
+        n.net.set_faults(port, Some(Direction::ToSwitch), faults);
         let tx_burst_max = n.cfg.tx_burst_max;
         SimTransport {
             net: self.inner.clone(),
@@ -436,7 +390,7 @@ impl SimNet {
     /// (frames in flight to it are lost on arrival). Its transport stays
     /// usable as an object, so the process owning it can be torn down.
     pub fn crash(&self, ep: usize) {
-        self.inner.borrow_mut().endpoints[ep].down = true;
+        self.inner.borrow_mut().net.device_mut(port(ep)).down = true;
     }
 
     /// Restarts crashed endpoint `ep` as a new NIC port at the same
@@ -446,7 +400,8 @@ impl SimNet {
     pub fn restart(&self, ep: usize) -> SimTransport {
         let mut n = self.inner.borrow_mut();
         let ring = RingMem::new(n.cfg.ring_entries);
-        let e = &mut n.endpoints[ep];
+        let tx_burst_max = n.cfg.tx_burst_max;
+        let e = n.net.device_mut(port(ep));
         e.ring = ring.clone();
         e.written = 0;
         e.reported = 0;
@@ -457,7 +412,6 @@ impl SimNet {
         e.generation += 1;
         let generation = e.generation;
         let routing = e.routing;
-        let tx_burst_max = n.cfg.tx_burst_max;
         SimTransport {
             net: self.inner.clone(),
             clock: self.clock.clone(),
@@ -469,15 +423,61 @@ impl SimNet {
         }
     }
 
+    /// Starts (`true`) or stops keeping a copy of every frame that
+    /// reaches endpoint `ep`, exactly as it arrives (before validation and
+    /// whether or not its RX ring has room), for [`SimNet::take_captured`]:
+    /// a test that plays a peer (a C++ eRPC process) on a bare endpoint
+    /// reads what is sent to it, headers and all. At most 65536 frames are
+    /// kept between takes. Off by default (no cost).
+    pub fn capture(&self, ep: usize, on: bool) {
+        let mut n = self.inner.borrow_mut();
+        let e = n.net.device_mut(port(ep));
+        match (on, e.captured.is_some()) {
+            (true, false) => e.captured = Some(Vec::new()),
+            (false, true) => e.captured = None,
+            _ => {}
+        }
+    }
+
+    /// The frames captured at endpoint `ep` since the last call, in
+    /// arrival order.
+    pub fn take_captured(&self, ep: usize) -> Vec<Box<[u8]>> {
+        self.inner
+            .borrow_mut()
+            .net
+            .device_mut(port(ep))
+            .captured
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
     /// Makes the next `bursts` `tx_burst` calls of endpoint `ep` accept
     /// nothing, as a NIC whose send queue is full.
     pub fn refuse_tx(&self, ep: usize, bursts: u32) {
-        self.inner.borrow_mut().endpoints[ep].refuse_bursts = bursts;
+        self.inner
+            .borrow_mut()
+            .net
+            .device_mut(port(ep))
+            .refuse_bursts = bursts;
     }
 
-    /// Overrides the behaviour of the link from endpoint `src` to `dst`.
-    pub fn set_link(&self, src: usize, dst: usize, cfg: LinkConfig) {
-        self.inner.borrow_mut().links[src][dst] = Some(cfg);
+    /// Sets the behaviour of endpoint `ep`'s link for what `ep` sends
+    /// (endpoint → switch).
+    pub fn set_link(&self, ep: usize, cfg: LinkConfig) {
+        let mut n = self.inner.borrow_mut();
+        n.net.device_mut(port(ep)).link_set = true;
+        n.net
+            .set_faults(port(ep), Some(Direction::ToSwitch), cfg.faults());
+    }
+
+    /// Sets the behaviour of endpoint `ep`'s link for what it receives
+    /// (switch → endpoint; clean and without delay unless set here).
+    pub fn set_link_to(&self, ep: usize, cfg: LinkConfig) {
+        self.inner
+            .borrow_mut()
+            .net
+            .set_faults(port(ep), Some(Direction::ToDevice), cfg.faults());
     }
 
     /// The default link behaviour.
@@ -485,9 +485,62 @@ impl SimNet {
         self.inner.borrow().cfg.link
     }
 
-    /// Changes the default link behaviour (pairs without an override).
+    /// Changes the default link behaviour (of every endpoint whose link
+    /// was not set with [`SimNet::set_link`], and of endpoints added
+    /// later).
     pub fn set_default_link(&self, cfg: LinkConfig) {
-        self.inner.borrow_mut().cfg.link = cfg;
+        let mut n = self.inner.borrow_mut();
+        n.cfg.link = cfg;
+        for i in 0..n.net.port_count() {
+            if !n.net.device(port(i)).link_set {
+                n.net
+                    .set_faults(port(i), Some(Direction::ToSwitch), cfg.faults());
+            }
+        }
+    }
+
+    /// Sets endpoint `ep`'s link rate and the switch's buffer towards it.
+    pub fn set_port_config(&self, ep: usize, cfg: PortConfig) {
+        self.inner.borrow_mut().net.set_port_config(port(ep), cfg);
+    }
+
+    /// The switch's output queue towards endpoint `ep` now: occupancy,
+    /// high-water marks, drops.
+    pub fn queue(&self, ep: usize) -> QueueStats {
+        let now = self.clock.now_ns();
+        self.inner
+            .borrow()
+            .net
+            .queue(port(ep), now)
+            .unwrap_or_default()
+    }
+
+    /// Records the output queue towards `ep` at every arrival (up to
+    /// `capacity` samples); [`SimNet::queue_trace`] reads them.
+    pub fn set_queue_trace(&self, ep: usize, capacity: usize) {
+        self.inner
+            .borrow_mut()
+            .net
+            .set_queue_trace(port(ep), capacity);
+    }
+
+    /// The recorded samples of the output queue towards `ep`.
+    pub fn queue_trace(&self, ep: usize) -> Vec<QueueSample> {
+        self.inner.borrow().net.queue_trace(port(ep)).to_vec()
+    }
+
+    /// Captures every frame endpoint `ep` sends and receives into `out`
+    /// (pcap, virtual-time stamps).
+    pub fn set_pcap(&self, ep: usize, out: impl Write + Send + 'static) -> std::io::Result<()> {
+        self.inner
+            .borrow_mut()
+            .net
+            .set_pcap(port(ep), Box::new(out))
+    }
+
+    /// Flushes every pcap writer.
+    pub fn flush_pcaps(&self) -> std::io::Result<()> {
+        self.inner.borrow_mut().net.flush_pcaps()
     }
 
     /// Moves time forward by `ns` and delivers every data frame and SM
@@ -495,44 +548,35 @@ impl SimNet {
     pub fn advance(&self, ns: u64) {
         self.clock.advance_ns(ns);
         let now = self.clock.now_ns();
-        self.inner.borrow_mut().deliver_due(now);
+        self.inner.borrow_mut().run_until(now);
         self.hub.deliver_due(now);
     }
 
     /// Time of the next pending delivery (data or SM), if any.
     pub fn next_event_ns(&self) -> Option<u64> {
-        let d = self.inner.borrow().inflight.peek().map(|r| r.0.deliver_ns);
+        let d = self.inner.borrow().net.next_event_ns();
         match (d, self.hub.next_event_ns()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
     }
 
-    /// Schedules an arbitrary frame (all headers included, at most an
-    /// MTU) for endpoint `dst`, as if it came off the wire now (fuzzing,
-    /// fault tests).
+    /// Delivers an arbitrary frame (all headers included, at most an MTU)
+    /// to endpoint `dst` now, as if it came from the switch (fuzzing, fault
+    /// tests).
     pub fn inject_frame(&self, dst: usize, frame: &[u8]) {
         let now = self.clock.now_ns();
         let mut n = self.inner.borrow_mut();
-        let len = frame.len().min(MTU);
-        let mut f = n.frame_buf();
-        f[..len].copy_from_slice(&frame[..len]);
-        n.seq += 1;
-        let seq = n.seq;
-        n.inflight.push(Reverse(InFlight {
-            deliver_ns: now,
-            seq,
-            dst,
-            len,
-            fcs_bad: false,
-            frame: f,
-        }));
+        let NetInner { net, extra, .. } = &mut *n;
+        let mut f = net.frame_buf();
+        f.extend_from_slice(&frame[..frame.len().min(MTU)]);
+        net.inject(now, port(dst), f, &mut into_ring(extra));
     }
 
-    /// Schedules `payload` (eRPC header + data) for endpoint `dst` in a
-    /// valid Ethernet/IPv4/UDP frame from a stranger.
+    /// Delivers `payload` (eRPC header + data) to endpoint `dst` in a valid
+    /// Ethernet/IPv4/UDP frame from a stranger.
     pub fn inject_payload(&self, dst: usize, payload: &[u8]) {
-        let routing = self.inner.borrow().endpoints[dst].routing;
+        let routing = self.inner.borrow().net.device(port(dst)).routing;
         let len = (HEADROOM_BYTES + payload.len()).min(MTU);
         let mut f = [0u8; MTU];
         let t = FrameTemplate {
@@ -548,23 +592,52 @@ impl SimNet {
         self.inject_frame(dst, &f[..len]);
     }
 
-    /// Data frames in flight.
+    /// Data frames in flight (hops waiting in the event queue).
     pub fn in_flight(&self) -> usize {
-        self.inner.borrow().inflight.len()
+        self.inner.borrow().net.pending()
     }
 
     /// RX ring slots of endpoint `ep` holding packets not yet given back
     /// with `post_recvs` (0 when the Rpc leaked no ring entry).
     pub fn rx_held(&self, ep: usize) -> u64 {
         let n = self.inner.borrow();
-        let e = &n.endpoints[ep];
+        let e = n.net.device(port(ep));
         e.written - e.reposted
     }
 
     /// Network counters.
     pub fn stats(&self) -> NetStats {
-        self.inner.borrow().stats
+        let n = self.inner.borrow();
+        let s = n.net.stats();
+        let x = &n.extra;
+        NetStats {
+            sent: x.sent,
+            delivered: x.delivered,
+            lost: s.ports.lost,
+            duplicated: s.ports.duplicated,
+            reordered: s.ports.reordered,
+            fcs_errors: s.ports.fcs_errors,
+            corrupted_undetected: s.ports.corrupted,
+            queue_drops: s.ports.queue_drops,
+            rx_ring_full: x.rx_ring_full,
+            no_such_endpoint: s.unknown_unicast_drops,
+            endpoint_down: x.endpoint_down,
+            tx_refused_bursts: x.tx_refused_bursts,
+        }
     }
+
+    /// The network model's own counters for endpoint `ep`'s port.
+    pub fn port_stats(&self, ep: usize) -> netsim::PortStats {
+        self.inner
+            .borrow()
+            .net
+            .port_stats(port(ep))
+            .unwrap_or_default()
+    }
+}
+
+fn port(ep: usize) -> PortId {
+    PortId(ep as u32)
 }
 
 /// A destination on the simulated network.
@@ -621,7 +694,7 @@ impl SimTransport {
     /// False once the endpoint was restarted: this transport belongs to
     /// the crashed incarnation and sends and receives nothing.
     fn current(&self, n: &NetInner) -> bool {
-        n.endpoints[self.ep].generation == self.generation
+        n.net.device(port(self.ep)).generation == self.generation
     }
 }
 
@@ -636,14 +709,25 @@ impl Transport for SimTransport {
     fn resolve(&self, info: &RoutingInfo) -> Result<SimRoute, TransportError> {
         let n = self.net.borrow();
         let Some(ep) = n
-            .endpoints
-            .iter()
+            .net
+            .devices()
             .position(|e| e.routing.ipv4 == info.ipv4 && e.routing.udp_port == info.udp_port)
         else {
             return Err(TransportError::Resolve {
                 info: *info,
                 why: "no simulated endpoint has this address".into(),
             });
+        };
+        // Toward a peer that uses RSS (a C++ DPDK receiver), the source
+        // port its RSS maps to its queue, as the real transports pick it.
+        let src_port = match transport::rss::source_port(self.routing.ipv4, info) {
+            Ok(p) => p.unwrap_or(self.routing.udp_port),
+            Err(e) => {
+                return Err(TransportError::Resolve {
+                    info: *info,
+                    why: e.to_string(),
+                });
+            }
         };
         Ok(SimRoute {
             ep,
@@ -652,7 +736,7 @@ impl Transport for SimTransport {
                 src_mac: self.routing.mac,
                 src_ip: self.routing.ipv4,
                 dst_ip: info.ipv4,
-                src_port: self.routing.udp_port,
+                src_port,
                 dst_port: info.udp_port,
             },
         })
@@ -664,35 +748,51 @@ impl Transport for SimTransport {
 
     fn tx_burst(&mut self, items: &[TxItem<'_, SimRoute>]) -> usize {
         let now = self.clock.now_ns();
-        let mut n = self.net.borrow_mut();
-        if !self.current(&n) {
+        let mut guard = self.net.borrow_mut();
+        if !self.current(&guard) {
             return items.len();
         }
-        if n.endpoints[self.ep].refuse_bursts > 0 {
-            n.endpoints[self.ep].refuse_bursts -= 1;
-            n.endpoints[self.ep].stats.tx_refused += items.len() as u64;
-            n.stats.tx_refused_bursts += 1;
-            return 0;
+        let NetInner { net, extra, .. } = &mut *guard;
+        let me = port(self.ep);
+        {
+            let ep = net.device_mut(me);
+            if ep.refuse_bursts > 0 {
+                ep.refuse_bursts -= 1;
+                ep.stats.tx_refused += items.len() as u64;
+                extra.tx_refused_bursts += 1;
+                return 0;
+            }
         }
         for it in items {
+            let ep = net.device_mut(me);
             if it.drop {
-                n.endpoints[self.ep].stats.tx_dropped_on_purpose += 1;
+                ep.stats.tx_dropped_on_purpose += 1;
                 continue;
             }
             let len = it.frame_len();
             if len > MTU {
-                n.endpoints[self.ep].stats.tx_errors += 1;
+                ep.stats.tx_errors += 1;
                 continue;
             }
-            let mut f = n.frame_buf();
-            f[..it.pkt.len()].copy_from_slice(it.pkt);
-            f[it.pkt.len()..len].copy_from_slice(it.data);
-            let st = &mut n.endpoints[self.ep].stats;
-            st.tx_pkts += 1;
-            st.tx_bytes += len as u64;
-            n.send(now, self.ep, it.route.ep, f, len);
+            ep.stats.tx_pkts += 1;
+            ep.stats.tx_bytes += len as u64;
+            extra.sent += 1;
+            if ep.down {
+                extra.endpoint_down += 1;
+                continue;
+            }
+            let mut f = net.frame_buf();
+            f.reserve(len);
+            f.extend_from_slice(it.pkt);
+            f.extend_from_slice(it.data);
+            if it.route.ep == self.ep {
+                // To itself: the NIC loops the frame back without the wire.
+                deliver(extra, net.device_mut(me), &f);
+                continue;
+            }
+            net.transmit(now, me, f, &mut into_ring(extra));
         }
-        n.endpoints[self.ep].stats.tx_doorbells += 1;
+        net.device_mut(me).stats.tx_doorbells += 1;
         items.len()
     }
 
@@ -707,7 +807,7 @@ impl Transport for SimTransport {
         if !self.current(&n) {
             return 0;
         }
-        let ep = &mut n.endpoints[self.ep];
+        let ep = n.net.device_mut(port(self.ep));
         let k = ep.written - ep.reported;
         ep.reported = ep.written;
         k as usize
@@ -718,7 +818,7 @@ impl Transport for SimTransport {
         if !self.current(&n) {
             return;
         }
-        let ep = &mut n.endpoints[self.ep];
+        let ep = n.net.device_mut(port(self.ep));
         assert!(
             Rc::ptr_eq(&ring.0, &ep.ring),
             "post_recvs: the ring handle belongs to another transport"
@@ -739,7 +839,7 @@ impl Transport for SimTransport {
     }
 
     fn stats(&self) -> TransportStats {
-        self.net.borrow().endpoints[self.ep].stats
+        self.net.borrow().net.device(port(self.ep)).stats
     }
 }
 

@@ -4,7 +4,9 @@
 //! and are delivered when the virtual clock passes their due time
 //! ([`SimSmHub::deliver_due`], called by `SimNet::advance`). The hub also
 //! runs each Nexus's failure detection on the virtual clock (the job of
-//! the SM thread in production), and can cut a Nexus off (a crash).
+//! the SM thread in production), and can cut a Nexus off (a crash). A
+//! tap records what reaches a URI, so a test can stand in for a peer (a
+//! C++ eRPC process) or replay a packet later.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -56,6 +58,8 @@ pub struct SmHubStats {
     pub no_such_nexus: u64,
     /// Dropped because the sender or receiver is cut off.
     pub blackholed: u64,
+    /// Delivered to a tap at a URI no Nexus has (see [`SimSmHub::tap`]).
+    pub tapped: u64,
 }
 
 struct Pending {
@@ -93,8 +97,13 @@ impl Ord for Pending {
     }
 }
 
+/// Most packets a tap keeps before it stops recording (counted).
+const TAP_MAX: usize = 1 << 16;
+
 struct HubInner {
     routers: BTreeMap<Uri, Arc<SmRouter>>,
+    /// Recorded packets per tapped URI.
+    taps: BTreeMap<Uri, Vec<[u8; SM_PKT_BYTES]>>,
     cut_off: BTreeSet<Uri>,
     last_tick_ns: u64,
     /// Reused buffer of pings due.
@@ -125,6 +134,7 @@ impl SimSmHub {
             clock,
             inner: Mutex::new(HubInner {
                 routers: BTreeMap::new(),
+                taps: BTreeMap::new(),
                 cut_off: BTreeSet::new(),
                 last_tick_ns: 0,
                 pings: Vec::new(),
@@ -240,8 +250,21 @@ impl SimSmHub {
                 g.stats.blackholed += 1;
                 continue;
             }
+            let tapped = match g.taps.get_mut(&p.to) {
+                Some(t) => {
+                    if t.len() < TAP_MAX {
+                        t.push(p.pkt);
+                    }
+                    true
+                }
+                None => false,
+            };
             let Some(router) = g.routers.get(&p.to).cloned() else {
-                g.stats.no_such_nexus += 1;
+                if tapped {
+                    g.stats.tapped += 1;
+                } else {
+                    g.stats.no_such_nexus += 1;
+                }
                 continue;
             };
             g.stats.delivered += 1;
@@ -253,6 +276,27 @@ impl SimSmHub {
 }
 
 impl SimSmHub {
+    /// Records every SM packet the hub delivers to `uri` from now on
+    /// (after its delay, loss and duplication), for
+    /// [`SimSmHub::take_tapped`]. A Nexus at `uri` still gets them; with
+    /// no Nexus there the tap is their only receiver, so a test can play a
+    /// peer the hub does not know (a C++ eRPC process) by reading what
+    /// reaches it and answering with [`SimSmHub::inject`]. At most 65536
+    /// packets are kept between takes.
+    pub fn tap(&self, uri: &Uri) {
+        self.lock().taps.entry(uri.clone()).or_default();
+    }
+
+    /// The packets recorded at `uri` since the last call, oldest first
+    /// (empty if `uri` is not tapped).
+    pub fn take_tapped(&self, uri: &Uri) -> Vec<[u8; SM_PKT_BYTES]> {
+        self.lock()
+            .taps
+            .get_mut(uri)
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
     /// Hands arbitrary bytes to the Nexus at `to` right now, as if they
     /// arrived on its SM port (fuzzing). Replies go through the hub.
     pub fn inject(&self, to: &Uri, bytes: &[u8]) {

@@ -51,21 +51,26 @@ pub struct DevWorld {
 }
 
 impl DevWorld {
-    /// A world whose NICs' links lose, duplicate and reorder frames as
-    /// [`super::LOSSY`] says.
+    /// A world whose NICs' links lose, duplicate and reorder what they
+    /// send as [`super::LOSSY`] says: the same faults, in the same place
+    /// (device → switch), as on the simulated network.
     pub fn lossy(seed: u64) -> DevWorld {
-        let l = super::LOSSY;
-        let ppm = |x: u32| f64::from(x) / 1e6;
         DevWorld {
-            faults: Some(mlx5_sim::LinkFaults {
-                loss: ppm(l.loss_ppm),
-                duplicate: ppm(l.dup_ppm),
-                reorder: ppm(l.reorder_ppm),
-                reorder_delay: Duration::from_nanos(l.delay_ns + l.jitter_ns),
-                delay: Duration::from_nanos(l.delay_ns),
-                ..Default::default()
-            }),
+            faults: Some(super::LOSSY.faults()),
             ..DevWorld::new(seed)
+        }
+    }
+
+    /// A lossless world whose NICs' links run at `port.rate_bps` into
+    /// switch buffers of `port.buffer_bytes`.
+    pub fn with_port(seed: u64, port: mlx5_sim::PortConfig) -> DevWorld {
+        let w = DevWorld::new(seed);
+        DevWorld {
+            fabric: Fabric::new(FabricConfig {
+                port,
+                ..w.fabric.config().clone()
+            }),
+            ..w
         }
     }
 
@@ -113,7 +118,8 @@ impl World for DevWorld {
         )
         .expect("driver bring-up on the device model");
         if let Some(f) = self.faults {
-            self.fabric.set_link_faults(nic.port(), f);
+            self.fabric
+                .set_link_faults_dir(nic.port(), mlx5_sim::Direction::ToSwitch, f);
         }
         let t = Mlx5Transport::new(
             &dev,
@@ -153,8 +159,14 @@ impl World for DevWorld {
         self.last_sent = sent;
         let mut d = self.step_ns;
         if idle {
+            // Up to the next SM delivery or the next hop the fabric holds
+            // (frames waiting in a queue or on a slow link).
             let now = self.net.now_ns();
-            d = match self.net.next_event_ns() {
+            let next = match (self.net.next_event_ns(), self.fabric.next_event_ns()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            d = match next {
                 Some(t) if t > now => (t - now).clamp(self.step_ns, super::IDLE_STEP_NS),
                 Some(_) => self.step_ns,
                 None => super::IDLE_STEP_NS,
@@ -170,6 +182,20 @@ impl World for DevWorld {
 
     fn lossless(&self) -> bool {
         self.faults.is_none()
+    }
+
+    fn queue(&self, i: usize) -> erpc::sim::QueueStats {
+        self.fabric
+            .queue(self.nics[i].port())
+            .expect("a NIC's port")
+    }
+
+    fn trace_queue(&mut self, i: usize, capacity: usize) {
+        self.fabric.set_queue_trace(self.nics[i].port(), capacity);
+    }
+
+    fn queue_trace(&self, i: usize) -> Vec<erpc::sim::QueueSample> {
+        self.fabric.queue_trace(self.nics[i].port())
     }
 
     /// Message buffers registered with the NIC of the transport made last

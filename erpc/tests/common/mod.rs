@@ -10,7 +10,7 @@ pub mod threads;
 
 use std::sync::Arc;
 
-use erpc::sim::{SimConfig, SimNet, SimTransport};
+use erpc::sim::{PortConfig, QueueStats, SimConfig, SimNet, SimTransport};
 use erpc::{Nexus, NexusBuilder, Rpc, RpcConfig, SessionHandler};
 use transport::Transport;
 
@@ -37,6 +37,13 @@ pub trait World {
     fn lossless(&self) -> bool {
         true
     }
+    /// The switch's output queue towards the port of the `i`-th transport
+    /// made (occupancy now, high-water marks, drops).
+    fn queue(&self, i: usize) -> QueueStats;
+    /// Records that queue at every arrival (up to `capacity` samples).
+    fn trace_queue(&mut self, i: usize, capacity: usize);
+    /// The recorded samples of that queue.
+    fn queue_trace(&self, i: usize) -> Vec<erpc::sim::QueueSample>;
 }
 
 /// The faults of a lossy world: 1% of frames lost, 1% duplicated, 1%
@@ -75,6 +82,16 @@ impl SimWorld {
         SimWorld::with_config(SimConfig {
             seed,
             link: LOSSY,
+            ..SimConfig::default()
+        })
+    }
+
+    /// A lossless world whose links run at `port.rate_bps` into switch
+    /// buffers of `port.buffer_bytes`.
+    pub fn with_port(seed: u64, port: PortConfig) -> SimWorld {
+        SimWorld::with_config(SimConfig {
+            seed,
+            port,
             ..SimConfig::default()
         })
     }
@@ -128,6 +145,18 @@ impl World for SimWorld {
     fn lossless(&self) -> bool {
         let l = self.net.default_link();
         l.loss_ppm == 0 && l.dup_ppm == 0 && l.reorder_ppm == 0 && l.corrupt_ppm == 0
+    }
+
+    fn queue(&self, i: usize) -> QueueStats {
+        self.net.queue(i)
+    }
+
+    fn trace_queue(&mut self, i: usize, capacity: usize) {
+        self.net.set_queue_trace(i, capacity);
+    }
+
+    fn queue_trace(&self, i: usize) -> Vec<erpc::sim::QueueSample> {
+        self.net.queue_trace(i)
     }
 }
 

@@ -34,7 +34,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use erpc_tools::bench::{
-    BenchError, DeviceModel, Outcome, Point, Progress, Settings, Vfio, Which, erpc_on,
+    BenchError, DeviceModel, Knobs, Outcome, Point, Progress, Settings, Vfio, Which, erpc_on,
     packets_per_direction, ratio_to_raw, raw_echo_data_bytes, raw_echo_on, udp_erpc, udp_raw_echo,
 };
 use erpc_tools::capture::{Capture, CaptureStats};
@@ -54,6 +54,9 @@ enum Experiment {
     /// Time from killing a server process (kernel UDP) to the client's
     /// error continuations, against the failure timeout.
     FailureDetection,
+    /// Small-RPC rate with each of eRPC's optimisations switched off in
+    /// turn, and congestion control off, against all on (device model).
+    Factors,
 }
 
 #[derive(Debug, Parser)]
@@ -69,6 +72,10 @@ struct Args {
     /// Trials of `--experiment failure-detection`.
     #[arg(long, default_value_t = 20)]
     trials: usize,
+    /// Rounds of `--experiment factors` (interleaved; each row's rate is
+    /// the median).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Failure timeout in ms for `--experiment failure-detection`.
     #[arg(long, default_value_t = erpc::consts::FAILURE_TIMEOUT_MS)]
     failure_timeout_ms: u64,
@@ -236,6 +243,7 @@ fn run(args: Args) -> Result<(), Quit> {
         Experiment::SmallRpc => run_small_rpc(args),
         Experiment::Loss => run_loss(args),
         Experiment::FailureDetection => run_failure_detection(args),
+        Experiment::Factors => run_factors(args),
     }
 }
 
@@ -464,6 +472,99 @@ fn run_failure_detection(args: Args) -> Result<(), Quit> {
     write_json(args.json.as_deref(), &d)
 }
 
+fn run_factors(args: Args) -> Result<(), Quit> {
+    refuse_other_options(&args, "factors")?;
+    if args.transport != Which::Mlx5Sim {
+        return Err(Quit::Err(BenchError::Usage(
+            "--experiment factors runs on the device model (it switches NIC features off); \
+             drop --transport"
+                .into(),
+        )));
+    }
+    if args.rounds == 0 || args.rounds > 100 {
+        return Err(Quit::Err(BenchError::Usage(format!(
+            "--rounds {}: must be 1 to 100",
+            args.rounds
+        ))));
+    }
+    let settings = Settings {
+        transport: args.transport,
+        batches: args.batch.clone(),
+        window: args.window,
+        size: args.size,
+        secs: args.secs,
+        warmup_secs: args.warmup,
+        pci: None,
+        pcap: None,
+        loss: 0.0,
+    };
+    settings.validate()?;
+    let batch = if args.batch == [1, 3, 8, 16] {
+        8
+    } else {
+        args.batch[0]
+    };
+    let plan = MemoryPlan::decide("erpc-bench", bench_pages(args.size, args.window, true));
+    if let Some(note) = &plan.note {
+        eprintln!("{note}");
+    }
+    let progress = Progress::new();
+    let mut out = Out(io::stdout());
+    out.line(
+        &progress,
+        format!(
+            "erpc-bench factors: {}-byte RPCs, B = {batch}, window {}, mlx5 transport on the \
+             device model, {} s per run, {} interleaved rounds (median)",
+            args.size, args.window, args.secs, args.rounds
+        ),
+    )?;
+    let p = Point {
+        batch,
+        window: args.window,
+        size: args.size,
+        min_rpcs: 0,
+    };
+    let rows = experiments::factor_analysis(
+        &plan,
+        p,
+        args.rounds,
+        settings.duration(),
+        settings.warmup(),
+        &progress,
+    )?;
+    out.line(
+        &progress,
+        format!("{:<52} {:>8} {:>12}", "switched off", "Mrps", "/ all on"),
+    )?;
+    for r in &rows {
+        out.line(
+            &progress,
+            format!(
+                "{:<52} {:>8.3} {:>12.3}",
+                r.factor, r.mrps, r.ratio_to_all_on
+            ),
+        )?;
+    }
+    #[derive(Serialize)]
+    struct FactorReport<'a> {
+        tool: &'static str,
+        experiment: Experiment,
+        point: Point,
+        rounds: usize,
+        rows: &'a [experiments::FactorRow],
+    }
+    write_json(
+        args.json.as_deref(),
+        &FactorReport {
+            tool: "erpc-bench",
+            experiment: Experiment::Factors,
+            point: p,
+            rounds: args.rounds,
+            rows: &rows,
+        },
+    )
+}
+
 fn run_small_rpc(args: Args) -> Result<(), Quit> {
     let settings = Settings {
         transport: args.transport,
@@ -569,8 +670,8 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
             min_rpcs: 0,
         };
         let o = match (&dm, &hw) {
-            (Some(d), _) => erpc_on(d, p, dur, warmup, &progress)?,
-            (_, Some(h)) => erpc_on(h, p, dur, warmup, &progress)?,
+            (Some(d), _) => erpc_on(d, &Knobs::default(), p, dur, warmup, &progress)?,
+            (_, Some(h)) => erpc_on(h, &Knobs::default(), p, dur, warmup, &progress)?,
             _ => udp_erpc(&plan, p, dur, warmup, &progress, capture.as_ref(), inspect)?,
         };
         let ratio = ratio_to_raw(o.rpcs_per_sec, args.size, raw);

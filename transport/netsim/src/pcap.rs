@@ -1,8 +1,8 @@
 //! pcap capture (nanosecond-resolution classic pcap, Ethernet link type),
-//! one writer per switch port, stamped with the fabric clock. The format
-//! itself is the `pcap-file` crate's; this module adapts it to the fabric
-//! (a type-erased sink that can still be flushed, a frame counter) and
-//! gives tests an in-memory sink and a parser.
+//! one writer per port, stamped with network time. The format itself is
+//! the `pcap-file` crate's; this module adapts it to the network (a
+//! type-erased sink that can still be flushed, a frame counter) and gives
+//! tests an in-memory sink and a parser.
 
 use std::fmt;
 use std::io::{self, Write};
@@ -19,7 +19,7 @@ pub const LINKTYPE_ETHERNET: u32 = 1;
 /// Snapshot length written in the header.
 pub const SNAPLEN: u32 = 65535;
 
-/// The file header every capture of the fabric starts with.
+/// The file header every capture of the network starts with.
 pub fn header() -> PcapHeader {
     PcapHeader {
         version_major: 2,

@@ -1,0 +1,310 @@
+//! Admission of server sessions: what keeps forged or abandoned connect
+//! requests from locking clients out of an Rpc.
+//!
+//! Session management has no authentication (neither has the C++ eRPC):
+//! anyone who can send a UDP datagram to the SM port can ask for a session,
+//! and every session reserves its credits' worth of the Rpc's RX ring. The
+//! defences, each bounded and each counted in [`crate::RpcStats`]:
+//!
+//! * **Connect requests per source.** Each source (the client URI a
+//!   request names: host and SM port) has a token bucket of
+//!   `RpcConfig::connect_burst_per_source` requests, refilled at
+//!   `connects_per_sec_per_source`. Only requests that would create a
+//!   session are charged (retries of a known token are answered from the
+//!   token table for free); over the limit they are dropped unanswered, and
+//!   the client's retry comes back later. The table keeps the
+//!   [`SOURCES_MAX`] most recently seen sources (first in, first out). A
+//!   forger who varies the source it claims is not slowed by this; the
+//!   next rule is what bounds the damage.
+//! * **Reclaiming sessions nobody uses.** When a new session (server or
+//!   client) finds the RX ring short, the Rpc reclaims server sessions that
+//!   have never received a request and are older than
+//!   `RpcConfig::unused_session_reclaim_ms`, oldest first, until there is
+//!   room. Reclaiming never happens while the ring has room, and never to a
+//!   session that served a request, so a legitimate client that connects
+//!   and stays idle keeps its session as long as the Rpc is not full.
+//!
+//! What a reclaimed session's client sees: an erpc-rs client (its endpoint
+//! carries the SM extensions) is told with a connect response carrying
+//! "server disconnected" (C++ clients ignore such a response for a
+//! connected session); it resets the session with
+//! [`crate::SessionEventKind::ServerReclaimed`] and its requests fail with
+//! [`crate::RpcError::ServerReclaimed`]. None of them ran: the server had
+//! received no request on the session. If that notice is lost, the client's
+//! next data packet to the reclaimed session number brings it again (at
+//! most once per SM retry interval), because the number stays reserved for
+//! the reclaimed session for [`RECLAIM_MEMORY_MS`] ([`RECLAIMED_MAX`] at
+//! most). A C++ client gets no notice (it has no way to take one): a
+//! request on a reclaimed session is never answered, and the C++ client
+//! does not detect it. So a C++ client that keeps an unused session for
+//! longer than the reclaim time, to a server that fills up meanwhile, must
+//! open a new session; `unused_session_reclaim_ms: None` turns reclaiming
+//! off.
+
+use std::collections::{HashMap, VecDeque};
+
+use transport::Transport;
+
+use super::{Rpc, SessionNum};
+use crate::nexus::Uri;
+use crate::session::{Role, SessionState};
+use crate::sm_types::{SmErr, SmPkt, SmPktType};
+
+/// Sources whose connect-request buckets are kept.
+pub(crate) const SOURCES_MAX: usize = 4096;
+/// How long a reclaimed session's number stays reserved so that a late
+/// packet of its client brings the notice again.
+pub(crate) const RECLAIM_MEMORY_MS: u64 = 600_000;
+/// Reclaimed sessions remembered (the oldest go first, their numbers back
+/// to the free list).
+pub(crate) const RECLAIMED_MAX: usize = 1024;
+
+/// Token buckets of connect requests, per source.
+#[derive(Debug, Default)]
+pub(crate) struct ConnectLimiter {
+    /// Source → (tokens in billionths, last refill).
+    buckets: HashMap<Uri, (u64, u64)>,
+    /// Sources in the order they were first seen (for eviction).
+    order: VecDeque<Uri>,
+}
+
+/// Bucket units per connect request (a nanosecond at one request a second).
+const TOKEN: u64 = 1_000_000_000;
+
+impl ConnectLimiter {
+    /// Charges one connect request of `src` at `now_ns`; false if its
+    /// bucket is empty. `burst` 0 means no limit.
+    pub(crate) fn allow(&mut self, src: &Uri, now_ns: u64, burst: u32, per_sec: u32) -> bool {
+        if burst == 0 {
+            return true;
+        }
+        let full = u64::from(burst) * TOKEN;
+        if !self.buckets.contains_key(src) {
+            if self.order.len() >= SOURCES_MAX
+                && let Some(old) = self.order.pop_front()
+            {
+                self.buckets.remove(&old);
+            }
+            self.order.push_back(src.clone());
+            self.buckets.insert(src.clone(), (full, now_ns));
+        }
+        let (tokens, last) = self.buckets.get_mut(src).expect("inserted above");
+        // per_sec requests a second: per_sec units a nanosecond.
+        let refill = now_ns
+            .saturating_sub(*last)
+            .saturating_mul(u64::from(per_sec));
+        *tokens = tokens.saturating_add(refill).min(full);
+        *last = now_ns;
+        if *tokens < TOKEN {
+            return false;
+        }
+        *tokens -= TOKEN;
+        true
+    }
+
+    /// Sources tracked.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.buckets.len()
+    }
+}
+
+/// A server session reclaimed from an erpc-rs client: its number and the
+/// notice to send again.
+#[derive(Debug)]
+pub(crate) struct Reclaimed {
+    session: SessionNum,
+    notice: SmPkt,
+    at_ns: u64,
+    last_sent_ns: u64,
+}
+
+impl<T: Transport, C> Rpc<T, C> {
+    /// Rate-limits a connect request that would create a session.
+    pub(crate) fn admit_connect(&mut self, pkt: &SmPkt) -> bool {
+        let src = pkt.client.uri().unwrap_or_else(|| Uri::new("?", 0));
+        let now = self.clock.now_ns();
+        let ok = self.connect_limiter.allow(
+            &src,
+            now,
+            self.config.connect_burst_per_source,
+            self.config.connects_per_sec_per_source,
+        );
+        if !ok {
+            self.stats.sm_connect_rate_limited += 1;
+        }
+        ok
+    }
+
+    /// Makes room for `credits` RX ring entries by reclaiming unused
+    /// server sessions (see the module documentation). True if there is
+    /// room now.
+    pub(crate) fn make_ring_room(&mut self, credits: usize) -> bool {
+        if self.ring_entries_available >= credits {
+            return true;
+        }
+        let Some(idle_ms) = self.config.unused_session_reclaim_ms else {
+            return false;
+        };
+        let now = self.clock.now_ns();
+        let idle_ns = idle_ms * 1_000_000;
+        while self.ring_entries_available < credits {
+            let oldest = self
+                .sessions
+                .iter()
+                .flatten()
+                .filter(|s| {
+                    s.role == Role::Server
+                        && s.state == SessionState::Connected
+                        && !s.served_any
+                        && now.saturating_sub(s.created_ns) >= idle_ns
+                })
+                .min_by_key(|s| (s.created_ns, s.local_num))
+                .map(|s| s.local_num);
+            let Some(sn) = oldest else {
+                return false;
+            };
+            self.reclaim(sn, now);
+        }
+        true
+    }
+
+    /// Frees unused server session `sn`, telling an erpc-rs client.
+    fn reclaim(&mut self, sn: SessionNum, now: u64) {
+        let s = self.session(sn).expect("a candidate");
+        let notice = (s.remote_incarnation != 0).then_some(SmPkt {
+            pkt_type: SmPktType::ConnectResp,
+            err: SmErr::SrvDisconnected,
+            uniq_token: s.uniq_token,
+            client: s.client_ep,
+            server: s.server_ep,
+        });
+        tracing::info!(
+            session = sn,
+            client = %s.client_ep,
+            "RX ring short: reclaiming a server session that never received a request"
+        );
+        self.stats.sessions_reclaimed += 1;
+        self.retire_server_session(sn);
+        let Some(notice) = notice else { return };
+        self.send_sm(&notice);
+        // Keep the number for this session: a late packet of its client
+        // must find the record, not a new session.
+        if let Some(k) = self.free_session_nums.iter().rposition(|&(n, _)| n == sn) {
+            self.free_session_nums.remove(k);
+        }
+        self.expire_reclaimed(now);
+        if self.reclaimed.len() >= RECLAIMED_MAX {
+            self.release_oldest_reclaimed(now);
+        }
+        self.reclaimed.push_back(Reclaimed {
+            session: sn,
+            notice,
+            at_ns: now,
+            last_sent_ns: now,
+        });
+    }
+
+    fn release_oldest_reclaimed(&mut self, now: u64) {
+        if let Some(r) = self.reclaimed.pop_front() {
+            self.free_session_nums.push_back((r.session, now));
+        }
+    }
+
+    fn expire_reclaimed(&mut self, now: u64) {
+        let memory_ns = RECLAIM_MEMORY_MS * 1_000_000;
+        while self
+            .reclaimed
+            .front()
+            .is_some_and(|r| now.saturating_sub(r.at_ns) >= memory_ns)
+        {
+            self.release_oldest_reclaimed(now);
+        }
+    }
+
+    /// A data packet for session number `sn`, which has no session: if it
+    /// belonged to a reclaimed session, tell its client again (at most
+    /// once per SM retry interval).
+    #[cold]
+    pub(crate) fn renotify_reclaimed(&mut self, sn: SessionNum) {
+        let now = self.now_ns;
+        self.expire_reclaimed(now);
+        let retry_ns = self.config.sm_retry_ms * 1_000_000;
+        let Some(r) = self.reclaimed.iter_mut().find(|r| r.session == sn) else {
+            return;
+        };
+        if now.saturating_sub(r.last_sent_ns) < retry_ns {
+            return;
+        }
+        r.last_sent_ns = now;
+        let notice = r.notice;
+        self.stats.sm_reclaim_notices_resent += 1;
+        self.send_sm(&notice);
+    }
+
+    /// An SM response saying the server reclaimed (or otherwise ended) a
+    /// connected client session. True if it was for one of ours.
+    pub(crate) fn handle_server_disconnected(&mut self, pkt: &SmPkt) -> bool {
+        let sn = pkt.client.session_num;
+        let ours = self.session(sn).is_some_and(|s| {
+            s.role == Role::Client
+                && s.state == SessionState::Connected
+                && s.uniq_token == pkt.uniq_token
+                && s.remote_num == pkt.server.session_num
+        });
+        if !ours {
+            return false;
+        }
+        tracing::info!(
+            session = sn,
+            server = %pkt.server,
+            "the server reclaimed the session (it had received no request)"
+        );
+        self.reset_client_session(sn, super::reset::ResetCause::ServerReclaimed);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_source_gets_its_burst_then_its_rate() {
+        let mut l = ConnectLimiter::default();
+        let a = Uri::new("a", 1);
+        let b = Uri::new("b", 1);
+        for _ in 0..8 {
+            assert!(l.allow(&a, 0, 8, 4));
+        }
+        assert!(!l.allow(&a, 0, 8, 4), "burst used up");
+        assert!(l.allow(&b, 0, 8, 4), "other sources unaffected");
+        // 4 a second: one more after 250 ms, not before.
+        assert!(!l.allow(&a, S / 4 - 1, 8, 4));
+        assert!(l.allow(&a, S / 4, 8, 4));
+        assert!(!l.allow(&a, S / 4, 8, 4));
+        // Refills to the burst, no further.
+        for _ in 0..8 {
+            assert!(l.allow(&a, 100 * S, 8, 4));
+        }
+        assert!(!l.allow(&a, 100 * S, 8, 4));
+        // Burst 0: no limit.
+        for _ in 0..1000 {
+            assert!(l.allow(&a, 100 * S, 0, 0));
+        }
+    }
+
+    #[test]
+    fn the_source_table_is_bounded() {
+        let mut l = ConnectLimiter::default();
+        for i in 0..SOURCES_MAX + 100 {
+            assert!(l.allow(&Uri::new(&format!("h{i}"), 1), 0, 1, 0));
+        }
+        assert_eq!(l.len(), SOURCES_MAX);
+        // The first sources were forgotten (and start with a full bucket).
+        assert!(l.allow(&Uri::new("h0", 1), 0, 1, 0));
+        assert!(!l.allow(&Uri::new(&format!("h{}", SOURCES_MAX + 99), 1), 0, 1, 0));
+    }
+}

@@ -1,0 +1,184 @@
+//! Congestion control at the Rpc: pacing a client's packets through the
+//! timing wheel, TX timestamps, RTT samples and Timely updates (see
+//! [`crate::cc`]).
+
+use std::cell::Cell;
+
+use transport::{PKTHDR_BYTES, Transport};
+
+use super::Rpc;
+use crate::cc::{SessionCc, Update, WheelEnt};
+use crate::msgbuf::pkt_data_bytes;
+use crate::pkthdr::{PktHdr, PktType};
+use crate::session::{Role, SessionState};
+
+/// Per-session CC buffers of a new client session: Timely state, and the
+/// TX timestamps of each slot's packets in flight (indexed by packet
+/// number modulo `cap`, a power of two at least the credits).
+pub(crate) fn new_client_cc(
+    cfg: &crate::cc::CcConfig,
+    now_ns: u64,
+    cap: usize,
+) -> (Option<SessionCc>, Box<[Cell<u64>]>) {
+    if !cfg.enabled {
+        return (None, Box::new([]));
+    }
+    let ts = (0..cap * crate::consts::SESSION_REQ_WINDOW)
+        .map(|_| Cell::new(0))
+        .collect();
+    (Some(SessionCc::new(cfg, now_ns)), ts)
+}
+
+impl<T: Transport, C> Rpc<T, C> {
+    /// Puts packet `pkt` of client slot `i` into the timing wheel unless
+    /// the session may send it now (CC off, or the wheel bypass). Returns
+    /// true if the wheel took it.
+    #[inline]
+    pub(crate) fn cc_pace(&mut self, session: u16, i: u8, pkt: u32, req_num: u64) -> bool {
+        let Some(wheel) = self.wheel.as_mut() else {
+            return false;
+        };
+        let bypass = self.config.cc.wheel_bypass;
+        let now = self.now_ns;
+        let Some(s) = self
+            .sessions
+            .get_mut(usize::from(session))
+            .and_then(|s| s.as_deref_mut())
+        else {
+            return false;
+        };
+        let Some(cc) = s.cc.as_mut() else {
+            return false;
+        };
+        let slot = &mut s.slots[usize::from(i)];
+        if bypass && slot.client.wheel_count == 0 && cc.timely.uncongested() {
+            self.stats.wheel_bypassed += 1;
+            return false;
+        }
+        let bytes = if pkt < slot.client.req_pkts {
+            PKTHDR_BYTES + pkt_data_bytes(slot.client.req_bytes as usize, pkt as usize)
+        } else {
+            PKTHDR_BYTES
+        };
+        let at = cc.next_tx_ns(now, bytes);
+        let ent = WheelEnt {
+            req_num,
+            session,
+            pkt_num: pkt as u16,
+            slot: i,
+            generation: slot.client.wheel_gen,
+        };
+        match wheel.insert(ent, now, at) {
+            Ok(()) => {
+                slot.client.wheel_count += 1;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Sends the wheel's packets whose departure time has come. Packets of
+    /// a request that completed, or that was rolled back since, are
+    /// dropped (counted), never sent twice.
+    pub(crate) fn process_wheel(&mut self) {
+        let now = self.now_ns;
+        match self.wheel.as_mut() {
+            Some(w) if !w.is_empty() => w.reap(now),
+            _ => return,
+        }
+        while let Some(e) = self.wheel.as_mut().and_then(|w| w.pop_ready()) {
+            let live = self
+                .sessions
+                .get_mut(usize::from(e.session))
+                .and_then(|s| s.as_deref_mut())
+                .filter(|s| s.role == Role::Client && s.state == SessionState::Connected)
+                .map(|s| (s.remote_num, &mut s.slots[usize::from(e.slot)]))
+                .filter(|(_, sl)| {
+                    sl.tx_msgbuf.is_some()
+                        && sl.cur_req_num == e.req_num
+                        && sl.client.wheel_gen == e.generation
+                });
+            let Some((remote, slot)) = live else {
+                self.stats.wheel_stale += 1;
+                continue;
+            };
+            slot.client.wheel_count -= 1;
+            let (req_pkts, req_type) = (slot.client.req_pkts, slot.client.req_type);
+            let pkt = u32::from(e.pkt_num);
+            if pkt < req_pkts {
+                self.enqueue_msg_pkt(e.session, e.slot, pkt, e.req_num);
+            } else {
+                self.enqueue_ctrl(
+                    e.session,
+                    e.slot,
+                    PktHdr {
+                        req_type,
+                        msg_size: 0,
+                        dest_session_num: remote,
+                        pkt_type: PktType::Rfr,
+                        pkt_num: e.pkt_num,
+                        req_num: e.req_num,
+                    },
+                );
+            }
+        }
+    }
+
+    /// The receive time of an acknowledgement (one clock read per
+    /// event-loop iteration with batched timestamps).
+    #[inline]
+    pub(crate) fn cc_rx_now(&self) -> u64 {
+        if self.config.cc.batch_timestamps {
+            self.now_ns
+        } else {
+            self.clock.now_ns()
+        }
+    }
+
+    /// An acknowledgement of client packet `pkt` of slot `i` arrived at
+    /// `rx_ns`: an RTT sample for the session's Timely.
+    #[inline]
+    pub(crate) fn cc_rtt_sample(&mut self, sn: u16, i: usize, pkt: u32, rx_ns: u64) {
+        let bypass = self.config.cc.timely_bypass;
+        let mask = self.tx_ts_cap - 1;
+        let Some(s) = self
+            .sessions
+            .get_mut(usize::from(sn))
+            .and_then(|s| s.as_deref_mut())
+        else {
+            return;
+        };
+        let Some(cc) = s.cc.as_mut() else { return };
+        let Some(ts) = s.tx_ts.get(i * self.tx_ts_cap + (pkt as usize & mask)) else {
+            return;
+        };
+        let rtt = rx_ns.saturating_sub(ts.get());
+        cc.last_rtt_ns = Some(rtt);
+        match cc.timely.update(rx_ns, rtt, bypass) {
+            Update::Updated => self.stats.timely_updates += 1,
+            Update::Bypassed => self.stats.timely_bypassed += 1,
+            Update::Ignored => {}
+        }
+    }
+}
+
+impl<T: Transport, C> Rpc<T, C> {
+    /// Congestion control as the debug endpoint shows it (`None` when it
+    /// is off).
+    pub(crate) fn cc_view(&self) -> Option<crate::inspect::CcView> {
+        let w = self.wheel.as_ref()?;
+        let cfg = &self.config.cc;
+        let st = w.stats();
+        Some(crate::inspect::CcView {
+            link_gbps: cfg.link_gbps,
+            min_gbps: cfg.timely.min_rate * 8.0 / 1e9,
+            timely_bypass: cfg.timely_bypass,
+            wheel_bypass: cfg.wheel_bypass,
+            wheel_queued: w.len(),
+            wheel_inserted: st.inserted,
+            wheel_reaped: st.reaped,
+            wheel_clamped: st.clamped,
+            wheel_overflow: st.overflow,
+        })
+    }
+}

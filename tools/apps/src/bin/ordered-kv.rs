@@ -1,0 +1,250 @@
+//! `ordered-kv`: the ordered key-value store benchmark — 99 % GET, 1 %
+//! SCAN(start, 128), uniform keys — with scans on background workers
+//! against scans in the dispatch thread, in the same run.
+//!
+//! ```sh
+//! cargo run --release -p erpc-apps --bin ordered-kv
+//! cargo run --release -p erpc-apps --bin ordered-kv -- --keys 100000 --secs 2 --workers 1
+//! ```
+//!
+//! Device model (two software ConnectX NICs, wall clock): the server Rpc
+//! and the client Rpc are polled by one thread (one core); the worker
+//! threads (default 1) run on the other. Each mode runs `--rounds` times,
+//! alternating, each on a fresh Nexus and queue sets, after a warm-up.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+
+use erpc::{Rpc, RpcConfig, SessionEventKind};
+use erpc_apps::env::{self, DevWorld, World};
+use erpc_apps::orderedkv::{self, Index, LoadConfig, LoadState, ScanMode, ServerState};
+use erpc_apps::stats::Percentiles;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ordered-kv",
+    about = "Ordered key-value store over eRPC: scans on workers vs in dispatch"
+)]
+struct Cli {
+    /// Keys in the index.
+    #[arg(long, default_value_t = 1_000_000)]
+    keys: u64,
+    /// Seconds measured per round.
+    #[arg(long, default_value_t = 3.0)]
+    secs: f64,
+    /// Rounds per mode (alternating).
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    /// Requests in flight.
+    #[arg(long, default_value_t = 8)]
+    window: usize,
+    /// SCANs per 1000 requests.
+    #[arg(long, default_value_t = 10)]
+    scans_per_mille: u64,
+    /// Worker threads (scans on workers).
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+}
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+struct Outcome {
+    gets: hdrhistogram::Histogram<u64>,
+    scans: hdrhistogram::Histogram<u64>,
+    secs: f64,
+    wrong: u64,
+    errors: u64,
+}
+
+fn round(
+    world: &mut DevWorld,
+    index: &Arc<Index>,
+    mode: ScanMode,
+    cli: &Cli,
+    n: u16,
+) -> Res<Outcome> {
+    let su = world.uri("server");
+    let cu = world.uri("client");
+    let server_nexus =
+        orderedkv::register::<<DevWorld as World>::T>(world.nexus(&su), index.clone(), mode)
+            .workers(cli.workers)
+            .build()?;
+    let client_nexus = world.nexus(&cu).build()?;
+    let (st, sa) = world.queue_set(0, 32_000 + 2 * n)?;
+    let (ct, ca) = world.queue_set(1, 32_001 + 2 * n)?;
+    let mut server = Rpc::new(&server_nexus, 0, st, sa, RpcConfig::default(), None)?;
+    let mut sstate = ServerState::new(index.clone());
+    fn on_sm<T: transport::Transport>(
+        _rpc: &mut Rpc<T, LoadState>,
+        st: &mut LoadState,
+        ev: erpc::SessionEvent,
+    ) {
+        if ev.kind == SessionEventKind::Connected {
+            st.set_session(ev.session);
+        }
+    }
+    let mut client = Rpc::new(
+        &client_nexus,
+        0,
+        ct,
+        ca,
+        RpcConfig::default(),
+        Some(on_sm::<<DevWorld as World>::T>),
+    )?;
+    let mut load = LoadState::new(LoadConfig {
+        keys: cli.keys,
+        window: cli.window,
+        scans_per_mille: cli.scans_per_mille,
+        puts_per_mille: 0,
+        scan_len: orderedkv::MAX_SCAN,
+        seed: u64::from(n) + 1,
+    });
+    client.create_session(&su, 0)?;
+    let mut poll = |load: &mut LoadState| {
+        client.run_event_loop_once(load);
+        load.drive(&mut client);
+        server.run_event_loop_once(&mut sstate);
+    };
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs_f64(0.5) {
+        poll(&mut load);
+    }
+    load.reset();
+    let t1 = Instant::now();
+    while t1.elapsed() < Duration::from_secs_f64(cli.secs) {
+        poll(&mut load);
+    }
+    let secs = t1.elapsed().as_secs_f64();
+    let out = Outcome {
+        gets: load.get_latency.clone(),
+        scans: load.scan_latency.clone(),
+        secs,
+        wrong: load.wrong,
+        errors: load.errors,
+    };
+    load.running = false;
+    let t2 = Instant::now();
+    while load.in_flight() > 0 && t2.elapsed() < Duration::from_secs(10) {
+        poll(&mut load);
+    }
+    Ok(out)
+}
+
+fn main() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::builder()
+        .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
+        .from_env_lossy();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("ordered-kv: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: &Cli) -> Res<bool> {
+    if cli.workers == 0 {
+        return Err("--workers 0: scans on workers need at least one worker thread".into());
+    }
+    let t = Instant::now();
+    let index = orderedkv::load(cli.keys);
+    println!(
+        "ordered-kv: {} keys in a crossbeam skip list (loaded in {:.1} s); {} % GET, {} % \
+         SCAN(start, {}); {} in flight; device model, server and client polled by one thread \
+         (1 core), {} worker thread(s)",
+        cli.keys,
+        t.elapsed().as_secs_f64(),
+        100.0 - cli.scans_per_mille as f64 / 10.0,
+        cli.scans_per_mille as f64 / 10.0,
+        orderedkv::MAX_SCAN,
+        cli.window,
+        cli.workers
+    );
+    // Reference, same run: the index work alone, in this thread.
+    let (get_ns, scan_ns) = {
+        let mut rng = erpc::rng::Rng::new(9);
+        let mut buf = vec![0u8; orderedkv::scan_resp_bytes(orderedkv::MAX_SCAN)];
+        let n = 20_000u32;
+        let t = Instant::now();
+        let mut found = 0usize;
+        for _ in 0..n {
+            let k = erpc_apps::raftkv::client::key(rng.next_u64() % cli.keys);
+            found += usize::from(index.get(&k).is_some());
+        }
+        let get = t.elapsed().as_nanos() as f64 / f64::from(n);
+        let t = Instant::now();
+        for _ in 0..n / 10 {
+            let k = erpc_apps::raftkv::client::key(rng.next_u64() % cli.keys);
+            found += orderedkv::scan(&index, &k, orderedkv::MAX_SCAN, &mut buf);
+        }
+        let scan = t.elapsed().as_nanos() as f64 / f64::from(n / 10);
+        std::hint::black_box(found);
+        (get, scan)
+    };
+    println!(
+        "index alone (this thread, no eRPC): GET {:.2} µs, SCAN of {} {:.2} µs",
+        get_ns / 1e3,
+        orderedkv::MAX_SCAN,
+        scan_ns / 1e3
+    );
+    let mut world = DevWorld::threaded(1, env::region(64));
+    world.endpoint();
+    world.endpoint();
+    let mut results: Vec<(ScanMode, Outcome)> = Vec::new();
+    let mut n = 0;
+    for _ in 0..cli.rounds {
+        for mode in [ScanMode::Workers, ScanMode::Dispatch] {
+            n += 1;
+            results.push((mode, round(&mut world, &index, mode, cli, n)?));
+        }
+    }
+    println!(
+        "{:<18} {:>9} {:>9} {:>9} {:>10} {:>10} {:>9}",
+        "mode", "Mrps", "GET p50", "GET p99", "SCAN p50", "SCAN p99", "GET p99.9"
+    );
+    let mut ok = true;
+    let mut summary = Vec::new();
+    for mode in [ScanMode::Workers, ScanMode::Dispatch] {
+        let mut gets = erpc_apps::stats::histogram();
+        let mut scans = erpc_apps::stats::histogram();
+        let mut secs = 0.0;
+        for (_, o) in results.iter().filter(|(m, _)| *m == mode) {
+            gets.add(&o.gets).expect("same bounds");
+            scans.add(&o.scans).expect("same bounds");
+            secs += o.secs;
+            ok &= o.wrong == 0 && o.errors == 0;
+            if o.wrong + o.errors > 0 {
+                eprintln!("{mode}: {} wrong answers, {} errors", o.wrong, o.errors);
+            }
+        }
+        let (g, s) = (Percentiles::of(&gets), Percentiles::of(&scans));
+        println!(
+            "{:<18} {:>9.3} {:>8.1}µ {:>8.1}µ {:>9.1}µ {:>9.1}µ {:>8.1}µ",
+            mode.to_string(),
+            (g.count + s.count) as f64 / secs / 1e6,
+            g.p50_us,
+            g.p99_us,
+            s.p50_us,
+            s.p99_us,
+            g.p999_us
+        );
+        summary.push(g);
+    }
+    println!(
+        "GET p99 in dispatch / on workers: {:.2}x; GET p50: {:.2}x (every answer checked: {})",
+        summary[1].p99_us / summary[0].p99_us,
+        summary[1].p50_us / summary[0].p50_us,
+        if ok { "all correct" } else { "ERRORS" }
+    );
+    Ok(ok)
+}

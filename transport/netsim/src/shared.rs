@@ -1,0 +1,429 @@
+//! [`SharedNetwork`]: the [`Network`] behind a lock, with its own clock,
+//! for devices that live in several threads (the device-model NICs).
+//!
+//! # Modes
+//!
+//! * **Deterministic**: the clock is virtual and moves only in
+//!   [`SharedNetwork::advance`]. Everything runs on the caller's thread;
+//!   with one driving thread a seed replays exactly (same frames lost,
+//!   byte-identical pcaps). Calls from a thread other than the creator are
+//!   counted ([`SharedNetwork::foreign_thread_calls`]).
+//! * **Threaded** (real time): the clock is wall time since creation (plus
+//!   any `advance`); a pump thread takes delayed hops when they are due.
+//!   Any number of threads may transmit.
+//!
+//! A hop that is due at once (no delay, rate or queue on the way) is taken
+//! inside the sender's call. Frames are handed to devices ([`PortSink`])
+//! after the network's lock is released, so a device may be entered while
+//! another thread transmits, and no device lock is ever taken under the
+//! network's.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::thread::ThreadId;
+use std::time::{Duration, Instant};
+
+use crate::link::PortId;
+use crate::net::{NetConfig, Network};
+
+/// Something plugged into a port of a [`SharedNetwork`].
+pub trait PortSink: Send + Sync {
+    /// A frame arrives from the switch.
+    fn receive(&self, frame: &[u8]);
+}
+
+/// What a port of a [`SharedNetwork`] holds: its device, if one is
+/// plugged in and still alive.
+pub type Attachment = Option<Weak<dyn PortSink>>;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+struct Core {
+    deterministic: bool,
+    start: Instant,
+    virt_ns: AtomicU64,
+    net: Mutex<Network<Attachment>>,
+    cv: Condvar,
+    stop: AtomicBool,
+}
+
+impl Core {
+    fn now_ns(&self) -> u64 {
+        let v = self.virt_ns.load(Ordering::Acquire);
+        if self.deterministic {
+            v
+        } else {
+            v.saturating_add(self.start.elapsed().as_nanos() as u64)
+        }
+    }
+}
+
+struct Inner {
+    core: Arc<Core>,
+    owner_thread: ThreadId,
+    foreign_calls: AtomicU64,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.core.stop.store(true, Ordering::Release);
+        self.core.cv.notify_all();
+        let _ = lock(&self.core.net).flush_pcaps();
+    }
+}
+
+type Pending = Vec<(Arc<dyn PortSink>, Vec<u8>)>;
+
+thread_local! {
+    /// Frames taken under the lock, handed to their devices after it.
+    static SCRATCH: RefCell<Pending> = const { RefCell::new(Vec::new()) };
+}
+
+/// Collects deliveries into `out` (under the lock).
+fn collect(out: &mut Pending) -> impl FnMut(PortId, &mut Attachment, &mut Vec<u8>) -> bool + '_ {
+    |_, dev, frame| match dev.as_ref().and_then(Weak::upgrade) {
+        Some(sink) => {
+            out.push((sink, std::mem::take(frame)));
+            true
+        }
+        None => false,
+    }
+}
+
+fn hand_over(out: &mut Pending) {
+    for (sink, frame) in out.drain(..) {
+        sink.receive(&frame);
+    }
+}
+
+/// A [`Network`] shared between threads, with its clock. Cheap to clone
+/// (a handle); the pump thread (threaded mode) stops when the last handle
+/// is gone.
+#[derive(Clone)]
+pub struct SharedNetwork {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for SharedNetwork {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "SharedNetwork({}, t={} ns, {:?})",
+            if self.inner.core.deterministic {
+                "deterministic"
+            } else {
+                "threaded"
+            },
+            self.now_ns(),
+            *lock(&self.inner.core.net)
+        )
+    }
+}
+
+impl SharedNetwork {
+    /// A network with no ports; `deterministic` picks the mode (see the
+    /// module doc). Threaded mode starts the pump thread.
+    pub fn new(cfg: NetConfig, deterministic: bool) -> SharedNetwork {
+        let core = Arc::new(Core {
+            deterministic,
+            start: Instant::now(),
+            virt_ns: AtomicU64::new(0),
+            net: Mutex::new(Network::new(cfg)),
+            cv: Condvar::new(),
+            stop: AtomicBool::new(false),
+        });
+        if !deterministic {
+            let c = core.clone();
+            let spawned = std::thread::Builder::new()
+                .name("netsim-pump".into())
+                .spawn(move || pump_thread(c));
+            if let Err(e) = spawned {
+                tracing::error!(%e, "cannot start the network's pump thread; delayed frames will only move in advance()");
+            }
+        }
+        SharedNetwork {
+            inner: Arc::new(Inner {
+                core,
+                owner_thread: std::thread::current().id(),
+                foreign_calls: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// True in deterministic mode.
+    pub fn deterministic(&self) -> bool {
+        self.inner.core.deterministic
+    }
+
+    /// The network clock in nanoseconds.
+    pub fn now_ns(&self) -> u64 {
+        self.inner.core.now_ns()
+    }
+
+    /// Moves the clock forward by `d` and takes every hop that is due (in
+    /// deterministic mode the only way time passes). Returns the number of
+    /// hops taken.
+    pub fn advance(&self, d: Duration) -> usize {
+        self.check_thread();
+        self.inner.core.virt_ns.fetch_add(
+            d.as_nanos().min(u128::from(u64::MAX / 4)) as u64,
+            Ordering::AcqRel,
+        );
+        self.pump_due()
+    }
+
+    /// Takes every hop that is due now. Returns how many.
+    pub fn pump_due(&self) -> usize {
+        SCRATCH.with(|s| {
+            let mut out = s.take();
+            let n = {
+                let mut net = lock(&self.inner.core.net);
+                net.run_until(self.now_ns(), &mut collect(&mut out))
+            };
+            hand_over(&mut out);
+            s.replace(out);
+            n
+        })
+    }
+
+    /// Counts calls into a deterministic network from foreign threads
+    /// (each one is a replay hazard).
+    pub fn check_thread(&self) {
+        if self.inner.core.deterministic && std::thread::current().id() != self.inner.owner_thread {
+            let n = self.inner.foreign_calls.fetch_add(1, Ordering::Relaxed);
+            if n == 0 {
+                tracing::warn!(
+                    "deterministic network used from a second thread: replay is no longer exact"
+                );
+            }
+        }
+    }
+
+    /// Calls from a thread other than the creator (deterministic mode).
+    pub fn foreign_thread_calls(&self) -> u64 {
+        self.inner.foreign_calls.load(Ordering::Relaxed)
+    }
+
+    /// Runs `f` on the network under its lock: configuration and queries
+    /// (`f` must not call back into this handle).
+    pub fn with<R>(&self, f: impl FnOnce(&mut Network<Attachment>) -> R) -> R {
+        f(&mut lock(&self.inner.core.net))
+    }
+
+    /// Adds a port with `sink` plugged in (or nothing yet).
+    pub fn add_port(&self, mac: Option<[u8; 6]>, sink: Attachment) -> PortId {
+        self.with(|n| n.add_port(mac, sink))
+    }
+
+    /// Plugs `sink` into `port`.
+    pub fn set_sink(&self, port: PortId, sink: Attachment) {
+        self.with(|n| {
+            if (port.0 as usize) < n.port_count() {
+                *n.device_mut(port) = sink;
+            }
+        });
+    }
+
+    /// `port`'s device sends `frame`. The caller must hold no lock that a
+    /// device's `receive` takes.
+    pub fn transmit(&self, port: PortId, frame: Vec<u8>) {
+        self.check_thread();
+        self.moved(|net, now, out| {
+            net.transmit(now, port, frame, &mut collect(out));
+        });
+    }
+
+    /// Delivers `frame` to `port`'s device as if it came from the switch
+    /// (through the output queue and the switch → device link).
+    pub fn inject(&self, port: PortId, frame: Vec<u8>) {
+        self.check_thread();
+        self.moved(|net, now, out| {
+            net.inject(now, port, frame, &mut collect(out));
+        });
+    }
+
+    fn moved(&self, f: impl FnOnce(&mut Network<Attachment>, u64, &mut Pending)) {
+        let core = &self.inner.core;
+        SCRATCH.with(|s| {
+            let mut out = s.take();
+            let wake = {
+                let mut net = lock(&core.net);
+                let now = core.now_ns();
+                let before = net.next_event_ns();
+                f(&mut net, now, &mut out);
+                if core.deterministic {
+                    net.run_until(now, &mut collect(&mut out));
+                    false
+                } else {
+                    let after = net.next_event_ns();
+                    after.is_some() && after != before
+                }
+            };
+            if wake {
+                core.cv.notify_one();
+            }
+            hand_over(&mut out);
+            s.replace(out);
+        });
+    }
+
+    /// Adds a tap: a port whose received frames are kept in memory, and
+    /// which can send frames into the switch.
+    pub fn add_tap(&self, mac: Option<[u8; 6]>) -> Tap {
+        let sink = Arc::new(TapSink {
+            frames: Mutex::new(Vec::new()),
+        });
+        let dyn_sink: Arc<dyn PortSink> = sink.clone();
+        let port = self.add_port(mac, Some(Arc::downgrade(&dyn_sink)));
+        Tap {
+            net: self.clone(),
+            port,
+            sink,
+            _keep: dyn_sink,
+        }
+    }
+
+    /// Captures `port` into `out` (see [`Network::set_pcap`]).
+    pub fn set_pcap(&self, port: PortId, out: impl Write + Send + 'static) -> std::io::Result<()> {
+        self.with(|n| n.set_pcap(port, Box::new(out)))
+    }
+}
+
+fn pump_thread(core: Arc<Core>) {
+    const IDLE: Duration = Duration::from_millis(20);
+    let mut out = Pending::new();
+    loop {
+        if core.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let mut net = lock(&core.net);
+        let now = core.now_ns();
+        if net.run_until(now, &mut collect(&mut out)) > 0 {
+            drop(net);
+            hand_over(&mut out);
+            continue;
+        }
+        let wait = match net.next_event_ns() {
+            Some(t) => Duration::from_nanos(t.saturating_sub(now)).min(IDLE),
+            None => IDLE,
+        };
+        let _ = core.cv.wait_timeout(net, wait);
+    }
+}
+
+/// A port that records what it receives (for tests).
+pub struct Tap {
+    net: SharedNetwork,
+    port: PortId,
+    sink: Arc<TapSink>,
+    _keep: Arc<dyn PortSink>,
+}
+
+impl fmt::Debug for Tap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tap({})", self.port)
+    }
+}
+
+struct TapSink {
+    frames: Mutex<Vec<Vec<u8>>>,
+}
+
+impl PortSink for TapSink {
+    fn receive(&self, frame: &[u8]) {
+        lock(&self.frames).push(frame.to_vec());
+    }
+}
+
+impl Tap {
+    /// The tap's port.
+    pub fn port(&self) -> PortId {
+        self.port
+    }
+
+    /// Frames received so far (and forgets them).
+    pub fn take(&self) -> Vec<Vec<u8>> {
+        std::mem::take(&mut *lock(&self.sink.frames))
+    }
+
+    /// Frames received and not yet taken.
+    pub fn len(&self) -> usize {
+        lock(&self.sink.frames).len()
+    }
+
+    /// True if nothing is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Sends a frame from the tap into the switch.
+    pub fn send(&self, frame: &[u8]) {
+        self.net.transmit(self.port, frame.to_vec());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::link::LinkFaults;
+
+    fn frame(dst: [u8; 6], src: [u8; 6]) -> Vec<u8> {
+        let mut f = vec![0u8; 60];
+        f[0..6].copy_from_slice(&dst);
+        f[6..12].copy_from_slice(&src);
+        f
+    }
+
+    const A: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
+    const B: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
+
+    #[test]
+    fn delay_needs_the_clock_in_deterministic_mode() {
+        let net = SharedNetwork::new(NetConfig::default(), true);
+        let a = net.add_tap(Some(A));
+        let b = net.add_tap(Some(B));
+        net.with(|n| {
+            n.set_faults(
+                b.port(),
+                None,
+                LinkFaults {
+                    delay: Duration::from_micros(5),
+                    ..Default::default()
+                },
+            )
+        });
+        a.send(&frame(B, A));
+        assert!(b.is_empty());
+        assert_eq!(net.advance(Duration::from_micros(4)), 0);
+        assert_eq!(net.advance(Duration::from_micros(1)), 1);
+        assert_eq!(b.len(), 1);
+    }
+
+    #[test]
+    fn the_pump_thread_delivers_in_threaded_mode() {
+        let net = SharedNetwork::new(NetConfig::default(), false);
+        let a = net.add_tap(Some(A));
+        let b = net.add_tap(Some(B));
+        net.with(|n| {
+            n.set_faults(
+                b.port(),
+                None,
+                LinkFaults {
+                    delay: Duration::from_micros(200),
+                    ..Default::default()
+                },
+            )
+        });
+        a.send(&frame(B, A));
+        // No deadline: the pump delivers however late it is scheduled.
+        while b.is_empty() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(b.take().len(), 1);
+    }
+}
