@@ -54,6 +54,12 @@ pub struct DeviceConfig {
     /// What to do when the function has no MAC (the permanent address
     /// reads as zero, as on a VF nobody gave one).
     pub mac_if_unset: MacIfUnset,
+    /// Expose the device and its queue sets on the process's debug
+    /// endpoint (`erpc-inspect`; see [`crate::inspect`]). Off by default;
+    /// `ERPC_INSPECT=1` in the environment turns it on too. If the
+    /// endpoint cannot start (no writable socket directory), bring-up
+    /// logs a warning and goes on without it.
+    pub inspect: bool,
 }
 
 /// The MAC to use when the vport's permanent address is zero.
@@ -77,6 +83,7 @@ impl Default for DeviceConfig {
             flow_table_log_size: 8,
             promiscuous: false,
             mac_if_unset: MacIfUnset::Random,
+            inspect: false,
         }
     }
 }
@@ -240,6 +247,8 @@ pub(crate) struct Inner<B: HwBackend> {
     /// write must not evict the read-mostly fields every doorbell reads.
     pub ctl: CachePadded<Mutex<Ctl>>,
     pub info: DeviceInfo,
+    /// The debug endpoint registration, if exposed.
+    pub inspect: Option<crate::inspect::DeviceInspect<B>>,
 }
 
 /// An mlx5 function brought up and ready to create queue sets.
@@ -489,14 +498,26 @@ impl<B: HwBackend> Device<B> {
             initialized: false,
         };
         match bring_up(&bar, &pool, &mut ctl, &config) {
-            Ok(info) => Ok(Device {
-                inner: Arc::new(Inner {
-                    bar,
-                    pool,
-                    ctl: CachePadded::new(Mutex::new(ctl)),
-                    info,
-                }),
-            }),
+            Ok(info) => {
+                let inspect = config.inspect || debug_endpoint::env_enabled();
+                Ok(Device {
+                    inner: Arc::new_cyclic(|weak| Inner {
+                        inspect: inspect
+                            .then(|| {
+                                crate::inspect::DeviceInspect::register(
+                                    weak.clone(),
+                                    &info.name,
+                                    info.mac,
+                                )
+                            })
+                            .flatten(),
+                        bar,
+                        pool,
+                        ctl: CachePadded::new(Mutex::new(ctl)),
+                        info,
+                    }),
+                })
+            }
             Err(e) => {
                 tracing::error!(device = %name, error = %e, "bring-up failed; tearing down");
                 if let Err(t) = teardown(&bar, &pool, &mut ctl) {
@@ -655,9 +676,16 @@ impl<B: HwBackend> Device<B> {
     /// must have been dropped first (otherwise this returns an error and
     /// leaves the device up).
     pub fn close(self) -> Result<(), Error> {
+        // The debug endpoint's thread must not hold the device meanwhile.
+        if let Some(i) = &self.inner.inspect {
+            i.detach();
+        }
         let inner = match Arc::try_unwrap(self.inner) {
             Ok(i) => i,
             Err(arc) => {
+                if let Some(i) = &arc.inspect {
+                    i.attach(Arc::downgrade(&arc));
+                }
                 return Err(Error::Config(format!(
                     "{}: close() with {} other handles or queue sets alive",
                     arc.info.name,

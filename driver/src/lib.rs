@@ -6,6 +6,8 @@
 //! * [`QueueSet`]: one thread's SQ + TX CQ, striding RQ + overrunning RX CQ,
 //!   TIR, TIS and flow rule, with the doorbell-batched datapath.
 //! * [`barrier`]: memory barriers named by purpose.
+//! * [`inspect`]: what a device and its queue sets show on the debug
+//!   endpoint (`erpc-inspect`), and descriptor decoders.
 //!
 //! Unsafe code lives only in `barrier` (fence instructions), `dma` (access to
 //! memory the device reads and writes) and `vfio` (ioctls and BAR mappings).
@@ -18,6 +20,7 @@ pub mod dma;
 pub mod eq;
 pub mod error;
 pub mod hw;
+pub mod inspect;
 pub mod pages;
 pub mod prm;
 pub mod queue;

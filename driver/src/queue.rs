@@ -36,6 +36,8 @@ use crate::prm::wqe::{
 };
 use crate::prm::{Layout, View, ViewMut, uar};
 
+mod inspect;
+
 const CQE_BYTES: usize = 64;
 const OP_OWN: usize = (Cqe64::OP_OWN.bit() / 8) as usize;
 const WQE_ID: usize = (Cqe64::WQE_ID.bit() / 8) as usize;
@@ -127,7 +129,7 @@ pub struct TxFrame<'a> {
 }
 
 /// Datapath counters of one queue set.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct QueueStats {
     /// WQEs posted (sends and NOPs).
     pub tx_wqes: u64,
@@ -224,7 +226,7 @@ struct RxCq {
 /// ring with it), so either reading is possible; the driver finds out
 /// from the first CQE that tells them apart (the first packet in the WQE
 /// after the last ring slot) and counts exactly in both.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum RxWqeIdMode {
     /// Not known yet: no packet has landed past the first lap of the ring.
     Undetermined,
@@ -281,7 +283,7 @@ impl RxRingView {
 }
 
 /// Software and hardware state of a queue set, for the queue inspector.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct QueueSnapshot {
     /// Device name.
     pub device: String,
@@ -336,7 +338,7 @@ pub struct QueueSnapshot {
 }
 
 /// Hardware's view (QUERY_SQ/RQ/CQ, QUERY_Q_COUNTER).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HwQueueState {
     /// SQ state (0 RST, 1 RDY, 3 ERR).
     pub sq_state: u8,
@@ -391,6 +393,8 @@ pub struct QueueSet<B: HwBackend> {
     created: Vec<QObj>,
     /// Calls of `poll_control` until the next EQ service.
     control_countdown: u32,
+    /// Publication for the debug endpoint, if the device exposes one.
+    inspect: Option<debug_endpoint::Publisher<crate::inspect::QueueSetRaw>>,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -548,11 +552,17 @@ impl<B: HwBackend> QueueSet<B> {
             stats: QueueStats::default(),
             created: Vec::new(),
             control_countdown: cfg.control_interval.max(1),
+            inspect: None,
             _not_sync: PhantomData,
             dev,
         };
         match qs.build() {
-            Ok(()) => Ok(qs),
+            Ok(()) => {
+                if let Some(i) = qs.dev.inspect.as_ref() {
+                    qs.inspect = Some(i.add_queue_set(cfg.udp_port, qs.inspect_ids()));
+                }
+                Ok(qs)
+            }
             Err(e) => {
                 if let Err(t) = qs.destroy() {
                     tracing::error!(error = %t, "cleanup after failed queue-set creation also failed");
@@ -1363,9 +1373,11 @@ impl<B: HwBackend> QueueSet<B> {
     /// queue — answers firmware page requests (which arrive at any time,
     /// not only while a command runs), records CQ errors and port changes,
     /// and publishes the EQ consumer index before the 256-entry EQ can
-    /// overrun (a fatal health condition). It never waits: if another
-    /// thread holds the control lock, it leaves the work to it. Returns
-    /// true if it serviced the queue.
+    /// overrun (a fatal health condition) — and, if the device exposes the
+    /// debug endpoint and a client asked, publishes this queue set's
+    /// software state. It never waits: if another thread holds the control
+    /// lock, it leaves the work to it. Returns true if it serviced the
+    /// queue.
     #[inline]
     pub fn poll_control(&mut self) -> bool {
         self.control_countdown -= 1;
@@ -1378,6 +1390,7 @@ impl<B: HwBackend> QueueSet<B> {
 
     #[cold]
     fn service_control(&mut self) -> bool {
+        self.inspect_if_wanted();
         let dev = &self.dev;
         let mut ctl = match dev.ctl.try_lock() {
             Ok(c) => c,
@@ -1452,75 +1465,7 @@ impl<B: HwBackend> QueueSet<B> {
     /// Hardware's view: QUERY_SQ, QUERY_RQ, QUERY_CQ ×2, QUERY_Q_COUNTER.
     /// Several commands; never call it on the datapath.
     pub fn query_hw(&self) -> Result<HwQueueState, Error> {
-        let mut inp = input::<QuerySqIn>(Opcode::QuerySq, 0, 0);
-        ViewMut::<QuerySqIn>::new(&mut inp)
-            .expect("sized")
-            .set(QuerySqIn::SQN, self.sq.sqn as u64);
-        let out = self.exec(&inp, out_len::<QuerySqOut>(0))?;
-        let sq = View::<QuerySqOut>::new(&out)
-            .expect("sized")
-            .sub(QuerySqOut::SQ_CONTEXT);
-        let (sq_state, sq_hw, sq_sw) = (
-            sq.get32(Sqc::STATE) as u8,
-            sq.sub(Sqc::WQ).get32(Wq::HW_COUNTER),
-            sq.sub(Sqc::WQ).get32(Wq::SW_COUNTER),
-        );
-        let (sq_min_wqe_inline_mode, sq_ts_format) = (
-            sq.get32(Sqc::MIN_WQE_INLINE_MODE) as u8,
-            sq.get32(Sqc::TS_FORMAT) as u8,
-        );
-        let mut inp = input::<QueryRqIn>(Opcode::QueryRq, 0, 0);
-        ViewMut::<QueryRqIn>::new(&mut inp)
-            .expect("sized")
-            .set(QueryRqIn::RQN, self.rq.rqn as u64);
-        let out = self.exec(&inp, out_len::<QueryRqOut>(0))?;
-        let rq = View::<QueryRqOut>::new(&out)
-            .expect("sized")
-            .sub(QueryRqOut::RQ_CONTEXT);
-        let rq_ts_format = rq.get32(Rqc::TS_FORMAT) as u8;
-        let (rq_state, rq_hw, rq_sw) = (
-            rq.get32(Rqc::STATE) as u8,
-            rq.sub(Rqc::WQ).get32(Wq::HW_COUNTER),
-            rq.sub(Rqc::WQ).get32(Wq::SW_COUNTER),
-        );
-        let cq = |cqn: u32| -> Result<(u32, u32, u8), Error> {
-            let mut inp = input::<QueryCqIn>(Opcode::QueryCq, 0, 0);
-            ViewMut::<QueryCqIn>::new(&mut inp)
-                .expect("sized")
-                .set(QueryCqIn::CQN, cqn as u64);
-            let out = self.exec(&inp, out_len::<QueryCqOut>(0))?;
-            let c = View::<QueryCqOut>::new(&out)
-                .expect("sized")
-                .sub(QueryCqOut::CQC);
-            Ok((
-                c.get32(Cqc::CONSUMER_COUNTER),
-                c.get32(Cqc::PRODUCER_COUNTER),
-                c.get32(Cqc::STATUS) as u8,
-            ))
-        };
-        let (tx_cq, rx_cq) = (cq(self.tx_cq.cqn)?, cq(self.rx_cq.cqn)?);
-        let mut inp = input::<QueryQCounterIn>(Opcode::QueryQCounter, 0, 0);
-        ViewMut::<QueryQCounterIn>::new(&mut inp)
-            .expect("sized")
-            .set(QueryQCounterIn::COUNTER_SET_ID, self.counter_set_id as u64);
-        let out = self.exec(&inp, out_len::<QueryQCounterOut>(0))?;
-        let out_of_buffer = View::<QueryQCounterOut>::new(&out)
-            .expect("sized")
-            .get32(QueryQCounterOut::OUT_OF_BUFFER);
-        Ok(HwQueueState {
-            sq_state,
-            sq_hw_counter: sq_hw,
-            sq_sw_counter: sq_sw,
-            sq_min_wqe_inline_mode,
-            sq_ts_format,
-            rq_ts_format,
-            rq_state,
-            rq_hw_counter: rq_hw,
-            rq_sw_counter: rq_sw,
-            tx_cq,
-            rx_cq,
-            out_of_buffer,
-        })
+        crate::inspect::query_objects(&self.dev, &self.inspect_ids())
     }
 
     /// Destroys every object now and reports the first failure.

@@ -129,6 +129,12 @@
 //! `Result` so that loss recovery and failure detection can complete
 //! requests with errors.
 //!
+//! # Inspection
+//!
+//! [`NexusBuilder::inspect`] (or `ERPC_INSPECT=1`) exposes the Nexus and
+//! its Rpcs on the process's debug endpoint, which `erpc-inspect` attaches
+//! to; see [`inspect`].
+//!
 //! # Time
 //!
 //! Everything takes nanoseconds from a [`Clock`]: the calibrated TSC in
@@ -171,6 +177,7 @@
 pub mod cc;
 pub mod clock;
 pub mod consts;
+pub mod inspect;
 pub mod msgbuf;
 pub mod nexus;
 pub mod pkthdr;

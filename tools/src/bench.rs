@@ -231,15 +231,7 @@ impl Settings {
         if self.pcap.is_some() {
             match self.transport {
                 Which::Mlx5Sim => {}
-                Which::Udp => {
-                    return usage(
-                        "--pcap with --transport udp is not supported yet (the UDP \
-                         transport cannot capture); capture on the device model (the \
-                         default transport), or run tshark/tcpdump on the loopback \
-                         interface"
-                            .into(),
-                    );
-                }
+                Which::Udp => {}
                 Which::Mlx5 => {
                     return usage(
                         "--pcap works on the device model only: a real ConnectX sends \
@@ -643,11 +635,13 @@ fn node_mac(i: usize) -> [u8; 6] {
 pub struct Vfio {
     device: Device<mlx5::vfio::VfioBackend>,
     plan: MemoryPlan,
+    inspect: bool,
 }
 
 impl Vfio {
-    /// Opens and brings up the function at `bdf`.
-    pub fn open(bdf: &str, plan: MemoryPlan) -> Result<Vfio, BenchError> {
+    /// Opens and brings up the function at `bdf`; `inspect` exposes it
+    /// and the nodes' Nexuses on the debug endpoint.
+    pub fn open(bdf: &str, plan: MemoryPlan, inspect: bool) -> Result<Vfio, BenchError> {
         let addr: mlx5::vfio::PciAddress = bdf
             .parse()
             .map_err(|e| BenchError::Usage(format!("--pci {bdf}: {e}")))?;
@@ -657,11 +651,16 @@ impl Vfio {
             backend,
             DeviceConfig {
                 region: plan.region,
+                inspect,
                 ..Default::default()
             },
         )
         .map_err(|e| BenchError::setup(format!("bringing up {bdf}"), e))?;
-        Ok(Vfio { device, plan })
+        Ok(Vfio {
+            device,
+            plan,
+            inspect,
+        })
     }
 }
 
@@ -673,7 +672,7 @@ impl Testbed for Vfio {
     fn nexus(&self, uri: &str) -> NexusBuilder {
         // Session management over kernel UDP on loopback: node i on 31850 + i.
         let port = 31850 + u16::from(uri.starts_with("node1"));
-        Nexus::builder(&format!("127.0.0.1:{port}"))
+        Nexus::builder(&format!("127.0.0.1:{port}")).inspect(self.inspect)
     }
     fn plan(&self) -> &MemoryPlan {
         &self.plan
@@ -690,6 +689,7 @@ pub struct DeviceModel {
     step: Duration,
     plan: MemoryPlan,
     capture: Option<Capture>,
+    inspect: bool,
 }
 
 impl Testbed for DeviceModel {
@@ -728,6 +728,7 @@ impl Testbed for DeviceModel {
         Nexus::builder(uri)
             .sm_link(link)
             .clock(self.net.erpc_clock())
+            .inspect(self.inspect)
     }
     fn plan(&self) -> &MemoryPlan {
         &self.plan
@@ -737,8 +738,13 @@ impl Testbed for DeviceModel {
 impl DeviceModel {
     /// A fabric with two NICs brought up by the driver; with `capture`,
     /// node 0's port and the SM link are captured once
-    /// [`DeviceModel::start_capture`] is called.
-    pub fn new(plan: MemoryPlan, capture: Option<Capture>) -> Result<DeviceModel, BenchError> {
+    /// [`DeviceModel::start_capture`] is called; `inspect` exposes the NICs
+    /// and the nodes' Nexuses on the debug endpoint (`erpc-inspect`).
+    pub fn new(
+        plan: MemoryPlan,
+        capture: Option<Capture>,
+        inspect: bool,
+    ) -> Result<DeviceModel, BenchError> {
         let fabric = Fabric::new(FabricConfig {
             seed: 1,
             deterministic: true,
@@ -758,6 +764,7 @@ impl DeviceModel {
                 nic.backend(),
                 DeviceConfig {
                     region: plan.region,
+                    inspect,
                     ..Default::default()
                 },
             )
@@ -773,6 +780,7 @@ impl DeviceModel {
             step: Duration::from_nanos(500),
             plan,
             capture,
+            inspect,
         })
     }
 
@@ -1208,13 +1216,18 @@ fn udp_allocator(plan: &MemoryPlan, bytes: usize, what: &str) -> Result<Allocato
 }
 
 /// eRPC over kernel UDP on loopback, two Rpcs in one thread (the same shape
-/// as the device-model run, so the two are comparable).
+/// as the device-model run, so the two are comparable). With `capture`,
+/// node 0's transport captures every datagram it sends and receives and
+/// both Nexuses' SM packets are captured too (see [`crate::capture`]);
+/// `inspect` exposes the Nexuses on the debug endpoint.
 pub fn udp_erpc(
     plan: &MemoryPlan,
     p: Point,
     dur: Duration,
     warmup: Duration,
     progress: &Progress,
+    capture: Option<&Capture>,
+    inspect: bool,
 ) -> Result<Outcome, BenchError> {
     let free_port = || {
         std::net::UdpSocket::bind("127.0.0.1:0")
@@ -1228,11 +1241,40 @@ pub fn udp_erpc(
     ];
     let mut nodes: Vec<(Rpc<UdpTransport, Ctx>, Ctx)> = Vec::new();
     for (i, uri) in uris.iter().enumerate() {
-        let nexus = register::<UdpTransport>(Nexus::builder(uri))
+        let mut b = Nexus::builder(uri).inspect(inspect);
+        if let Some(cap) = capture {
+            // Both nodes are 127.0.0.1, without a MAC on loopback (as the
+            // UDP transport frames its own datagrams).
+            let nodes = HashMap::from([(
+                "127.0.0.1".to_string(),
+                NodeAddr {
+                    mac: [0; 6],
+                    ipv4: Ipv4Addr::LOCALHOST,
+                },
+            )]);
+            let link = CapturingSmLink::new(
+                Arc::new(erpc::nexus::UdpSmLink::new()),
+                cap.clone(),
+                nodes,
+                unix_ns,
+            );
+            b = b.sm_link(Arc::new(link));
+            if let Some(port) = uri.rsplit(':').next().and_then(|p| p.parse().ok()) {
+                cap.note_port(port);
+            }
+        }
+        let nexus = register::<UdpTransport>(b)
             .build()
             .map_err(|e| BenchError::setup(format!("Nexus of node {i} on {uri}"), e))?;
-        let t = UdpTransport::new(&UdpConfig::loopback())
+        let cfg = UdpConfig {
+            pcap: capture.filter(|_| i == 0).map(Capture::transport_file),
+            ..UdpConfig::loopback()
+        };
+        let t = UdpTransport::new(&cfg)
             .map_err(|e| BenchError::setup(format!("UDP transport of node {i}"), e))?;
+        if let Some(cap) = capture {
+            cap.note_port(t.local_routing_info().udp_port);
+        }
         let alloc = udp_allocator(
             plan,
             node_bytes(p.size, p.window),
@@ -1255,7 +1297,21 @@ pub fn udp_erpc(
     let mut out = out?;
     out.retransmissions = nodes.iter().map(|(r, _)| r.stats().retransmissions).sum();
     out.tx_flushes = nodes.iter().map(|(r, _)| r.stats().tx_flushes).sum();
+    for (r, c) in nodes.iter_mut() {
+        while let Some((a, b)) = c.pool.pop() {
+            r.free_msg_buffer(a);
+            r.free_msg_buffer(b);
+        }
+    }
     Ok(out)
+}
+
+/// The system clock in ns since the Unix epoch: what the UDP transport
+/// stamps its capture with, so SM packets sort among its frames.
+fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// The raw-echo reference of an eRPC point over two UDP transports on
@@ -1383,13 +1439,15 @@ mod tests {
             })
             .contains("needs --pci")
         );
+        // Kernel UDP captures too (node 0's transport and the SM link).
         assert!(
-            usage(Settings {
+            Settings {
                 transport: Which::Udp,
                 pcap: Some("x".into()),
                 ..settings()
-            })
-            .contains("not supported yet")
+            }
+            .validate()
+            .is_ok()
         );
     }
 

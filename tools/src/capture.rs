@@ -15,8 +15,17 @@
 //!
 //! Both writers share one lock and write whole records, so the file stays
 //! in time order as long as both run on the benchmark's one thread.
+//!
+//! On kernel UDP (`--transport udp`) there is no fabric: node 0's UDP
+//! transport captures every datagram it sends and receives into a file of
+//! its own ([`Capture::transport_file`], `UdpConfig::pcap`: the
+//! Ethernet/IPv4/UDP framing each would have had), the SM link is wrapped
+//! as above with the system clock the transport stamps with, and
+//! [`Capture::finish`] merges the transport files into the capture in time
+//! order. SM packets travel as real UDP datagrams between the Nexuses
+//! there, but through sockets of their own that no transport sees.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
@@ -36,6 +45,10 @@ struct Inner {
     data_frames: u64,
     sm_frames: u64,
     error: Option<String>,
+    /// Captures of UDP transports, merged in by `finish`.
+    transport_files: Vec<PathBuf>,
+    /// UDP ports of the captured endpoints (for the dissector's preference).
+    ports: BTreeSet<u16>,
 }
 
 /// A pcap file shared by the fabric's capture and the SM link.
@@ -72,6 +85,8 @@ impl Capture {
                 data_frames: 0,
                 sm_frames: 0,
                 error: None,
+                transport_files: Vec::new(),
+                ports: BTreeSet::new(),
             })),
         })
     }
@@ -108,13 +123,67 @@ impl Capture {
         }
     }
 
-    /// Flushes the file; reports the first write error if there was one.
+    /// A new file for one UDP transport's own capture (`UdpConfig::pcap`),
+    /// next to the capture; [`Capture::finish`] merges it in and removes it.
+    pub fn transport_file(&self) -> PathBuf {
+        let mut g = self.lock();
+        let name = format!(
+            ".{}.transport{}.pcap",
+            self.path
+                .file_name()
+                .map_or("capture".into(), |n| n.to_string_lossy()),
+            g.transport_files.len()
+        );
+        let p = self.path.with_file_name(name);
+        g.transport_files.push(p.clone());
+        p
+    }
+
+    /// Records a UDP port eRPC used (see [`Capture::ports`]).
+    pub fn note_port(&self, port: u16) {
+        self.lock().ports.insert(port);
+    }
+
+    /// The UDP ports noted, for the dissector's port preference
+    /// (`-o erpc.udp_ports:...`) when they are not its default range.
+    pub fn ports(&self) -> Vec<u16> {
+        self.lock().ports.iter().copied().collect()
+    }
+
+    /// Flushes the file, merging the transport captures in by time;
+    /// reports the first write error if there was one.
     pub fn finish(&self) -> io::Result<CaptureStats> {
         let mut g = self.lock();
         if let Some(e) = &g.error {
             return Err(io::Error::other(e.clone()));
         }
         g.w.flush()?;
+        if !g.transport_files.is_empty() {
+            let files = std::mem::take(&mut g.transport_files);
+            let bad = |p: &Path| invalid(format!("{} is not a readable pcap file", p.display()));
+            let mut frames = mlx5_sim::pcap::parse(&std::fs::read(&self.path)?)
+                .ok_or_else(|| bad(&self.path))?;
+            for f in &files {
+                let more = match std::fs::read(f) {
+                    Ok(b) => mlx5_sim::pcap::parse(&b).ok_or_else(|| bad(f))?,
+                    // A transport that never started leaves no file.
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+                    Err(e) => return Err(e),
+                };
+                g.data_frames += more.len() as u64;
+                frames.extend(more);
+            }
+            // Stable: frames with the same time keep their order.
+            frames.sort_by_key(|(t, _)| *t);
+            let mut w = PcapWriter::new(Box::new(BufWriter::new(File::create(&self.path)?)))?;
+            for (t, f) in &frames {
+                w.write_frame(*t, f)?;
+            }
+            w.flush()?;
+            for f in &files {
+                let _ = std::fs::remove_file(f);
+            }
+        }
         Ok(CaptureStats {
             data_frames: g.data_frames,
             sm_frames: g.sm_frames,
@@ -313,6 +382,41 @@ mod tests {
         // A stream that is not what the fabric writes is refused.
         let mut bad = cap.fabric_sink();
         assert!(bad.write_all(&[0xff; 40]).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn transport_captures_are_merged_in_time_order_and_removed() {
+        let dir = std::env::temp_dir().join(format!("erpc-capture-merge-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("udp.pcap");
+        let cap = Capture::create(&path).unwrap();
+        let (t0, t1) = (cap.transport_file(), cap.transport_file());
+        assert_ne!(t0, t1);
+        for (file, frames) in [(&t0, vec![(10, 1u8), (40, 4)]), (&t1, vec![(25, 2)])] {
+            let mut w = PcapWriter::new(Box::new(File::create(file).unwrap())).unwrap();
+            for (t, b) in frames {
+                w.write_frame(t, &[b; 60]).unwrap();
+            }
+            w.flush().unwrap();
+        }
+        cap.write(30, &[3; 80], true);
+        cap.note_port(40000);
+        cap.note_port(31850);
+        assert_eq!(cap.ports(), vec![31850, 40000]);
+        let stats = cap.finish().unwrap();
+        assert_eq!(
+            stats,
+            CaptureStats {
+                data_frames: 3,
+                sm_frames: 1
+            }
+        );
+        let frames = mlx5_sim::pcap::parse(&std::fs::read(&path).unwrap()).unwrap();
+        let times: Vec<u64> = frames.iter().map(|(t, _)| *t).collect();
+        assert_eq!(times, vec![10, 25, 30, 40]);
+        assert_eq!(frames[2].1, vec![3; 80]);
+        assert!(!t0.exists() && !t1.exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -83,7 +83,7 @@ fn measure(
     warmup: Duration,
     progress: &Progress,
 ) -> Result<Outcome, BenchError> {
-    let dm = DeviceModel::new(plan.clone(), None)?;
+    let dm = DeviceModel::new(plan.clone(), None, false)?;
     dm.set_loss(loss);
     erpc_on(&dm, &Knobs::default(), p, dur, warmup, progress)
 }
@@ -480,7 +480,7 @@ pub fn factor_analysis(
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); knobs.len()];
     for _ in 0..rounds.max(1) {
         for (k, (_, kn)) in knobs.iter().enumerate() {
-            let dm = DeviceModel::new(plan.clone(), None)?;
+            let dm = DeviceModel::new(plan.clone(), None, false)?;
             let o = erpc_on(&dm, kn, p, dur, warmup, progress)?;
             rates[k].push(o.rpcs_per_sec / 1e6);
         }

@@ -6,6 +6,8 @@
 //!   file, for `tools/wireshark/erpc.lua`).
 //! * [`experiments`]: `erpc-bench --experiment loss` and
 //!   `failure-detection`.
+//! * [`inspect`](mod@inspect): `erpc-inspect` (snapshots of a running
+//!   process's queues, counters and sessions; offline device reports).
 //! * [`memory`]: the hugepages a run needs, and the one note when they are
 //!   missing.
 //! * [`vfio_tool`]: the logic of `erpc-vfio` (list, status, bind, unbind).
@@ -20,6 +22,7 @@ pub struct ReadmeDoctests;
 pub mod bench;
 pub mod capture;
 pub mod experiments;
+pub mod inspect;
 pub mod memory;
 pub mod vfio_tool;
 

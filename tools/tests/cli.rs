@@ -90,11 +90,6 @@ fn erpc_bench_refuses_bad_values_naming_the_limit() {
         &["--pci garbage", "not a PCI address"],
     );
     bench_refuses(
-        &["--transport", "udp", "--pcap", "/tmp/never-written.pcap"],
-        2,
-        &["--pcap with --transport udp is not supported yet"],
-    );
-    bench_refuses(
         &[
             "--transport",
             "mlx5",
@@ -477,4 +472,113 @@ fn erpc_vfio_ends_quietly_when_stdout_is_closed() {
         assert!(!err.contains("panicked"), "{cmd:?}: {err}");
         assert_eq!(out.status.code(), Some(0), "{cmd:?}: {err}");
     }
+}
+
+const INSPECT: &str = env!("CARGO_BIN_EXE_erpc-inspect");
+
+/// Runs erpc-inspect with `args`, expects exit `code` and a stderr that
+/// contains every string of `want`, without a panic.
+fn inspect_refuses(args: &[&str], code: i32, want: &[&str]) {
+    let out = run(INSPECT, args);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("stack backtrace"),
+        "{args:?}: {err}"
+    );
+    for w in want {
+        assert!(err.contains(w), "{args:?}: {w:?} missing in {err}");
+    }
+    assert!(out.stdout.is_empty(), "{args:?}: {}", text(&out.stdout));
+}
+
+#[test]
+fn erpc_inspect_refuses_bad_values_and_explains_missing_endpoints() {
+    let dir = temp_dir("inspect-cli");
+    let d = dir.to_str().unwrap();
+    inspect_refuses(&[], 2, &["give a process id"]);
+    for (args, msg) in [
+        (
+            vec!["1", "--interval", "0"],
+            "--interval 0: must be 0.05 to 3600",
+        ),
+        (vec!["1", "--interval", "nan"], "--interval NaN"),
+        (
+            vec!["1", "--timeout-ms", "0"],
+            "--timeout-ms 0: must be 1 to 10000",
+        ),
+        (vec!["1", "--watch", "--count", "0"], "--count 0"),
+        (
+            vec!["1", "--queue", "31850"],
+            "--queue selects the queue set of --cqe or --wqe",
+        ),
+        (vec!["--dir", d, "list"], "options go after the subcommand"),
+    ] {
+        inspect_refuses(&args, 2, &[msg]);
+    }
+    // clap's own refusals: exit 2 too.
+    inspect_refuses(
+        &["1", "--cqe", "1", "--wqe", "1"],
+        2,
+        &["cannot be used with"],
+    );
+    inspect_refuses(&["device"], 2, &["required"]);
+    inspect_refuses(&["device", "--profile", "cx7"], 2, &["--sim"]);
+    inspect_refuses(&["device", "not-a-bdf"], 2, &["not a PCI address"]);
+    // Nothing to attach to: one line, exit 1.
+    let pid = std::process::id().to_string();
+    inspect_refuses(
+        &[&pid, "--dir", d],
+        1,
+        &["has no debug endpoint in", "ERPC_INSPECT=1"],
+    );
+    inspect_refuses(&["4294967295", "--dir", d], 1, &["no process 4294967295"]);
+    inspect_refuses(
+        &["/nonexistent/x.sock"],
+        1,
+        &["no endpoint socket at /nonexistent/x.sock"],
+    );
+    // A socket file nobody serves (a crashed process's leftover).
+    let stale = dir.join(format!("{pid}.sock"));
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    inspect_refuses(
+        &[&pid, "--dir", d],
+        1,
+        &["cannot connect to", "Connection refused"],
+    );
+    let out = run(INSPECT, &["list", "--dir", d]);
+    assert!(out.status.success());
+    assert!(text(&out.stdout).contains(&pid), "{}", text(&out.stdout));
+    // A device on the model that the driver refuses: the reason, exit 1.
+    let out = run(INSPECT, &["device", "--sim", "--profile", "cx4"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("missing capability striding_rq"));
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn erpc_inspect_device_sim_reports_and_tears_down() {
+    let out = run(INSPECT, &["device", "--sim"]);
+    let (o, e) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{o}{e}");
+    for w in [
+        "ConnectX-5 [15b3:1017], firmware 16.35.2000",
+        "port up, mac 02:00:00:00:00:01",
+        "health ok",
+        "given to firmware",
+        "QUERY_EQ consumer",
+        "torn down: every object destroyed",
+    ] {
+        assert!(o.contains(w), "{w:?} missing in {o}");
+    }
+    let out = run(
+        INSPECT,
+        &["device", "--sim", "--profile", "cx6dx", "--json"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["model"], "ConnectX-6 Dx");
+    assert_eq!(v["torn_down"], true);
+    assert_eq!(v["caps"]["reset_root_to_default"], true);
+    assert!(v["pages"]["firmware_pages"].as_u64().unwrap() > 0);
 }

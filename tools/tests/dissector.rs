@@ -1,10 +1,10 @@
-//! The Wireshark dissector (`tools/wireshark/erpc.lua`) against a capture
-//! made by `erpc-bench --pcap`: every field tshark decodes from every eRPC
-//! frame must equal what eRPC's own parsers (`erpc::pkthdr`,
-//! `erpc::sm_types`, `transport::wire`) read from the same bytes, and the
-//! capture must hold each kind of packet the issue names: a request, a
-//! response, an explicit credit return, a request-for-response, and a
-//! connect request and response.
+//! The Wireshark dissector (`tools/wireshark/erpc.lua`) against captures
+//! made by `erpc-bench --pcap`, on the device model and on kernel UDP:
+//! every field tshark decodes from every eRPC frame must equal what eRPC's
+//! own parsers (`erpc::pkthdr`, `erpc::sm_types`, `transport::wire`) read
+//! from the same bytes, and each capture must hold each kind of packet the
+//! issue names: a request, a response, an explicit credit return, a
+//! request-for-response, and a connect request and response.
 //!
 //! Needs `tshark` (Debian: `tshark`). Without it the test is reported as
 //! ignored, not passed; in CI (`ERPC_CI=1`) it fails instead.
@@ -33,23 +33,38 @@ fn find_tshark() -> Option<PathBuf> {
 
 fn main() -> ExitCode {
     let args = Arguments::from_args();
-    const NAME: &str = "dissector_decodes_every_field_of_an_erpc_bench_capture";
-    let trial = match find_tshark() {
-        Some(tshark) => Trial::test(NAME, move || check(&tshark)),
-        None if ci() => {
-            Trial::test(NAME, || {
-                Err("tshark is not installed and ERPC_CI=1 forbids skipping (apt-get install tshark)"
-                .into())
-            })
-        }
-        None => {
-            if !args.list {
-                eprintln!("{NAME}: ignored: tshark is not installed (apt-get install tshark)");
+    type Check = fn(&Path) -> Result<(), Failed>;
+    let checks: [(&str, Check); 2] = [
+        (
+            "dissector_decodes_every_field_of_an_erpc_bench_capture",
+            check,
+        ),
+        (
+            "dissector_decodes_every_field_of_an_erpc_bench_capture_over_kernel_udp",
+            check_udp,
+        ),
+    ];
+    let tshark = find_tshark();
+    let trials = checks
+        .into_iter()
+        .map(|(name, f)| match &tshark {
+            Some(t) => {
+                let t = t.clone();
+                Trial::test(name, move || f(&t))
             }
-            Trial::test(NAME, || Ok(())).with_ignored_flag(true)
-        }
-    };
-    libtest_mimic::run(&args, vec![trial]).exit_code()
+            None if ci() => Trial::test(name, || {
+                Err("tshark is not installed and ERPC_CI=1 forbids skipping (apt-get install tshark)"
+                    .into())
+            }),
+            None => {
+                if !args.list {
+                    eprintln!("{name}: ignored: tshark is not installed (apt-get install tshark)");
+                }
+                Trial::test(name, || Ok(())).with_ignored_flag(true)
+            }
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit_code()
 }
 
 /// The fields the test compares, in tshark's `-e` order.
@@ -151,11 +166,18 @@ fn expected(number: usize, frame: &[u8]) -> Result<BTreeMap<&'static str, String
     Ok(m)
 }
 
-fn tshark(tshark: &Path, lua: &Path, pcap: &Path, extra: &[&str]) -> Result<String, Failed> {
+fn tshark(
+    tshark: &Path,
+    lua: &Path,
+    pcap: &Path,
+    prefs: &[String],
+    extra: &[&str],
+) -> Result<String, Failed> {
     let out = Command::new(tshark)
         .arg("-X")
         .arg(format!("lua_script:{}", lua.display()))
         .arg("-n")
+        .args(prefs.iter().flat_map(|p| ["-o", p.as_str()]))
         .arg("-r")
         .arg(pcap)
         .args(extra)
@@ -174,7 +196,12 @@ fn tshark(tshark: &Path, lua: &Path, pcap: &Path, extra: &[&str]) -> Result<Stri
 
 /// Decodes `pcap` with tshark and with eRPC's parsers and compares every
 /// field of every frame; returns how many frames of each kind there were.
-fn compare(tshark_path: &Path, lua: &Path, pcap: &Path) -> Result<BTreeMap<String, usize>, Failed> {
+fn compare(
+    tshark_path: &Path,
+    lua: &Path,
+    pcap: &Path,
+    prefs: &[String],
+) -> Result<BTreeMap<String, usize>, Failed> {
     let bytes = std::fs::read(pcap).map_err(|e| e.to_string())?;
     let frames = mlx5_sim::pcap::parse(&bytes).ok_or("unreadable pcap")?;
 
@@ -183,7 +210,7 @@ fn compare(tshark_path: &Path, lua: &Path, pcap: &Path) -> Result<BTreeMap<Strin
         args.push("-e");
         args.push(f);
     }
-    let decoded = tshark(tshark_path, lua, pcap, &args)?;
+    let decoded = tshark(tshark_path, lua, pcap, prefs, &args)?;
     let rows: Vec<Vec<&str>> = decoded.lines().map(|l| l.split('\t').collect()).collect();
     if rows.len() != frames.len() {
         return Err(format!(
@@ -228,11 +255,37 @@ fn compare(tshark_path: &Path, lua: &Path, pcap: &Path) -> Result<BTreeMap<Strin
 fn check(tshark_path: &Path) -> Result<(), Failed> {
     let dir = std::env::temp_dir().join(format!("erpc-dissector-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    check_bench_capture(tshark_path, &dir, &[])?;
+    check_crafted(tshark_path, &dir)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// The same on kernel UDP: node 0's transport and the SM link capture,
+/// with the Ethernet/IPv4/UDP framing the datagrams would have had; the
+/// ports are the kernel's choice, and erpc-bench names them for the
+/// dissector's preference.
+fn check_udp(tshark_path: &Path) -> Result<(), Failed> {
+    let dir = std::env::temp_dir().join(format!("erpc-dissector-udp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    check_bench_capture(tshark_path, &dir, &["--transport", "udp"])?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// Runs `erpc-bench --pcap` with `transport_args` and checks every frame
+/// of the capture, and that it holds every kind of packet.
+fn check_bench_capture(
+    tshark_path: &Path,
+    dir: &Path,
+    transport_args: &[&str],
+) -> Result<(), Failed> {
     let pcap = dir.join("bench.pcap");
     // A short run of 2000-byte RPCs (three packets each way): requests,
     // credit returns, responses and requests-for-response, after the
     // connect handshake.
     let out = Command::new(BENCH)
+        .args(transport_args)
         .args([
             "--secs", "0.002", "--warmup", "0", "--batch", "1", "--window", "1", "--size", "2000",
             "--pcap",
@@ -240,16 +293,28 @@ fn check(tshark_path: &Path) -> Result<(), Failed> {
         .arg(&pcap)
         .output()
         .map_err(|e| format!("cannot run erpc-bench: {e}"))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
         return Err(format!(
-            "erpc-bench --pcap failed: {}{}",
+            "erpc-bench --pcap failed: {}{stderr}",
             String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
         )
         .into());
     }
+    // Ports outside the dissector's default range are named on stderr.
+    let prefs: Vec<String> = stderr
+        .lines()
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find(|w| w.starts_with("erpc.udp_ports:"))
+        })
+        .map(str::to_string)
+        .collect();
+    if !transport_args.is_empty() && prefs.is_empty() {
+        return Err(format!("erpc-bench named no UDP ports for the dissector: {stderr}").into());
+    }
     let lua = Path::new(env!("CARGO_MANIFEST_DIR")).join("wireshark/erpc.lua");
-    let kinds = compare(tshark_path, &lua, &pcap)?;
+    let kinds = compare(tshark_path, &lua, &pcap, &prefs)?;
     // Exactly these kinds, independently of eRPC's parser: the connect
     // handshake both ways and the benchmark's request type and sizes.
     let connect_req = format!("sm {:?} {:?}", SmPktType::ConnectReq, SmErr::NoError);
@@ -274,7 +339,7 @@ fn check(tshark_path: &Path) -> Result<(), Failed> {
         return Err(format!("the capture holds {kinds:?}, expected each of {want:?}").into());
     }
     // The one-line summaries (as README shows them) name every kind.
-    let summary = tshark(tshark_path, &lua, &pcap, &["-c", "30"])?;
+    let summary = tshark(tshark_path, &lua, &pcap, &prefs, &["-c", "30"])?;
     for word in [
         "Connect request",
         "Connect response",
@@ -291,14 +356,18 @@ fn check(tshark_path: &Path) -> Result<(), Failed> {
         "{} frames decoded, by kind: {kinds:?}",
         kinds.values().sum::<usize>()
     );
+    Ok(())
+}
 
+fn check_crafted(tshark_path: &Path, dir: &Path) -> Result<(), Failed> {
+    let lua = Path::new(env!("CARGO_MANIFEST_DIR")).join("wireshark/erpc.lua");
     // Every field with a distinct, non-zero value (the run above leaves
     // some at 0): the header test vector of the wire facts, a C++-style
     // control packet with 8 trailing bytes, and an SM error response with
     // two different endpoints.
     let crafted = dir.join("crafted.pcap");
     write_crafted(&crafted)?;
-    let kinds = compare(tshark_path, &lua, &crafted)?;
+    let kinds = compare(tshark_path, &lua, &crafted, &[])?;
     let want: BTreeMap<String, usize> = [
         ("data RESP type 171 size 1193046".to_string(), 1),
         ("data RFR type 2 size 0".to_string(), 1),
@@ -310,7 +379,6 @@ fn check(tshark_path: &Path) -> Result<(), Failed> {
     if kinds != want {
         return Err(format!("crafted capture: {kinds:?}, expected {want:?}").into());
     }
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 

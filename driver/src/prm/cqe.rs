@@ -183,7 +183,7 @@ pub const CONSTS: &[ConstDesc] = &[
 ];
 
 /// A CQE, decoded (a copy, never a reference into the ring).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Cqe {
     /// Opcode, raw (`op_own >> 4`).
     pub opcode: u8,

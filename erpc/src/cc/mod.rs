@@ -93,6 +93,9 @@ pub(crate) struct SessionCc {
     pub timely: Timely,
     /// Departure time of the session's last paced packet.
     pub prev_desired_tx_ns: u64,
+    /// The last RTT sample, ns (bypassed and ignored samples included),
+    /// for diagnostics: `None` before the first acknowledgement.
+    pub last_rtt_ns: Option<u64>,
 }
 
 impl SessionCc {
@@ -100,6 +103,7 @@ impl SessionCc {
         SessionCc {
             timely: Timely::new(cfg.timely, cfg.link_rate(), now_ns),
             prev_desired_tx_ns: now_ns,
+            last_rtt_ns: None,
         }
     }
 

@@ -153,6 +153,7 @@ pub struct NexusBuilder {
     seed: Option<u64>,
     failure_timeout_ms: u64,
     sm_extensions: bool,
+    inspect: bool,
     error: Option<NexusError>,
 }
 
@@ -253,6 +254,17 @@ impl NexusBuilder {
         self
     }
 
+    /// Exposes this Nexus and its Rpcs on the process's debug endpoint
+    /// (`erpc-inspect`; see [`crate::inspect`]). Off by default;
+    /// `ERPC_INSPECT=1` in the environment turns it on too. Each Rpc's
+    /// event loop then checks one atomic per iteration. If the endpoint
+    /// cannot start (no writable socket directory), the Nexus logs a
+    /// warning and works without it.
+    pub fn inspect(mut self, on: bool) -> Self {
+        self.inspect = on;
+        self
+    }
+
     /// Starts the Nexus: spawns workers and starts the SM link.
     pub fn build(self) -> Result<Arc<Nexus>, NexusError> {
         if let Some(e) = self.error {
@@ -287,7 +299,19 @@ impl NexusBuilder {
             self.failure_timeout_ms * 1_000_000,
         ));
         link.start(&self.uri, router.clone())?;
+        let inspect = (self.inspect || debug_endpoint::env_enabled())
+            .then(|| {
+                crate::inspect::NexusInspect::register(
+                    &self.uri,
+                    router.clone(),
+                    self.sm_extensions,
+                    self.failure_timeout_ms,
+                    workers.threads(),
+                )
+            })
+            .flatten();
         Ok(Arc::new(Nexus {
+            inspect,
             sm_extensions: self.sm_extensions,
             uri: self.uri,
             handlers,
@@ -310,6 +334,7 @@ pub struct Nexus {
     link: Arc<dyn SmLink>,
     clock: Clock,
     rng: Mutex<Rng>,
+    inspect: Option<crate::inspect::NexusInspect>,
 }
 
 impl fmt::Debug for Nexus {
@@ -339,6 +364,7 @@ impl Nexus {
             seed: None,
             failure_timeout_ms: FAILURE_TIMEOUT_MS,
             sm_extensions: true,
+            inspect: false,
             error,
         }
     }
@@ -426,6 +452,19 @@ impl Nexus {
 
     pub(crate) fn sm_send(&self, to: &Uri, pkt: &[u8; SM_PKT_BYTES]) {
         self.link.send(&self.uri, to, pkt);
+    }
+
+    /// A debug-endpoint publisher for a new Rpc, if this Nexus is exposed.
+    pub(crate) fn inspect_publisher(
+        &self,
+        rpc_id: u8,
+    ) -> Option<debug_endpoint::Publisher<crate::inspect::RpcRaw>> {
+        self.inspect.as_ref().map(|i| i.add_rpc(rpc_id))
+    }
+
+    /// True if this Nexus is exposed on the debug endpoint.
+    pub fn inspected(&self) -> bool {
+        self.inspect.is_some()
     }
 
     pub(crate) fn random_u64(&self) -> u64 {

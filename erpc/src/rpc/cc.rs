@@ -153,10 +153,32 @@ impl<T: Transport, C> Rpc<T, C> {
             return;
         };
         let rtt = rx_ns.saturating_sub(ts.get());
+        cc.last_rtt_ns = Some(rtt);
         match cc.timely.update(rx_ns, rtt, bypass) {
             Update::Updated => self.stats.timely_updates += 1,
             Update::Bypassed => self.stats.timely_bypassed += 1,
             Update::Ignored => {}
         }
+    }
+}
+
+impl<T: Transport, C> Rpc<T, C> {
+    /// Congestion control as the debug endpoint shows it (`None` when it
+    /// is off).
+    pub(crate) fn cc_view(&self) -> Option<crate::inspect::CcView> {
+        let w = self.wheel.as_ref()?;
+        let cfg = &self.config.cc;
+        let st = w.stats();
+        Some(crate::inspect::CcView {
+            link_gbps: cfg.link_gbps,
+            min_gbps: cfg.timely.min_rate * 8.0 / 1e9,
+            timely_bypass: cfg.timely_bypass,
+            wheel_bypass: cfg.wheel_bypass,
+            wheel_queued: w.len(),
+            wheel_inserted: st.inserted,
+            wheel_reaped: st.reaped,
+            wheel_clamped: st.clamped,
+            wheel_overflow: st.overflow,
+        })
     }
 }

@@ -44,6 +44,12 @@ impl<T: Transport, C> Rpc<T, C> {
             self.process_wheel();
         }
         self.flush_tx();
+        // The debug endpoint: one relaxed load while nobody is attached.
+        if let Some(p) = &self.inspect
+            && p.wanted()
+        {
+            self.publish_inspect();
+        }
         self.in_event_loop = false;
     }
 

@@ -265,6 +265,10 @@ pub struct SessionInfo {
     /// Client: Timely's current rate in Gbit/s (`None` with congestion
     /// control off).
     pub timely_gbps: Option<f64>,
+    /// Client: the last RTT sample in µs, from a packet's TX timestamp to
+    /// its acknowledgement (`None` with congestion control off or before
+    /// the first acknowledgement).
+    pub rtt_us: Option<f64>,
     /// Per slot: client `(num_tx, num_rx)`; server: a short state name.
     pub slots: Vec<String>,
 }
@@ -596,6 +600,8 @@ pub struct Rpc<T: Transport, C> {
     bg: BgState,
     in_event_loop: bool,
     stats: RpcStats,
+    /// Debug-endpoint publication (`crate::inspect`), if the Nexus is exposed.
+    pub(crate) inspect: Option<debug_endpoint::Publisher<crate::inspect::RpcRaw>>,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -741,6 +747,7 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             },
             in_event_loop: false,
             stats: RpcStats::default(),
+            inspect: nexus.inspect_publisher(rpc_id),
             _not_send: PhantomData,
         })
     }
@@ -824,6 +831,11 @@ impl<T: Transport, C> Rpc<T, C> {
             req_nums: std::array::from_fn(|i| s.slots[i].cur_req_num),
             retransmits: s.retransmits,
             timely_gbps: s.cc.as_ref().map(|c| c.timely.rate() * 8.0 / 1e9),
+            rtt_us: s
+                .cc
+                .as_ref()
+                .and_then(|c| c.last_rtt_ns)
+                .map(|ns| ns as f64 / 1e3),
             slots: s
                 .slots
                 .iter()

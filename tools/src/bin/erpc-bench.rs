@@ -20,6 +20,10 @@
 //! UDP (loopback) and measures how long the client takes to see its
 //! requests fail, against the failure timeout.
 //!
+//! `--inspect` exposes the run on the debug endpoint: `erpc-inspect PID`
+//! (or `--watch`) shows the NICs' queues, the Rpcs and their sessions while
+//! it runs.
+//!
 //! Bad settings are refused before anything runs, naming the limit (exit
 //! code 2); a failed setup or run is one error line (exit code 1).
 
@@ -103,9 +107,13 @@ struct Args {
     warmup: f64,
     /// Capture the eRPC runs (data and session-management packets) into a
     /// pcap file; decode it with tools/wireshark/erpc.lua. Device model
-    /// only; slows the run, so keep --secs short.
+    /// and kernel UDP; slows the run, so keep --secs short.
     #[arg(long, value_name = "FILE")]
     pcap: Option<PathBuf>,
+    /// Expose the run on the debug endpoint, for `erpc-inspect PID` (the
+    /// NICs and both nodes' Nexuses and Rpcs; ERPC_INSPECT=1 does the same).
+    #[arg(long)]
+    inspect: bool,
     /// Also write the results (settings, every point, queue snapshots) as
     /// JSON.
     #[arg(long, value_name = "FILE")]
@@ -598,15 +606,24 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
             c.path().display()
         );
     }
+    let inspect = args.inspect || debug_endpoint::env_enabled();
+    if inspect {
+        eprintln!(
+            "debug endpoint: {} (attach with `erpc-inspect {}`)",
+            debug_endpoint::socket_path(&debug_endpoint::socket_dir(), std::process::id())
+                .display(),
+            std::process::id()
+        );
+    }
     let dm = match args.transport {
-        Which::Mlx5Sim => Some(DeviceModel::new(plan.clone(), capture.clone())?),
+        Which::Mlx5Sim => Some(DeviceModel::new(plan.clone(), capture.clone(), inspect)?),
         _ => None,
     };
     if let Some(d) = &dm {
         d.set_loss(args.loss);
     }
     let hw = match (&args.transport, &args.pci) {
-        (Which::Mlx5, Some(bdf)) => Some(Vfio::open(bdf, plan.clone())?),
+        (Which::Mlx5, Some(bdf)) => Some(Vfio::open(bdf, plan.clone(), inspect)?),
         _ => None,
     };
     out.line(
@@ -660,7 +677,7 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
         let o = match (&dm, &hw) {
             (Some(d), _) => erpc_on(d, &Knobs::default(), p, dur, warmup, &progress)?,
             (_, Some(h)) => erpc_on(h, &Knobs::default(), p, dur, warmup, &progress)?,
-            _ => udp_erpc(&plan, p, dur, warmup, &progress)?,
+            _ => udp_erpc(&plan, p, dur, warmup, &progress, capture.as_ref(), inspect)?,
         };
         let ratio = ratio_to_raw(o.rpcs_per_sec, args.size, raw);
         // The reference does eRPC's packet work without eRPC: above 1.0,
@@ -726,9 +743,11 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
             ),
         )?;
     }
-    let capture_stats = match (&dm, &capture) {
-        (Some(d), Some(c)) => {
-            d.flush_capture()?;
+    let capture_stats = match &capture {
+        Some(c) => {
+            if let Some(d) = &dm {
+                d.flush_capture()?;
+            }
             let s = c.finish().map_err(output_error(c.path()))?;
             eprintln!(
                 "wrote {}: {} data frames, {} session-management packets",
@@ -736,9 +755,19 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
                 s.data_frames,
                 s.sm_frames
             );
+            let ports = c.ports();
+            if !ports.is_empty() {
+                // Kernel UDP picked the ports: tell the dissector.
+                let list: Vec<String> = ports.iter().map(u16::to_string).collect();
+                eprintln!(
+                    "decode it with: tshark -X lua_script:tools/wireshark/erpc.lua -o erpc.udp_ports:{} -r {}",
+                    list.join(","),
+                    c.path().display()
+                );
+            }
             Some(s)
         }
-        _ => None,
+        None => None,
     };
     if let (Some(w), Some(path)) = (csv_out.as_mut(), args.latency_csv.as_deref()) {
         write_latency_csv(w, &points).map_err(output_error(path))?;

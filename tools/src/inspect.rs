@@ -1,0 +1,1284 @@
+//! `erpc-inspect`: attach to a running process's debug endpoint and show
+//! its queues, counters and sessions; bring a device up offline and show
+//! what it is.
+//!
+//! The process side is the `debug-endpoint` crate (the socket, the
+//! publication protocol) plus `mlx5::inspect` and `erpc::inspect` (what a
+//! device, its queue sets, a Nexus and its Rpcs publish). This module
+//! turns their snapshots into text, rates and descriptor dumps.
+//!
+//! # JSON
+//!
+//! `erpc-inspect PID --json` prints one [`Snapshot`]: the endpoint's
+//! common keys (`protocol`, `pid`, `uid`, `process`, `time_unix_ns`,
+//! `generation`, `complete`, `waited_ms`), then `devices`
+//! ([`mlx5::inspect::DeviceView`]) and `nexuses`
+//! ([`erpc::inspect::NexusView`]). Every key is a field name of those
+//! types, documented there; `tools/tests/inspect_keys.txt` lists every key
+//! path and the tests fail if one changes without it.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use debug_endpoint::client::{Client, ClientError};
+use erpc::inspect::{NexusView, RpcView, TRANSPORT_DROP_KEYS};
+use mlx5::inspect::{
+    CompareStatus, Comparison, DeviceReport, DeviceView, QueueSetView, Relation, decode_mprq_wqe,
+    decode_send_wqe,
+};
+use mlx5::prm::codes::QueueState;
+use mlx5::prm::cqe::Cqe;
+use mlx5::prm::wqe::{SEND_WQE_BB, SEND_WQE_DS};
+use serde::{Deserialize, Serialize};
+
+/// One snapshot of a process, as `--json` prints it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Protocol version of the endpoint.
+    pub protocol: u32,
+    /// The process.
+    pub pid: u32,
+    /// Its effective uid.
+    pub uid: u32,
+    /// Its name.
+    pub process: String,
+    /// Wall-clock time of the answer, ns since the Unix epoch.
+    pub time_unix_ns: u64,
+    /// The request generation.
+    pub generation: u64,
+    /// Every publisher answered in time.
+    pub complete: bool,
+    /// How long the endpoint waited for them, ms.
+    pub waited_ms: f64,
+    /// mlx5 devices.
+    #[serde(default)]
+    pub devices: Vec<DeviceView>,
+    /// eRPC Nexuses.
+    #[serde(default)]
+    pub nexuses: Vec<NexusView>,
+}
+
+/// Why a snapshot could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum InspectError {
+    /// Talking to the endpoint failed.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// The answer does not have the expected shape.
+    #[error("unexpected snapshot from {path}: {why}")]
+    Shape {
+        /// The socket.
+        path: PathBuf,
+        /// The decoding error.
+        why: String,
+    },
+    /// The protocol version is one this tool does not know.
+    #[error("{path} speaks protocol {got}; this erpc-inspect speaks {want}")]
+    Protocol {
+        /// The socket.
+        path: PathBuf,
+        /// Its version.
+        got: u64,
+        /// Ours.
+        want: u32,
+    },
+}
+
+/// Asks for one snapshot.
+pub fn fetch(c: &mut Client, rings: bool, timeout: Duration) -> Result<Snapshot, InspectError> {
+    let v = c.snapshot(rings, timeout)?;
+    let got = v["protocol"].as_u64().unwrap_or(0);
+    if got != u64::from(debug_endpoint::PROTOCOL) {
+        return Err(InspectError::Protocol {
+            path: c.path().to_owned(),
+            got,
+            want: debug_endpoint::PROTOCOL,
+        });
+    }
+    serde_json::from_value(v).map_err(|e| InspectError::Shape {
+        path: c.path().to_owned(),
+        why: e.to_string(),
+    })
+}
+
+/// Output styling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Style {
+    /// ANSI colors (differences red, lags yellow, headers bold).
+    pub color: bool,
+}
+
+impl Style {
+    fn paint(self, code: &str, s: &str) -> String {
+        if self.color {
+            format!("\x1b[{code}m{s}\x1b[0m")
+        } else {
+            s.to_string()
+        }
+    }
+    fn bold(self, s: &str) -> String {
+        self.paint("1", s)
+    }
+    fn red(self, s: &str) -> String {
+        self.paint("1;31", s)
+    }
+    fn yellow(self, s: &str) -> String {
+        self.paint("33", s)
+    }
+}
+
+/// Per-second rates between two snapshots of the same process.
+#[derive(Debug, Clone, Copy)]
+pub struct Rates<'a> {
+    prev: &'a Snapshot,
+    cur: &'a Snapshot,
+}
+
+impl<'a> Rates<'a> {
+    /// Rates from `prev` to `cur` (`None` if not the same process).
+    pub fn new(prev: &'a Snapshot, cur: &'a Snapshot) -> Option<Rates<'a>> {
+        (prev.pid == cur.pid && cur.time_unix_ns > prev.time_unix_ns).then_some(Rates { prev, cur })
+    }
+
+    /// Seconds between two publications, from each snapshot's time and the
+    /// age of the section.
+    fn secs(&self, prev_age_ms: f64, cur_age_ms: f64) -> Option<f64> {
+        let t = |s: &Snapshot, age: f64| s.time_unix_ns as f64 / 1e9 - age / 1e3;
+        let d = t(self.cur, cur_age_ms) - t(self.prev, prev_age_ms);
+        (d > 1e-6).then_some(d)
+    }
+
+    fn queue_set(&self, dev: &str, port: u16) -> Option<(&'a QueueSetView, &'a QueueSetView, f64)> {
+        let find = |s: &'a Snapshot| {
+            s.devices
+                .iter()
+                .find(|d| d.report.name == dev)?
+                .queue_sets
+                .iter()
+                .find(|q| q.udp_port == port)
+        };
+        let (p, c) = (find(self.prev)?, find(self.cur)?);
+        let dt = self.secs(p.published?.age_ms, c.published?.age_ms)?;
+        Some((p, c, dt))
+    }
+
+    fn rpc(&self, uri: &str, id: u8) -> Option<(&'a RpcView, &'a RpcView, f64)> {
+        let find = |s: &'a Snapshot| {
+            let r = s
+                .nexuses
+                .iter()
+                .find(|n| n.uri == uri)?
+                .rpcs
+                .iter()
+                .find(|r| r.rpc_id == id)?;
+            Some((r.rpc.as_ref()?, r.published?))
+        };
+        let ((p, pp), (c, cp)) = (find(self.prev)?, find(self.cur)?);
+        Some((p, c, self.secs(pp.age_ms, cp.age_ms)?))
+    }
+}
+
+fn rate(prev: u64, cur: u64, secs: f64) -> String {
+    let r = cur.saturating_sub(prev) as f64 / secs;
+    if r >= 1e6 {
+        format!("[{:.2} M/s]", r / 1e6)
+    } else if r >= 1e3 {
+        format!("[{:.1} k/s]", r / 1e3)
+    } else {
+        format!("[{r:.0}/s]")
+    }
+}
+
+fn state_name(v: u64) -> String {
+    QueueState::from_raw(v as u8).map_or_else(|| format!("0x{v:x}"), |s| s.name().to_string())
+}
+
+fn compare_line(c: &Comparison, style: Style) -> String {
+    let (sw, fw) = if c.bits == 0 {
+        (state_name(c.software), state_name(c.firmware))
+    } else {
+        (c.software.to_string(), c.firmware.to_string())
+    };
+    let (mark, note) = match c.status {
+        CompareStatus::Same => ("=".to_string(), String::new()),
+        CompareStatus::Lagging => {
+            let m = match c.relation {
+                Relation::SoftwareBehind => "<",
+                Relation::FirmwareBehind => ">",
+                _ => "~",
+            };
+            (style.yellow(m), String::new())
+        }
+        CompareStatus::Differs => (style.red("!="), style.red("  <- differs")),
+    };
+    format!(
+        "      {:<16} {:>10} {:>2} {:<10} {}{note}",
+        c.key, sw, mark, fw, c.what
+    )
+}
+
+fn mac_of(name: &str) -> &str {
+    name.rsplit("mac ")
+        .next()
+        .map_or(name, |m| m.trim_end_matches(')'))
+}
+
+fn caps_line(r: &DeviceReport) -> String {
+    let c = &r.caps;
+    format!(
+        "port {}, mac {}, inline {}, CQE v{}, BlueFlame {}, max WQ 2^{}, max CQ 2^{}, \
+         striding RQ from 2^{} strides, timestamps sq {} rq {}{}",
+        r.port_state,
+        r.mac,
+        c.inline_mode,
+        c.cqe_version,
+        if c.bf_reg_size == 0 {
+            "none".to_string()
+        } else {
+            format!("{} B", c.bf_reg_size)
+        },
+        c.log_max_wq_sz,
+        c.log_max_cq_sz,
+        if c.ext_stride_num_range { 3 } else { 9 },
+        c.sq_ts_format,
+        c.rq_ts_format,
+        if c.reset_root_to_default {
+            ", reset_root_to_default"
+        } else {
+            ""
+        }
+    )
+}
+
+/// The lines every device report shows (live and offline).
+pub fn report_text(r: &DeviceReport, style: Style) -> String {
+    let mut s = String::new();
+    let model = r.model.as_deref().unwrap_or("unknown model");
+    let _ = writeln!(
+        s,
+        "{} {model} [15b3:{:04x}]{}, firmware {}",
+        style.bold(&format!("device {}:", r.name)),
+        r.pci_device_id,
+        if r.is_vf { " VF" } else { "" },
+        r.fw_version
+    );
+    let _ = writeln!(s, "  {}", caps_line(r));
+    let h = &r.health;
+    let verdict = if h.verdict == "ok" {
+        h.verdict.clone()
+    } else {
+        style.red(&h.verdict)
+    };
+    let _ = writeln!(
+        s,
+        "  health {verdict}: heartbeat 0x{:06x}, syndrome 0x{:02x} ext 0x{:04x}, nic_interface {}, rfr {}",
+        h.heartbeat, h.syndrome, h.ext_syndrome, h.nic_interface, h.rfr as u8
+    );
+    let p = &r.pages;
+    let _ = writeln!(
+        s,
+        "  pages: {} given to firmware ({} MiB); driver DMA pool {} of {} 4 KiB pages in use, {} region(s)",
+        p.firmware_pages,
+        (p.firmware_pages * 4096) >> 20,
+        p.dma_pages_in_use,
+        p.dma_pages_total,
+        p.dma_regions
+    );
+    let o = &r.objects;
+    let _ = writeln!(
+        s,
+        "  objects: PD 0x{:x}, TD 0x{:x}, lkey 0x{:x}, EQ 0x{:x}; commands {} sent, {} failed, {} busy polls",
+        o.pd, o.td, o.lkey, o.eqn, r.commands.sent, r.commands.failed, r.commands.busy_polls
+    );
+    s
+}
+
+fn cqe_line(hex: &str) -> String {
+    match debug_endpoint::unhex(hex).and_then(|b| <[u8; 64]>::try_from(b).ok()) {
+        Some(b) => Cqe::decode(&b).to_string(),
+        None => "(not 64 bytes of hex)".into(),
+    }
+}
+
+fn queue_set_text(
+    out: &mut String,
+    dev: &DeviceView,
+    q: &QueueSetView,
+    rates: Option<&Rates<'_>>,
+    style: Style,
+) {
+    let age = q.published.map_or("never published".to_string(), |p| {
+        let a = format!("published {:.1} ms ago", p.age_ms);
+        if p.fresh {
+            a
+        } else {
+            style.yellow(&format!("{a}, STALE: its thread did not answer"))
+        }
+    });
+    let _ = writeln!(
+        out,
+        "  {} ({age})",
+        style.bold(&format!("queue set :{}", q.udp_port))
+    );
+    let i = &q.ids;
+    let _ = writeln!(
+        out,
+        "    objects  SQ 0x{:x}  RQ 0x{:x}  TX CQ 0x{:x}  RX CQ 0x{:x}  TIS 0x{:x}  TIR 0x{:x}  UAR {}  flow {}  Q counter {}",
+        i.sqn, i.rqn, i.tx_cqn, i.rx_cqn, i.tisn, i.tirn, i.uar, i.flow_index, i.counter_set_id
+    );
+    let Some(sw) = &q.software else {
+        let _ = writeln!(
+            out,
+            "    (no software state yet: the queue set's thread has not run its control service since the request)"
+        );
+        return;
+    };
+    let s = &sw.snapshot;
+    let st = &s.stats;
+    let r = rates.and_then(|r| r.queue_set(&dev.report.name, q.udp_port));
+    let rt = |f: fn(&QueueSetView) -> u64| {
+        r.map_or(String::new(), |(p, c, dt)| {
+            format!(" {}", rate(f(p), f(c), dt))
+        })
+    };
+    let sq_state = match &s.sq_error {
+        Some(e) => style.red(&format!("ERR after {e}")),
+        None => "RDY".into(),
+    };
+    let _ = writeln!(
+        out,
+        "    SQ       {sq_state}; pi {} ci {} of {} WQEBBs ({} in flight); {} unsignaled of {}{}",
+        s.sq_pi,
+        s.sq_ci,
+        sw.sq_wqebbs,
+        s.sq_pi.wrapping_sub(s.sq_ci),
+        s.sq_unsignaled,
+        sw.unsignaled_batch,
+        if s.sq_signaled_outstanding {
+            ", a signaled WQE outstanding"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        out,
+        "             {} WQEs{} ({} bytes), {} doorbells{}, BlueFlame {} ({} writes), {} SQ-full stalls, L2 inline {}",
+        st.tx_wqes,
+        rt(|q| q.software.as_ref().map_or(0, |s| s.snapshot.stats.tx_wqes)),
+        st.tx_bytes,
+        st.tx_doorbells,
+        rt(|q| q
+            .software
+            .as_ref()
+            .map_or(0, |s| s.snapshot.stats.tx_doorbells)),
+        if sw.blueflame { "on" } else { "off" },
+        st.tx_blueflame,
+        st.tx_full,
+        if sw.inline_l2 { "yes" } else { "no" }
+    );
+    let strides = sw.rq_strides_per_wqe;
+    let posted_strides = u64::from(s.rq_head) * u64::from(strides);
+    let _ = writeln!(
+        out,
+        "    RQ       {} WQEs x {} strides of {} B; {} WQEs posted, {} strides reported, {} posted and not yet reported; {} slots given back, not reposted",
+        sw.rq_wqes,
+        strides,
+        sw.rq_stride_bytes,
+        s.rq_head,
+        sw.rx_strides_reported,
+        posted_strides.wrapping_sub(u64::from(sw.rx_strides_reported)) & 0xffff_ffff,
+        s.rx_to_post
+    );
+    let oob = q
+        .firmware
+        .map_or("?".to_string(), |f| f.out_of_buffer.to_string());
+    let _ = writeln!(
+        out,
+        "             out-of-buffer drops {}",
+        if oob == "0" || oob == "?" {
+            oob
+        } else {
+            style.red(&oob)
+        }
+    );
+    let _ = writeln!(
+        out,
+        "    RX CQ    {} CQEs, overrun ignored; next {}; position {} (wqe_id {:?}); {} packets{} in {} bursts, {} torn snapshots",
+        sw.rx_cq_entries,
+        s.rx_cqe_idx,
+        s.rx_prev_position,
+        s.rx_wqe_id_mode,
+        st.rx_pkts,
+        rt(|q| q.software.as_ref().map_or(0, |s| s.snapshot.stats.rx_pkts)),
+        st.rx_bursts,
+        st.rx_torn_snapshots
+    );
+    for (k, h) in sw.rx_cqes.iter().enumerate() {
+        let next = if k == s.rx_cqe_idx { " <- next" } else { "" };
+        let _ = writeln!(out, "      [{k}] {}{next}", cqe_line(h));
+    }
+    let _ = writeln!(
+        out,
+        "    TX CQ    {} CQEs; ci {}; {} CQEs in {} polls; last {}",
+        sw.tx_cq_entries,
+        s.tx_cq_ci,
+        st.tx_cqes,
+        st.tx_cq_polls,
+        s.tx_last_cqe
+            .map_or("none yet".to_string(), |c| c.to_string())
+    );
+    let _ = writeln!(
+        out,
+        "    UAR      page {}: next BlueFlame/doorbell register at BAR0 0x{:x} ({} B halves)",
+        i.uar, sw.bf_register, sw.bf_half_bytes
+    );
+    let _ = writeln!(
+        out,
+        "    control  EQ serviced {} times by this thread (found busy {}, errors {})",
+        st.control_services, st.control_busy, st.control_errors
+    );
+    match (&q.firmware, &q.firmware_error) {
+        (Some(_), _) => {
+            let _ = writeln!(
+                out,
+                "    firmware vs software (QUERY_SQ/RQ/CQ after the software view; = same, < > ~ moved in between or told late by design, != differs):"
+            );
+            for c in &q.compare {
+                let _ = writeln!(out, "{}", compare_line(c, style));
+            }
+        }
+        (None, Some(e)) => {
+            let _ = writeln!(out, "    firmware view unavailable: {}", style.red(e));
+        }
+        (None, None) => {}
+    }
+}
+
+fn device_text(out: &mut String, d: &DeviceView, rates: Option<&Rates<'_>>, style: Style) {
+    out.push_str(&report_text(&d.report, style));
+    if let Some(eq) = &d.eq {
+        let events = if eq.events.is_empty() {
+            "none".to_string()
+        } else {
+            eq.events
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let _ = writeln!(
+            out,
+            "  EQ 0x{:x} on UAR {}: ci {}; events: {events}; last: {}",
+            eq.eqn,
+            eq.uar,
+            eq.ci,
+            eq.last_event.as_deref().unwrap_or("none")
+        );
+        match (&eq.firmware, &eq.firmware_error) {
+            (Some((c, p, st)), _) => {
+                let _ = writeln!(
+                    out,
+                    "     firmware: consumer {c}, producer {p}, state 0x{st:x}"
+                );
+                for c in &eq.compare {
+                    let _ = writeln!(out, "{}", compare_line(c, style));
+                }
+            }
+            (None, Some(e)) => {
+                let _ = writeln!(out, "     QUERY_EQ failed: {}", style.red(e));
+            }
+            _ => {}
+        }
+    }
+    for e in &d.cq_errors {
+        let _ = writeln!(
+            out,
+            "  {}",
+            style.red(&format!(
+                "CQ error event: CQ 0x{:x} syndrome 0x{:02x}",
+                e.cqn, e.syndrome
+            ))
+        );
+    }
+    for q in &d.queue_sets {
+        queue_set_text(out, d, q, rates, style);
+    }
+}
+
+fn drops_text(m: &BTreeMap<String, u64>, keys: Option<&[&str]>, style: Style) -> String {
+    let v: Vec<String> = m
+        .iter()
+        .filter(|(k, v)| **v > 0 && keys.is_none_or(|ks| ks.contains(&k.as_str())))
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    if v.is_empty() {
+        "none".into()
+    } else {
+        style.yellow(&v.join(", "))
+    }
+}
+
+fn req_nums_text(nums: &[u64]) -> String {
+    let Some(&base) = nums.iter().min() else {
+        return "-".into();
+    };
+    let offs: Vec<String> = nums.iter().map(|n| (n - base).to_string()).collect();
+    format!("{base}+[{}]", offs.join(" "))
+}
+
+fn rpc_text(
+    out: &mut String,
+    n: &NexusView,
+    r: &erpc::inspect::RpcSlotView,
+    snap: &Snapshot,
+    rates: Option<&Rates<'_>>,
+    style: Style,
+) {
+    let age = r.published.map_or("never published".to_string(), |p| {
+        let a = format!("published {:.1} ms ago", p.age_ms);
+        if p.fresh {
+            a
+        } else {
+            style.yellow(&format!("{a}, STALE: its event loop did not run"))
+        }
+    });
+    let Some(v) = &r.rpc else {
+        let _ = writeln!(
+            out,
+            "  {} ({age})",
+            style.bold(&format!("Rpc {}", r.rpc_id))
+        );
+        return;
+    };
+    let t = &v.transport;
+    let kind = t.kind.split('<').next().unwrap_or(&t.kind);
+    let kind = kind.rsplit("::").next().unwrap_or(kind);
+    // The queue set of an mlx5 transport: same MAC and UDP port.
+    let qs = snap.devices.iter().find_map(|d| {
+        (mac_of(&d.report.name) == t.mac || d.report.mac == t.mac)
+            .then(|| d.queue_sets.iter().find(|q| q.udp_port == t.udp_port))
+            .flatten()
+            .map(|_| d.report.name.as_str())
+    });
+    let _ = writeln!(
+        out,
+        "  {} ({age}): {kind} {}:{} mac {}{}",
+        style.bold(&format!("Rpc {}", v.rpc_id)),
+        t.ipv4,
+        t.udp_port,
+        t.mac,
+        qs.map_or(String::new(), |d| format!(
+            ", queue set :{} of {d}",
+            t.udp_port
+        ))
+    );
+    let c = &v.stats.counters;
+    let g = |k: &str| c.get(k).copied().unwrap_or(0);
+    let rr = rates.and_then(|x| x.rpc(&n.uri, v.rpc_id));
+    let rt = |k: &str| {
+        rr.map_or(String::new(), |(p, cur, dt)| {
+            let f = |x: &RpcView| x.stats.counters.get(k).copied().unwrap_or(0);
+            format!(" {}", rate(f(p), f(cur), dt))
+        })
+    };
+    let _ = writeln!(
+        out,
+        "    requests   {} enqueued, {} completed{} ({} failed), {} backlogged; served {} handled{}, {} responses",
+        g("reqs_enqueued"),
+        g("reqs_completed"),
+        rt("reqs_completed"),
+        g("reqs_failed"),
+        g("reqs_backlogged"),
+        g("reqs_handled"),
+        rt("reqs_handled"),
+        g("resps_enqueued")
+    );
+    let _ = writeln!(
+        out,
+        "    packets    rx {}{} ({} accepted), tx {}{} in {} bursts; {} refused, {} given up",
+        g("rx_pkts"),
+        rt("rx_pkts"),
+        g("rx_accepted"),
+        g("tx_pkts"),
+        rt("tx_pkts"),
+        g("tx_bursts"),
+        g("tx_refused"),
+        g("tx_given_up")
+    );
+    let _ = writeln!(
+        out,
+        "    loss       {} retransmissions ({} packets), {} TX drains, {} duplicate answers; sessions reset {} (peer failed {})",
+        g("retransmissions"),
+        g("retransmitted_pkts"),
+        g("tx_flushes"),
+        g("dup_req_cr_resent") + g("dup_req_resp_resent") + g("dup_rfr_resent"),
+        g("sessions_reset"),
+        g("sessions_peer_failed")
+    );
+    match &v.cc {
+        Some(cc) => {
+            let _ = writeln!(
+                out,
+                "    cc         Timely {} updates, {} bypassed{}; link {} Gbit/s, min {:.3}; wheel {} queued, {} paced, {} bypassed, {} stale, {} clamped, {} overflow",
+                g("timely_updates"),
+                g("timely_bypassed"),
+                if cc.timely_bypass {
+                    ""
+                } else {
+                    " (bypass off)"
+                },
+                cc.link_gbps,
+                cc.min_gbps,
+                cc.wheel_queued,
+                cc.wheel_inserted,
+                g("wheel_bypassed"),
+                g("wheel_stale"),
+                cc.wheel_clamped,
+                cc.wheel_overflow,
+            );
+        }
+        None => {
+            let _ = writeln!(out, "    cc         off (no RTT, no Timely, no wheel)");
+        }
+    }
+    let _ = writeln!(
+        out,
+        "    eRPC drops {}",
+        drops_text(&v.stats.drops, None, style)
+    );
+    let ts = &t.stats;
+    let tg = |k: &str| ts.get(k).copied().unwrap_or(0);
+    let _ = writeln!(
+        out,
+        "    transport  tx {} pkts {} B {} doorbells, rx {} pkts {} B; drops {}",
+        tg("tx_pkts"),
+        tg("tx_bytes"),
+        tg("tx_doorbells"),
+        tg("rx_pkts"),
+        tg("rx_bytes"),
+        drops_text(ts, Some(TRANSPORT_DROP_KEYS), style)
+    );
+    let _ = writeln!(
+        out,
+        "    memory     RX ring {} entries, {} unreserved; msgbufs {} KiB in use of {} KiB",
+        v.rx_ring_entries,
+        v.rx_ring_unreserved,
+        v.alloc_in_use_bytes >> 10,
+        v.alloc_reserved_bytes >> 10
+    );
+    if v.sessions.is_empty() {
+        let _ = writeln!(out, "    sessions   none");
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "    {:>5} {:<6} {:<22} {:<20} {:>7} {:>5} {:>7} {:>5} {:>7} {:>8}  {:<24} REQUEST NUMBERS",
+        "SN",
+        "ROLE",
+        "STATE",
+        "REMOTE",
+        "CREDITS",
+        "SLOTS",
+        "BACKLOG",
+        "RETX",
+        "RTT µs",
+        "TIMELY",
+        "SLOT tx/rx"
+    );
+    let link = v.cc.map(|c| c.link_gbps);
+    for s in &v.sessions {
+        let opt =
+            |x: Option<f64>, unit: &str| x.map_or("-".to_string(), |v| format!("{v:.1}{unit}"));
+        // A session Timely slowed below the link rate is rate limited: its
+        // packets go through the wheel.
+        let timely = format!("{:>8}", opt(s.timely_rate_gbps, "G"));
+        let timely = match (s.timely_rate_gbps, link) {
+            (Some(r), Some(l)) if r < l => style.yellow(&timely),
+            _ => timely,
+        };
+        let _ = writeln!(
+            out,
+            "    {:>5} {:<6} {:<22} {:<20} {:>7} {:>5} {:>7} {:>5} {:>7} {}  {:<24} {}",
+            s.session,
+            s.role,
+            s.state,
+            format!("{}/{}#{}", s.remote_uri, s.remote_rpc_id, s.remote_session),
+            if s.role == "client" {
+                s.credits.to_string()
+            } else {
+                "-".into()
+            },
+            format!("{}/8", s.slots_in_use),
+            s.backlog,
+            s.retransmits,
+            opt(s.rtt_us, ""),
+            timely,
+            s.slots.join(" "),
+            req_nums_text(&s.req_nums)
+        );
+    }
+}
+
+/// The text of one snapshot; with `prev` (an earlier snapshot of the same
+/// process), counters that move show their rate per second.
+pub fn render(snap: &Snapshot, prev: Option<&Snapshot>, style: Style) -> String {
+    let rates = prev.and_then(|p| Rates::new(p, snap));
+    let rates = rates.as_ref();
+    let mut out = String::new();
+    let answered = if snap.complete {
+        "every thread answered".to_string()
+    } else {
+        style.yellow("some threads did not answer in time (their sections are STALE)")
+    };
+    let _ = writeln!(
+        out,
+        "{} pid {} (uid {}): {} device(s), {} Nexus(es); snapshot {}, {answered} (waited {:.1} ms)",
+        style.bold(&snap.process),
+        snap.pid,
+        snap.uid,
+        snap.devices.len(),
+        snap.nexuses.len(),
+        snap.generation,
+        snap.waited_ms
+    );
+    for d in &snap.devices {
+        out.push('\n');
+        device_text(&mut out, d, rates, style);
+    }
+    for n in &snap.nexuses {
+        out.push('\n');
+        let l = &n.liveness;
+        let _ = writeln!(
+            out,
+            "{} incarnation 0x{:016x}, SM extensions {}, failure timeout {} ms, {} worker thread(s)",
+            style.bold(&format!("Nexus {}:", n.uri)),
+            n.incarnation,
+            if n.sm_extensions { "on" } else { "off" },
+            n.failure_timeout_ms,
+            n.worker_threads
+        );
+        let sm = &n.sm;
+        let _ = writeln!(
+            out,
+            "  SM: {} delivered, {} malformed, {} for unknown Rpcs, {} unsupported, {} inbox full; keep-alive: {} pings sent, {} answered, {} pongs, {} peers tracked, failed {} silent / {} restarted / {} Rpc gone / {} injected",
+            sm.delivered,
+            sm.malformed,
+            sm.invalid_rpc_id_req + sm.invalid_rpc_id_resp,
+            sm.unsupported_type,
+            sm.queue_full,
+            l.pings_sent,
+            l.pings_answered,
+            l.pongs_received,
+            l.tracked,
+            l.failed_silent,
+            l.failed_restarted,
+            l.failed_rpc_gone,
+            l.failed_injected
+        );
+        for r in &n.rpcs {
+            rpc_text(&mut out, n, r, snap, rates, style);
+        }
+    }
+    out
+}
+
+/// Which descriptor to dump.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Descriptor {
+    /// An RX CQE (always in the snapshot: the 8 the NIC overwrites).
+    RxCqe(u32),
+    /// A TX CQE (needs rings).
+    TxCqe(u32),
+    /// An SQ WQE starting at this WQEBB (needs rings).
+    SqWqe(u32),
+    /// A striding RQ WQE (needs rings).
+    RqWqe(u32),
+}
+
+impl Descriptor {
+    /// True if the snapshot must carry whole rings.
+    pub fn needs_rings(self) -> bool {
+        !matches!(self, Descriptor::RxCqe(_))
+    }
+}
+
+/// Classic hex dump, 16 bytes per line.
+pub fn hexdump(bytes: &[u8]) -> String {
+    let mut s = String::new();
+    for (i, line) in bytes.chunks(16).enumerate() {
+        let hex: Vec<String> = line.iter().map(|b| format!("{b:02x}")).collect();
+        let _ = writeln!(s, "      {:04x}: {}", i * 16, hex.join(" "));
+    }
+    s
+}
+
+fn cqe_detail(b: &[u8; 64]) -> String {
+    let c = Cqe::decode(b);
+    let mut s = format!("      {c}\n");
+    let _ = writeln!(
+        s,
+        "      opcode 0x{:x} format {} owner {} wqe_id {} wqe_counter {} byte_cnt 0x{:08x} qpn 0x{:x} wqe_opcode 0x{:02x} timestamp {} l4_hdr_type_etc 0x{:02x} checksum {:?}",
+        c.opcode,
+        c.format,
+        c.owner as u8,
+        c.wqe_id,
+        c.wqe_counter,
+        c.byte_cnt,
+        c.qpn,
+        c.wqe_opcode,
+        c.timestamp,
+        c.l4_hdr_type_etc,
+        c.checksum()
+    );
+    if c.op() == Some(mlx5::prm::codes::CqeOpcode::RespSend) {
+        let _ = writeln!(
+            s,
+            "      striding RQ: {} stride(s) from stride {} of WQE {}, {} bytes{}",
+            c.strides(),
+            c.wqe_counter,
+            c.wqe_id,
+            c.mpwrq_bytes(),
+            if c.is_filler() { ", filler" } else { "" }
+        );
+    }
+    s
+}
+
+/// Dumps and decodes descriptor `d` of every queue set (or the one
+/// steered by `port`).
+pub fn render_descriptor(
+    snap: &Snapshot,
+    d: Descriptor,
+    port: Option<u16>,
+) -> Result<String, String> {
+    let mut out = String::new();
+    let mut seen = 0;
+    for dev in &snap.devices {
+        for q in dev
+            .queue_sets
+            .iter()
+            .filter(|q| port.is_none_or(|p| q.udp_port == p))
+        {
+            seen += 1;
+            let head = format!("queue set :{} of {}", q.udp_port, dev.report.name);
+            let Some(sw) = &q.software else {
+                let _ = writeln!(out, "{head}: no software state published");
+                continue;
+            };
+            let rings = sw.rings.as_ref();
+            let missing =
+                || format!("{head}: the snapshot carries no rings (asked without --wqe/--cqe?)");
+            match d {
+                Descriptor::RxCqe(n) => {
+                    let Some(h) = sw.rx_cqes.get(n as usize) else {
+                        return Err(format!(
+                            "--cqe {n}: the RX CQ has {} entries (0 to {})",
+                            sw.rx_cqes.len(),
+                            sw.rx_cqes.len().saturating_sub(1)
+                        ));
+                    };
+                    let b = debug_endpoint::unhex(h).unwrap_or_default();
+                    let _ = writeln!(
+                        out,
+                        "{head}: RX CQE {n} of {} (the driver reads entry {} next)",
+                        sw.rx_cqes.len(),
+                        sw.snapshot.rx_cqe_idx
+                    );
+                    out.push_str(&hexdump(&b));
+                    if let Ok(a) = <[u8; 64]>::try_from(b.as_slice()) {
+                        out.push_str(&cqe_detail(&a));
+                    }
+                }
+                Descriptor::TxCqe(n) => {
+                    let r = rings.ok_or_else(missing)?;
+                    let b = r.tx_cq.entry(n).ok_or_else(|| {
+                        format!(
+                            "--cqe {n} --cq tx: the TX CQ has {} entries",
+                            r.tx_cq.ring_entries
+                        )
+                    })?;
+                    let _ = writeln!(
+                        out,
+                        "{head}: TX CQE {n} of {} (consumer index {})",
+                        r.tx_cq.ring_entries, sw.snapshot.tx_cq_ci
+                    );
+                    out.push_str(&hexdump(&b));
+                    if let Ok(a) = <[u8; 64]>::try_from(b.as_slice()) {
+                        out.push_str(&cqe_detail(&a));
+                    }
+                }
+                Descriptor::SqWqe(n) => {
+                    let r = rings.ok_or_else(missing)?;
+                    let first = r.sq.entry(n).ok_or_else(|| {
+                        format!("--wqe {n}: the SQ has {} WQEBBs", r.sq.ring_entries)
+                    })?;
+                    let mut bytes = first;
+                    // A WQE longer than one WQEBB continues in the next.
+                    let ds = bytes.get(7).map_or(1, |b| usize::from(b & 0x3f));
+                    let bbs = (ds * SEND_WQE_DS).div_ceil(SEND_WQE_BB).max(1);
+                    for k in 1..bbs as u32 {
+                        if let Some(more) = r.sq.entry((n + k) % r.sq.ring_entries) {
+                            bytes.extend(more);
+                        }
+                    }
+                    let _ = writeln!(
+                        out,
+                        "{head}: SQ WQEBB {n} of {} (pi {} = slot {}, ci {} = slot {})",
+                        r.sq.ring_entries,
+                        sw.snapshot.sq_pi,
+                        sw.snapshot.sq_pi % r.sq.ring_entries,
+                        sw.snapshot.sq_ci,
+                        sw.snapshot.sq_ci % r.sq.ring_entries
+                    );
+                    out.push_str(&hexdump(&bytes));
+                    match decode_send_wqe(&bytes) {
+                        Some(w) => {
+                            let _ = writeln!(out, "      {w}");
+                        }
+                        None => {
+                            let _ = writeln!(out, "      (not a decodable send WQE)");
+                        }
+                    }
+                }
+                Descriptor::RqWqe(n) => {
+                    let r = rings.ok_or_else(missing)?;
+                    let b = r.rq.entry(n).ok_or_else(|| {
+                        format!("--wqe {n} --wq rq: the RQ has {} WQEs", r.rq.ring_entries)
+                    })?;
+                    let _ = writeln!(
+                        out,
+                        "{head}: RQ WQE {n} of {} ({} posted = slot {})",
+                        r.rq.ring_entries,
+                        sw.snapshot.rq_head,
+                        sw.snapshot.rq_head % r.rq.ring_entries
+                    );
+                    out.push_str(&hexdump(&b));
+                    if let Some(w) = decode_mprq_wqe(&b) {
+                        let _ = writeln!(out, "      {w}");
+                    }
+                }
+            }
+        }
+    }
+    if seen == 0 {
+        return Err(match port {
+            Some(p) => format!(
+                "no queue set is steered by UDP port {p} in pid {}",
+                snap.pid
+            ),
+            None => format!(
+                "pid {} exposes no mlx5 queue set (an eRPC process on kernel UDP has none; a device needs DeviceConfig::inspect or ERPC_INSPECT=1)",
+                snap.pid
+            ),
+        });
+    }
+    Ok(out)
+}
+
+/// One line of `erpc-inspect list`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Listed {
+    /// The process id.
+    pub pid: u32,
+    /// The socket.
+    pub socket: PathBuf,
+    /// `ok`, `stale (removed)`, `stale`, or the error.
+    pub status: String,
+    /// The process name.
+    pub process: Option<String>,
+    /// Device names.
+    pub devices: Vec<String>,
+    /// Nexus URIs with their Rpc ids.
+    pub nexuses: Vec<String>,
+}
+
+/// Every endpoint in `dir`: asks each for `hello`; removes sockets of
+/// processes that are gone (when they are ours).
+pub fn list(dir: &Path) -> std::io::Result<Vec<Listed>> {
+    let me = debug_endpoint::server::euid();
+    let mut out = Vec::new();
+    for f in debug_endpoint::client::find(dir)? {
+        let mut l = Listed {
+            pid: f.pid,
+            socket: f.path.clone(),
+            status: String::new(),
+            process: None,
+            devices: Vec::new(),
+            nexuses: Vec::new(),
+        };
+        match Client::connect(&f.path).and_then(|mut c| c.hello()) {
+            Ok(h) => {
+                l.status = "ok".into();
+                l.process = h["process"].as_str().map(str::to_string);
+                for d in h["sources"]["devices"].as_array().into_iter().flatten() {
+                    l.devices.push(format!(
+                        "{} ({} queue sets)",
+                        d["name"].as_str().unwrap_or("?"),
+                        d["queue_sets"]
+                    ));
+                }
+                for n in h["sources"]["nexuses"].as_array().into_iter().flatten() {
+                    l.nexuses.push(format!(
+                        "{} (Rpcs {})",
+                        n["uri"].as_str().unwrap_or("?"),
+                        n["rpcs"]
+                    ));
+                }
+            }
+            Err(e) => {
+                if !f.alive && f.uid == me && std::fs::remove_file(&f.path).is_ok() {
+                    l.status = "stale: process gone, socket removed".into();
+                } else if !f.alive {
+                    l.status = "stale: process gone".into();
+                } else {
+                    l.status = e.to_string();
+                }
+            }
+        }
+        out.push(l);
+    }
+    Ok(out)
+}
+
+/// The text of `erpc-inspect list`.
+pub fn list_text(dir: &Path, l: &[Listed]) -> String {
+    let mut s = String::new();
+    if l.is_empty() {
+        let _ = writeln!(
+            s,
+            "no debug endpoints in {} (a process exposes one with NexusBuilder::inspect, DeviceConfig::inspect or ERPC_INSPECT=1; erpc-bench --inspect)",
+            dir.display()
+        );
+        return s;
+    }
+    let _ = writeln!(
+        s,
+        "{:>8}  {:<16} {:<40} NEXUSES",
+        "PID", "PROCESS", "DEVICES"
+    );
+    for x in l {
+        if x.status != "ok" {
+            let _ = writeln!(s, "{:>8}  {}", x.pid, x.status);
+            continue;
+        }
+        let devs = if x.devices.is_empty() {
+            "-".to_string()
+        } else {
+            x.devices.join(", ")
+        };
+        let nex = if x.nexuses.is_empty() {
+            "-".to_string()
+        } else {
+            x.nexuses.join(", ")
+        };
+        let _ = writeln!(
+            s,
+            "{:>8}  {:<16} {:<40} {nex}",
+            x.pid,
+            x.process.as_deref().unwrap_or("?"),
+            devs
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_and_request_numbers_read_well() {
+        assert_eq!(rate(0, 1_500_000, 1.0), "[1.50 M/s]");
+        assert_eq!(rate(10, 2_010, 2.0), "[1.0 k/s]");
+        assert_eq!(rate(5, 3, 1.0), "[0/s]");
+        assert_eq!(
+            req_nums_text(&[16, 9, 10, 11, 12, 13, 14, 15]),
+            "9+[7 0 1 2 3 4 5 6]"
+        );
+        assert_eq!(req_nums_text(&[]), "-");
+        assert_eq!(
+            mac_of("sim nic 0 (port 0, mac 02:00:00:00:00:01)"),
+            "02:00:00:00:00:01"
+        );
+    }
+
+    #[test]
+    fn hexdump_is_sixteen_per_line() {
+        let d = hexdump(&(0u8..20).collect::<Vec<_>>());
+        let lines: Vec<&str> = d.lines().collect();
+        assert_eq!(lines.len(), 2);
+        assert!(
+            lines[0].ends_with("0e 0f") && lines[1].contains("0010: 10 11 12 13"),
+            "{d}"
+        );
+    }
+}
+
+/// A device-model profile for `erpc-inspect device --sim`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SimProfile {
+    /// ConnectX-4 PF (no striding RQ: bring-up refuses it).
+    Cx4,
+    /// ConnectX-4 Lx PF.
+    Cx4lx,
+    /// ConnectX-5 PF (the default).
+    Cx5,
+    /// ConnectX-5 VF.
+    Cx5vf,
+    /// ConnectX-6 Dx PF.
+    Cx6dx,
+    /// ConnectX-7 PF.
+    Cx7,
+}
+
+impl SimProfile {
+    /// The model's profile.
+    pub fn profile(self) -> mlx5_sim::Profile {
+        use mlx5_sim::Profile::*;
+        match self {
+            SimProfile::Cx4 => ConnectX4Pf,
+            SimProfile::Cx4lx => ConnectX4LxPf,
+            SimProfile::Cx5 => ConnectX5Pf,
+            SimProfile::Cx5vf => ConnectX5Vf,
+            SimProfile::Cx6dx => ConnectX6DxPf,
+            SimProfile::Cx7 => ConnectX7Pf,
+        }
+    }
+}
+
+/// What `erpc-inspect device` found.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OfflineReport {
+    /// What was brought up (`vfio 0000:03:00.0`, `device model ConnectX-5 PF`).
+    pub target: String,
+    /// The device.
+    #[serde(flatten)]
+    pub report: DeviceReport,
+    /// QUERY_EQ right after bring-up: (consumer, producer, state).
+    pub eq: Option<(u32, u32, u8)>,
+    /// Milliseconds bring-up took (wall clock; the model's firmware delays
+    /// are simulated).
+    pub bring_up_ms: f64,
+    /// Teardown gave every firmware page back and destroyed every object.
+    pub torn_down: bool,
+}
+
+/// Why an offline bring-up failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OfflineError {
+    /// The PCI address is not one.
+    #[error("{0}")]
+    Usage(String),
+    /// Opening or bringing up the function failed.
+    #[error("{what}: {why}")]
+    Failed {
+        /// The step.
+        what: String,
+        /// The error.
+        why: String,
+    },
+}
+
+fn bring_up_report<B: mlx5::hw::HwBackend>(
+    target: String,
+    backend: B,
+    region: mempool::RegionOptions,
+) -> Result<OfflineReport, OfflineError> {
+    let t = std::time::Instant::now();
+    let dev = mlx5::Device::open(
+        backend,
+        mlx5::DeviceConfig {
+            region,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| OfflineError::Failed {
+        what: format!("bringing up {target}"),
+        why: e.to_string(),
+    })?;
+    let bring_up_ms = t.elapsed().as_secs_f64() * 1e3;
+    let eq = dev.query_eq().ok();
+    let report = mlx5::inspect::report(&dev);
+    dev.close().map_err(|e| OfflineError::Failed {
+        what: format!("tearing down {target}"),
+        why: e.to_string(),
+    })?;
+    Ok(OfflineReport {
+        target,
+        report,
+        eq,
+        bring_up_ms,
+        torn_down: true,
+    })
+}
+
+/// Hugepages an offline bring-up needs (firmware pages and the command
+/// queue; generous for a real ConnectX, whose page count is unknown).
+const OFFLINE_PAGES_VFIO: u64 = 48;
+
+/// Brings up a device-model NIC of `profile`, reports, tears down.
+pub fn offline_sim(profile: SimProfile) -> Result<OfflineReport, OfflineError> {
+    let p = profile.profile();
+    let cfg = p.config();
+    let pages_4k =
+        u64::from(cfg.boot_pages) + u64::from(cfg.init_pages) + u64::from(cfg.regular_pages);
+    let plan =
+        crate::memory::MemoryPlan::decide("erpc-inspect", (pages_4k * 4096).div_ceil(2 << 20) + 2);
+    if let Some(n) = &plan.note {
+        eprintln!("{n}");
+    }
+    let fabric = mlx5_sim::Fabric::new(mlx5_sim::FabricConfig {
+        seed: 1,
+        deterministic: true,
+        ..Default::default()
+    });
+    let nic = mlx5_sim::SimNic::new(&fabric, cfg);
+    let r = bring_up_report(
+        format!("device model, {}", p.name()),
+        nic.backend(),
+        plan.region,
+    )?;
+    Ok(r)
+}
+
+/// Opens the function at `bdf` through VFIO, brings it up, reports, tears
+/// down.
+pub fn offline_vfio(bdf: &str) -> Result<OfflineReport, OfflineError> {
+    let addr: mlx5::vfio::PciAddress = bdf
+        .parse()
+        .map_err(|e| OfflineError::Usage(format!("{bdf}: {e}")))?;
+    let plan = crate::memory::MemoryPlan::decide("erpc-inspect", OFFLINE_PAGES_VFIO);
+    if let Some(n) = &plan.note {
+        eprintln!("{n}");
+    }
+    let backend = mlx5::vfio::VfioBackend::open(addr).map_err(|e| OfflineError::Failed {
+        what: format!("opening {bdf} through VFIO (bind it with `erpc-vfio bind {bdf}`)"),
+        why: e.to_string(),
+    })?;
+    bring_up_report(format!("vfio {bdf}"), backend, plan.region)
+}
+
+/// The text of an offline report.
+pub fn offline_text(r: &OfflineReport, style: Style) -> String {
+    let mut s = report_text(&r.report, style);
+    if let Some((c, p, st)) = r.eq {
+        let _ = writeln!(
+            s,
+            "  EQ 0x{:x}: QUERY_EQ consumer {c}, producer {p}, state 0x{st:x}",
+            r.report.objects.eqn
+        );
+    }
+    let _ = writeln!(
+        s,
+        "  brought up in {:.1} ms; torn down{}",
+        r.bring_up_ms,
+        if r.torn_down {
+            ": every object destroyed, every firmware page taken back"
+        } else {
+            " with errors"
+        }
+    );
+    s
+}
