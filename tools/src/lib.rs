@@ -4,8 +4,9 @@
 //! * [`bench`](mod@bench): the small-RPC benchmark behind `erpc-bench`.
 //! * [`capture`]: `erpc-bench --pcap` (fabric frames and SM packets in one
 //!   file, for `tools/wireshark/erpc.lua`).
-//! * [`experiments`]: `erpc-bench --experiment loss` and
-//!   `failure-detection`.
+//! * [`experiments`]: `erpc-bench --experiment loss`,
+//!   `failure-detection` and `factors`.
+//! * [`exp_incast`]: `erpc-bench --experiment incast` (virtual time).
 //! * [`memory`]: the hugepages a run needs, and the one note when they are
 //!   missing.
 //! * [`vfio_tool`]: the logic of `erpc-vfio` (list, status, bind, unbind).
@@ -19,6 +20,7 @@ pub struct ReadmeDoctests;
 
 pub mod bench;
 pub mod capture;
+pub mod exp_incast;
 pub mod experiments;
 pub mod memory;
 pub mod vfio_tool;
