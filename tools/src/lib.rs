@@ -7,6 +7,7 @@
 //! * [`experiments`]: `erpc-bench --experiment loss`,
 //!   `failure-detection` and `factors`.
 //! * [`exp_incast`]: `erpc-bench --experiment incast` (virtual time).
+//! * [`exp_cc`]: `erpc-bench --experiment cc-overhead` (device model).
 //! * [`memory`]: the hugepages a run needs, and the one note when they are
 //!   missing.
 //! * [`vfio_tool`]: the logic of `erpc-vfio` (list, status, bind, unbind).
@@ -20,6 +21,7 @@ pub struct ReadmeDoctests;
 
 pub mod bench;
 pub mod capture;
+pub mod exp_cc;
 pub mod exp_incast;
 pub mod experiments;
 pub mod memory;

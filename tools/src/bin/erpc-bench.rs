@@ -23,6 +23,8 @@
 //! model); `incast` runs N senders of 1 MB requests into one receiver on
 //! the simulated network with link rates and a drop-tail switch buffer, in
 //! virtual time, with congestion control on and off.
+//! `cc-overhead` compares the small-RPC rate with congestion control on
+//! and off (device model, interleaved rounds).
 //!
 //! Bad settings are refused before anything runs, naming the limit (exit
 //! code 2); a failed setup or run is one error line (exit code 1).
@@ -60,6 +62,9 @@ enum Experiment {
     /// N-to-1 incast of 1 MB requests on the simulated network (virtual
     /// time), with small RPCs from an uncongested sender; CC on and off.
     Incast,
+    /// Small-RPC rate with congestion control (Timely, wheel, bypasses) on
+    /// against off, interleaved rounds on the device model.
+    CcOverhead,
 }
 
 #[derive(Debug, Parser)]
@@ -75,8 +80,8 @@ struct Args {
     /// Trials of `--experiment failure-detection`.
     #[arg(long, default_value_t = 20)]
     trials: usize,
-    /// Rounds of `--experiment factors` (interleaved; each row's rate is
-    /// the median).
+    /// Rounds of `--experiment factors` and `cc-overhead` (interleaved;
+    /// each row's rate is the median).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
     /// Sender counts of `--experiment incast`.
@@ -264,6 +269,7 @@ fn run(args: Args) -> Result<(), Quit> {
         Experiment::FailureDetection => run_failure_detection(args),
         Experiment::Factors => run_factors(args),
         Experiment::Incast => run_incast(args),
+        Experiment::CcOverhead => run_cc_overhead(args),
     }
 }
 
@@ -579,6 +585,113 @@ fn run_factors(args: Args) -> Result<(), Quit> {
             tool: "erpc-bench",
             experiment: Experiment::Factors,
             point: p,
+            rounds: args.rounds,
+            rows: &rows,
+        },
+    )
+}
+
+fn run_cc_overhead(args: Args) -> Result<(), Quit> {
+    refuse_other_options(&args, "cc-overhead")?;
+    if args.transport != Which::Mlx5Sim {
+        return Err(Quit::Err(BenchError::Usage(
+            "--experiment cc-overhead runs on the device model; drop --transport".into(),
+        )));
+    }
+    if args.rounds == 0 || args.rounds > 100 {
+        return Err(Quit::Err(BenchError::Usage(format!(
+            "--rounds {}: must be 1 to 100",
+            args.rounds
+        ))));
+    }
+    let settings = Settings {
+        transport: args.transport,
+        batches: args.batch.clone(),
+        window: args.window,
+        size: args.size,
+        secs: args.secs,
+        warmup_secs: args.warmup,
+        pci: None,
+        pcap: None,
+        loss: 0.0,
+    };
+    settings.validate()?;
+    let batches: Vec<usize> = if args.batch == [1, 3, 8, 16] {
+        vec![1, 8]
+    } else {
+        args.batch.clone()
+    };
+    let plan = MemoryPlan::decide("erpc-bench", bench_pages(args.size, args.window, true));
+    if let Some(note) = &plan.note {
+        eprintln!("{note}");
+    }
+    let progress = Progress::new();
+    let mut out = Out(io::stdout());
+    out.line(
+        &progress,
+        format!(
+            "erpc-bench cc-overhead: {}-byte RPCs, window {}, mlx5 transport on the device \
+             model, {} s per run, {} interleaved rounds (median); CC on = Timely + wheel + \
+             bypasses",
+            args.size, args.window, args.secs, args.rounds
+        ),
+    )?;
+    let rows = erpc_tools::exp_cc::cc_overhead(
+        &plan,
+        &batches,
+        args.window,
+        args.size,
+        args.rounds,
+        settings.duration(),
+        settings.warmup(),
+        &progress,
+    )?;
+    out.line(
+        &progress,
+        format!(
+            "{:>4} {:>10} {:>10} {:>9} {:>15} {:>17} {:>10} {:>10}",
+            "B",
+            "on Mrps",
+            "off Mrps",
+            "on / off",
+            "paired median",
+            "paired min-max",
+            "on p50 µs",
+            "off p50 µs"
+        ),
+    )?;
+    for r in &rows {
+        out.line(
+            &progress,
+            format!(
+                "{:>4} {:>10.3} {:>10.3} {:>9.3} {:>15.3} {:>17} {:>10.1} {:>10.1}",
+                r.batch,
+                r.on_mrps,
+                r.off_mrps,
+                r.ratio,
+                r.paired_ratio,
+                format!("{:.3}-{:.3}", r.paired_min, r.paired_max),
+                r.on_p50_us,
+                r.off_p50_us
+            ),
+        )?;
+    }
+    #[derive(Serialize)]
+    struct CcReport<'a> {
+        tool: &'static str,
+        experiment: Experiment,
+        window: usize,
+        size: usize,
+        rounds: usize,
+        rows: &'a [erpc_tools::exp_cc::CcOverheadRow],
+    }
+    write_json(
+        args.json.as_deref(),
+        &CcReport {
+            tool: "erpc-bench",
+            experiment: Experiment::CcOverhead,
+            window: args.window,
+            size: args.size,
             rounds: args.rounds,
             rows: &rows,
         },
