@@ -676,6 +676,9 @@ pub struct IncastExperiment {
     pub t_high_us: f64,
     /// Timely's minimum RTT of the CC-on rows (the gradient's unit), µs.
     pub min_rtt_us: f64,
+    /// The wheel bypass of the CC-on rows (off: every client packet is
+    /// paced, also at link rate).
+    pub wheel_bypass: bool,
 }
 
 /// What `erpc-bench --experiment incast` measured.
@@ -694,7 +697,7 @@ pub struct IncastReport {
 /// The table header of [`row_line`].
 pub fn header_line() -> String {
     format!(
-        "{:>4} {:>4} {:>7} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>6} {:>11}",
+        "{:>4} {:>4} {:>7} {:>7} {:>8} {:>8} {:>8} {:>8} {:>9} {:>10} {:>11} {:>7} {:>7} {:>6} {:>11}",
         "N",
         "CC",
         "all/lnk",
@@ -703,9 +706,9 @@ pub fn header_line() -> String {
         "p99 µs",
         "p99/unc",
         "allp99",
-        "maxq KB",
-        "ssmaxq",
-        "ssmeanq",
+        "maxq KiB",
+        "ssmaxqKiB",
+        "ssmeanqKiB",
         "drops",
         "ssdrops",
         "rtx",
@@ -717,7 +720,7 @@ pub fn header_line() -> String {
 pub fn row_line(r: &IncastResult, uncongested_p99_us: f64) -> String {
     let kb = |b: f64| b / 1024.0;
     format!(
-        "{:>4} {:>4} {:>7.3} {:>7} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.0} {:>8.0} {:>8.0} {:>7} {:>7} {:>6} {:>11}",
+        "{:>4} {:>4} {:>7.3} {:>7} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>9.0} {:>10.0} {:>11.0} {:>7} {:>7} {:>6} {:>11}",
         r.senders,
         if r.cc { "on" } else { "off" },
         r.goodput_fraction,

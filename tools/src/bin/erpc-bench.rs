@@ -104,6 +104,10 @@ struct Args {
     /// `--experiment incast` (default 2).
     #[arg(long)]
     min_rtt_us: Option<f64>,
+    /// Pace every client packet through the timing wheel, also at link
+    /// rate (the wheel bypass off), in `--experiment incast`'s CC-on rows.
+    #[arg(long)]
+    pace_all: bool,
     /// Failure timeout in ms for `--experiment failure-detection`.
     #[arg(long, default_value_t = erpc::consts::FAILURE_TIMEOUT_MS)]
     failure_timeout_ms: u64,
@@ -727,6 +731,7 @@ fn run_incast(args: Args) -> Result<(), Quit> {
     if let Some(t) = args.min_rtt_us {
         cc.timely.min_rtt_us = t;
     }
+    cc.wheel_bypass = !args.pace_all;
     if !(cc.timely.min_rtt_us..=cc.timely.t_high_us).contains(&cc.timely.t_low_us) {
         return usage(format!(
             "Timely: need min RTT ({} µs) <= T_low ({} µs) <= T_high ({} µs)",
@@ -741,6 +746,7 @@ fn run_incast(args: Args) -> Result<(), Quit> {
         t_low_us: cc.timely.t_low_us,
         t_high_us: cc.timely.t_high_us,
         min_rtt_us: cc.timely.min_rtt_us,
+        wheel_bypass: cc.wheel_bypass,
     };
     let progress = Progress::new();
     let mut out = Out(io::stdout());
@@ -749,13 +755,14 @@ fn run_incast(args: Args) -> Result<(), Quit> {
         format!(
             "erpc-bench incast: N senders x 1 MB requests (2 in flight each) to one receiver, \
              plus 32-byte RPCs from one uncongested sender; {} Gbit/s links, {} KiB switch \
-             buffer per port, Timely T_low {} µs / T_high {} µs / min RTT {} µs; simulated network, virtual \
+             buffer per port, Timely T_low {} µs / T_high {} µs / min RTT {} µs, wheel bypass {}; simulated network, virtual \
              time (best goodput / link: {:.3})",
             e.link_gbps,
             args.buffer_kib,
             e.t_low_us,
             e.t_high_us,
             e.min_rtt_us,
+            if e.wheel_bypass { "on" } else { "off" },
             erpc_tools::exp_incast::max_goodput_fraction()
         ),
     )?;
