@@ -784,3 +784,34 @@ impl IncastConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small incast in virtual time: without CC the senders' credits
+    /// fill a 64 KiB buffer and the switch drops at the tail (loss recovery
+    /// completes every request); with CC at the links' rate every request
+    /// completes too; the reference run measures a few µs.
+    #[test]
+    fn a_small_incast_fills_the_buffer_without_cc() {
+        let small = |senders, cc| IncastConfig {
+            req_bytes: 64 * 1024,
+            requests_per_sender: 4,
+            reference_rpcs: 200,
+            warmup_ns: 100_000,
+            ..IncastConfig::new(senders, cc, 64 * 1024).with_link(10.0)
+        };
+        let r = run_incast(&small(0, CcConfig::default())).unwrap();
+        assert!(r.small_rpcs >= 200 && r.small_p99_us < 10.0, "{r:?}");
+        assert_eq!(r.drops, 0);
+        let off = run_incast(&small(4, CcConfig::disabled())).unwrap();
+        assert_eq!(off.bulk_bytes, 4 * 4 * 64 * 1024);
+        assert!(off.queue_max_bytes > 63 * 1024, "{off:?}");
+        assert!(off.drops > 0 && off.retransmissions > 0, "{off:?}");
+        assert!(off.goodput_fraction <= max_goodput_fraction(), "{off:?}");
+        let on = run_incast(&small(4, CcConfig::default())).unwrap();
+        assert!(on.timely_updates > 0, "{on:?}");
+        assert!(on.goodput_fraction > 0.0 && on.goodput_fraction <= max_goodput_fraction());
+    }
+}
