@@ -10,7 +10,9 @@
 //! cargo bench -p erpc --bench small_rpc -- udp     # kernel UDP only
 //! # instructions per RPC (eRPC code only), see BENCHMARKS.md:
 //! valgrind --tool=callgrind --callgrind-out-file=cg.out \
-//!   target/release/deps/small_rpc-* callgrind 20000
+//!   target/release/deps/small_rpc-* callgrind 20000 [FACTOR]
+//! # the same per factor of the factor analysis:
+//! erpc/benches/callgrind_factors.sh
 //! ```
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -105,6 +107,10 @@ fn percentile(sorted: &[u32], p: f64) -> f64 {
 // ------------------------------------------------------------ simulation
 
 fn sim_nodes(net: &SimNet) -> Vec<(Rpc<SimTransport, Ctx>, Ctx)> {
+    sim_nodes_with(net, RpcConfig::default())
+}
+
+fn sim_nodes_with(net: &SimNet, cfg: RpcConfig) -> Vec<(Rpc<SimTransport, Ctx>, Ctx)> {
     let mut v: Vec<(Rpc<SimTransport, Ctx>, Ctx)> = (0..2)
         .map(|i| {
             let nexus = Nexus::builder(&format!("n{i}:1"))
@@ -118,7 +124,7 @@ fn sim_nodes(net: &SimNet) -> Vec<(Rpc<SimTransport, Ctx>, Ctx)> {
                 0,
                 net.add_transport(),
                 test_allocator(8 << 20),
-                RpcConfig::default(),
+                cfg,
                 None,
             )
             .unwrap();
@@ -438,10 +444,37 @@ fn udp_section(dur: Duration) {
     }
 }
 
-/// A fixed amount of simulated work, for callgrind.
-fn callgrind_run(n: u64) {
+/// The eRPC-level switches of the factor analysis, by name: the
+/// configuration with that optimisation off (`all`: everything on).
+/// The NIC-level ones (multi-packet RQ, unsignaled TX, doorbell batching)
+/// live in the mlx5 transport and are not on the simulated network.
+fn factor_config(name: &str) -> Option<RpcConfig> {
+    let mut c = RpcConfig::default();
+    match name {
+        "all" => {}
+        "batch-ts" => c.cc.batch_timestamps = false,
+        "timely-bypass" => c.cc.timely_bypass = false,
+        "wheel-bypass" => c.cc.wheel_bypass = false,
+        "prealloc" => c.prealloc_responses = false,
+        "zero-copy" => c.zero_copy_rx = false,
+        "cc-off" => c.cc = erpc::cc::CcConfig::disabled(),
+        _ => return None,
+    }
+    Some(c)
+}
+
+/// A fixed amount of simulated work, for callgrind, with the factor
+/// analysis' optimisation `factor` switched off.
+fn callgrind_run(n: u64, factor: &str) {
+    let Some(cfg) = factor_config(factor) else {
+        eprintln!(
+            "unknown factor {factor}: all, batch-ts, timely-bypass, wheel-bypass, prealloc, \
+             zero-copy, cc-off"
+        );
+        std::process::exit(2);
+    };
     let net = SimNet::new(SimConfig::default());
-    let mut v = sim_nodes(&net);
+    let mut v = sim_nodes_with(&net, cfg);
     let target: u64 = n;
     let mut steps = 0u64;
     while v.iter().map(|(_, c)| c.completed).sum::<u64>() < target && steps < 100 * target {
@@ -463,7 +496,8 @@ fn main() {
         .collect();
     if args.first().map(String::as_str) == Some("callgrind") {
         let n = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(20_000);
-        return callgrind_run(n);
+        let factor = args.get(2).map_or("all", String::as_str);
+        return callgrind_run(n, factor);
     }
     let dur = Duration::from_millis(
         std::env::var("ERPC_BENCH_MS")

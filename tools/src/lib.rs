@@ -4,8 +4,10 @@
 //! * [`bench`](mod@bench): the small-RPC benchmark behind `erpc-bench`.
 //! * [`capture`]: `erpc-bench --pcap` (fabric frames and SM packets in one
 //!   file, for `tools/wireshark/erpc.lua`).
-//! * [`experiments`]: `erpc-bench --experiment loss` and
-//!   `failure-detection`.
+//! * [`experiments`]: `erpc-bench --experiment loss`,
+//!   `failure-detection` and `factors`.
+//! * [`exp_incast`]: `erpc-bench --experiment incast` (virtual time).
+//! * [`exp_cc`]: `erpc-bench --experiment cc-overhead` (device model).
 //! * [`inspect`](mod@inspect): `erpc-inspect` (snapshots of a running
 //!   process's queues, counters and sessions; offline device reports).
 //! * [`memory`]: the hugepages a run needs, and the one note when they are
@@ -21,6 +23,8 @@ pub struct ReadmeDoctests;
 
 pub mod bench;
 pub mod capture;
+pub mod exp_cc;
+pub mod exp_incast;
 pub mod experiments;
 pub mod inspect;
 pub mod memory;

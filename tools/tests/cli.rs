@@ -143,6 +143,36 @@ fn erpc_bench_experiment_options_are_checked() {
         2,
         &["--failure-timeout-ms 1", "10 to 60000"],
     );
+    bench_refuses(
+        &["--experiment", "incast", "--senders", "10,0"],
+        2,
+        &["--senders", "1 to 1000"],
+    );
+    bench_refuses(
+        &["--experiment", "incast", "--buffer-kib", "0"],
+        2,
+        &["--buffer-kib 0", "1 to 1048576"],
+    );
+    bench_refuses(
+        &["--experiment", "incast", "--t-low-us", "2000"],
+        2,
+        &["Timely", "T_low (2000 µs) <= T_high (1000 µs)"],
+    );
+    bench_refuses(
+        &["--experiment", "incast", "--pcap", "x.pcap"],
+        2,
+        &["--pcap does not apply to --experiment incast"],
+    );
+    bench_refuses(
+        &["--experiment", "cc-overhead", "--transport", "udp"],
+        2,
+        &["--experiment cc-overhead runs on the device model"],
+    );
+    bench_refuses(
+        &["--experiment", "cc-overhead", "--rounds", "0"],
+        2,
+        &["--rounds 0", "1 to 100"],
+    );
 }
 
 #[test]

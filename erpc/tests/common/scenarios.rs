@@ -228,6 +228,12 @@ pub struct Incast {
     pub req_bytes: usize,
     /// Requests each sender keeps in flight.
     pub window: usize,
+    /// Sender `i` (from 0) starts `i × stagger_ns` after the first.
+    pub stagger_ns: u64,
+    /// One more node (the last) sends 32-byte echo requests to the
+    /// receiver, one at a time, for as long as the senders stream: an
+    /// uncongested sender whose round trips cross the receiver's queue.
+    pub probe: bool,
     /// Every node's Rpc configuration (congestion control on or off).
     pub cfg: RpcConfig,
 }
@@ -239,31 +245,85 @@ pub struct IncastReport {
     pub queue: erpc::sim::QueueStats,
     /// Requests completed at the senders.
     pub completed: u64,
-    /// Requests the receiver's handler ran.
+    /// Requests the receiver's handler ran (the probe's not counted).
     pub handled: u64,
     /// Go-back-N rollbacks at the senders.
     pub retransmissions: u64,
+    /// Timely rate computations at the senders.
+    pub timely_updates: u64,
     /// Virtual time from the first request to the last completion.
     pub elapsed_ns: u64,
     /// Request bytes delivered per second of that time, in bits.
     pub goodput_bps: f64,
-    /// The queue towards the receiver at every arrival.
+    /// The queue towards the receiver at every arrival, from the first
+    /// request on.
     pub trace: Vec<erpc::sim::QueueSample>,
+    /// Virtual time of the first request.
+    pub t0_ns: u64,
+    /// The probe's round trips: (completion time, RTT), ns.
+    pub probe_rtts: Vec<(u64, u64)>,
+}
+
+/// The probe's echo requests.
+fn probe_ops(n: usize) -> VecDeque<Op> {
+    (0..n)
+        .map(|_| Op {
+            req_type: ECHO,
+            req_len: 32,
+            resp_len: 32,
+        })
+        .collect()
+}
+
+/// Round trips of 32-byte echo requests from node 1 to node 0 with nothing
+/// else on the network: (completion time, RTT) of each, ns.
+pub fn lone_probe<W: World>(w: &mut W, seed: u64, cfg: RpcConfig, rpcs: usize) -> Vec<(u64, u64)> {
+    let mut ns = nodes_with(w, 2, seed, cfg);
+    connect(w, &mut ns, 1, 0, 1);
+    ns[1].ctx.todo = probe_ops(rpcs);
+    {
+        let n = &mut ns[1];
+        app::start(&mut n.rpc, &mut n.ctx, 1);
+    }
+    let mut rtts = Vec::new();
+    let mut last = (ns[1].ctx.completed, w.now_ns());
+    for _ in 0..10_000_000u64 {
+        if ns[1].ctx.completed == rpcs as u64 {
+            break;
+        }
+        for n in ns.iter_mut() {
+            n.poll();
+        }
+        if ns[1].ctx.completed != last.0 {
+            assert_eq!(ns[1].ctx.completed, last.0 + 1, "one at a time");
+            rtts.push((w.now_ns(), w.now_ns() - last.1));
+            last = (ns[1].ctx.completed, w.now_ns());
+        }
+        w.step();
+    }
+    check_done::<W>(&ns);
+    assert_eq!(ns[1].ctx.completed, rpcs as u64);
+    rtts
 }
 
 /// Runs an incast on any world: every sender opens one session to node 0
 /// and streams its requests with `window` in flight; the receiver answers
-/// each with 16 bytes. Checks that every request completed exactly once
+/// each with 16 bytes. With `probe`, one more node sends small echo
+/// requests one at a time and its round trips are recorded (each is the
+/// time between two completions: the next request leaves as the previous
+/// one completes). Checks that every request completed exactly once
 /// with the right bytes (through loss recovery, when the switch dropped
 /// some); the caller checks the queue.
 pub fn incast<W: World>(w: &mut W, seed: u64, p: Incast) -> IncastReport {
-    let mut ns = nodes_with(w, p.senders + 1, seed, p.cfg);
-    for c in 1..=p.senders {
+    let probe = p.senders + 1;
+    let count = p.senders + 1 + usize::from(p.probe);
+    let mut ns = nodes_with(w, count, seed, p.cfg);
+    for c in 1..count {
         connect(w, &mut ns, c, 0, 1);
     }
     w.trace_queue(0, 1 << 20);
     let t0 = w.now_ns();
-    for n in ns.iter_mut().skip(1) {
+    for n in ns.iter_mut().skip(1).take(p.senders) {
         n.ctx.todo = (0..p.requests)
             .map(|_| Op {
                 req_type: SIZED,
@@ -271,18 +331,63 @@ pub fn incast<W: World>(w: &mut W, seed: u64, p: Incast) -> IncastReport {
                 resp_len: 16,
             })
             .collect();
-        app::start(&mut n.rpc, &mut n.ctx, p.window);
     }
     let per = p.requests as u64;
-    run_until(w, &mut ns, 20_000_000, "incast", |ns| {
-        ns[1..]
-            .iter()
-            .all(|n| n.ctx.completed + n.ctx.failed == per)
-    });
+    let mut started = 0;
+    let mut probe_rtts = Vec::new();
+    let mut probe_last = (0u64, t0);
+    let mut steps = 0u64;
+    while !ns[1..=p.senders]
+        .iter()
+        .all(|n| n.ctx.completed + n.ctx.failed == per)
+    {
+        while started < p.senders && w.now_ns() >= t0 + started as u64 * p.stagger_ns {
+            let n = &mut ns[1 + started];
+            app::start(&mut n.rpc, &mut n.ctx, p.window);
+            started += 1;
+        }
+        if p.probe {
+            let n = &mut ns[probe];
+            if n.ctx.todo.is_empty() {
+                n.ctx.todo = probe_ops(16);
+            }
+            if n.ctx.in_flight == 0 {
+                app::start(&mut n.rpc, &mut n.ctx, 1);
+                probe_last = (n.ctx.completed, w.now_ns());
+            }
+        }
+        for n in ns.iter_mut() {
+            n.poll();
+        }
+        if p.probe {
+            let done = ns[probe].ctx.completed;
+            if done != probe_last.0 {
+                assert_eq!(done, probe_last.0 + 1, "one probe at a time");
+                probe_rtts.push((w.now_ns(), w.now_ns() - probe_last.1));
+                probe_last = (done, w.now_ns());
+            }
+        }
+        w.step();
+        steps += 1;
+        assert!(
+            steps < 20_000_000,
+            "incast: not done at t = {} ns",
+            w.now_ns()
+        );
+    }
     let elapsed_ns = w.now_ns() - t0;
+    // The probe stops; the last one completes.
+    if p.probe {
+        ns[probe].ctx.todo.clear();
+        run_until(w, &mut ns, 1_000_000, "probe", |ns| {
+            ns[probe].ctx.in_flight == 0
+        });
+    }
     check_done::<W>(&ns);
-    let completed: u64 = ns[1..].iter().map(|n| n.ctx.completed).sum();
-    let retransmissions = ns[1..].iter().map(|n| n.rpc.stats().retransmissions).sum();
+    let completed: u64 = ns[1..=p.senders].iter().map(|n| n.ctx.completed).sum();
+    let senders = &ns[1..=p.senders];
+    let retransmissions = senders.iter().map(|n| n.rpc.stats().retransmissions).sum();
+    let timely_updates = senders.iter().map(|n| n.rpc.stats().timely_updates).sum();
     // Let the last frames (credit returns, stray duplicates) drain.
     for _ in 0..100 {
         for n in ns.iter_mut() {
@@ -291,13 +396,17 @@ pub fn incast<W: World>(w: &mut W, seed: u64, p: Incast) -> IncastReport {
         w.step();
     }
     let total = per * p.senders as u64;
+    let probes = if p.probe { ns[probe].ctx.completed } else { 0 };
     IncastReport {
         queue: w.queue(0),
         completed,
-        handled: ns[0].ctx.handled + ns[0].rpc.stats().bg_jobs,
+        handled: ns[0].ctx.handled + ns[0].rpc.stats().bg_jobs - probes,
         retransmissions,
+        timely_updates,
         elapsed_ns,
         goodput_bps: (total * p.req_bytes as u64 * 8) as f64 * 1e9 / elapsed_ns.max(1) as f64,
         trace: w.queue_trace(0),
+        t0_ns: t0,
+        probe_rtts,
     }
 }

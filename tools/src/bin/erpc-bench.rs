@@ -19,6 +19,12 @@
 //! rate at loss 10⁻³; `failure-detection` kills a server process on kernel
 //! UDP (loopback) and measures how long the client takes to see its
 //! requests fail, against the failure timeout.
+//! `factors` switches eRPC's optimisations off one at a time (device
+//! model); `incast` runs N senders of 1 MB requests into one receiver on
+//! the simulated network with link rates and a drop-tail switch buffer, in
+//! virtual time, with congestion control on and off.
+//! `cc-overhead` compares the small-RPC rate with congestion control on
+//! and off (device model, interleaved rounds).
 //!
 //! `--inspect` exposes the run on the debug endpoint: `erpc-inspect PID`
 //! (or `--watch`) shows the NICs' queues, the Rpcs and their sessions while
@@ -57,6 +63,12 @@ enum Experiment {
     /// Small-RPC rate with each of eRPC's optimisations switched off in
     /// turn, and congestion control off, against all on (device model).
     Factors,
+    /// N-to-1 incast of 1 MB requests on the simulated network (virtual
+    /// time), with small RPCs from an uncongested sender; CC on and off.
+    Incast,
+    /// Small-RPC rate with congestion control (Timely, wheel, bypasses) on
+    /// against off, interleaved rounds on the device model.
+    CcOverhead,
 }
 
 #[derive(Debug, Parser)]
@@ -72,10 +84,34 @@ struct Args {
     /// Trials of `--experiment failure-detection`.
     #[arg(long, default_value_t = 20)]
     trials: usize,
-    /// Rounds of `--experiment factors` (interleaved; each row's rate is
-    /// the median).
+    /// Rounds of `--experiment factors` and `cc-overhead` (interleaved;
+    /// each row's rate is the median).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Sender counts of `--experiment incast`.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![10, 20, 50, 100])]
+    senders: Vec<usize>,
+    /// Switch buffer per output port in KiB (`--experiment incast`).
+    #[arg(long, default_value_t = 1024)]
+    buffer_kib: u64,
+    /// Link rate in Gbit/s (`--experiment incast`).
+    #[arg(long, default_value_t = 25.0)]
+    link_gbps: f64,
+    /// Timely's T_low in µs for `--experiment incast` (default: the C++
+    /// eRPC's 50).
+    #[arg(long)]
+    t_low_us: Option<f64>,
+    /// Timely's T_high in µs for `--experiment incast` (default 1000).
+    #[arg(long)]
+    t_high_us: Option<f64>,
+    /// Timely's minimum RTT in µs, the unit of its gradient, for
+    /// `--experiment incast` (default 2).
+    #[arg(long)]
+    min_rtt_us: Option<f64>,
+    /// Pace every client packet through the timing wheel, also at link
+    /// rate (the wheel bypass off), in `--experiment incast`'s CC-on rows.
+    #[arg(long)]
+    pace_all: bool,
     /// Failure timeout in ms for `--experiment failure-detection`.
     #[arg(long, default_value_t = erpc::consts::FAILURE_TIMEOUT_MS)]
     failure_timeout_ms: u64,
@@ -248,6 +284,8 @@ fn run(args: Args) -> Result<(), Quit> {
         Experiment::Loss => run_loss(args),
         Experiment::FailureDetection => run_failure_detection(args),
         Experiment::Factors => run_factors(args),
+        Experiment::Incast => run_incast(args),
+        Experiment::CcOverhead => run_cc_overhead(args),
     }
 }
 
@@ -567,6 +605,192 @@ fn run_factors(args: Args) -> Result<(), Quit> {
             rows: &rows,
         },
     )
+}
+
+fn run_cc_overhead(args: Args) -> Result<(), Quit> {
+    refuse_other_options(&args, "cc-overhead")?;
+    if args.transport != Which::Mlx5Sim {
+        return Err(Quit::Err(BenchError::Usage(
+            "--experiment cc-overhead runs on the device model; drop --transport".into(),
+        )));
+    }
+    if args.rounds == 0 || args.rounds > 100 {
+        return Err(Quit::Err(BenchError::Usage(format!(
+            "--rounds {}: must be 1 to 100",
+            args.rounds
+        ))));
+    }
+    let settings = Settings {
+        transport: args.transport,
+        batches: args.batch.clone(),
+        window: args.window,
+        size: args.size,
+        secs: args.secs,
+        warmup_secs: args.warmup,
+        pci: None,
+        pcap: None,
+        loss: 0.0,
+    };
+    settings.validate()?;
+    let batches: Vec<usize> = if args.batch == [1, 3, 8, 16] {
+        vec![1, 8]
+    } else {
+        args.batch.clone()
+    };
+    let plan = MemoryPlan::decide("erpc-bench", bench_pages(args.size, args.window, true));
+    if let Some(note) = &plan.note {
+        eprintln!("{note}");
+    }
+    let progress = Progress::new();
+    let mut out = Out(io::stdout());
+    out.line(
+        &progress,
+        format!(
+            "erpc-bench cc-overhead: {}-byte RPCs, window {}, mlx5 transport on the device \
+             model, {} s per run, {} interleaved rounds (median); CC on = Timely + wheel + \
+             bypasses",
+            args.size, args.window, args.secs, args.rounds
+        ),
+    )?;
+    let rows = erpc_tools::exp_cc::cc_overhead(
+        &plan,
+        &batches,
+        args.window,
+        args.size,
+        args.rounds,
+        settings.duration(),
+        settings.warmup(),
+        &progress,
+    )?;
+    out.line(
+        &progress,
+        format!(
+            "{:>4} {:>10} {:>10} {:>9} {:>15} {:>17} {:>10} {:>10}",
+            "B",
+            "on Mrps",
+            "off Mrps",
+            "on / off",
+            "paired median",
+            "paired min-max",
+            "on p50 µs",
+            "off p50 µs"
+        ),
+    )?;
+    for r in &rows {
+        out.line(
+            &progress,
+            format!(
+                "{:>4} {:>10.3} {:>10.3} {:>9.3} {:>15.3} {:>17} {:>10.1} {:>10.1}",
+                r.batch,
+                r.on_mrps,
+                r.off_mrps,
+                r.ratio,
+                r.paired_ratio,
+                format!("{:.3}-{:.3}", r.paired_min, r.paired_max),
+                r.on_p50_us,
+                r.off_p50_us
+            ),
+        )?;
+    }
+    #[derive(Serialize)]
+    struct CcReport<'a> {
+        tool: &'static str,
+        experiment: Experiment,
+        window: usize,
+        size: usize,
+        rounds: usize,
+        rows: &'a [erpc_tools::exp_cc::CcOverheadRow],
+    }
+    write_json(
+        args.json.as_deref(),
+        &CcReport {
+            tool: "erpc-bench",
+            experiment: Experiment::CcOverhead,
+            window: args.window,
+            size: args.size,
+            rounds: args.rounds,
+            rows: &rows,
+        },
+    )
+}
+
+fn run_incast(args: Args) -> Result<(), Quit> {
+    use erpc_tools::exp_incast::{IncastExperiment, incast_experiment};
+    refuse_other_options(&args, "incast")?;
+    let usage = |m: String| Err(Quit::Err(BenchError::Usage(m)));
+    if args.senders.is_empty() || args.senders.iter().any(|&n| n == 0 || n > 1000) {
+        return usage("--senders: each 1 to 1000".into());
+    }
+    if !(1..=1 << 20).contains(&args.buffer_kib) {
+        return usage(format!(
+            "--buffer-kib {}: must be 1 to 1048576",
+            args.buffer_kib
+        ));
+    }
+    if !(0.1..=400.0).contains(&args.link_gbps) {
+        return usage(format!(
+            "--link-gbps {}: must be 0.1 to 400",
+            args.link_gbps
+        ));
+    }
+    let mut cc = erpc::cc::CcConfig::default();
+    if let Some(t) = args.t_low_us {
+        cc.timely.t_low_us = t;
+    }
+    if let Some(t) = args.t_high_us {
+        cc.timely.t_high_us = t;
+    }
+    if let Some(t) = args.min_rtt_us {
+        cc.timely.min_rtt_us = t;
+    }
+    cc.wheel_bypass = !args.pace_all;
+    if !(cc.timely.min_rtt_us..=cc.timely.t_high_us).contains(&cc.timely.t_low_us) {
+        return usage(format!(
+            "Timely: need min RTT ({} µs) <= T_low ({} µs) <= T_high ({} µs)",
+            cc.timely.min_rtt_us, cc.timely.t_low_us, cc.timely.t_high_us
+        ));
+    }
+    let e = IncastExperiment {
+        senders: args.senders.clone(),
+        buffer_bytes: args.buffer_kib * 1024,
+        link_gbps: args.link_gbps,
+        cc,
+        t_low_us: cc.timely.t_low_us,
+        t_high_us: cc.timely.t_high_us,
+        min_rtt_us: cc.timely.min_rtt_us,
+        wheel_bypass: cc.wheel_bypass,
+    };
+    let progress = Progress::new();
+    let mut out = Out(io::stdout());
+    out.line(
+        &progress,
+        format!(
+            "erpc-bench incast: N senders x 1 MB requests (2 in flight each) to one receiver, \
+             plus 32-byte RPCs from one uncongested sender; {} Gbit/s links, {} KiB switch \
+             buffer per port, Timely T_low {} µs / T_high {} µs / min RTT {} µs, wheel bypass {}; simulated network, virtual \
+             time (best goodput / link: {:.3})",
+            e.link_gbps,
+            args.buffer_kib,
+            e.t_low_us,
+            e.t_high_us,
+            e.min_rtt_us,
+            if e.wheel_bypass { "on" } else { "off" },
+            erpc_tools::exp_incast::max_goodput_fraction()
+        ),
+    )?;
+    let mut pending: Option<Quit> = None;
+    let report = incast_experiment(&e, |l| {
+        if pending.is_none()
+            && let Err(q) = out.line(&progress, l)
+        {
+            pending = Some(q);
+        }
+        Ok(())
+    })?;
+    if let Some(q) = pending {
+        return Err(q);
+    }
+    write_json(args.json.as_deref(), &report)
 }
 
 fn run_small_rpc(args: Args) -> Result<(), Quit> {
