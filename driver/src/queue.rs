@@ -28,7 +28,10 @@ use crate::error::Error;
 use crate::hw::HwBackend;
 use crate::prm::cmd::*;
 use crate::prm::codes::{CqeOpcode, Opcode, QueueState, WqeOpcode, flow, inline_mode, wq_type};
-use crate::prm::cqe::{CQE_OP_OWN_INVALID, Cqe, Cqe64};
+use crate::prm::cqe::{
+    CQE_L3_HDR_TYPE_IPV4, CQE_L3_HDR_TYPE_MASK, CQE_L3_HDR_TYPE_SHIFT, CQE_OP_OWN_INVALID, Cqe,
+    Cqe64, CqeChecksum,
+};
 use crate::prm::ctx::*;
 use crate::prm::wqe::{
     self, ETH_L2_INLINE_HEADER_SIZE, FmCeSe, MprqWqe, SEND_WQE_BB, SEND_WQE_DS,
@@ -40,6 +43,9 @@ const CQE_BYTES: usize = 64;
 const OP_OWN: usize = (Cqe64::OP_OWN.bit() / 8) as usize;
 const WQE_ID: usize = (Cqe64::WQE_ID.bit() / 8) as usize;
 const WQE_COUNTER: usize = (Cqe64::WQE_COUNTER.bit() / 8) as usize;
+/// `hds_ip_ext` (checksum flags), followed by `l4_hdr_type_etc`: one
+/// big-endian 16-bit load reads both.
+const HDS_IP_EXT: usize = (Cqe64::HDS_IP_EXT.bit() / 8) as usize;
 /// Doorbell records of one queue set, each in its own 64-byte line of one page.
 const DBR_SQ: usize = 0;
 const DBR_RQ: usize = 64;
@@ -52,6 +58,8 @@ pub const MAX_GATHER: usize = 2;
 const MAX_WQEBBS: u32 = (16 + 32 + MAX_GATHER * 16).div_ceil(SEND_WQE_BB) as u32;
 const _: () = assert!(MAX_WQEBBS as usize <= SEND_WQE_MAX_WQEBBS);
 const _: () = assert!(OP_OWN == 0x3f && WQE_ID == 0x02 && WQE_COUNTER == 0x3c);
+const _: () =
+    assert!(HDS_IP_EXT == 0x1c && Cqe64::L4_HDR_TYPE_ETC.bit() / 8 == HDS_IP_EXT as u32 + 1);
 
 /// Queue-set settings (eRPC's defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,6 +224,12 @@ struct RxCq {
     cycle: u32,
     /// How the hardware reports `wqe_id`.
     mode: RxWqeIdMode,
+    /// (`wqe_id` << 16 | `wqe_counter`) of the CQE consumed last (in the
+    /// slot before `idx`), as read then.
+    last_raw: u32,
+    /// Per RX ring slot: the CQE flags of the frame in it
+    /// ([`RxCqeFlags`]), or unknown.
+    flags: Box<[RxCqeFlags]>,
 }
 
 /// How a striding RQ's CQEs number the WQE a packet landed in. The
@@ -232,6 +246,71 @@ pub enum RxWqeIdMode {
     FreeRunning,
     /// The WQE's ring index (`counter & (WQEs - 1)`).
     RingIndex,
+}
+
+/// What the NIC said about a received frame in its CQE: the checksum
+/// flags (`hds_ip_ext`) and header types (`l4_hdr_type_etc`), when the
+/// driver could read that frame's own CQE (see
+/// [`QueueSet::rx_cqe_flags_of`]).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RxCqeFlags(u16);
+
+impl RxCqeFlags {
+    /// Nothing known: the frame's CQE was not read.
+    pub const UNKNOWN: RxCqeFlags = RxCqeFlags(0);
+    /// Set in every known value (in place of `l4_hdr_type_etc` bit 7,
+    /// which the driver does not use).
+    const KNOWN: u16 = 0x80;
+
+    /// From the big-endian 16 bits at CQE offset 0x1c (`hds_ip_ext`,
+    /// `l4_hdr_type_etc`).
+    #[inline]
+    pub fn from_cqe(hds_ip_ext_and_hdr_type: u16) -> RxCqeFlags {
+        RxCqeFlags(hds_ip_ext_and_hdr_type | Self::KNOWN)
+    }
+
+    /// Whether the frame's CQE was read.
+    #[inline]
+    pub fn known(self) -> bool {
+        self.0 & Self::KNOWN != 0
+    }
+
+    /// The checksum flags (empty when unknown).
+    #[inline]
+    pub fn checksum(self) -> CqeChecksum {
+        CqeChecksum::from_bits_retain(if self.known() { (self.0 >> 8) as u8 } else { 0 })
+    }
+
+    /// The L3 header type (`l4_hdr_type_etc[3:2]`, `CQE_L3_HDR_TYPE_*`;
+    /// none when unknown).
+    #[inline]
+    pub fn l3_hdr_type(self) -> u8 {
+        ((self.0 as u8) >> CQE_L3_HDR_TYPE_SHIFT) & CQE_L3_HDR_TYPE_MASK
+    }
+
+    /// The NIC checked the frame's IPv4 header checksum and found it right:
+    /// known, L3 header type IPv4, and `l3_ok`.
+    #[inline]
+    pub fn ipv4_header_ok(self) -> bool {
+        self.known()
+            && self.l3_hdr_type() == CQE_L3_HDR_TYPE_IPV4
+            && self.checksum().contains(CqeChecksum::L3_OK)
+    }
+}
+
+impl std::fmt::Debug for RxCqeFlags {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if !self.known() {
+            return f.write_str("RxCqeFlags(unknown)");
+        }
+        write!(
+            f,
+            "RxCqeFlags({:?}, l3 type {}, l4_hdr_type_etc {:#04x})",
+            self.checksum(),
+            self.l3_hdr_type(),
+            self.0 as u8 & 0x7f
+        )
+    }
 }
 
 /// A read-only view of a queue set's RX ring that outlives borrows of the
@@ -538,6 +617,8 @@ impl<B: HwBackend> QueueSet<B> {
                 prev: 0,
                 cycle: 65536u32 << cfg.rq_log_strides,
                 mode: RxWqeIdMode::Undetermined,
+                last_raw: 0,
+                flags: vec![RxCqeFlags::UNKNOWN; cfg.rx_ring_entries()].into_boxed_slice(),
             },
             tisn: 0,
             tirn: 0,
@@ -654,6 +735,8 @@ impl<B: HwBackend> QueueSet<B> {
             self.rx_cq.ring.write_u8(off + WQE_COUNTER + 1, ctr as u8);
         }
         self.rx_cq.prev = self.rx_snapshot(n - 1);
+        let (id, ctr) = self.rx_snapshot_raw(n - 1);
+        self.rx_cq.last_raw = (u32::from(id) << 16) | u32::from(ctr);
         self.rx_cq.cqn = self.create_cq(
             &self.rx_cq.ring,
             self.cfg.rx_cq_log_size as u32,
@@ -1228,19 +1311,29 @@ impl<B: HwBackend> QueueSet<B> {
     #[inline]
     pub fn rx_burst(&mut self) -> usize {
         let entries = self.cfg.rx_ring_entries() as u32;
+        let slot_mask = entries as usize - 1;
         let outstanding = self.rx_outstanding();
         let mut total = 0u32;
         for _ in 0..self.rx_cq.entries {
             let room = outstanding - total;
-            let Some(delta) = self.rx_delta(room) else {
+            let Some((delta, raw)) = self.rx_delta(room) else {
                 break;
             };
+            // The CQE read is that of the last of the `delta` packets; the
+            // ones before it (their CQEs overwritten) have no known flags.
+            let flags = self.rx_cqe_flags();
+            let first = self.rq.recv_head + total as usize;
+            for k in 0..delta as usize - 1 {
+                self.rx_cq.flags[(first + k) & slot_mask] = RxCqeFlags::UNKNOWN;
+            }
+            self.rx_cq.flags[(first + delta as usize - 1) & slot_mask] = flags;
+            self.rx_cq.last_raw = raw;
             total += delta;
             self.rx_cq.prev = self.rx_cq.prev.wrapping_add(delta) & (self.rx_cq.cycle - 1);
             self.rx_cq.idx = (self.rx_cq.idx + 1) & (self.rx_cq.entries - 1);
         }
         if total > 0 {
-            self.rq.recv_head = (self.rq.recv_head + total as usize) & (entries as usize - 1);
+            self.rq.recv_head = (self.rq.recv_head + total as usize) & slot_mask;
             self.rq.reported = self.rq.reported.wrapping_add(total);
             self.stats.rx_pkts += u64::from(total);
             self.stats.rx_bursts += 1;
@@ -1251,11 +1344,53 @@ impl<B: HwBackend> QueueSet<B> {
         total as usize
     }
 
-    /// Packets new in the next RX CQE (at most `room`), or `None` if it
-    /// holds nothing new (or a stale position from the previous lap).
+    /// The checksum and header-type flags of the RX CQE at `rx_cq.idx`,
+    /// whose position was just read, or
+    /// [`RxCqeFlags::UNKNOWN`] if they may belong to a later packet.
+    ///
+    /// The CQ overruns: while the flags are read, the NIC may be rewriting
+    /// the slot with the CQE one lap (8 packets) later, and a position
+    /// re-read cannot tell, because the device writes the position after
+    /// the body. But it writes CQEs in order, each complete (`wqe_id` after
+    /// the rest) before the next: so if, after the flags were read, the
+    /// slot before still holds the CQE consumed before this one (its
+    /// `wqe_id` read first), the rewrite of this slot had not begun when
+    /// the flags were read. Otherwise the flags are not trusted.
     #[inline]
-    fn rx_delta(&mut self, room: u32) -> Option<u32> {
+    fn rx_cqe_flags(&self) -> RxCqeFlags {
+        let ring = &self.rx_cq.ring;
+        let idx = self.rx_cq.idx;
+        // The position of this CQE was read (with a full barrier) before.
+        let f = ring.load_be16(idx * CQE_BYTES + HDS_IP_EXT);
+        barrier::from_device();
+        let before = ((idx + self.rx_cq.entries - 1) & (self.rx_cq.entries - 1)) * CQE_BYTES;
+        let id = ring.load_be16(before + WQE_ID);
+        barrier::from_device();
+        let ctr = ring.load_be16(before + WQE_COUNTER);
+        if (u32::from(id) << 16 | u32::from(ctr)) == self.rx_cq.last_raw {
+            RxCqeFlags::from_cqe(f)
+        } else {
+            RxCqeFlags::UNKNOWN
+        }
+    }
+
+    /// What the NIC reported in the CQE of the frame in RX ring slot `idx`,
+    /// as read by the [`QueueSet::rx_burst`] that reported the slot last:
+    /// [`RxCqeFlags::UNKNOWN`] when that frame's own CQE could not be read
+    /// (the overrunning CQ had already reused it), or it may not be the
+    /// frame's. Unknown is the safe answer: check in software.
+    #[inline]
+    pub fn rx_cqe_flags_of(&self, idx: usize) -> RxCqeFlags {
+        self.rx_cq.flags[idx & (self.rx_cq.flags.len() - 1)]
+    }
+
+    /// Packets new in the next RX CQE (at most `room`) and its raw position
+    /// (`wqe_id` << 16 | `wqe_counter`), or `None` if it holds nothing new
+    /// (or a stale position from the previous lap).
+    #[inline]
+    fn rx_delta(&mut self, room: u32) -> Option<(u32, u32)> {
         let (id, ctr) = self.rx_snapshot_raw(self.rx_cq.idx);
+        let raw = (u32::from(id) << 16) | u32::from(ctr);
         let ls = self.rq.log_strides;
         let wqes = 1u32 << self.rq.log_wqes;
         let ring = wqes << ls;
@@ -1272,7 +1407,7 @@ impl<B: HwBackend> QueueSet<B> {
                         "striding RQ wqe_id is a free-running counter"
                     );
                 }
-                return Some(d);
+                return Some((d, raw));
             }
             if self.rx_cq.mode == RxWqeIdMode::FreeRunning || u32::from(id) >= wqes {
                 return None;
@@ -1288,7 +1423,7 @@ impl<B: HwBackend> QueueSet<B> {
             self.rx_cq.mode = RxWqeIdMode::RingIndex;
             tracing::debug!(rqn = self.rq.rqn, "striding RQ wqe_id is a ring index");
         }
-        Some(d)
+        Some((d, raw))
     }
 
     /// Gives `n` ring slots back (in ring order). Each time a whole WQE's

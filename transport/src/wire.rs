@@ -249,6 +249,28 @@ pub fn parse_frame(frame: &[u8]) -> Result<ParsedFrame<'_>, FrameError> {
 
 /// [`parse_frame`], with the relaxations of `opts`.
 pub fn parse_frame_with(frame: &[u8], opts: ParseOptions) -> Result<ParsedFrame<'_>, FrameError> {
+    parse(frame, opts, false)
+}
+
+/// [`parse_frame_with`] for a frame whose IPv4 header checksum the NIC has
+/// already verified (an mlx5 CQE with L3 header type IPv4 and `l3_ok`):
+/// when `ip_checksum_verified` is true the checksum is not recomputed;
+/// every other check is made. When it is false this is exactly
+/// [`parse_frame_with`].
+pub fn parse_frame_verified(
+    frame: &[u8],
+    opts: ParseOptions,
+    ip_checksum_verified: bool,
+) -> Result<ParsedFrame<'_>, FrameError> {
+    parse(frame, opts, ip_checksum_verified)
+}
+
+#[inline(always)]
+fn parse(
+    frame: &[u8],
+    opts: ParseOptions,
+    ip_checksum_verified: bool,
+) -> Result<ParsedFrame<'_>, FrameError> {
     if frame.len() < HEADROOM_BYTES {
         return Err(FrameError::Short);
     }
@@ -274,7 +296,7 @@ pub fn parse_frame_with(frame: &[u8], opts: ParseOptions) -> Result<ParsedFrame<
         return Err(FrameError::BadIp);
     }
     let mut ip_checksum_zero = false;
-    if ipv4_checksum(ip) != 0 {
+    if !ip_checksum_verified && ipv4_checksum(ip) != 0 {
         if !(opts.accept_zero_ip_checksum && ip[10] == 0 && ip[11] == 0) {
             return Err(FrameError::BadIp);
         }
