@@ -378,6 +378,15 @@ impl DmaMem {
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, src.len()) }
     }
 
+    /// [`DmaMem::write_bytes`] of a fixed size (one bounds check, a copy
+    /// the compiler sizes at build time).
+    #[inline]
+    pub fn write_array<const N: usize>(&self, off: usize, src: &[u8; N]) {
+        let p = self.at(off, N);
+        // SAFETY: as in `write_bytes`.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, N) }
+    }
+
     /// Copies bytes out. Only for ranges the device has finished writing.
     pub fn read_bytes(&self, off: usize, dst: &mut [u8]) {
         let p = self.at(off, dst.len());

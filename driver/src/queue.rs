@@ -996,65 +996,83 @@ impl<B: HwBackend> QueueSet<B> {
     }
 
     /// Writes one SEND WQE at the producer index; returns its ring offset.
+    /// The WQE is built in a local buffer (fixed offsets, no bounds checks)
+    /// and copied into the ring in whole WQEBBs, split where the ring
+    /// wraps: the slots are the driver's until the doorbell record says
+    /// otherwise (ordered by the barrier in `ring_sq_doorbell`).
     #[inline]
     fn write_send_wqe(&mut self, f: &TxFrame<'_>, ds: u32, signal: bool) -> usize {
-        let ring = &self.sq.ring;
-        let ring_mask = (self.sq.mask as usize + 1) * SEND_WQE_BB - 1;
-        let base = (self.sq.pi & self.sq.mask) as usize * SEND_WQE_BB;
-        let unit = |i: usize| (base + i * SEND_WQE_DS) & ring_mask;
+        const WQE_MAX: usize = MAX_WQEBBS as usize * SEND_WQE_BB;
+        let mut w = [0u8; WQE_MAX];
+        let put32 = |w: &mut [u8; WQE_MAX], at: usize, v: u32| {
+            w[at..at + 4].copy_from_slice(&v.to_be_bytes());
+        };
         let idx = self.sq.pi & 0xffff;
-        // Control segment.
-        let c = unit(0);
-        ring.write_be32(
-            c + WqeCtrlSeg::OPMOD_IDX_OPCODE.dword(),
+        // Control segment (the immediate stays 0).
+        put32(
+            &mut w,
+            WqeCtrlSeg::OPMOD_IDX_OPCODE.dword(),
             (idx << 8) | WqeOpcode::Send as u32,
         );
-        ring.write_be32(c + WqeCtrlSeg::QPN_DS.dword(), (self.sq.sqn << 8) | ds);
+        put32(&mut w, WqeCtrlSeg::QPN_DS.dword(), (self.sq.sqn << 8) | ds);
         let fm_ce_se = if signal {
             FmCeSe::CQ_UPDATE
         } else {
             FmCeSe::empty()
         };
-        ring.write_be32(c + 8, u32::from(fm_ce_se.bits()));
-        ring.write_be32(c + WqeCtrlSeg::IMM.dword(), 0);
-        // Ethernet segment, with the L2 header inline if required.
-        let e = unit(1);
-        ring.write_be32(e + WqeEthSeg::RSVD0.dword(), 0);
-        ring.write_be32(e + 4, 0); // cs_flags 0 (headers carry their checksum), mss 0
-        ring.write_be32(e + 8, 0);
+        put32(&mut w, 8, u32::from(fm_ce_se.bits()));
+        // Ethernet segment: cs_flags 0 (headers carry their checksum), mss
+        // 0, and the L2 header inline if the device requires it.
+        let e = SEND_WQE_DS;
         let (mut seg, first_skip) = if self.inline {
-            let h = &f.first[..ETH_L2_INLINE_HEADER_SIZE];
-            ring.write_be32(
-                e + 12,
+            let h: &[u8; ETH_L2_INLINE_HEADER_SIZE] = f.first[..ETH_L2_INLINE_HEADER_SIZE]
+                .try_into()
+                .expect("checked by tx_burst");
+            put32(
+                &mut w,
+                e + WqeEthSeg::INLINE_HDR_SZ.dword(),
                 ((ETH_L2_INLINE_HEADER_SIZE as u32) << 16)
                     | u32::from(u16::from_be_bytes([h[0], h[1]])),
             );
-            ring.write_bytes(unit(2), &h[2..]);
+            let at = e + (WqeEthSeg::INLINE_HDR.bit() / 8) as usize;
+            w[at..at + ETH_L2_INLINE_HEADER_SIZE - 2].copy_from_slice(&h[2..]);
             (3, ETH_L2_INLINE_HEADER_SIZE)
         } else {
-            ring.write_be32(e + 12, 0);
             (2, 0)
         };
-        let mut data_seg = |len: u32, lkey: u32, iova: u64| {
-            let d = unit(seg);
-            ring.write_be32(d + WqeDataSeg::BYTE_COUNT.dword(), len);
-            ring.write_be32(d + WqeDataSeg::LKEY.dword(), lkey);
-            ring.write_be64(d + WqeDataSeg::ADDR.dword(), iova);
+        let mut data_seg = |w: &mut [u8; WQE_MAX], len: u32, lkey: u32, iova: u64| {
+            let d = seg * SEND_WQE_DS;
+            put32(w, d + WqeDataSeg::BYTE_COUNT.dword(), len);
+            put32(w, d + WqeDataSeg::LKEY.dword(), lkey);
+            w[d + WqeDataSeg::ADDR.dword()..d + WqeDataSeg::ADDR.dword() + 8]
+                .copy_from_slice(&iova.to_be_bytes());
             seg += 1;
         };
         let first_len = f.first.len() - first_skip;
         if first_len > 0 {
             data_seg(
+                &mut w,
                 first_len as u32,
                 f.first_lkey,
                 f.first_iova + first_skip as u64,
             );
         }
         if f.rest.len > 0 {
-            data_seg(f.rest.len, f.rest.lkey, f.rest.iova);
+            data_seg(&mut w, f.rest.len, f.rest.lkey, f.rest.iova);
         }
         debug_assert_eq!(seg as u32, ds);
         let wqebbs = (ds * SEND_WQE_DS as u32).div_ceil(SEND_WQE_BB as u32);
+        let base = (self.sq.pi & self.sq.mask) as usize * SEND_WQE_BB;
+        let ring = &self.sq.ring;
+        if wqebbs == 1 {
+            ring.write_array::<SEND_WQE_BB>(base, w[..SEND_WQE_BB].try_into().expect("one WQEBB"));
+        } else {
+            let bytes = wqebbs as usize * SEND_WQE_BB;
+            let ring_bytes = (self.sq.mask as usize + 1) * SEND_WQE_BB;
+            let first = bytes.min(ring_bytes - base);
+            ring.write_bytes(base, &w[..first]);
+            ring.write_bytes(0, &w[first..bytes]);
+        }
         self.sq.pi = self.sq.pi.wrapping_add(wqebbs);
         if signal {
             self.sq.signaled = Some((idx as u16, self.sq.pi));

@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::*;
 use mlx5::prm::codes::{CmdStatus, CqeSyndrome, Opcode};
 use mlx5::prm::cqe::CQE_L3_HDR_TYPE_IPV4;
-use mlx5::{Error, HealthProblem, QueueConfig};
+use mlx5::{Error, HealthProblem, QueueConfig, TxFrame};
 use mlx5_sim::{DropReason, FailCommand, HcaState, Injection, LinkFaults};
 use transport::wire::{self, FrameTemplate};
 
@@ -630,4 +630,55 @@ fn rx_cqe_flags_carry_the_nics_ipv4_verdict_per_frame() {
     }
     assert!((1..20).contains(&vouched), "{vouched} of 20 known");
     qb.post_recvs(20);
+}
+
+/// Send WQEs of one and two WQEBBs (L2 inline, one or two gather entries)
+/// mixed, so that two-WQEBB WQEs straddle the end of the SQ ring on the
+/// laps: each arrives whole.
+#[test]
+fn two_wqebb_wqes_straddle_the_sq_ring_end_intact() {
+    let fab = fabric(13);
+    let na = mlx5_sim::SimNic::new(
+        &fab,
+        mlx5_sim::NicConfig {
+            mac: mac(1),
+            wqe_inline_mode: 0,
+            ..Default::default()
+        },
+    );
+    let nb = nic(&fab, 2);
+    let (da, db) = (open(&na), open(&nb));
+    let mut qa = da.create_queue_set(queue(5000)).unwrap();
+    let mut qb = db.create_queue_set(queue(6000)).unwrap();
+    assert!(qa.inlines_l2());
+    let sq_wqebbs = 1usize << qa.config().sq_log_wqebbs;
+    let mut aa = allocator(&da);
+    let mut buf = aa.alloc(LEN).unwrap();
+    let total = 3 * sq_wqebbs as u32;
+    for s in 0..total {
+        write_frame(&mut buf, &qa, nb.mac(), 6000, s, LEN);
+        let f = if s % 3 == 0 {
+            frame(&buf, LEN)
+        } else {
+            // Header and data in two gather entries: 5 DS, two WQEBBs. The
+            // split moves, so a stale second WQEBB would show.
+            let split = 44 + s as usize % 13;
+            TxFrame {
+                first: &buf.as_slice()[..split],
+                first_iova: buf.iova(),
+                first_lkey: buf.lkey(),
+                rest: mlx5::Gather {
+                    iova: buf.iova() + split as u64,
+                    len: (LEN - split) as u32,
+                    lkey: buf.lkey(),
+                },
+            }
+        };
+        assert_eq!(qa.tx_burst(&[f]).unwrap(), 1);
+        step(&fab);
+        assert_eq!(qb.rx_burst(), 1);
+        assert_eq!(read_seq(&qb, s as usize, LEN), s);
+        qb.post_recvs(1);
+    }
+    aa.free(buf);
 }
