@@ -19,6 +19,7 @@ pub struct ReadmeDoctests;
 
 pub mod bench;
 pub mod capture;
+pub mod exp_large;
 pub mod experiments;
 pub mod memory;
 pub mod vfio_tool;
