@@ -1030,42 +1030,57 @@ impl<B: HwBackend> QueueSet<B> {
         let mut bytes = 0u64;
         let mut last_off = 0;
         let mut signaled = None;
+        // The WQE as eight big-endian 64-bit words: control segment (2),
+        // Ethernet segment (2, all zero: no inline header, no checksum
+        // offload), up to two data segments (2 each, zero if unused).
+        const _: () = assert!(
+            WqeCtrlSeg::OPMOD_IDX_OPCODE.bit() == 0
+                && WqeCtrlSeg::QPN_DS.bit() == 32
+                && WqeCtrlSeg::IMM.bit() == 96
+                && WqeDataSeg::BYTE_COUNT.bit() == 0
+                && WqeDataSeg::LKEY.bit() == 32
+                && WqeDataSeg::ADDR.bit() == 64
+        );
+        let dseg = |len: u32, lkey: u32, iova: u64| {
+            [
+                (u64::from(len) << 32 | u64::from(lkey)).to_be(),
+                iova.to_be(),
+            ]
+        };
         for (i, f) in frames.iter().enumerate() {
-            let mut w = [0u8; SEND_WQE_BB];
-            let put32 = |w: &mut [u8; SEND_WQE_BB], at: usize, v: u32| {
-                w[at..at + 4].copy_from_slice(&v.to_be_bytes());
-            };
             let first_len = f.first.len() as u32;
             let ds = 2 + u32::from(first_len > 0) + u32::from(f.rest.len > 0);
             let idx = pi & 0xffff;
-            put32(
-                &mut w,
-                WqeCtrlSeg::OPMOD_IDX_OPCODE.dword(),
-                (idx << 8) | WqeOpcode::Send as u32,
-            );
-            put32(&mut w, WqeCtrlSeg::QPN_DS.dword(), qpn | ds);
-            if i as u32 == signal_at {
-                put32(&mut w, 8, u32::from(FmCeSe::CQ_UPDATE.bits()));
+            let fm_ce_se = if i as u32 == signal_at {
                 signaled = Some((idx as u16, pi.wrapping_add(1)));
-            }
-            // Immediate 0; Ethernet segment all zero (no inline header, no
-            // checksum offload).
-            let mut d = 2 * SEND_WQE_DS;
-            let mut data_seg = |w: &mut [u8; SEND_WQE_BB], len: u32, lkey: u32, iova: u64| {
-                put32(w, d + WqeDataSeg::BYTE_COUNT.dword(), len);
-                put32(w, d + WqeDataSeg::LKEY.dword(), lkey);
-                let a = d + WqeDataSeg::ADDR.dword();
-                w[a..a + 8].copy_from_slice(&iova.to_be_bytes());
-                d += SEND_WQE_DS;
+                FmCeSe::CQ_UPDATE.bits()
+            } else {
+                0
             };
-            if first_len > 0 {
-                data_seg(&mut w, first_len, f.first_lkey, f.first_iova);
-            }
-            if f.rest.len > 0 {
-                data_seg(&mut w, f.rest.len, f.rest.lkey, f.rest.iova);
-            }
+            let first = dseg(first_len, f.first_lkey, f.first_iova);
+            let rest = if f.rest.len > 0 {
+                dseg(f.rest.len, f.rest.lkey, f.rest.iova)
+            } else {
+                [0, 0]
+            };
+            let (a, b) = if first_len > 0 {
+                (first, rest)
+            } else {
+                (rest, [0, 0])
+            };
+            let w: [u64; 8] = [
+                (u64::from((idx << 8) | WqeOpcode::Send as u32) << 32 | u64::from(qpn | ds))
+                    .to_be(),
+                (u64::from(fm_ce_se) << 32).to_be(),
+                0,
+                0,
+                a[0],
+                a[1],
+                b[0],
+                b[1],
+            ];
             last_off = (pi & self.sq.mask) as usize * SEND_WQE_BB;
-            ring.write_array::<SEND_WQE_BB>(last_off, &w);
+            ring.write_words(last_off, &w);
             pi = pi.wrapping_add(1);
             bytes += u64::from(first_len) + u64::from(f.rest.len);
         }
