@@ -270,11 +270,9 @@ impl DmaMem {
 
     #[inline(always)]
     fn at(&self, off: usize, width: usize) -> *mut u8 {
-        assert!(
-            off + width <= self.len,
-            "DMA access at {off:#x}+{width} past {:#x}",
-            self.len
-        );
+        if off + width > self.len {
+            out_of_bounds(off, width, self.len);
+        }
         // SAFETY: in bounds (checked above).
         unsafe { self.ptr.as_ptr().add(off) }
     }
@@ -378,6 +376,26 @@ impl DmaMem {
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, src.len()) }
     }
 
+    /// [`DmaMem::write_bytes`] of a fixed size (one bounds check, a copy
+    /// the compiler sizes at build time).
+    #[inline]
+    pub fn write_array<const N: usize>(&self, off: usize, src: &[u8; N]) {
+        let p = self.at(off, N);
+        // SAFETY: as in `write_bytes`.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, N) }
+    }
+
+    /// Copies `N` 64-bit words in, each already in the byte order the
+    /// device reads (one bounds check; `off` 8-byte aligned). Only for
+    /// ranges the device does not own right now.
+    #[inline]
+    pub fn write_words<const N: usize>(&self, off: usize, src: &[u64; N]) {
+        debug_assert!(off % 8 == 0);
+        let p = self.at(off, 8 * N);
+        // SAFETY: as in `write_bytes` (`src` is `8 * N` bytes).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().cast::<u8>(), p, 8 * N) }
+    }
+
     /// Copies bytes out. Only for ranges the device has finished writing.
     pub fn read_bytes(&self, off: usize, dst: &mut [u8]) {
         let p = self.at(off, dst.len());
@@ -398,6 +416,15 @@ impl DmaMem {
         // SAFETY: in bounds; quiescence is the caller's contract.
         unsafe { std::slice::from_raw_parts(p, len) }
     }
+}
+
+/// The panic of an access outside a DMA allocation, out of line so that the
+/// checked accessors stay a compare and a branch in the datapath.
+#[cold]
+#[inline(never)]
+#[track_caller]
+fn out_of_bounds(off: usize, width: usize, len: usize) -> ! {
+    panic!("DMA access at {off:#x}+{width} past {len:#x}")
 }
 
 #[cfg(test)]

@@ -29,6 +29,6 @@ pub mod vfio;
 pub use device::{Device, DeviceConfig, DeviceInfo, FuncId, Health, InlineMode, MacIfUnset};
 pub use error::{Error, HealthProblem};
 pub use queue::{
-    Gather, HwQueueState, QueueConfig, QueueSet, QueueSnapshot, QueueStats, RxRingView,
+    Gather, HwQueueState, QueueConfig, QueueSet, QueueSnapshot, QueueStats, RxCqeFlags, RxRingView,
     RxWqeIdMode, TxFrame,
 };

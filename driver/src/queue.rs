@@ -28,7 +28,10 @@ use crate::error::Error;
 use crate::hw::HwBackend;
 use crate::prm::cmd::*;
 use crate::prm::codes::{CqeOpcode, Opcode, QueueState, WqeOpcode, flow, inline_mode, wq_type};
-use crate::prm::cqe::{CQE_OP_OWN_INVALID, Cqe, Cqe64};
+use crate::prm::cqe::{
+    CQE_L3_HDR_TYPE_IPV4, CQE_L3_HDR_TYPE_MASK, CQE_L3_HDR_TYPE_SHIFT, CQE_OP_OWN_INVALID, Cqe,
+    Cqe64, CqeChecksum,
+};
 use crate::prm::ctx::*;
 use crate::prm::wqe::{
     self, ETH_L2_INLINE_HEADER_SIZE, FmCeSe, MprqWqe, SEND_WQE_BB, SEND_WQE_DS,
@@ -42,6 +45,9 @@ const CQE_BYTES: usize = 64;
 const OP_OWN: usize = (Cqe64::OP_OWN.bit() / 8) as usize;
 const WQE_ID: usize = (Cqe64::WQE_ID.bit() / 8) as usize;
 const WQE_COUNTER: usize = (Cqe64::WQE_COUNTER.bit() / 8) as usize;
+/// `hds_ip_ext` (checksum flags), followed by `l4_hdr_type_etc`: one
+/// big-endian 16-bit load reads both.
+const HDS_IP_EXT: usize = (Cqe64::HDS_IP_EXT.bit() / 8) as usize;
 /// Doorbell records of one queue set, each in its own 64-byte line of one page.
 const DBR_SQ: usize = 0;
 const DBR_RQ: usize = 64;
@@ -54,6 +60,8 @@ pub const MAX_GATHER: usize = 2;
 const MAX_WQEBBS: u32 = (16 + 32 + MAX_GATHER * 16).div_ceil(SEND_WQE_BB) as u32;
 const _: () = assert!(MAX_WQEBBS as usize <= SEND_WQE_MAX_WQEBBS);
 const _: () = assert!(OP_OWN == 0x3f && WQE_ID == 0x02 && WQE_COUNTER == 0x3c);
+const _: () =
+    assert!(HDS_IP_EXT == 0x1c && Cqe64::L4_HDR_TYPE_ETC.bit() / 8 == HDS_IP_EXT as u32 + 1);
 
 /// Queue-set settings (eRPC's defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -218,6 +226,12 @@ struct RxCq {
     cycle: u32,
     /// How the hardware reports `wqe_id`.
     mode: RxWqeIdMode,
+    /// (`wqe_id` << 16 | `wqe_counter`) of the CQE consumed last (in the
+    /// slot before `idx`), as read then.
+    last_raw: u32,
+    /// Per RX ring slot: the CQE flags of the frame in it
+    /// ([`RxCqeFlags`]), or unknown.
+    flags: Box<[RxCqeFlags]>,
 }
 
 /// How a striding RQ's CQEs number the WQE a packet landed in. The
@@ -234,6 +248,71 @@ pub enum RxWqeIdMode {
     FreeRunning,
     /// The WQE's ring index (`counter & (WQEs - 1)`).
     RingIndex,
+}
+
+/// What the NIC said about a received frame in its CQE: the checksum
+/// flags (`hds_ip_ext`) and header types (`l4_hdr_type_etc`), when the
+/// driver could read that frame's own CQE (see
+/// [`QueueSet::rx_cqe_flags_of`]).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RxCqeFlags(u16);
+
+impl RxCqeFlags {
+    /// Nothing known: the frame's CQE was not read.
+    pub const UNKNOWN: RxCqeFlags = RxCqeFlags(0);
+    /// Set in every known value (in place of `l4_hdr_type_etc` bit 7,
+    /// which the driver does not use).
+    const KNOWN: u16 = 0x80;
+
+    /// From the big-endian 16 bits at CQE offset 0x1c (`hds_ip_ext`,
+    /// `l4_hdr_type_etc`).
+    #[inline]
+    pub fn from_cqe(hds_ip_ext_and_hdr_type: u16) -> RxCqeFlags {
+        RxCqeFlags(hds_ip_ext_and_hdr_type | Self::KNOWN)
+    }
+
+    /// Whether the frame's CQE was read.
+    #[inline]
+    pub fn known(self) -> bool {
+        self.0 & Self::KNOWN != 0
+    }
+
+    /// The checksum flags (empty when unknown).
+    #[inline]
+    pub fn checksum(self) -> CqeChecksum {
+        CqeChecksum::from_bits_retain(if self.known() { (self.0 >> 8) as u8 } else { 0 })
+    }
+
+    /// The L3 header type (`l4_hdr_type_etc[3:2]`, `CQE_L3_HDR_TYPE_*`;
+    /// none when unknown).
+    #[inline]
+    pub fn l3_hdr_type(self) -> u8 {
+        ((self.0 as u8) >> CQE_L3_HDR_TYPE_SHIFT) & CQE_L3_HDR_TYPE_MASK
+    }
+
+    /// The NIC checked the frame's IPv4 header checksum and found it right:
+    /// known, L3 header type IPv4, and `l3_ok`.
+    #[inline]
+    pub fn ipv4_header_ok(self) -> bool {
+        self.known()
+            && self.l3_hdr_type() == CQE_L3_HDR_TYPE_IPV4
+            && self.checksum().contains(CqeChecksum::L3_OK)
+    }
+}
+
+impl std::fmt::Debug for RxCqeFlags {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if !self.known() {
+            return f.write_str("RxCqeFlags(unknown)");
+        }
+        write!(
+            f,
+            "RxCqeFlags({:?}, l3 type {}, l4_hdr_type_etc {:#04x})",
+            self.checksum(),
+            self.l3_hdr_type(),
+            self.0 as u8 & 0x7f
+        )
+    }
 }
 
 /// A read-only view of a queue set's RX ring that outlives borrows of the
@@ -542,6 +621,8 @@ impl<B: HwBackend> QueueSet<B> {
                 prev: 0,
                 cycle: 65536u32 << cfg.rq_log_strides,
                 mode: RxWqeIdMode::Undetermined,
+                last_raw: 0,
+                flags: vec![RxCqeFlags::UNKNOWN; cfg.rx_ring_entries()].into_boxed_slice(),
             },
             tisn: 0,
             tirn: 0,
@@ -664,6 +745,8 @@ impl<B: HwBackend> QueueSet<B> {
             self.rx_cq.ring.write_u8(off + WQE_COUNTER + 1, ctr as u8);
         }
         self.rx_cq.prev = self.rx_snapshot(n - 1);
+        let (id, ctr) = self.rx_snapshot_raw(n - 1);
+        self.rx_cq.last_raw = (u32::from(id) << 16) | u32::from(ctr);
         self.rx_cq.cqn = self.create_cq(
             &self.rx_cq.ring,
             self.cfg.rx_cq_log_size as u32,
@@ -876,6 +959,26 @@ impl<B: HwBackend> QueueSet<B> {
         if let Some(cqe) = self.sq.error {
             return Err(self.sq_error(cqe));
         }
+        let n = frames.len() as u32;
+        // The common case, decided once for the whole burst: no L2 inline
+        // (every WQE is one WQEBB), room for all of it, and at most one WQE
+        // of it due to ask for a completion, whose predecessor has
+        // completed (checked with one poll of the TX CQ if needed).
+        if n > 0 && !self.inline {
+            // Index in the burst of the WQE to signal (n or more: none).
+            let signal_at = self.sq.batch - 1 - self.sq.since_signal.min(self.sq.batch - 1);
+            let one_signal = signal_at >= n || signal_at + self.sq.batch >= n;
+            if signal_at < n && self.sq.signaled.is_some() && one_signal {
+                self.poll_tx_cq()?;
+            }
+            if one_signal
+                && (signal_at >= n || self.sq.signaled.is_none())
+                && self.sq.pi.wrapping_sub(self.sq.ci) + n <= self.sq.mask + 1
+            {
+                self.tx_burst_plain(frames, signal_at);
+                return Ok(frames.len());
+            }
+        }
         let mut posted = 0;
         // WQEs written since the last doorbell, and whether one of them
         // asks for a completion.
@@ -922,66 +1025,167 @@ impl<B: HwBackend> QueueSet<B> {
         Ok(posted)
     }
 
+    /// [`QueueSet::tx_burst`] when the caller has checked that every frame
+    /// fits (one WQEBB each: no inline header, at most two gather entries),
+    /// that the SQ has room for all of them, and that at most one WQE, the
+    /// one at `signal_at` (none if that is past the end), asks for a
+    /// completion, its predecessor's having arrived: per frame, only the
+    /// WQE is built and copied.
+    #[inline]
+    fn tx_burst_plain(&mut self, frames: &[TxFrame<'_>], signal_at: u32) {
+        const _: () = assert!(4 * SEND_WQE_DS == SEND_WQE_BB);
+        let ring = &self.sq.ring;
+        let qpn = self.sq.sqn << 8;
+        let mut pi = self.sq.pi;
+        let mut bytes = 0u64;
+        let mut last_off = 0;
+        let mut signaled = None;
+        // The WQE as eight big-endian 64-bit words: control segment (2),
+        // Ethernet segment (2, all zero: no inline header, no checksum
+        // offload), up to two data segments (2 each, zero if unused).
+        const _: () = assert!(
+            WqeCtrlSeg::OPMOD_IDX_OPCODE.bit() == 0
+                && WqeCtrlSeg::QPN_DS.bit() == 32
+                && WqeCtrlSeg::IMM.bit() == 96
+                && WqeDataSeg::BYTE_COUNT.bit() == 0
+                && WqeDataSeg::LKEY.bit() == 32
+                && WqeDataSeg::ADDR.bit() == 64
+        );
+        let dseg = |len: u32, lkey: u32, iova: u64| {
+            [
+                (u64::from(len) << 32 | u64::from(lkey)).to_be(),
+                iova.to_be(),
+            ]
+        };
+        for (i, f) in frames.iter().enumerate() {
+            let first_len = f.first.len() as u32;
+            let ds = 2 + u32::from(first_len > 0) + u32::from(f.rest.len > 0);
+            let idx = pi & 0xffff;
+            let fm_ce_se = if i as u32 == signal_at {
+                signaled = Some((idx as u16, pi.wrapping_add(1)));
+                FmCeSe::CQ_UPDATE.bits()
+            } else {
+                0
+            };
+            let first = dseg(first_len, f.first_lkey, f.first_iova);
+            let rest = if f.rest.len > 0 {
+                dseg(f.rest.len, f.rest.lkey, f.rest.iova)
+            } else {
+                [0, 0]
+            };
+            let (a, b) = if first_len > 0 {
+                (first, rest)
+            } else {
+                (rest, [0, 0])
+            };
+            let w: [u64; 8] = [
+                (u64::from((idx << 8) | WqeOpcode::Send as u32) << 32 | u64::from(qpn | ds))
+                    .to_be(),
+                (u64::from(fm_ce_se) << 32).to_be(),
+                0,
+                0,
+                a[0],
+                a[1],
+                b[0],
+                b[1],
+            ];
+            last_off = (pi & self.sq.mask) as usize * SEND_WQE_BB;
+            ring.write_words(last_off, &w);
+            pi = pi.wrapping_add(1);
+            bytes += u64::from(first_len) + u64::from(f.rest.len);
+        }
+        let n = frames.len() as u32;
+        self.sq.pi = pi;
+        if signaled.is_some() {
+            self.sq.signaled = signaled;
+            self.sq.since_signal = n - 1 - signal_at;
+            self.stats.tx_signaled += 1;
+        } else {
+            self.sq.since_signal += n;
+        }
+        self.stats.tx_wqes += u64::from(n);
+        self.stats.tx_bytes += bytes;
+        self.ring_sq_doorbell(last_off, 1, n == 1);
+    }
+
     /// Writes one SEND WQE at the producer index; returns its ring offset.
+    /// The WQE is built in a local buffer (fixed offsets, no bounds checks)
+    /// and copied into the ring in whole WQEBBs, split where the ring
+    /// wraps: the slots are the driver's until the doorbell record says
+    /// otherwise (ordered by the barrier in `ring_sq_doorbell`).
     #[inline]
     fn write_send_wqe(&mut self, f: &TxFrame<'_>, ds: u32, signal: bool) -> usize {
-        let ring = &self.sq.ring;
-        let ring_mask = (self.sq.mask as usize + 1) * SEND_WQE_BB - 1;
-        let base = (self.sq.pi & self.sq.mask) as usize * SEND_WQE_BB;
-        let unit = |i: usize| (base + i * SEND_WQE_DS) & ring_mask;
+        const WQE_MAX: usize = MAX_WQEBBS as usize * SEND_WQE_BB;
+        let mut w = [0u8; WQE_MAX];
+        let put32 = |w: &mut [u8; WQE_MAX], at: usize, v: u32| {
+            w[at..at + 4].copy_from_slice(&v.to_be_bytes());
+        };
         let idx = self.sq.pi & 0xffff;
-        // Control segment.
-        let c = unit(0);
-        ring.write_be32(
-            c + WqeCtrlSeg::OPMOD_IDX_OPCODE.dword(),
+        // Control segment (the immediate stays 0).
+        put32(
+            &mut w,
+            WqeCtrlSeg::OPMOD_IDX_OPCODE.dword(),
             (idx << 8) | WqeOpcode::Send as u32,
         );
-        ring.write_be32(c + WqeCtrlSeg::QPN_DS.dword(), (self.sq.sqn << 8) | ds);
+        put32(&mut w, WqeCtrlSeg::QPN_DS.dword(), (self.sq.sqn << 8) | ds);
         let fm_ce_se = if signal {
             FmCeSe::CQ_UPDATE
         } else {
             FmCeSe::empty()
         };
-        ring.write_be32(c + 8, u32::from(fm_ce_se.bits()));
-        ring.write_be32(c + WqeCtrlSeg::IMM.dword(), 0);
-        // Ethernet segment, with the L2 header inline if required.
-        let e = unit(1);
-        ring.write_be32(e + WqeEthSeg::RSVD0.dword(), 0);
-        ring.write_be32(e + 4, 0); // cs_flags 0 (headers carry their checksum), mss 0
-        ring.write_be32(e + 8, 0);
+        put32(&mut w, 8, u32::from(fm_ce_se.bits()));
+        // Ethernet segment: cs_flags 0 (headers carry their checksum), mss
+        // 0, and the L2 header inline if the device requires it.
+        let e = SEND_WQE_DS;
         let (mut seg, first_skip) = if self.inline {
-            let h = &f.first[..ETH_L2_INLINE_HEADER_SIZE];
-            ring.write_be32(
-                e + 12,
+            let h: &[u8; ETH_L2_INLINE_HEADER_SIZE] = f.first[..ETH_L2_INLINE_HEADER_SIZE]
+                .try_into()
+                .expect("checked by tx_burst");
+            put32(
+                &mut w,
+                e + WqeEthSeg::INLINE_HDR_SZ.dword(),
                 ((ETH_L2_INLINE_HEADER_SIZE as u32) << 16)
                     | u32::from(u16::from_be_bytes([h[0], h[1]])),
             );
-            ring.write_bytes(unit(2), &h[2..]);
+            let at = e + (WqeEthSeg::INLINE_HDR.bit() / 8) as usize;
+            w[at..at + ETH_L2_INLINE_HEADER_SIZE - 2].copy_from_slice(&h[2..]);
             (3, ETH_L2_INLINE_HEADER_SIZE)
         } else {
-            ring.write_be32(e + 12, 0);
             (2, 0)
         };
-        let mut data_seg = |len: u32, lkey: u32, iova: u64| {
-            let d = unit(seg);
-            ring.write_be32(d + WqeDataSeg::BYTE_COUNT.dword(), len);
-            ring.write_be32(d + WqeDataSeg::LKEY.dword(), lkey);
-            ring.write_be64(d + WqeDataSeg::ADDR.dword(), iova);
+        let mut data_seg = |w: &mut [u8; WQE_MAX], len: u32, lkey: u32, iova: u64| {
+            let d = seg * SEND_WQE_DS;
+            put32(w, d + WqeDataSeg::BYTE_COUNT.dword(), len);
+            put32(w, d + WqeDataSeg::LKEY.dword(), lkey);
+            w[d + WqeDataSeg::ADDR.dword()..d + WqeDataSeg::ADDR.dword() + 8]
+                .copy_from_slice(&iova.to_be_bytes());
             seg += 1;
         };
         let first_len = f.first.len() - first_skip;
         if first_len > 0 {
             data_seg(
+                &mut w,
                 first_len as u32,
                 f.first_lkey,
                 f.first_iova + first_skip as u64,
             );
         }
         if f.rest.len > 0 {
-            data_seg(f.rest.len, f.rest.lkey, f.rest.iova);
+            data_seg(&mut w, f.rest.len, f.rest.lkey, f.rest.iova);
         }
         debug_assert_eq!(seg as u32, ds);
         let wqebbs = (ds * SEND_WQE_DS as u32).div_ceil(SEND_WQE_BB as u32);
+        let base = (self.sq.pi & self.sq.mask) as usize * SEND_WQE_BB;
+        let ring = &self.sq.ring;
+        if wqebbs == 1 {
+            ring.write_array::<SEND_WQE_BB>(base, w[..SEND_WQE_BB].try_into().expect("one WQEBB"));
+        } else {
+            let bytes = wqebbs as usize * SEND_WQE_BB;
+            let ring_bytes = (self.sq.mask as usize + 1) * SEND_WQE_BB;
+            let first = bytes.min(ring_bytes - base);
+            ring.write_bytes(base, &w[..first]);
+            ring.write_bytes(0, &w[first..bytes]);
+        }
         self.sq.pi = self.sq.pi.wrapping_add(wqebbs);
         if signal {
             self.sq.signaled = Some((idx as u16, self.sq.pi));
@@ -1238,19 +1442,29 @@ impl<B: HwBackend> QueueSet<B> {
     #[inline]
     pub fn rx_burst(&mut self) -> usize {
         let entries = self.cfg.rx_ring_entries() as u32;
+        let slot_mask = entries as usize - 1;
         let outstanding = self.rx_outstanding();
         let mut total = 0u32;
         for _ in 0..self.rx_cq.entries {
             let room = outstanding - total;
-            let Some(delta) = self.rx_delta(room) else {
+            let Some((delta, raw)) = self.rx_delta(room) else {
                 break;
             };
+            // The CQE read is that of the last of the `delta` packets; the
+            // ones before it (their CQEs overwritten) have no known flags.
+            let flags = self.rx_cqe_flags();
+            let first = self.rq.recv_head + total as usize;
+            for k in 0..delta as usize - 1 {
+                self.rx_cq.flags[(first + k) & slot_mask] = RxCqeFlags::UNKNOWN;
+            }
+            self.rx_cq.flags[(first + delta as usize - 1) & slot_mask] = flags;
+            self.rx_cq.last_raw = raw;
             total += delta;
             self.rx_cq.prev = self.rx_cq.prev.wrapping_add(delta) & (self.rx_cq.cycle - 1);
             self.rx_cq.idx = (self.rx_cq.idx + 1) & (self.rx_cq.entries - 1);
         }
         if total > 0 {
-            self.rq.recv_head = (self.rq.recv_head + total as usize) & (entries as usize - 1);
+            self.rq.recv_head = (self.rq.recv_head + total as usize) & slot_mask;
             self.rq.reported = self.rq.reported.wrapping_add(total);
             self.stats.rx_pkts += u64::from(total);
             self.stats.rx_bursts += 1;
@@ -1261,11 +1475,53 @@ impl<B: HwBackend> QueueSet<B> {
         total as usize
     }
 
-    /// Packets new in the next RX CQE (at most `room`), or `None` if it
-    /// holds nothing new (or a stale position from the previous lap).
+    /// The checksum and header-type flags of the RX CQE at `rx_cq.idx`,
+    /// whose position was just read, or
+    /// [`RxCqeFlags::UNKNOWN`] if they may belong to a later packet.
+    ///
+    /// The CQ overruns: while the flags are read, the NIC may be rewriting
+    /// the slot with the CQE one lap (8 packets) later, and a position
+    /// re-read cannot tell, because the device writes the position after
+    /// the body. But it writes CQEs in order, each complete (`wqe_id` after
+    /// the rest) before the next: so if, after the flags were read, the
+    /// slot before still holds the CQE consumed before this one (its
+    /// `wqe_id` read first), the rewrite of this slot had not begun when
+    /// the flags were read. Otherwise the flags are not trusted.
     #[inline]
-    fn rx_delta(&mut self, room: u32) -> Option<u32> {
+    fn rx_cqe_flags(&self) -> RxCqeFlags {
+        let ring = &self.rx_cq.ring;
+        let idx = self.rx_cq.idx;
+        // The position of this CQE was read (with a full barrier) before.
+        let f = ring.load_be16(idx * CQE_BYTES + HDS_IP_EXT);
+        barrier::from_device();
+        let before = ((idx + self.rx_cq.entries - 1) & (self.rx_cq.entries - 1)) * CQE_BYTES;
+        let id = ring.load_be16(before + WQE_ID);
+        barrier::from_device();
+        let ctr = ring.load_be16(before + WQE_COUNTER);
+        if (u32::from(id) << 16 | u32::from(ctr)) == self.rx_cq.last_raw {
+            RxCqeFlags::from_cqe(f)
+        } else {
+            RxCqeFlags::UNKNOWN
+        }
+    }
+
+    /// What the NIC reported in the CQE of the frame in RX ring slot `idx`,
+    /// as read by the [`QueueSet::rx_burst`] that reported the slot last:
+    /// [`RxCqeFlags::UNKNOWN`] when that frame's own CQE could not be read
+    /// (the overrunning CQ had already reused it), or it may not be the
+    /// frame's. Unknown is the safe answer: check in software.
+    #[inline]
+    pub fn rx_cqe_flags_of(&self, idx: usize) -> RxCqeFlags {
+        self.rx_cq.flags[idx & (self.rx_cq.flags.len() - 1)]
+    }
+
+    /// Packets new in the next RX CQE (at most `room`) and its raw position
+    /// (`wqe_id` << 16 | `wqe_counter`), or `None` if it holds nothing new
+    /// (or a stale position from the previous lap).
+    #[inline]
+    fn rx_delta(&mut self, room: u32) -> Option<(u32, u32)> {
         let (id, ctr) = self.rx_snapshot_raw(self.rx_cq.idx);
+        let raw = (u32::from(id) << 16) | u32::from(ctr);
         let ls = self.rq.log_strides;
         let wqes = 1u32 << self.rq.log_wqes;
         let ring = wqes << ls;
@@ -1282,7 +1538,7 @@ impl<B: HwBackend> QueueSet<B> {
                         "striding RQ wqe_id is a free-running counter"
                     );
                 }
-                return Some(d);
+                return Some((d, raw));
             }
             if self.rx_cq.mode == RxWqeIdMode::FreeRunning || u32::from(id) >= wqes {
                 return None;
@@ -1298,7 +1554,7 @@ impl<B: HwBackend> QueueSet<B> {
             self.rx_cq.mode = RxWqeIdMode::RingIndex;
             tracing::debug!(rqn = self.rq.rqn, "striding RQ wqe_id is a ring index");
         }
-        Some(d)
+        Some((d, raw))
     }
 
     /// Gives `n` ring slots back (in ring order). Each time a whole WQE's

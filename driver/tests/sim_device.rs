@@ -5,12 +5,15 @@
 
 mod common;
 
+use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use common::*;
 use mlx5::prm::codes::{CmdStatus, CqeSyndrome, Opcode};
-use mlx5::{Error, HealthProblem, QueueConfig};
+use mlx5::prm::cqe::CQE_L3_HDR_TYPE_IPV4;
+use mlx5::{Error, HealthProblem, QueueConfig, TxFrame};
 use mlx5_sim::{DropReason, FailCommand, HcaState, Injection, LinkFaults};
+use transport::wire::{self, FrameTemplate};
 
 const LEN: usize = 128;
 
@@ -192,6 +195,7 @@ fn count_100k(id_mode: mlx5_sim::WqeIdMode) -> (mlx5::RxWqeIdMode, u64) {
     let mut sent = 0usize;
     let mut got = 0usize;
     let mut unposted = 0usize;
+    let mut known = 0u64;
     while got < total {
         if sent < total {
             let n = per.min(total - sent);
@@ -207,6 +211,10 @@ fn count_100k(id_mode: mlx5_sim::WqeIdMode) -> (mlx5::RxWqeIdMode, u64) {
             let n = qb.rx_burst();
             for i in 0..n {
                 assert_eq!(read_seq(&qb, got + i, LEN) as usize, got + i);
+                // Every frame is good: a known verdict must say so.
+                let f = qb.rx_cqe_flags_of(got + i);
+                assert!(!f.known() || f.ipv4_header_ok(), "{f:?}");
+                known += u64::from(f.known());
             }
             got += n;
             unposted += n;
@@ -218,6 +226,9 @@ fn count_100k(id_mode: mlx5_sim::WqeIdMode) -> (mlx5::RxWqeIdMode, u64) {
         }
     }
     assert_eq!(got, total);
+    // Reads every 8 bursts of 16 lap the CQ: only the last CQEs of each
+    // read are the frames' own.
+    assert!(known > 0 && known < total as u64, "{known} known");
     assert_eq!(qb.rx_burst(), 0, "nothing phantom after the last packet");
     assert_eq!(nb.drops(DropReason::OutOfBuffer), 0);
     assert_eq!(qb.query_hw().unwrap().out_of_buffer, 0);
@@ -554,4 +565,120 @@ fn a_signal_every_few_sends_posts_whole_bursts() {
     for b in bufs {
         aa.free(b);
     }
+}
+
+/// The NIC's IPv4 header verdict (CQE L3 header type and `l3_ok`) reaches
+/// each frame's ring slot when the driver reads that frame's own CQE: right
+/// for a good header, not OK for a corrupted one or a zero checksum field
+/// (the C++ raw transport's), and unknown, never another frame's, for the
+/// frames whose CQEs the overrunning CQ had already reused.
+#[test]
+fn rx_cqe_flags_carry_the_nics_ipv4_verdict_per_frame() {
+    let fab = fabric(9);
+    let nb = nic(&fab, 2);
+    let db = open(&nb);
+    let mut qb = db.create_queue_set(queue(6000)).unwrap();
+    let t = FrameTemplate {
+        dst_mac: nb.mac(),
+        src_mac: mac(7),
+        src_ip: Ipv4Addr::new(10, 0, 0, 7),
+        dst_ip: Ipv4Addr::new(10, 0, 0, 2),
+        src_port: 1,
+        dst_port: 6000,
+    };
+    let build = |seq: u8| {
+        let mut f = vec![seq; LEN];
+        wire::build_headroom(&t, &mut f, LEN);
+        f
+    };
+    let good = build(1);
+    let mut corrupt = build(2);
+    corrupt[14 + 8] ^= 0x04; // TTL: the checksum no longer verifies
+    let mut zero = build(3);
+    zero[24..26].fill(0);
+    for f in [&good, &corrupt, &zero, &good] {
+        fab.inject(nb.port(), f);
+    }
+    step(&fab);
+    assert_eq!(qb.rx_burst(), 4);
+    let flags: Vec<_> = (0..4).map(|i| qb.rx_cqe_flags_of(i)).collect();
+    assert!(flags.iter().all(|f| f.known()), "{flags:?}");
+    assert!(
+        flags
+            .iter()
+            .all(|f| f.l3_hdr_type() == CQE_L3_HDR_TYPE_IPV4)
+    );
+    let ok: Vec<_> = flags.iter().map(|f| f.ipv4_header_ok()).collect();
+    assert_eq!(ok, [true, false, false, true], "{flags:?}");
+    qb.post_recvs(4);
+
+    // 20 frames between two polls: the 8-entry CQ laps. The first CQE read
+    // stands for 13 frames; none of them may be vouched for, and the
+    // corrupted frames in the burst are never reported OK.
+    for i in 0..20u8 {
+        fab.inject(nb.port(), if i % 3 == 0 { &corrupt } else { &good });
+    }
+    step(&fab);
+    assert_eq!(qb.rx_burst(), 20);
+    let mut vouched = 0;
+    for i in 0..20usize {
+        let f = qb.rx_cqe_flags_of(4 + i);
+        if f.known() {
+            assert_eq!(f.ipv4_header_ok(), i % 3 != 0, "frame {i}: {f:?}");
+            vouched += 1;
+        }
+    }
+    assert!((1..20).contains(&vouched), "{vouched} of 20 known");
+    qb.post_recvs(20);
+}
+
+/// Send WQEs of one and two WQEBBs (L2 inline, one or two gather entries)
+/// mixed, so that two-WQEBB WQEs straddle the end of the SQ ring on the
+/// laps: each arrives whole.
+#[test]
+fn two_wqebb_wqes_straddle_the_sq_ring_end_intact() {
+    let fab = fabric(13);
+    let na = mlx5_sim::SimNic::new(
+        &fab,
+        mlx5_sim::NicConfig {
+            mac: mac(1),
+            wqe_inline_mode: 0,
+            ..Default::default()
+        },
+    );
+    let nb = nic(&fab, 2);
+    let (da, db) = (open(&na), open(&nb));
+    let mut qa = da.create_queue_set(queue(5000)).unwrap();
+    let mut qb = db.create_queue_set(queue(6000)).unwrap();
+    assert!(qa.inlines_l2());
+    let sq_wqebbs = 1usize << qa.config().sq_log_wqebbs;
+    let mut aa = allocator(&da);
+    let mut buf = aa.alloc(LEN).unwrap();
+    let total = 3 * sq_wqebbs as u32;
+    for s in 0..total {
+        write_frame(&mut buf, &qa, nb.mac(), 6000, s, LEN);
+        let f = if s % 3 == 0 {
+            frame(&buf, LEN)
+        } else {
+            // Header and data in two gather entries: 5 DS, two WQEBBs. The
+            // split moves, so a stale second WQEBB would show.
+            let split = 44 + s as usize % 13;
+            TxFrame {
+                first: &buf.as_slice()[..split],
+                first_iova: buf.iova(),
+                first_lkey: buf.lkey(),
+                rest: mlx5::Gather {
+                    iova: buf.iova() + split as u64,
+                    len: (LEN - split) as u32,
+                    lkey: buf.lkey(),
+                },
+            }
+        };
+        assert_eq!(qa.tx_burst(&[f]).unwrap(), 1);
+        step(&fab);
+        assert_eq!(qb.rx_burst(), 1);
+        assert_eq!(read_seq(&qb, s as usize, LEN), s);
+        qb.post_recvs(1);
+    }
+    aa.free(buf);
 }

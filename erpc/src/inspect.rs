@@ -87,6 +87,7 @@ fn transport_stats(s: &TransportStats) -> BTreeMap<String, u64> {
         rx_oversize,
         rx_errors,
         rx_ip_csum_zero,
+        rx_ip_csum_hw,
     } = *s;
     [
         ("tx_pkts", tx_pkts),
@@ -105,6 +106,7 @@ fn transport_stats(s: &TransportStats) -> BTreeMap<String, u64> {
         ("rx_oversize", rx_oversize),
         ("rx_errors", rx_errors),
         ("rx_ip_csum_zero", rx_ip_csum_zero),
+        ("rx_ip_csum_hw", rx_ip_csum_hw),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))

@@ -25,6 +25,7 @@ pub mod bench;
 pub mod capture;
 pub mod exp_cc;
 pub mod exp_incast;
+pub mod exp_large;
 pub mod experiments;
 pub mod inspect;
 pub mod memory;

@@ -650,6 +650,7 @@ fn delta(after: TransportStats, before: TransportStats) -> TransportStats {
         rx_oversize: after.rx_oversize - before.rx_oversize,
         rx_errors: after.rx_errors - before.rx_errors,
         rx_ip_csum_zero: after.rx_ip_csum_zero - before.rx_ip_csum_zero,
+        rx_ip_csum_hw: after.rx_ip_csum_hw - before.rx_ip_csum_hw,
     }
 }
 

@@ -8,11 +8,16 @@
 //! only every 64 WQEs, and rings one doorbell per burst.
 //!
 //! RX: the driver counts arrivals from the overrunning 8-entry CQ; each new
-//! frame is validated once, in `rx_burst` (`wire::parse_frame_with`, plus
-//! our MAC and port), with every rejected frame counted by reason, and is
-//! then read in place from the striding ring. Frames whose IPv4 checksum is
-//! 0 (the C++ raw transport does not compute it) are accepted and counted
-//! in `rx_ip_csum_zero`, unless [`Mlx5Config::accept_zero_ip_checksum`] is
+//! frame is validated once, in `rx_burst` (`wire::parse_frame_verified`,
+//! plus our MAC and port), with every rejected frame counted by reason, and
+//! is then read in place from the striding ring. The IPv4 header checksum
+//! is not recomputed when the frame's CQE says the NIC verified it (L3
+//! header type IPv4 and `l3_ok`; counted in `rx_ip_csum_hw`); the driver
+//! reports that only when it could read the frame's own CQE (the CQ
+//! overruns), and every other frame is checked in software. Frames whose
+//! IPv4 checksum is 0 (the C++ raw transport does not compute it; the NIC
+//! reports `l3_ok` = 0 for them) are accepted and counted in
+//! `rx_ip_csum_zero`, unless [`Mlx5Config::accept_zero_ip_checksum`] is
 //! off; a wrong non-zero checksum is always a drop.
 //!
 //! Routing info: the port's MAC, the configured IPv4 address and UDP port,
@@ -252,8 +257,11 @@ impl<B: HwBackend> Mlx5Transport<B> {
         // not given back before this read ends (giving back needs the ring
         // handle mutably, and `&mut self` is held here).
         let slot = unsafe { self.view.slot(idx) };
+        // The NIC checked the IPv4 header checksum if this frame's CQE says
+        // so (and the driver could read that CQE); else it is checked here.
+        let hw_ok = self.qs.rx_cqe_flags_of(idx).ipv4_header_ok();
         let s = &mut self.stats;
-        match wire::parse_frame_with(slot, self.parse) {
+        match wire::parse_frame_verified(slot, self.parse, hw_ok) {
             Ok(f) if f.dst_mac != self.local.mac || f.dst_port != self.local.udp_port => {
                 s.rx_not_for_us += 1;
                 0
@@ -265,6 +273,7 @@ impl<B: HwBackend> Mlx5Transport<B> {
             Ok(f) => {
                 s.rx_bytes += (HEADROOM_BYTES + f.payload.len()) as u64;
                 s.rx_ip_csum_zero += u64::from(f.ip_checksum_zero);
+                s.rx_ip_csum_hw += u64::from(hw_ok);
                 f.payload.len() as u16
             }
             Err(e) => {

@@ -207,21 +207,38 @@ fn malformed_frames_in_the_ring_are_counted_by_reason() {
         });
         f[24..26].copy_from_slice(&c.to_be_bytes());
     });
-    for f in [&bad_checksum, &bad_udp_len, &ip_too_long] {
+    // IPv4 options, with a right checksum: the NIC vouches for the
+    // checksum (l3_ok), the transport still refuses the header.
+    let with_options = {
+        let mut f = good(&|_| {});
+        f.insert(34, 0);
+        f.insert(34, 0);
+        f.insert(34, 0);
+        f.insert(34, 1); // one option word: NOP, then end of options
+        f[14] = 0x46;
+        let ip_len = u16::from_be_bytes([f[16], f[17]]) + 4;
+        f[16..18].copy_from_slice(&ip_len.to_be_bytes());
+        f[24..26].fill(0);
+        let c = wire::ipv4_checksum(&f[14..38]);
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+        f
+    };
+    for f in [&bad_checksum, &bad_udp_len, &ip_too_long, &with_options] {
         fabric.inject(port, f);
     }
     fabric.advance(Duration::from_micros(5));
     let n = b.rx_burst();
-    assert_eq!(n, 3, "each frame took one slot");
+    assert_eq!(n, 4, "each frame took one slot");
     let mut ring = b.take_rx_ring().expect("the RX ring");
     for i in 0..n {
         assert!(ring.packet(i).is_none(), "slot {i} must not parse");
     }
     b.post_recvs(&mut ring, n);
     let s = b.stats();
-    assert_eq!(s.rx_bad_ip, 1, "bad checksum: {s:?}");
+    assert_eq!(s.rx_bad_ip, 2, "bad checksum, IPv4 options: {s:?}");
     assert_eq!(s.rx_bad_udp, 1, "bad UDP length: {s:?}");
     assert_eq!(s.rx_oversize, 1, "IP length beyond the MTU: {s:?}");
+    assert_eq!(s.rx_ip_csum_hw, 0, "nothing accepted: {s:?}");
     drop(a);
 }
 
@@ -449,6 +466,9 @@ fn zero_checksum_and_padded_frames_from_cpp() {
         (2, 1, 4),
         "{s:?}"
     );
+    // The NIC reports l3_ok = 0 for a zero checksum field: only the one
+    // frame with a computed checksum skipped the software check.
+    assert_eq!(s.rx_ip_csum_hw, 1, "{s:?}");
     assert_eq!(
         s.rx_bytes,
         (3 * HEADROOM_BYTES + CPP_RFR.len() + 2 * 14) as u64,
@@ -465,6 +485,57 @@ fn zero_checksum_and_padded_frames_from_cpp() {
     strict.post_recvs(&mut ring, n);
     let s = strict.stats();
     assert_eq!((s.rx_ip_csum_zero, s.rx_bad_ip), (0, 3), "{s:?}");
+    assert_eq!(s.rx_ip_csum_hw, 1, "{s:?}");
+}
+
+/// Frames the NIC vouched for (CQE `l3_ok`) skip the software IPv4
+/// checksum; frames whose CQE the overrunning CQ had reused are checked in
+/// software; a corrupted header is dropped and counted either way.
+#[test]
+fn nic_checked_ipv4_headers_skip_only_the_software_checksum() {
+    let mut fx = SimFixture::new();
+    let (a, mut b) = fx.pair();
+    let ri = b.local_routing_info();
+    let fabric = fx.fabric.clone().unwrap();
+    let port = fx.nic.as_ref().unwrap().port();
+    let good = frame_to(&ri, &[0x5a; 40], 0);
+    let mut corrupt = good.clone();
+    corrupt[14 + 12] ^= 0x01; // source address: the checksum no longer verifies
+    let mut ring = b.take_rx_ring().unwrap();
+    // One frame per poll: every CQE is read, every good header vouched.
+    for f in [&good, &corrupt, &good] {
+        fabric.inject(port, f);
+        fabric.advance(Duration::from_micros(5));
+        assert_eq!(b.rx_burst(), 1);
+    }
+    assert_eq!(ring.packet(0), Some(&[0x5a; 40][..]));
+    assert_eq!(ring.packet(1), None, "corrupted header dropped");
+    assert_eq!(ring.packet(2), Some(&[0x5a; 40][..]));
+    b.post_recvs(&mut ring, 3);
+    let s = b.stats();
+    assert_eq!(
+        (s.rx_ip_csum_hw, s.rx_bad_ip, s.rx_pkts),
+        (2, 1, 3),
+        "{s:?}"
+    );
+
+    // 30 frames between two polls (the 8-entry CQ laps): all parse or are
+    // dropped by their bytes, whether or not the NIC's verdict was known.
+    for i in 0..30 {
+        fabric.inject(port, if i % 5 == 0 { &corrupt } else { &good });
+    }
+    fabric.advance(Duration::from_micros(5));
+    assert_eq!(b.rx_burst(), 30);
+    for i in 0..30 {
+        let p = ring.packet(3 + i);
+        assert_eq!(p.is_some(), i % 5 != 0, "frame {i}");
+    }
+    b.post_recvs(&mut ring, 30);
+    let t = b.stats();
+    assert_eq!(t.rx_bad_ip - s.rx_bad_ip, 6, "{t:?}");
+    let hw = t.rx_ip_csum_hw - s.rx_ip_csum_hw;
+    assert!(hw > 0 && hw < 24, "some, not all, vouched by the NIC: {hw}");
+    drop(a);
 }
 
 /// A unique path in the temp directory, removed on drop.

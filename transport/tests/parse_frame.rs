@@ -13,7 +13,7 @@ use transport::conformance::{
 };
 use transport::wire::{
     ETH_HDR_BYTES, FrameError, FrameTemplate, IPV4_HDR_BYTES, ParseOptions, build_headroom,
-    ipv4_checksum,
+    ipv4_checksum, parse_frame_verified, parse_frame_with,
 };
 use transport::{HEADROOM_BYTES, MTU, RoutingInfo};
 
@@ -282,6 +282,46 @@ proptest! {
         }
         let _ = parse_frame_checked_with(&f, LAX);
         let _ = parse_frame_checked(&f);
+    }
+
+    /// A NIC's "IPv4 header checksum OK" (mlx5 `l3_ok`) skips only the
+    /// checksum: unset, the verdict is exactly the software one; set on a
+    /// header that does verify, it is the same too; set on one that does
+    /// not (a NIC that was wrong), only the checksum rejection goes.
+    #[test]
+    fn nic_verified_checksum_skips_only_the_checksum(
+        (t, payload) in valid_frame(),
+        muts in prop::collection::vec(mutation(), 0..4),
+        lax in any::<bool>(),
+    ) {
+        let mut f = frame(&t, &payload);
+        for m in &muts {
+            apply(&mut f, m);
+        }
+        let opts = if lax { LAX } else { ParseOptions::STRICT };
+        let sw = parse_frame_with(&f, opts);
+        prop_assert_eq!(parse_frame_verified(&f, opts, false), sw);
+        let hw = parse_frame_verified(&f, opts, true);
+        if f.len() < UDP || ipv4_checksum(&f[IP..UDP]) == 0 {
+            prop_assert_eq!(hw, sw);
+        } else {
+            // The checksum is wrong and was not recomputed: the verdict is
+            // the software one for the same frame with a right checksum.
+            let mut fixed = f.clone();
+            fix_checksum(&mut fixed);
+            let want = parse_frame_checked_with(&fixed, opts);
+            match (hw, want) {
+                (Ok(p), Ok(q)) => {
+                    prop_assert!(!p.ip_checksum_zero);
+                    prop_assert_eq!(p.payload, q.payload);
+                    prop_assert_eq!(
+                        (p.src_ip, p.dst_ip, p.src_port, p.dst_port, p.dst_mac),
+                        (q.src_ip, q.dst_ip, q.src_port, q.dst_port, q.dst_mac)
+                    );
+                }
+                (h, w) => prop_assert_eq!(h.err(), w.err()),
+            }
+        }
     }
 
     #[test]

@@ -424,6 +424,36 @@ mod tests {
     }
 
     #[test]
+    fn l3_ok_is_the_ipv4_header_checksum_verdict() {
+        let f = udp_frame(A, B, [10, 0, 0, 1], [10, 0, 0, 2], 1234, 31850, b"hello");
+        let l3_ok = |f: &[u8]| cqe_csum_flags(&parse(f)) & 2 != 0;
+        assert!(l3_ok(&f));
+        // Any header bit flipped (outside the checksum itself, which a flip
+        // also breaks) fails the check.
+        for bit in 0..160 {
+            let mut g = f.clone();
+            g[14 + bit / 8] ^= 0x80 >> (bit % 8);
+            assert!(!l3_ok(&g), "bit {bit}");
+        }
+        // A zero checksum field (a sender that did not compute it) is not
+        // "no checksum" for IPv4: l3_ok = 0, unless 0 is the right value.
+        let mut z = f.clone();
+        z[24..26].fill(0);
+        assert!(!l3_ok(&z));
+        // The header type stays IPv4 whatever the checksum.
+        assert_eq!((cqe_hdr_type(&parse(&z)) >> 2) & 3, 2);
+        // Not IPv4 at all (bad version, IHL < 5, cut short): no L3 type, no
+        // l3_ok.
+        let mut v = f.clone();
+        v[14] = 0x65;
+        assert!(!l3_ok(&v) && (cqe_hdr_type(&parse(&v)) >> 2) & 3 == 0);
+        let mut ihl = f.clone();
+        ihl[14] = 0x44;
+        assert!(!l3_ok(&ihl));
+        assert!(!l3_ok(&f[..30]));
+    }
+
+    #[test]
     fn truncated_frames_do_not_panic() {
         let f = udp_frame(A, B, [1; 4], [2; 4], 1, 2, &[0; 100]);
         for n in 0..f.len() {

@@ -132,6 +132,17 @@ pub const CQE_L3_OK: u8 = 1 << 1;
 /// CQE `hds_ip_ext`: the TCP/UDP checksum is right.
 pub const CQE_L4_OK: u8 = 1 << 2;
 
+/// CQE `l4_hdr_type_etc`: the L3 header type is bits `[3:2]`.
+pub const CQE_L3_HDR_TYPE_SHIFT: u32 = 2;
+/// CQE `l4_hdr_type_etc`: L3 header type mask (after the shift).
+pub const CQE_L3_HDR_TYPE_MASK: u8 = 3;
+/// CQE L3 header type: none (not IP).
+pub const CQE_L3_HDR_TYPE_NONE: u8 = 0;
+/// CQE L3 header type: IPv6.
+pub const CQE_L3_HDR_TYPE_IPV6: u8 = 1;
+/// CQE L3 header type: IPv4.
+pub const CQE_L3_HDR_TYPE_IPV4: u8 = 2;
+
 bitflags::bitflags! {
     /// A receive CQE's `hds_ip_ext` checksum flags.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -179,6 +190,24 @@ pub const CONSTS: &[ConstDesc] = &[
         value: CQE_L4_OK as u64,
         header: ConstHeader::Dv,
         c_name: "MLX5_CQE_L4_OK",
+    },
+    ConstDesc {
+        rust: "cqe::CQE_L3_HDR_TYPE_NONE",
+        value: CQE_L3_HDR_TYPE_NONE as u64,
+        header: ConstHeader::Dv,
+        c_name: "MLX5_CQE_L3_HDR_TYPE_NONE",
+    },
+    ConstDesc {
+        rust: "cqe::CQE_L3_HDR_TYPE_IPV6",
+        value: CQE_L3_HDR_TYPE_IPV6 as u64,
+        header: ConstHeader::Dv,
+        c_name: "MLX5_CQE_L3_HDR_TYPE_IPV6",
+    },
+    ConstDesc {
+        rust: "cqe::CQE_L3_HDR_TYPE_IPV4",
+        value: CQE_L3_HDR_TYPE_IPV4 as u64,
+        header: ConstHeader::Dv,
+        c_name: "MLX5_CQE_L3_HDR_TYPE_IPV4",
     },
 ];
 

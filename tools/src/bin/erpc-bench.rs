@@ -18,7 +18,9 @@
 //! 10⁻⁶ … 10⁻² (a ratio to lossless in the same run), then the small-RPC
 //! rate at loss 10⁻³; `failure-detection` kills a server process on kernel
 //! UDP (loopback) and measures how long the client takes to see its
-//! requests fail, against the failure timeout.
+//! requests fail, against the failure timeout; `large` measures the
+//! goodput of 32 B … 8 MB requests and responses against single-core
+//! `memcpy` of the same bytes in the same run.
 //! `factors` switches eRPC's optimisations off one at a time (device
 //! model); `incast` runs N senders of 1 MB requests into one receiver on
 //! the simulated network with link rates and a drop-tail switch buffer, in
@@ -69,6 +71,9 @@ enum Experiment {
     /// Small-RPC rate with congestion control (Timely, wheel, bypasses) on
     /// against off, interleaved rounds on the device model.
     CcOverhead,
+    /// Goodput of 32 B ... 8 MB requests and responses against single-core
+    /// memcpy of the same bytes, same run (device model).
+    Large,
 }
 
 #[derive(Debug, Parser)]
@@ -286,6 +291,7 @@ fn run(args: Args) -> Result<(), Quit> {
         Experiment::Factors => run_factors(args),
         Experiment::Incast => run_incast(args),
         Experiment::CcOverhead => run_cc_overhead(args),
+        Experiment::Large => run_large(args),
     }
 }
 
@@ -1043,4 +1049,84 @@ fn write_latency_csv(w: &mut impl Write, points: &[PointReport]) -> io::Result<(
         }
     }
     w.flush()
+}
+
+fn run_large(args: Args) -> Result<(), Quit> {
+    use erpc_tools::exp_large::{LARGE_EXP_WINDOW, large_messages, large_sizes};
+    refuse_other_options(&args, "large")?;
+    if args.transport != Which::Mlx5Sim {
+        return Err(Quit::Err(BenchError::Usage(
+            "--experiment large runs on the device model; drop --transport".into(),
+        )));
+    }
+    let settings = Settings {
+        transport: args.transport,
+        batches: vec![1],
+        window: LARGE_EXP_WINDOW,
+        size: erpc::MAX_MSG_BYTES,
+        secs: args.secs,
+        warmup_secs: args.warmup,
+        pci: None,
+        pcap: None,
+        loss: 0.0,
+    };
+    settings.validate()?;
+    // --size N measures that one size; the default draws the curve.
+    let sizes = if args.size == 32 {
+        large_sizes()
+    } else {
+        vec![args.size]
+    };
+    let max = *sizes.iter().max().expect("at least one size");
+    let plan = MemoryPlan::decide("erpc-bench", bench_pages(max, LARGE_EXP_WINDOW, true));
+    if let Some(note) = &plan.note {
+        eprintln!("{note}");
+    }
+    let progress = Progress::new();
+    let mut out = Out(io::stdout());
+    out.line(
+        &progress,
+        format!(
+            "erpc-bench large: requests and responses of each size, {LARGE_EXP_WINDOW} in flight \
+             per node, one session each way, mlx5 transport on the device model (one thread), \
+             {} s per point; memcpy on one core before and after each point",
+            args.secs
+        ),
+    )?;
+    out.line(
+        &progress,
+        format!(
+            "{:>9} {:>8} {:>12} {:>22} {:>10}",
+            "size", "RPCs", "Gbit/s", "memcpy Gbit/s (b, a)", "/ memcpy"
+        ),
+    )?;
+    let mut pending: Option<Quit> = None;
+    let (dur, warmup) = (settings.duration(), settings.warmup());
+    let rows = large_messages(&plan, &sizes, dur, warmup, &progress, |r| {
+        let line = format!(
+            "{:>9} {:>8} {:>12.3} {:>10.1} {:>11.1} {:>10.3}",
+            r.size, r.rpcs, r.goodput_gbps, r.memcpy_gbps[0], r.memcpy_gbps[1], r.ratio_to_memcpy
+        );
+        if let Err(e) = out.line(&progress, line) {
+            pending = Some(e);
+        }
+        Ok(())
+    })?;
+    if let Some(q) = pending.take() {
+        return Err(q);
+    }
+    #[derive(Serialize)]
+    struct Json<'a> {
+        experiment: Experiment,
+        window: usize,
+        rows: &'a [erpc_tools::exp_large::LargeRow],
+    }
+    write_json(
+        args.json.as_deref(),
+        &Json {
+            experiment: Experiment::Large,
+            window: LARGE_EXP_WINDOW,
+            rows: &rows,
+        },
+    )
 }
