@@ -869,8 +869,8 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
     let per_rpc = packets_per_direction(args.size);
     let mut line = format!(
         "reference (`raw Mrt/s`): a raw echo of {frame_bytes}-byte packets over the same \
-         transport, measured before each point with the point's batch and window, both \
-         nodes sending and answering, in M round trips/s"
+         transport with each point's batch and window, both nodes sending and answering, \
+         measured before the points, in M round trips/s"
     );
     if per_rpc > 1 {
         line.push_str(&format!(
@@ -888,22 +888,28 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
             "B", "window", "Mrps", "raw Mrt/s", "/ raw echo", "median µs", "p99 µs", "p99.9 µs"
         ),
     )?;
+    let point = |b| Point {
+        batch: b,
+        window: args.window,
+        size: args.size,
+        min_rpcs: 0,
+    };
+    // Each point's reference, with its B, before anything is captured (a
+    // capture holds eRPC's packets only).
+    let mut raws = Vec::with_capacity(args.batch.len());
+    for &b in &args.batch {
+        raws.push(match (&dm, &hw) {
+            (Some(d), _) => raw_echo_on(d, point(b), dur, &progress)?,
+            (_, Some(h)) => raw_echo_on(h, point(b), dur, &progress)?,
+            _ => udp_raw_echo(&plan, point(b), dur, &progress)?,
+        });
+    }
     if let Some(d) = &dm {
         d.start_capture()?;
     }
     let mut points = Vec::new();
-    for &b in &args.batch {
-        let p = Point {
-            batch: b,
-            window: args.window,
-            size: args.size,
-            min_rpcs: 0,
-        };
-        let raw = match (&dm, &hw) {
-            (Some(d), _) => raw_echo_on(d, p, dur, &progress)?,
-            (_, Some(h)) => raw_echo_on(h, p, dur, &progress)?,
-            _ => udp_raw_echo(&plan, p, dur, &progress)?,
-        };
+    for (&b, &raw) in args.batch.iter().zip(&raws) {
+        let p = point(b);
         let o = match (&dm, &hw) {
             (Some(d), _) => erpc_on(d, &Knobs::default(), p, dur, warmup, &progress)?,
             (_, Some(h)) => erpc_on(h, &Knobs::default(), p, dur, warmup, &progress)?,
