@@ -328,15 +328,9 @@ fn write_json(path: Option<&Path>, value: &impl Serialize) -> Result<(), Quit> {
     Ok(())
 }
 
-fn run_loss(args: Args) -> Result<(), Quit> {
-    refuse_other_options(&args, "loss")?;
-    if args.transport != Which::Mlx5Sim {
-        return Err(Quit::Err(BenchError::Usage(
-            "--experiment loss runs on the device model (its fabric loses the frames); \
-             drop --transport"
-                .into(),
-        )));
-    }
+/// The settings of an experiment that takes no --pci, --pcap or --loss
+/// (refused earlier by `refuse_other_options`), validated.
+fn experiment_settings(args: &Args) -> Result<Settings, Quit> {
     let settings = Settings {
         transport: args.transport,
         batches: args.batch.clone(),
@@ -349,6 +343,40 @@ fn run_loss(args: Args) -> Result<(), Quit> {
         loss: 0.0,
     };
     settings.validate()?;
+    Ok(settings)
+}
+
+/// Refuses another transport for an experiment that runs on the device
+/// model (`why`, if not empty, says what it needs the model for).
+fn device_model_only(args: &Args, name: &str, why: &str) -> Result<(), Quit> {
+    if args.transport == Which::Mlx5Sim {
+        return Ok(());
+    }
+    let why = if why.is_empty() {
+        String::new()
+    } else {
+        format!(" ({why})")
+    };
+    Err(Quit::Err(BenchError::Usage(format!(
+        "--experiment {name} runs on the device model{why}; drop --transport"
+    ))))
+}
+
+/// `--rounds` of the interleaved experiments: 1 to 100.
+fn check_rounds(args: &Args) -> Result<(), Quit> {
+    if args.rounds == 0 || args.rounds > 100 {
+        return Err(Quit::Err(BenchError::Usage(format!(
+            "--rounds {}: must be 1 to 100",
+            args.rounds
+        ))));
+    }
+    Ok(())
+}
+
+fn run_loss(args: Args) -> Result<(), Quit> {
+    refuse_other_options(&args, "loss")?;
+    device_model_only(&args, "loss", "its fabric loses the frames")?;
+    let settings = experiment_settings(&args)?;
     let size = erpc::MAX_MSG_BYTES;
     let large_window = LARGE_WINDOW;
     let pages =
@@ -522,31 +550,9 @@ fn run_failure_detection(args: Args) -> Result<(), Quit> {
 
 fn run_factors(args: Args) -> Result<(), Quit> {
     refuse_other_options(&args, "factors")?;
-    if args.transport != Which::Mlx5Sim {
-        return Err(Quit::Err(BenchError::Usage(
-            "--experiment factors runs on the device model (it switches NIC features off); \
-             drop --transport"
-                .into(),
-        )));
-    }
-    if args.rounds == 0 || args.rounds > 100 {
-        return Err(Quit::Err(BenchError::Usage(format!(
-            "--rounds {}: must be 1 to 100",
-            args.rounds
-        ))));
-    }
-    let settings = Settings {
-        transport: args.transport,
-        batches: args.batch.clone(),
-        window: args.window,
-        size: args.size,
-        secs: args.secs,
-        warmup_secs: args.warmup,
-        pci: None,
-        pcap: None,
-        loss: 0.0,
-    };
-    settings.validate()?;
+    device_model_only(&args, "factors", "it switches NIC features off")?;
+    check_rounds(&args)?;
+    let settings = experiment_settings(&args)?;
     let batch = if args.batch == [1, 3, 8, 16] {
         8
     } else {
@@ -615,29 +621,9 @@ fn run_factors(args: Args) -> Result<(), Quit> {
 
 fn run_cc_overhead(args: Args) -> Result<(), Quit> {
     refuse_other_options(&args, "cc-overhead")?;
-    if args.transport != Which::Mlx5Sim {
-        return Err(Quit::Err(BenchError::Usage(
-            "--experiment cc-overhead runs on the device model; drop --transport".into(),
-        )));
-    }
-    if args.rounds == 0 || args.rounds > 100 {
-        return Err(Quit::Err(BenchError::Usage(format!(
-            "--rounds {}: must be 1 to 100",
-            args.rounds
-        ))));
-    }
-    let settings = Settings {
-        transport: args.transport,
-        batches: args.batch.clone(),
-        window: args.window,
-        size: args.size,
-        secs: args.secs,
-        warmup_secs: args.warmup,
-        pci: None,
-        pcap: None,
-        loss: 0.0,
-    };
-    settings.validate()?;
+    device_model_only(&args, "cc-overhead", "")?;
+    check_rounds(&args)?;
+    let settings = experiment_settings(&args)?;
     let batches: Vec<usize> = if args.batch == [1, 3, 8, 16] {
         vec![1, 8]
     } else {
@@ -1060,21 +1046,12 @@ fn write_latency_csv(w: &mut impl Write, points: &[PointReport]) -> io::Result<(
 fn run_large(args: Args) -> Result<(), Quit> {
     use erpc_tools::exp_large::{LARGE_EXP_WINDOW, large_messages, large_sizes};
     refuse_other_options(&args, "large")?;
-    if args.transport != Which::Mlx5Sim {
-        return Err(Quit::Err(BenchError::Usage(
-            "--experiment large runs on the device model; drop --transport".into(),
-        )));
-    }
+    device_model_only(&args, "large", "")?;
     let settings = Settings {
-        transport: args.transport,
         batches: vec![1],
         window: LARGE_EXP_WINDOW,
         size: erpc::MAX_MSG_BYTES,
-        secs: args.secs,
-        warmup_secs: args.warmup,
-        pci: None,
-        pcap: None,
-        loss: 0.0,
+        ..experiment_settings(&args)?
     };
     settings.validate()?;
     // --size N measures that one size; the default draws the curve.
