@@ -1063,13 +1063,19 @@ impl<T: Transport> EchoNode<'_, T> {
         if n > 0 {
             let entries = self.ring.entries();
             for k in 0..n {
-                match self.ring.packet((self.head + k) % entries).map(|p| p[0]) {
-                    Some(RAW_REQ) => self.queued_resp += 1,
-                    Some(_) => {
+                match self
+                    .ring
+                    .packet((self.head + k) % entries)
+                    .and_then(|p| p.first())
+                {
+                    Some(&RAW_REQ) => self.queued_resp += 1,
+                    Some(&RAW_RESP) if self.in_flight > 0 => {
                         self.in_flight -= 1;
                         self.done += 1;
                     }
-                    None => {}
+                    // Malformed, foreign or a response to nothing: not a
+                    // round trip.
+                    _ => {}
                 }
             }
             self.head = (self.head + n) % entries;
