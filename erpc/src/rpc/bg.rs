@@ -88,6 +88,7 @@ impl<T: Transport, C> Rpc<T, C> {
 
     /// Runs inline jobs, resubmits backlogged ones, and turns finished
     /// jobs into responses. Bounded per call.
+    #[inline(never)]
     pub(crate) fn process_bg(&mut self) {
         if self.nexus.worker_threads() == 0 {
             for _ in 0..BG_PER_LOOP_MAX {

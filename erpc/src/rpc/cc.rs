@@ -80,6 +80,7 @@ impl<T: Transport, C> Rpc<T, C> {
     /// Sends the wheel's packets whose departure time has come. Packets of
     /// a request that completed, or that was rolled back since, are
     /// dropped (counted), never sent twice.
+    #[inline(never)]
     pub(crate) fn process_wheel(&mut self) {
         let now = self.now_ns;
         match self.wheel.as_mut() {

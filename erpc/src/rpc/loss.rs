@@ -57,6 +57,7 @@ impl<T: Transport, C> Rpc<T, C> {
         self.stats.tx_flushes += 1;
     }
 
+    #[inline(never)]
     fn pkt_loss_scan(&mut self) {
         let now = self.now_ns;
         let rto = self.rto_ns;

@@ -191,6 +191,7 @@ impl<T: Transport, C> Rpc<T, C> {
     /// Runs what the event loop owes the application: session events and
     /// error continuations, in the order they arose. Bounded by what was
     /// owed on entry (continuations may owe more, for the next iteration).
+    #[inline(never)]
     pub(crate) fn pay_owed(&mut self, ctx: &mut C) {
         for _ in 0..self.owed.len() {
             let Some(o) = self.owed.pop_front() else {

@@ -15,12 +15,9 @@ use crate::session::{Role, SessionState};
 use crate::stats::DropReason;
 
 impl<T: Transport, C> Rpc<T, C> {
-    /// Processes one RX burst. Returns the packets taken.
-    pub(crate) fn process_rx(&mut self, ctx: &mut C) -> usize {
-        let n = self.transport.rx_burst();
-        if n == 0 {
-            return 0;
-        }
+    /// Processes the `n` packets the transport's `rx_burst` just reported.
+    #[inline(never)]
+    pub(crate) fn process_rx(&mut self, ctx: &mut C, n: usize) {
         let mut ring = self
             .ring
             .take()
@@ -41,7 +38,6 @@ impl<T: Transport, C> Rpc<T, C> {
         self.rx_head = idx;
         self.transport.post_recvs(&mut ring, n);
         self.ring = Some(ring);
-        n
     }
 
     /// Validates and dispatches one packet (eRPC header + data).

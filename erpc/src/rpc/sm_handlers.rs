@@ -346,6 +346,7 @@ impl<T: Transport, C> Rpc<T, C> {
 
     /// Handles queued SM packets and failure notices, and retries (or
     /// gives up on) overdue SM requests.
+    #[inline(never)]
     pub(crate) fn process_sm(&mut self) {
         for _ in 0..SM_PER_LOOP_MAX {
             let Some(item) = self.sm_queue.pop() else {

@@ -171,6 +171,7 @@ impl<T: Transport, C> Rpc<T, C> {
         }
     }
 
+    #[inline(never)]
     fn flush_tx_queued(&mut self) {
         let n = self.tx.len;
         let chunk = self.tx_burst_max.min(TX_CHUNK_MAX);
