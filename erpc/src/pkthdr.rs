@@ -181,17 +181,19 @@ impl PktHdr {
     /// The wire bytes of a header that passed [`PktHdr::check`].
     #[inline]
     fn encode_checked(&self) -> [u8; ERPC_HDR_BYTES] {
-        let mut b = [0u8; ERPC_HDR_BYTES];
-        b[0] = self.req_type;
-        b[1] = self.msg_size as u8;
-        b[2] = (self.msg_size >> 8) as u8;
-        b[3] = (self.msg_size >> 16) as u8;
-        b[4..6].copy_from_slice(&self.dest_session_num.to_le_bytes());
         let word = ((self.pkt_type as u64) << PKT_TYPE_SHIFT)
             | (u64::from(self.pkt_num) << PKT_NUM_SHIFT)
             | (self.req_num << REQ_NUM_SHIFT)
             | (u64::from(PKT_MAGIC) << MAGIC_SHIFT);
-        b[6..14].copy_from_slice(&word.to_le_bytes());
+        // Bytes 0..8: type, size, session number and the word's first two
+        // bytes; bytes 6..14: the word (the overlap is written twice, alike).
+        let lo = u64::from(self.req_type)
+            | (u64::from(self.msg_size) << 8)
+            | (u64::from(self.dest_session_num) << 32)
+            | (word << 48);
+        let mut b = [0u8; ERPC_HDR_BYTES];
+        b[..8].copy_from_slice(&lo.to_le_bytes());
+        b[6..].copy_from_slice(&word.to_le_bytes());
         b
     }
 
@@ -230,15 +232,20 @@ impl PktHdr {
         let Some(h) = b.first_chunk::<ERPC_HDR_BYTES>() else {
             return Err(HdrError::Short { len: b.len() });
         };
-        let word = u64::from_le_bytes([h[6], h[7], h[8], h[9], h[10], h[11], h[12], h[13]]);
+        // Two overlapping 8-byte loads cover the 14 bytes: bytes 0..8 hold
+        // the type, size and session number, bytes 6..14 the packed word.
+        let (lo, _) = h.split_first_chunk::<8>().expect("14 >= 8");
+        let (_, hi) = h.split_last_chunk::<8>().expect("14 >= 8");
+        let lo = u64::from_le_bytes(*lo);
+        let word = u64::from_le_bytes(*hi);
         let magic = (word >> MAGIC_SHIFT) as u8;
         if magic != PKT_MAGIC {
             return Err(HdrError::BadMagic { magic });
         }
         Ok(PktHdr {
-            req_type: h[0],
-            msg_size: u32::from(h[1]) | (u32::from(h[2]) << 8) | (u32::from(h[3]) << 16),
-            dest_session_num: u16::from_le_bytes([h[4], h[5]]),
+            req_type: lo as u8,
+            msg_size: ((lo >> 8) & u64::from(MAX_HDR_MSG_SIZE)) as u32,
+            dest_session_num: (lo >> 32) as u16,
             pkt_type: PktType::from_bits(word >> PKT_TYPE_SHIFT),
             pkt_num: ((word >> PKT_NUM_SHIFT) & u64::from(MAX_PKT_NUM)) as u16,
             req_num: (word >> REQ_NUM_SHIFT) & MAX_REQ_NUM,
