@@ -8,6 +8,7 @@
 use transport::{HEADROOM_BYTES, PKTHDR_BYTES, Transport};
 
 use super::reset::{FailedReq, Owed, ResetCause};
+use super::tx::{TxEntry, TxKind};
 use super::{
     Continuation, EnqueueError, EnqueueErrorKind, HandlerSlot, ReqHandle, Request, Rpc, RpcError,
     SessionNum,
@@ -186,6 +187,8 @@ impl<T: Transport, C> Rpc<T, C> {
         loop {
             self.tx_make_room();
             let room = self.tx.room();
+            let wheel_on = self.wheel.is_some();
+            let wheel_bypass = self.config.cc.wheel_bypass;
             let Some(s) = self
                 .sessions
                 .get_mut(usize::from(session))
@@ -224,13 +227,30 @@ impl<T: Transport, C> Rpc<T, C> {
             let all_sent = c.num_tx == wire;
             let req_pkts = c.req_pkts;
             let req_type = c.req_type;
+            // Congestion control: a paced packet waits in the wheel. The
+            // wheel bypass holds for the whole batch or for none of it (an
+            // uncongested session with nothing in the wheel; queuing does
+            // not change either), so it is decided once.
+            let paced = wheel_on
+                && !(wheel_bypass
+                    && c.wheel_count == 0
+                    && s.cc.as_ref().is_none_or(|cc| cc.timely.uncongested()));
+            if wheel_on && !paced {
+                self.stats.wheel_bypassed += u64::from(n);
+            }
             for pkt in first..first + n {
-                // Congestion control: a paced packet waits in the wheel.
-                if self.wheel.is_some() && self.cc_pace(session, i, pkt, req_num) {
+                if paced && self.cc_pace(session, i, pkt, req_num) {
                     continue;
                 }
                 if pkt < req_pkts {
-                    self.enqueue_msg_pkt(session, i, pkt, req_num);
+                    // `n` is at most the room made above.
+                    self.tx.push(TxEntry {
+                        session,
+                        slot: i,
+                        kind: TxKind::Msg,
+                        pkt_idx: pkt,
+                        req_num,
+                    });
                 } else {
                     self.enqueue_ctrl(
                         session,
