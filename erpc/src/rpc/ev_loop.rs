@@ -42,7 +42,9 @@ impl<T: Transport, C> Rpc<T, C> {
         if !self.bg.backlog.is_empty() || self.bg.outstanding != 0 {
             self.process_bg();
         }
-        if !self.sm_queue.is_empty() || !self.sm_pending.is_empty() || !self.abandoned.is_empty() {
+        // SM packets and failure notices; SM retry timers run with the
+        // periodic work in `maybe_pkt_loss_scan`.
+        if !self.sm_queue.is_empty() {
             self.process_sm();
         }
         self.maybe_pkt_loss_scan();

@@ -37,8 +37,9 @@ use crate::consts::SESSION_REQ_WINDOW;
 use crate::session::SessionState;
 
 impl<T: Transport, C> Rpc<T, C> {
-    /// Runs the loss scan if a scan interval has passed. Called once per
-    /// event-loop iteration: one subtraction and a branch otherwise.
+    /// Runs the loss scan, and the SM timers, if a scan interval has
+    /// passed. Called once per event-loop iteration: one subtraction and a
+    /// branch otherwise.
     #[inline]
     pub(crate) fn maybe_pkt_loss_scan(&mut self) {
         if self.now_ns.wrapping_sub(self.last_loss_scan_ns) < self.loss_scan_ns {
@@ -46,6 +47,13 @@ impl<T: Transport, C> Rpc<T, C> {
         }
         self.last_loss_scan_ns = self.now_ns;
         self.pkt_loss_scan();
+        // The SM timers (request retries, connect timeouts, expiry of
+        // abandoned connects) count in units of 100 ms: checking them at
+        // the scan interval instead of every iteration keeps them off the
+        // idle path.
+        if !self.sm_pending.is_empty() || !self.abandoned.is_empty() {
+            self.process_sm();
+        }
     }
 
     /// Sends everything queued and waits until the transport holds no

@@ -293,7 +293,8 @@ pub struct RpcConfig {
     /// rolled back to the last acknowledged packet and retransmitted.
     pub rto_us: u64,
     /// How often the event loop scans client slots for the retransmission
-    /// timeout (default 0.5 ms).
+    /// timeout (default 0.5 ms); also the granularity of the SM timers
+    /// (retries, connect and disconnect timeouts).
     pub pkt_loss_scan_us: u64,
     /// A connect request unanswered for this long fails the session with
     /// [`SessionEventKind::ConnectTimedOut`]; an unanswered disconnect
