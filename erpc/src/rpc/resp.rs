@@ -205,33 +205,29 @@ impl<T: Transport, C> Rpc<T, C> {
     ) {
         let s = self.session_mut(sn).expect("caller checked the session");
         let slot = &mut s.slots[i];
-        let req = slot.tx_msgbuf.take().expect("in flight");
         let c = &mut slot.client;
-        let resp = c.resp_msgbuf.take().expect("in flight");
         let cont = c.cont.take().expect("in flight");
-        let tag = c.tag;
         // Credits still out for this request (an early error) are returned.
-        let out = c.num_tx - c.num_rx;
-        s.credits += out;
-        if result.is_err() {
+        s.credits += c.num_tx - c.num_rx;
+        let failed = result.is_err();
+        if failed {
             // Later packets of its response are counted as such.
             c.abandoned_req_num = slot.cur_req_num;
         }
+        // Built in place: the buffers move once, from the slot into the
+        // continuation's argument.
+        let comp = Completion {
+            tag: c.tag,
+            session: sn,
+            req: slot.tx_msgbuf.take().expect("in flight"),
+            resp: c.resp_msgbuf.take().expect("in flight"),
+            result,
+        };
         self.stats.reqs_completed += 1;
-        if result.is_err() {
+        if failed {
             self.stats.reqs_failed += 1;
         }
-        cont(
-            self,
-            ctx,
-            Completion {
-                tag,
-                session: sn,
-                req,
-                resp,
-                result,
-            },
-        );
+        cont(self, ctx, comp);
         self.refill_slot(sn, i);
     }
 }
