@@ -65,18 +65,51 @@ pub(crate) enum Origin {
     },
 }
 
+/// Bit of [`Buffer::tag`] that marks a preallocated response buffer; the
+/// low 24 bits then hold its session (bits 8..24) and slot (bits 0..8).
+const PREALLOC_TAG: u32 = 1 << 31;
+
+impl Origin {
+    #[inline]
+    fn to_tag(self) -> u32 {
+        match self {
+            Origin::Dynamic => 0,
+            Origin::PreallocResp { session, slot } => {
+                PREALLOC_TAG | (u32::from(session) << 8) | u32::from(slot)
+            }
+        }
+    }
+
+    #[inline]
+    fn from_tag(tag: u32) -> Origin {
+        if tag & PREALLOC_TAG == 0 {
+            Origin::Dynamic
+        } else {
+            Origin::PreallocResp {
+                session: (tag >> 8) as u16,
+                slot: tag as u8,
+            }
+        }
+    }
+}
+
 /// A message buffer: contiguous data in DMA memory with packet-header
 /// slots around it. Move-only; freed with [`crate::Rpc::free_msg_buffer`]
 /// or handed to the Rpc (`enqueue_request`, `enqueue_response`), which
 /// gives request buffers back in the continuation.
+///
+/// Msgbufs move by value through every request (into slots, the backlog,
+/// completions), so the handle is kept to 40 bytes: the buffer (whose tag
+/// holds the [`Origin`]), the data size and the capacity; packet counts are
+/// derived from the sizes.
 pub struct MsgBuf {
     buf: Buffer,
     max_data_bytes: u32,
     data_bytes: u32,
-    max_pkts: u32,
-    num_pkts: u32,
-    pub(crate) origin: Origin,
 }
+
+const _: () = assert!(std::mem::size_of::<MsgBuf>() == 40);
+const _: () = assert!(std::mem::size_of::<Option<MsgBuf>>() == 40);
 
 impl fmt::Debug for MsgBuf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -86,9 +119,9 @@ impl fmt::Debug for MsgBuf {
             self.buf.va(),
             self.data_bytes,
             self.max_data_bytes,
-            self.num_pkts,
-            self.max_pkts,
-            self.origin
+            self.num_pkts(),
+            data_size_to_num_pkts(self.max_data_bytes as usize),
+            self.origin()
         )
     }
 }
@@ -117,18 +150,21 @@ pub enum MsgBufError {
 
 impl MsgBuf {
     /// Wraps `buf` as a msgbuf of capacity `max_data_bytes`.
-    pub(crate) fn from_buffer(buf: Buffer, max_data_bytes: usize, origin: Origin) -> MsgBuf {
+    pub(crate) fn from_buffer(mut buf: Buffer, max_data_bytes: usize, origin: Origin) -> MsgBuf {
         assert!(max_data_bytes <= MAX_MSG_BYTES);
         assert!(buf.capacity() >= msgbuf_bytes(max_data_bytes));
-        let pkts = data_size_to_num_pkts(max_data_bytes) as u32;
+        buf.set_tag(origin.to_tag());
         MsgBuf {
             buf,
             max_data_bytes: max_data_bytes as u32,
             data_bytes: max_data_bytes as u32,
-            max_pkts: pkts,
-            num_pkts: pkts,
-            origin,
         }
+    }
+
+    /// Where the memory came from.
+    #[inline]
+    pub(crate) fn origin(&self) -> Origin {
+        Origin::from_tag(self.buf.tag())
     }
 
     /// Allocates a msgbuf of capacity `max_data_bytes` from `alloc`.
@@ -172,7 +208,14 @@ impl MsgBuf {
     /// Packets the current data size needs.
     #[inline]
     pub fn num_pkts(&self) -> usize {
-        self.num_pkts as usize
+        data_size_to_num_pkts(self.data_bytes as usize)
+    }
+
+    /// True if packet `i` is one of the current data size's packets
+    /// (`i < num_pkts()`, without the division).
+    #[inline]
+    pub(crate) fn has_pkt(&self, i: usize) -> bool {
+        i == 0 || i * MAX_DATA_PER_PKT < self.data_bytes as usize
     }
 
     /// The data (current size).
@@ -198,14 +241,13 @@ impl MsgBuf {
             });
         }
         self.data_bytes = new_data_bytes as u32;
-        self.num_pkts = data_size_to_num_pkts(new_data_bytes) as u32;
         Ok(())
     }
 
     /// Byte offset of packet `i`'s header slot in the buffer.
     #[inline]
     pub(crate) fn pkthdr_offset(&self, i: usize) -> usize {
-        debug_assert!(i < self.max_pkts as usize);
+        debug_assert!(i < data_size_to_num_pkts(self.max_data_bytes as usize));
         if i == 0 {
             0
         } else {
@@ -341,6 +383,44 @@ mod tests {
             a.free(m.into_buffer());
         }
         assert!(MsgBuf::alloc(&mut a, MAX_MSG_BYTES + 1, Origin::Dynamic).is_err());
+    }
+
+    #[cfg(feature = "sim")]
+    #[test]
+    fn packet_counts_and_origin_follow_the_sizes() {
+        let mut a = crate::sim::test_allocator(16 << 20);
+        let origins = [
+            Origin::Dynamic,
+            Origin::PreallocResp {
+                session: 0xbeef,
+                slot: 7,
+            },
+            Origin::PreallocResp {
+                session: 0,
+                slot: 0,
+            },
+        ];
+        let mut m = MsgBuf::alloc(&mut a, 3 * MAX_DATA_PER_PKT + 5, origins[1]).unwrap();
+        assert_eq!(m.origin(), origins[1]);
+        for size in [0, 1, 967, 968, 969, 1936, 1937, 2904, 2905, 2909] {
+            m.resize(size).unwrap();
+            let n = m.num_pkts();
+            assert_eq!(n, data_size_to_num_pkts(size), "size {size}");
+            for i in 0..n + 3 {
+                assert_eq!(m.has_pkt(i), i < n, "size {size}, packet {i}");
+            }
+        }
+        a.free(m.into_buffer());
+        for o in origins {
+            let m = MsgBuf::alloc(&mut a, 100, o).unwrap();
+            assert_eq!(m.origin(), o);
+            let b = m.into_buffer();
+            a.free(b);
+        }
+        // The allocator hands buffers out untagged, whatever they carried.
+        let b = a.alloc(64).unwrap();
+        assert_eq!(b.tag(), 0);
+        a.free(b);
     }
 
     #[test]

@@ -205,7 +205,8 @@ impl Allocator {
     /// # Panics
     /// If the buffer came from another allocator.
     #[inline]
-    pub fn free(&mut self, buf: Buffer) {
+    pub fn free(&mut self, mut buf: Buffer) {
+        buf.tag = 0;
         assert_eq!(
             buf.owner, self.owner,
             "buffer freed into an allocator that did not allocate it"
@@ -243,6 +244,7 @@ impl Allocator {
             class: DEDICATED_CLASS,
             owner: self.owner,
             len: u32::try_from(len).map_err(|_| AllocError::TooLarge { size: bytes })?,
+            tag: 0,
         };
         self.dedicated.push(region);
         self.in_use_bytes += len;
@@ -331,6 +333,7 @@ impl Allocator {
                 class: class as u8,
                 owner: self.owner,
                 len: half as u32,
+                tag: 0,
             };
             block.class = class as u8;
             block.len = half as u32;
@@ -395,6 +398,7 @@ impl Allocator {
                 class: (shift - MIN_CLASS_SHIFT) as u8,
                 owner: self.owner,
                 len: size as u32,
+                tag: 0,
             });
             offset += size;
         }

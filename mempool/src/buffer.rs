@@ -17,7 +17,12 @@ pub struct Buffer {
     pub(crate) class: u8,
     pub(crate) owner: u16,
     pub(crate) len: u32,
+    /// The holder's own 32 bits (see [`Buffer::tag`]); in the struct's
+    /// padding, so a buffer stays 32 bytes.
+    pub(crate) tag: u32,
 }
+
+const _: () = assert!(std::mem::size_of::<Buffer>() == 32);
 
 // SAFETY: a buffer is the only handle to its block, so moving it to another
 // thread cannot create shared mutable access. It can only be freed through
@@ -59,6 +64,20 @@ impl Buffer {
     #[inline]
     pub fn capacity(&self) -> usize {
         self.len as usize
+    }
+
+    /// 32 bits the holder of the buffer may use for its own bookkeeping
+    /// (e.g. where to return it). 0 when the allocator hands it out; the
+    /// allocator never reads it.
+    #[inline]
+    pub fn tag(&self) -> u32 {
+        self.tag
+    }
+
+    /// Sets [`Buffer::tag`].
+    #[inline]
+    pub fn set_tag(&mut self, tag: u32) {
+        self.tag = tag;
     }
 
     /// Size-class index (0 = 64 bytes), or `None` for a dedicated ring region.

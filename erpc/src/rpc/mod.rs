@@ -949,7 +949,7 @@ impl<T: Transport, C> Rpc<T, C> {
     }
 
     pub(crate) fn recycle(&mut self, m: MsgBuf) {
-        if let Origin::PreallocResp { session, slot } = m.origin
+        if let Origin::PreallocResp { session, slot } = m.origin()
             && let Some(s) = self
                 .sessions
                 .get_mut(usize::from(session))

@@ -255,7 +255,7 @@ impl<T: Transport, C> Rpc<T, C> {
                         self.stats.tx_stale += 1;
                         continue;
                     };
-                    if slot.cur_req_num != e.req_num || e.pkt_idx as usize >= m.num_pkts() {
+                    if slot.cur_req_num != e.req_num || !m.has_pkt(e.pkt_idx as usize) {
                         self.stats.tx_stale += 1;
                         continue;
                     }
