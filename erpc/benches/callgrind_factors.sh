@@ -13,7 +13,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 erpc_ir() {
   callgrind_annotate --auto=no --inclusive=no --threshold=100 "$1" 2>/dev/null |
-    awk '/ erpc::/ && !/erpc::sim/ && !/erpc\/src\/sim\// && !/transport\/src\// {
+    awk '/[ :<]erpc::/ && !/erpc::sim/ && !/erpc\/src\/sim\// && !/transport\/src\// {
            gsub(",", "", $1); s += $1 } END { print s + 0 }'
 }
 total_ir() {

@@ -25,7 +25,9 @@ done
 python3 - "$tmp/ann.$short" "$tmp/ann.$long" $(( long - short )) "${TOP:-15}" "$max" <<'PY'
 import re, sys
 short, long_, rpcs, top, limit = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-line = re.compile(r"^\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(\S+):(.*?)(?: \[[^\]]*\])?\s*$")
+# The file part has no colon: a greedy match would swallow the path of a
+# function whose name has no space in it (e.g. `erpc::msgbuf::MsgBuf::write_pkt_data`).
+line = re.compile(r"^\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+([^:\s]+):(.*?)(?: \[[^\]]*\])?\s*$")
 def load(path):
     fns, total = {}, 0
     for l in open(path):
@@ -40,8 +42,11 @@ def load(path):
     return fns, total
 a, ta = load(short)
 b, tb = load(long_)
+def in_erpc(fn):
+    # `erpc::...`, `<impl erpc::...>` or `<erpc::... as Trait>`.
+    return re.search(r"(^|[ <])erpc::", fn) is not None and "erpc::sim" not in fn
 def ours(file, fn):
-    return " erpc::" in " " + fn and "erpc::sim" not in fn and "erpc/src/sim/" not in file and "transport/src/" not in file
+    return in_erpc(fn) and "erpc/src/sim/" not in file and "transport/src/" not in file
 per = {}
 for k, v in b.items():
     d = (v - a.get(k, 0)) / rpcs
@@ -56,7 +61,7 @@ print(f"top {top} functions by instructions per RPC (eRPC's marked *):")
 rows = {}
 for (file, fn), d in per.items():
     name = re.sub(r"::h[0-9a-f]{16}$", "", fn)
-    mark = " erpc::" in " " + fn and "erpc::sim" not in fn
+    mark = in_erpc(fn)
     if mark and not ours(file, fn):
         continue
     rows[(mark, name)] = rows.get((mark, name), 0) + d
