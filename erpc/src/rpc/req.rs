@@ -5,10 +5,10 @@
 //! credit return per packet but the last), at-most-once execution, and
 //! invoking handlers.
 
-use transport::{HEADROOM_BYTES, PKTHDR_BYTES, Transport};
+use transport::Transport;
 
 use super::reset::{FailedReq, Owed, ResetCause};
-use super::tx::{TxEntry, TxKind};
+use super::tx::{TxEntry, TxKind, write_msg_hdrs};
 use super::{
     Continuation, EnqueueError, EnqueueErrorKind, HandlerSlot, ReqHandle, Request, Rpc, RpcError,
     SessionNum,
@@ -113,24 +113,19 @@ impl<T: Transport, C> Rpc<T, C> {
         slot.cur_req_num = req_num;
         let msg_size = req.len();
         let num_pkts = req.num_pkts();
-        for p in 0..num_pkts {
-            let h = PktHdr {
+        write_msg_hdrs(
+            &self.transport,
+            route,
+            &mut req,
+            PktHdr {
                 req_type,
-                msg_size: msg_size as u32,
+                msg_size: 0,
                 dest_session_num: s.remote_num,
                 pkt_type: PktType::Req,
-                pkt_num: p as u16,
+                pkt_num: 0,
                 req_num,
-            };
-            let slot_bytes = req.pkthdr_mut(p);
-            h.write_to(&mut slot_bytes[HEADROOM_BYTES..])
-                .expect("msgbufs hold at most MAX_MSG_BYTES; request numbers stay in 44 bits");
-            self.transport.fill_headroom(
-                route,
-                &mut slot_bytes[..HEADROOM_BYTES],
-                PKTHDR_BYTES + pkt_data_bytes(msg_size, p),
-            );
-        }
+            },
+        );
         let c = &mut slot.client;
         c.resp_msgbuf = Some(resp);
         c.cont = Some(cont);

@@ -5,8 +5,9 @@
 //! copied into the response msgbuf in order; the last one completes the
 //! request and runs the continuation.
 
-use transport::{HEADROOM_BYTES, MAX_DATA_PER_PKT, PKTHDR_BYTES, Transport};
+use transport::{MAX_DATA_PER_PKT, Transport};
 
+use super::tx::write_msg_hdrs;
 use super::{Completion, ReqHandle, RespondError, Rpc, RpcError, SessionNum};
 use crate::consts::{MAX_MSG_BYTES, SESSION_REQ_WINDOW};
 use crate::msgbuf::{MsgBuf, MsgBufError, Origin, data_size_to_num_pkts, pkt_data_bytes};
@@ -73,25 +74,19 @@ impl<T: Transport, C> Rpc<T, C> {
         let route = s.route.as_ref().expect("server session has a route");
         let sv = &mut slot.server;
         let base = sv.req_pkts - 1;
-        let msg_size = resp.len();
-        for k in 0..resp.num_pkts() {
-            let hdr = PktHdr {
+        write_msg_hdrs(
+            &self.transport,
+            route,
+            &mut resp,
+            PktHdr {
                 req_type: sv.req_type,
-                msg_size: msg_size as u32,
+                msg_size: 0,
                 dest_session_num: s.remote_num,
                 pkt_type: PktType::Resp,
-                pkt_num: (base as usize + k) as u16,
+                pkt_num: base as u16,
                 req_num: h.req_num,
-            };
-            let b = resp.pkthdr_mut(k);
-            hdr.write_to(&mut b[HEADROOM_BYTES..])
-                .expect("a response of at most MAX_MSG_BYTES numbers its packets in 14 bits");
-            self.transport.fill_headroom(
-                route,
-                &mut b[..HEADROOM_BYTES],
-                PKTHDR_BYTES + pkt_data_bytes(msg_size, k),
-            );
-        }
+            },
+        );
         sv.state = SrvState::Responded;
         let req = sv.req_msgbuf.take();
         slot.tx_msgbuf = Some(resp);

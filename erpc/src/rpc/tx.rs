@@ -20,6 +20,7 @@ use transport::{HEADROOM_BYTES, PKTHDR_BYTES, Transport, TxItem};
 
 use super::{CTRL_SLOT_BYTES, Rpc};
 use crate::consts::{CTRL_BUFS, TX_BATCH_MAX, TX_REFUSED_TRIES};
+use crate::msgbuf::{MsgBuf, pkt_data_bytes};
 use crate::pkthdr::PktHdr;
 
 /// What a batch entry sends.
@@ -84,6 +85,39 @@ impl TxBatch {
     /// Forgets everything queued (the Rpc is going away).
     pub(crate) fn clear(&mut self) {
         self.len = 0;
+    }
+}
+
+/// Writes the header slot of every packet of `m`: the eRPC header `hdr`
+/// with packet `k` numbered `hdr.pkt_num + k` and the size of `m`, and the
+/// transport's headroom for `route`. Packet 0 first, outside the loop: most
+/// messages have only that one.
+#[inline]
+pub(crate) fn write_msg_hdrs<T: Transport>(
+    transport: &T,
+    route: &T::Route,
+    m: &mut MsgBuf,
+    mut hdr: PktHdr,
+) {
+    let msg_size = m.len();
+    hdr.msg_size = msg_size as u32;
+    let first = hdr.pkt_num;
+    let write = |m: &mut MsgBuf, k: usize, hdr: &PktHdr| {
+        let b = m.pkthdr_mut(k);
+        // Sizes of at most MAX_MSG_BYTES, request numbers kept in 44 bits
+        // and request plus response packets within 14 bits always fit.
+        hdr.write_to(&mut b[HEADROOM_BYTES..])
+            .expect("message headers fit their wire widths");
+        transport.fill_headroom(
+            route,
+            &mut b[..HEADROOM_BYTES],
+            PKTHDR_BYTES + pkt_data_bytes(msg_size, k),
+        );
+    };
+    write(m, 0, &hdr);
+    for k in 1..m.num_pkts() {
+        hdr.pkt_num = first + k as u16;
+        write(m, k, &hdr);
     }
 }
 
