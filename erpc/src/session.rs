@@ -310,6 +310,87 @@ impl<T: Transport, C> Session<T, C> {
     }
 }
 
+/// Entries of a [`SessionTable`]: one per 16-bit session number.
+const SESSION_TABLE_LEN: usize = 1 << 16;
+
+/// The Rpc's sessions by local session number: a table with an entry for
+/// every 16-bit number, so a lookup by [`crate::SessionNum`] needs no
+/// bounds check (it runs several times per packet). The table is 512 KiB
+/// of pointers; numbers are handed out from the bottom, and iteration
+/// visits only the numbers handed out so far.
+pub(crate) struct SessionTable<S> {
+    slots: Box<[Option<Box<S>>; SESSION_TABLE_LEN]>,
+    /// Numbers handed out so far (each below this is, or was, in use).
+    used: usize,
+}
+
+impl<S> SessionTable<S> {
+    pub(crate) fn new() -> SessionTable<S> {
+        let slots: Box<[Option<Box<S>>]> = std::iter::repeat_with(|| None)
+            .take(SESSION_TABLE_LEN)
+            .collect();
+        SessionTable {
+            slots: slots.try_into().unwrap_or_else(|_| unreachable!()),
+            used: 0,
+        }
+    }
+
+    /// The entry of session number `i`: `None` for a number not handed
+    /// out or out of the 16-bit range. Entries of numbers never handed out
+    /// stay empty, so no check against the count is needed.
+    #[inline]
+    pub(crate) fn get(&self, i: usize) -> Option<&Option<Box<S>>> {
+        self.slots.get(i)
+    }
+
+    /// See [`SessionTable::get`].
+    #[inline]
+    pub(crate) fn get_mut(&mut self, i: usize) -> Option<&mut Option<Box<S>>> {
+        self.slots.get_mut(i)
+    }
+
+    /// Numbers handed out so far.
+    pub(crate) fn len(&self) -> usize {
+        self.used
+    }
+
+    /// Hands out the next number, its entry empty.
+    pub(crate) fn push_none(&mut self) -> usize {
+        assert!(self.used < SESSION_TABLE_LEN, "session table full");
+        self.used += 1;
+        self.used - 1
+    }
+
+    /// The entries of the numbers handed out so far.
+    pub(crate) fn iter(&self) -> std::slice::Iter<'_, Option<Box<S>>> {
+        self.slots[..self.used].iter()
+    }
+
+    /// Empties the table, returning every session.
+    pub(crate) fn take_all(&mut self) -> Vec<Box<S>> {
+        let used = std::mem::take(&mut self.used);
+        self.slots[..used]
+            .iter_mut()
+            .filter_map(Option::take)
+            .collect()
+    }
+}
+
+impl<S> std::ops::Index<usize> for SessionTable<S> {
+    type Output = Option<Box<S>>;
+    #[inline]
+    fn index(&self, i: usize) -> &Option<Box<S>> {
+        &self.slots[i]
+    }
+}
+
+impl<S> std::ops::IndexMut<usize> for SessionTable<S> {
+    #[inline]
+    fn index_mut(&mut self, i: usize) -> &mut Option<Box<S>> {
+        &mut self.slots[i]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -344,5 +425,21 @@ mod tests {
         c.resp_pkts = 4;
         assert_eq!(c.wire_pkts(), 6);
         assert_eq!(s.free_slot(), Some(0));
+    }
+
+    #[test]
+    fn session_table_hands_out_numbers_from_the_bottom() {
+        let mut t: SessionTable<u32> = SessionTable::new();
+        assert_eq!(t.len(), 0);
+        assert!(t.get(5).is_some_and(Option::is_none));
+        assert!(t.get(1 << 16).is_none());
+        assert_eq!(t.push_none(), 0);
+        assert_eq!(t.push_none(), 1);
+        t[1] = Some(Box::new(7));
+        assert_eq!(t.get(1).and_then(|s| s.as_deref()), Some(&7));
+        assert_eq!(t.iter().flatten().count(), 1);
+        assert_eq!(t.take_all().len(), 1);
+        assert_eq!(t.len(), 0);
+        assert!(t[1].is_none());
     }
 }

@@ -554,7 +554,7 @@ pub struct Rpc<T: Transport, C> {
     clock: Clock,
     now_ns: u64,
     config: RpcConfig,
-    sessions: Vec<Option<Box<Session<T, C>>>>,
+    sessions: session::SessionTable<Session<T, C>>,
     free_session_nums: VecDeque<(u16, u64)>,
     open_sessions: usize,
     ring_entries_available: usize,
@@ -710,7 +710,7 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             clock,
             now_ns,
             config,
-            sessions: Vec::new(),
+            sessions: session::SessionTable::new(),
             free_session_nums: VecDeque::new(),
             open_sessions: 0,
             ring_entries_available: ring_entries,
@@ -1001,8 +1001,8 @@ impl<T: Transport, C> Drop for Rpc<T, C> {
         // Let the transport let go of every buffer before they are freed.
         self.tx.clear();
         self.transport.tx_flush();
-        let sessions = std::mem::take(&mut self.sessions);
-        for s in sessions.into_iter().flatten() {
+        let sessions = self.sessions.take_all();
+        for s in sessions {
             let s = *s;
             if s.tracked {
                 self.nexus

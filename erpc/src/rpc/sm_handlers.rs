@@ -95,8 +95,7 @@ impl<T: Transport, C> Rpc<T, C> {
             return Some(n);
         }
         if self.sessions.len() < MAX_SESSIONS {
-            self.sessions.push(None);
-            return Some((self.sessions.len() - 1) as u16);
+            return Some(self.sessions.push_none() as u16);
         }
         self.free_session_nums.pop_front().map(|(n, _)| n)
     }
