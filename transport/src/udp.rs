@@ -277,12 +277,15 @@ pub struct UdpTransport {
     local_addr: SocketAddrV4,
     routing_info: RoutingInfo,
     rx: sys::RxQueue,
+    /// How the next `rx_burst` receives (see [`RxMode`]).
+    rx_mode: RxMode,
     ring_taken: bool,
     tx: sys::TxQueue,
     /// For each message of the TX batch being sent, the index of its item
     /// (`REFUSED` once the kernel refused it for good).
     tx_item_of: Box<[usize]>,
     tx_burst_max: usize,
+    rx_burst_max: usize,
     socket_buffer_bytes: usize,
     /// Send sockets bound to RSS source ports (see the module docs).
     /// Touched only by `resolve`, never on the datapath.
@@ -290,6 +293,27 @@ pub struct UdpTransport {
     pcap: Option<Box<Capture>>,
     stats: TransportStats,
 }
+
+/// How `rx_burst` receives. `recvmmsg` copies in a message header and
+/// imports an iovec per datagram, and after the last datagram waiting it
+/// makes one more attempt that finds the queue empty; `recvfrom` does
+/// neither, but takes one datagram per call. Measured on loopback
+/// (BENCHMARKS.md, item 4), a one-at-a-time round trip costs ~10% more with
+/// `recvmmsg`; bursts need it. So: one datagram at a time while datagrams
+/// come one at a time (or none come), a burst as soon as one is seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RxMode {
+    /// `recvfrom`; `run` counts the polls in a row that got a datagram.
+    /// `recvfrom` cannot tell whether more are waiting, so after
+    /// [`RX_PROBE_AFTER`] of them the next poll asks for a burst.
+    Single { run: u32 },
+    /// `recvmmsg`, for as long as it gets two or more datagrams.
+    Batch,
+}
+
+/// Polls in a row that each got one datagram with `recvfrom` before
+/// `rx_burst` tries `recvmmsg` to see whether datagrams queue up.
+const RX_PROBE_AFTER: u32 = 8;
 
 /// Marks a batch message the kernel refused for good.
 const REFUSED: usize = usize::MAX;
@@ -357,10 +381,12 @@ impl UdpTransport {
                 rss_table_size: 1,
             },
             rx: sys::RxQueue::new(config.rx_ring_entries, rx_burst, pcap.is_some()),
+            rx_mode: RxMode::Single { run: 0 },
             ring_taken: false,
             tx: sys::TxQueue::new(config.tx_burst_max),
             tx_item_of: vec![0; config.tx_burst_max].into_boxed_slice(),
             tx_burst_max: config.tx_burst_max,
+            rx_burst_max: rx_burst,
             socket_buffer_bytes,
             source_sockets: RefCell::new(Vec::new()),
             pcap,
@@ -486,7 +512,12 @@ impl UdpTransport {
                 end += 1;
             }
             self.stats.tx_doorbells += 1;
-            match batch.send(socket.as_fd(), done, end) {
+            let sent = if end - done == 1 {
+                batch.send_one(socket.as_fd(), done)
+            } else {
+                batch.send(socket.as_fd(), done, end)
+            };
+            match sent {
                 Ok(n) => done += n.max(1).min(end - done),
                 Err(e) if is_transient(&e) => break,
                 Err(_) => {
@@ -705,7 +736,7 @@ impl Transport for UdpTransport {
         let stats = &mut self.stats;
         let mut pcap = self.pcap.as_deref_mut().map(|c| (c, Capture::now()));
         let me = &self.routing_info;
-        let got = self.rx.recv(self.socket.as_fd(), |d| {
+        let classify = |d: sys::Datagram<'_>| {
             if let Some((cap, ts)) = pcap.as_mut() {
                 capture_rx(cap, *ts, me, &d);
             }
@@ -721,7 +752,27 @@ impl Transport for UdpTransport {
             } else {
                 len
             }
-        });
+        };
+        let batch = match self.rx_mode {
+            RxMode::Batch => true,
+            RxMode::Single { run } => run >= RX_PROBE_AFTER,
+        };
+        let got = if batch && self.rx_burst_max > 1 {
+            self.rx.recv(self.socket.as_fd(), classify)
+        } else {
+            self.rx.recv_one(self.socket.as_fd(), classify)
+        };
+        self.rx_mode = match (&got, self.rx_mode) {
+            (Ok(n), _) if batch => {
+                if *n >= 2 {
+                    RxMode::Batch
+                } else {
+                    RxMode::Single { run: 0 }
+                }
+            }
+            (Ok(1), RxMode::Single { run }) => RxMode::Single { run: run + 1 },
+            _ => RxMode::Single { run: 0 },
+        };
         match got {
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,

@@ -274,35 +274,110 @@ impl RxQueue {
         }
         let got = r as usize;
         debug_assert!(got <= n);
-        for (k, msg) in self.msgs[..got].iter().enumerate() {
+        for k in 0..got {
+            let msg = &self.msgs[k];
             let slot = ((first + k as u64) & self.ring.mask) as usize;
-            let len = msg.msg_len as usize;
-            let source = self.names.get(k).and_then(|sa| {
-                let full = msg.msg_hdr.msg_namelen as usize >= mem::size_of::<libc::sockaddr_in>();
-                (full && sa.sin_family == libc::AF_INET as libc::sa_family_t).then(|| {
-                    SocketAddrV4::new(
-                        sa.sin_addr.s_addr.to_ne_bytes().into(),
-                        u16::from_be(sa.sin_port),
-                    )
-                })
-            });
-            let start = self.ring.mem.as_ptr().wrapping_add(slot * SLOT_BYTES) as *const u8;
-            // SAFETY: the slot lies inside `mem` (slot < entries) and the
-            // kernel has just filled it; it is now delivered, so no write
-            // reaches it until the application gives it back, and the slice
-            // does not outlive this iteration.
-            let bytes = unsafe { std::slice::from_raw_parts(start, len.min(SLOT_BYTES)) };
-            let d = Datagram {
-                len,
-                truncated: msg.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
-                bytes,
-                source,
-            };
-            let keep = classify(d).min(SLOT_BYTES);
-            self.ring.lens[slot].set(keep as u16);
+            let truncated = msg.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+            let namelen = msg.msg_hdr.msg_namelen;
+            self.deliver(
+                slot,
+                k,
+                msg.msg_len as usize,
+                truncated,
+                namelen,
+                &mut classify,
+            );
         }
         self.ring.delivered.set(first + got as u64);
         Ok(got)
+    }
+
+    /// [`RxQueue::recv`] for at most one datagram, with one `recvfrom`
+    /// into the next free slot: the kernel copies in no message header and
+    /// imports no iovec, and does not try for a second datagram, so an
+    /// empty poll or a lone datagram costs less than with `recvmmsg`.
+    pub(crate) fn recv_one(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        mut classify: impl FnMut(Datagram<'_>) -> usize,
+    ) -> io::Result<usize> {
+        if self.ring.free() == 0 {
+            return Ok(0);
+        }
+        let first = self.ring.delivered.get();
+        let slot = (first & self.ring.mask) as usize;
+        let start = self.ring.mem.as_ptr().wrapping_add(slot * SLOT_BYTES) as *mut u8;
+        let mut namelen = mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let (name, namelen_ptr) = match self.names.first_mut() {
+            Some(sa) => (
+                (sa as *mut libc::sockaddr_in).cast::<libc::sockaddr>(),
+                &mut namelen as *mut libc::socklen_t,
+            ),
+            None => (std::ptr::null_mut(), std::ptr::null_mut()),
+        };
+        // SAFETY: `start..start + SLOT_BYTES` is one slot of `ring.mem`
+        // (slot < entries), the next in ring order after `delivered`, and
+        // a slot is free (checked above), so it is that one: no reference
+        // handed out by `Ring::packet` covers it, and the memory is
+        // `UnsafeCell`. With MSG_TRUNC the kernel returns the datagram's
+        // real length but writes at most SLOT_BYTES. `name` is null (with a
+        // null length pointer) or one `sockaddr_in` of `names` with
+        // `namelen` its size.
+        let r = unsafe {
+            libc::recvfrom(
+                fd.as_raw_fd(),
+                start.cast(),
+                SLOT_BYTES,
+                libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+                name,
+                namelen_ptr,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let len = r as usize;
+        self.deliver(slot, 0, len, len > SLOT_BYTES, namelen, &mut classify);
+        self.ring.delivered.set(first + 1);
+        Ok(1)
+    }
+
+    /// Shows the datagram the kernel has just put in `slot` (`len` its real
+    /// length; `k` its message index, for the sender's address) to
+    /// `classify` and records the payload length it returns.
+    #[inline]
+    fn deliver(
+        &self,
+        slot: usize,
+        k: usize,
+        len: usize,
+        truncated: bool,
+        namelen: libc::socklen_t,
+        classify: &mut impl FnMut(Datagram<'_>) -> usize,
+    ) {
+        let source = self.names.get(k).and_then(|sa| {
+            let full = namelen as usize >= mem::size_of::<libc::sockaddr_in>();
+            (full && sa.sin_family == libc::AF_INET as libc::sa_family_t).then(|| {
+                SocketAddrV4::new(
+                    sa.sin_addr.s_addr.to_ne_bytes().into(),
+                    u16::from_be(sa.sin_port),
+                )
+            })
+        });
+        let start = self.ring.mem.as_ptr().wrapping_add(slot * SLOT_BYTES) as *const u8;
+        // SAFETY: the slot lies inside `mem` (slot < entries) and the
+        // kernel has just filled it; it is now delivered, so no write
+        // reaches it until the application gives it back, and the slice
+        // does not outlive this call.
+        let bytes = unsafe { std::slice::from_raw_parts(start, len.min(SLOT_BYTES)) };
+        let keep = classify(Datagram {
+            len,
+            truncated,
+            bytes,
+            source,
+        })
+        .min(SLOT_BYTES);
+        self.ring.lens[slot].set(keep as u16);
     }
 }
 
@@ -411,6 +486,63 @@ impl<'a> TxBatch<'_, 'a> {
         Ok(r as usize)
     }
 }
+
+impl TxBatch<'_, '_> {
+    /// Sends message `i` alone with one non-blocking `sendto`: the kernel
+    /// copies in no message header and imports no iovec. A payload in two
+    /// parts of at most [`COALESCE_BYTES`] together is first copied into
+    /// one buffer here (cheaper than the kernel gathering it); a larger
+    /// one goes with `sendmmsg`. Returns 1, or the error that stopped it.
+    pub(crate) fn send_one(&mut self, fd: BorrowedFd<'_>, i: usize) -> io::Result<usize> {
+        assert!(i < self.len, "send_one({i}) of {}", self.len);
+        let (head, tail) = (self.q.iovs[2 * i], self.q.iovs[2 * i + 1]);
+        let mut buf = [0u8; COALESCE_BYTES];
+        let (base, len) = if tail.iov_len == 0 {
+            (head.iov_base.cast_const().cast::<u8>(), head.iov_len)
+        } else if head.iov_len + tail.iov_len <= COALESCE_BYTES {
+            // SAFETY: both iovecs were filled by `push` from byte slices
+            // borrowed for `'a`, which outlives the batch; `buf` holds
+            // both (checked), and a local buffer cannot overlap them.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    head.iov_base.cast::<u8>(),
+                    buf.as_mut_ptr(),
+                    head.iov_len,
+                );
+                std::ptr::copy_nonoverlapping(
+                    tail.iov_base.cast::<u8>(),
+                    buf.as_mut_ptr().add(head.iov_len),
+                    tail.iov_len,
+                );
+            }
+            (buf.as_ptr(), head.iov_len + tail.iov_len)
+        } else {
+            return self.send(fd, i, i + 1);
+        };
+        let hdr = &self.q.msgs[i].msg_hdr;
+        // SAFETY: `base..base + len` is the caller's buffer borrowed for
+        // `'a` or `buf`; `msg_name` points at the `SockAddr` `push` was
+        // given (borrowed for `'a`), `msg_namelen` bytes. The kernel only
+        // reads them.
+        let r = unsafe {
+            libc::sendto(
+                fd.as_raw_fd(),
+                base.cast(),
+                len,
+                libc::MSG_DONTWAIT,
+                hdr.msg_name.cast_const().cast(),
+                hdr.msg_namelen,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(1)
+    }
+}
+
+/// Largest two-part payload [`TxBatch::send_one`] copies into one buffer.
+pub(crate) const COALESCE_BYTES: usize = 256;
 
 /// Asks for kernel socket buffers of `bytes` in each direction; returns
 /// the receive buffer the kernel granted. Above `net.core.rmem_max` /
