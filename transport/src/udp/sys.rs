@@ -541,8 +541,131 @@ impl TxBatch<'_, '_> {
     }
 }
 
+impl TxBatch<'_, '_> {
+    /// Payload length and destination of message `i`: what must match for
+    /// messages to go in one UDP GSO send.
+    fn shape(&self, i: usize) -> (usize, u32, u16) {
+        let name = self.q.msgs[i]
+            .msg_hdr
+            .msg_name
+            .cast_const()
+            .cast::<SockAddr>();
+        // SAFETY: `push` set the name of every message of the batch to a
+        // `SockAddr` borrowed for `'a`, which outlives the batch.
+        let sa = unsafe { &(*name).0 };
+        let len = self.q.iovs[2 * i].iov_len + self.q.iovs[2 * i + 1].iov_len;
+        (len, sa.sin_addr.s_addr, sa.sin_port)
+    }
+
+    /// How many messages from `from` on (at most `to - from`) can go as one
+    /// UDP GSO send: same destination, same payload length (not empty), at
+    /// most [`GSO_MAX_SEGMENTS`] and [`GSO_MAX_BYTES`] together.
+    pub(crate) fn gso_run(&self, from: usize, to: usize) -> usize {
+        assert!(
+            from < to && to <= self.len,
+            "GSO run {from}..{to} of {}",
+            self.len
+        );
+        let first = self.shape(from);
+        if first.0 == 0 {
+            return 1;
+        }
+        let most = (to - from)
+            .min(GSO_MAX_SEGMENTS)
+            .min(GSO_MAX_BYTES / first.0);
+        let mut n = 1;
+        while n < most && self.shape(from + n) == first {
+            n += 1;
+        }
+        n
+    }
+
+    /// The first message in `from..to` that starts a run [`TxBatch::gso_run`]
+    /// would send as one (the next has its shape), or `to`.
+    pub(crate) fn next_gso_run(&self, from: usize, to: usize) -> usize {
+        assert!(
+            from <= to && to <= self.len,
+            "GSO runs in {from}..{to} of {}",
+            self.len
+        );
+        (from..to.saturating_sub(1))
+            .find(|&i| self.shape(i).0 > 0 && self.shape(i) == self.shape(i + 1))
+            .unwrap_or(to)
+    }
+
+    /// Sends messages `from..to`, all to one destination and each of
+    /// `seg` bytes ([`TxBatch::gso_run`]), as one `sendmsg` with UDP GSO
+    /// (`UDP_SEGMENT`): the stack routes and builds one large datagram and
+    /// cuts it into `to - from` datagrams of `seg` bytes (in software on
+    /// loopback, else in the NIC if it can), so the receiver gets them one
+    /// by one as if sent separately. Returns `to - from`, or the error
+    /// that stopped all of them.
+    pub(crate) fn send_gso(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        from: usize,
+        to: usize,
+        seg: u16,
+    ) -> io::Result<usize> {
+        assert!(
+            from < to && to <= self.len,
+            "GSO send {from}..{to} of {}",
+            self.len
+        );
+        // Room for one control message carrying a u16, 8-byte aligned.
+        let mut control = [0u64; 4];
+        // SAFETY: CMSG_SPACE only computes a size.
+        let space = unsafe { libc::CMSG_SPACE(mem::size_of::<u16>() as u32) } as usize;
+        assert!(space <= mem::size_of_val(&control));
+        let first = &self.q.msgs[from].msg_hdr;
+        // SAFETY: `msghdr` is integers and raw pointers; all zero is valid.
+        let mut hdr: libc::msghdr = unsafe { mem::zeroed() };
+        hdr.msg_name = first.msg_name;
+        hdr.msg_namelen = first.msg_namelen;
+        hdr.msg_iov = self.q.iovs.as_mut_ptr().wrapping_add(2 * from);
+        hdr.msg_iovlen = 2 * (to - from);
+        hdr.msg_control = control.as_mut_ptr().cast();
+        hdr.msg_controllen = space as _;
+        // SAFETY: `msg_control` points at `control`, `space` bytes, enough
+        // for one header and its u16 (asserted), so CMSG_FIRSTHDR returns a
+        // pointer inside it, aligned for `cmsghdr`, and CMSG_DATA one past
+        // the header (written unaligned).
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&hdr);
+            (*c).cmsg_level = libc::SOL_UDP;
+            (*c).cmsg_type = libc::UDP_SEGMENT;
+            (*c).cmsg_len = libc::CMSG_LEN(mem::size_of::<u16>() as u32) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg);
+        }
+        // SAFETY: the name and the iovec pairs of messages `from..to` were
+        // filled by `push` from a `SockAddr` and byte slices borrowed for
+        // `'a`, which outlives the batch (zero-length tails are allowed);
+        // the control buffer lives until the call returns. The kernel only
+        // reads them.
+        let r = unsafe { libc::sendmsg(fd.as_raw_fd(), &hdr, libc::MSG_DONTWAIT) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(to - from)
+    }
+}
+
+/// Most datagrams [`TxBatch::send_gso`] sends at once (the kernel's
+/// `UDP_MAX_SEGMENTS` has been at least 64 since GSO came in, Linux 4.18).
+pub(crate) const GSO_MAX_SEGMENTS: usize = 64;
+
+/// Most bytes of one GSO send: the payload of one largest IPv4 datagram.
+pub(crate) const GSO_MAX_BYTES: usize = 65535 - 20 - 8;
+
 /// Largest two-part payload [`TxBatch::send_one`] copies into one buffer.
 pub(crate) const COALESCE_BYTES: usize = 256;
+
+/// Turns UDP checksums off on a socket (`SO_NO_CHECK`), with which the
+/// kernel refuses GSO: for testing the fallback.
+#[cfg(test)]
+pub(crate) fn disable_udp_checksums(fd: BorrowedFd<'_>) -> io::Result<()> {
+    setsockopt_int(fd, libc::SO_NO_CHECK, 1)
+}
 
 /// Asks for kernel socket buffers of `bytes` in each direction; returns
 /// the receive buffer the kernel granted. Above `net.core.rmem_max` /
