@@ -307,7 +307,7 @@ pub struct UdpTransport {
 /// imports an iovec per datagram, and after the last datagram waiting it
 /// makes one more attempt that finds the queue empty; `recvfrom` does
 /// neither, but takes one datagram per call. Measured on loopback
-/// (BENCHMARKS.md, item 4), a one-at-a-time round trip costs ~10% more with
+/// (BENCHMARKS.md, item 4), a one-at-a-time round trip costs ~15% more with
 /// `recvmmsg`; bursts need it. So: one datagram at a time while datagrams
 /// come one at a time (or none come), a burst as soon as one is seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -513,7 +513,8 @@ impl UdpTransport {
         let mut gso_ok = self.gso;
         let mut refused = 0u64;
         let mut refused_bytes = 0u64;
-        // Each iteration handles at least one message or stops: bounded.
+        // Each iteration handles at least one message or stops, except one
+        // GSO send the kernel refuses, after which GSO is off: bounded.
         while done < msgs {
             // The run of messages from the same socket (all of them, unless
             // the burst goes to peers that use RSS).
