@@ -385,15 +385,22 @@ impl DmaMem {
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, N) }
     }
 
-    /// Copies `N` 64-bit words in, each already in the byte order the
-    /// device reads (one bounds check; `off` 8-byte aligned). Only for
-    /// ranges the device does not own right now.
+    /// The allocation as a ring of `slots` entries of `WORDS` 64-bit words
+    /// each, bounds checked once here: `slots` must be a power of two and
+    /// the ring must fit (panics otherwise). Every write through the
+    /// returned handle masks its index, so it stays inside without a check
+    /// of its own.
     #[inline]
-    pub fn write_words<const N: usize>(&self, off: usize, src: &[u64; N]) {
-        debug_assert!(off % 8 == 0);
-        let p = self.at(off, 8 * N);
-        // SAFETY: as in `write_bytes` (`src` is `8 * N` bytes).
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().cast::<u8>(), p, 8 * N) }
+    pub fn ring_slots<const WORDS: usize>(&self, slots: u32) -> RingSlots<'_, WORDS> {
+        let bytes = slots as usize * 8 * WORDS;
+        if !slots.is_power_of_two() || bytes > self.len {
+            out_of_bounds(0, bytes, self.len);
+        }
+        RingSlots {
+            base: self.ptr,
+            mask: slots - 1,
+            _mem: std::marker::PhantomData,
+        }
     }
 
     /// Copies bytes out. Only for ranges the device has finished writing.
@@ -415,6 +422,36 @@ impl DmaMem {
         let p = self.at(off, len);
         // SAFETY: in bounds; quiescence is the caller's contract.
         unsafe { std::slice::from_raw_parts(p, len) }
+    }
+}
+
+/// A ring of fixed-size slots in a [`DmaMem`] (see [`DmaMem::ring_slots`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RingSlots<'a, const WORDS: usize> {
+    base: NonNull<u8>,
+    mask: u32,
+    _mem: std::marker::PhantomData<&'a DmaMem>,
+}
+
+impl<const WORDS: usize> RingSlots<'_, WORDS> {
+    /// Copies `words`, each already in the byte order the device reads,
+    /// into slot `idx & (slots - 1)`. Only for slots the device does not
+    /// own right now (a WQE slot it has not been told about).
+    #[inline(always)]
+    pub fn write(&self, idx: u32, words: &[u64; WORDS]) {
+        let off = (idx & self.mask) as usize * 8 * WORDS;
+        // SAFETY: `off + 8 * WORDS <= slots * 8 * WORDS <= len`, checked
+        // by `ring_slots` for the allocation this handle borrows; the
+        // allocation is page aligned, so the slot is 8-byte aligned. The
+        // device does not access the slot (caller's contract, see the
+        // module doc) and `words` is ordinary memory.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                words.as_ptr().cast::<u8>(),
+                self.base.as_ptr().add(off),
+                8 * WORDS,
+            )
+        }
     }
 }
 

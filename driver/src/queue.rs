@@ -1030,16 +1030,10 @@ impl<B: HwBackend> QueueSet<B> {
     /// that the SQ has room for all of them, and that at most one WQE, the
     /// one at `signal_at` (none if that is past the end), asks for a
     /// completion, its predecessor's having arrived: per frame, only the
-    /// WQE is built and copied.
+    /// WQE is built and stored.
     #[inline]
     fn tx_burst_plain(&mut self, frames: &[TxFrame<'_>], signal_at: u32) {
         const _: () = assert!(4 * SEND_WQE_DS == SEND_WQE_BB);
-        let ring = &self.sq.ring;
-        let qpn = self.sq.sqn << 8;
-        let mut pi = self.sq.pi;
-        let mut bytes = 0u64;
-        let mut last_off = 0;
-        let mut signaled = None;
         // The WQE as eight big-endian 64-bit words: control segment (2),
         // Ethernet segment (2, all zero: no inline header, no checksum
         // offload), up to two data segments (2 each, zero if unused).
@@ -1051,53 +1045,58 @@ impl<B: HwBackend> QueueSet<B> {
                 && WqeDataSeg::LKEY.bit() == 32
                 && WqeDataSeg::ADDR.bit() == 64
         );
+        // The ring's slots, bounds checked once for the whole burst.
+        let slots = self.sq.ring.ring_slots::<8>(self.sq.mask + 1);
+        // Control word 0 without the WQE index and DS count: opcode and SQ
+        // number, the same for every WQE.
+        let ctrl_base = u64::from(WqeOpcode::Send as u32) << 32 | u64::from(self.sq.sqn << 8);
+        let ds_of =
+            |first_len: u32, rest_len: u32| 2 + u64::from(first_len > 0) + u64::from(rest_len > 0);
+        // Word 0 in the device's byte order, for one data segment; the WQE
+        // index is or-ed in per WQE (byte-swapped on its own).
+        let ctrl_one_be = (ctrl_base | 3).to_be();
         let dseg = |len: u32, lkey: u32, iova: u64| {
             [
                 (u64::from(len) << 32 | u64::from(lkey)).to_be(),
                 iova.to_be(),
             ]
         };
-        for (i, f) in frames.iter().enumerate() {
+        let pi0 = self.sq.pi;
+        let mut pi = pi0;
+        let mut bytes = 0u64;
+        for f in frames {
             let first_len = f.first.len() as u32;
-            let ds = 2 + u32::from(first_len > 0) + u32::from(f.rest.len > 0);
-            let idx = pi & 0xffff;
-            let fm_ce_se = if i as u32 == signal_at {
-                signaled = Some((idx as u16, pi.wrapping_add(1)));
-                FmCeSe::CQ_UPDATE.bits()
+            let rest_len = f.rest.len;
+            let idx_be = (u64::from(pi & 0xffff) << 40).to_be();
+            // Unsignaled: control word 1 (signature, fm_ce_se) stays 0; the
+            // one signaled WQE is marked below.
+            if first_len > 0 && rest_len == 0 {
+                // The common case: the frame in one segment.
+                let [a0, a1] = dseg(first_len, f.first_lkey, f.first_iova);
+                slots.write(pi, &[ctrl_one_be | idx_be, 0, 0, 0, a0, a1, 0, 0]);
+                bytes += u64::from(first_len);
             } else {
-                0
-            };
-            let first = dseg(first_len, f.first_lkey, f.first_iova);
-            let rest = if f.rest.len > 0 {
-                dseg(f.rest.len, f.rest.lkey, f.rest.iova)
-            } else {
-                [0, 0]
-            };
-            let (a, b) = if first_len > 0 {
-                (first, rest)
-            } else {
-                (rest, [0, 0])
-            };
-            let w: [u64; 8] = [
-                (u64::from((idx << 8) | WqeOpcode::Send as u32) << 32 | u64::from(qpn | ds))
-                    .to_be(),
-                (u64::from(fm_ce_se) << 32).to_be(),
-                0,
-                0,
-                a[0],
-                a[1],
-                b[0],
-                b[1],
-            ];
-            last_off = (pi & self.sq.mask) as usize * SEND_WQE_BB;
-            ring.write_words(last_off, &w);
+                let ctrl_be = (ctrl_base | ds_of(first_len, rest_len)).to_be() | idx_be;
+                let rest = dseg(rest_len, f.rest.lkey, f.rest.iova);
+                let (a, b) = match (first_len > 0, rest_len > 0) {
+                    (true, _) => (dseg(first_len, f.first_lkey, f.first_iova), rest),
+                    (false, true) => (rest, [0, 0]),
+                    (false, false) => ([0, 0], [0, 0]),
+                };
+                slots.write(pi, &[ctrl_be, 0, 0, 0, a[0], a[1], b[0], b[1]]);
+                bytes += u64::from(first_len) + u64::from(rest_len);
+            }
             pi = pi.wrapping_add(1);
-            bytes += u64::from(first_len) + u64::from(f.rest.len);
         }
         let n = frames.len() as u32;
         self.sq.pi = pi;
-        if signaled.is_some() {
-            self.sq.signaled = signaled;
+        if signal_at < n {
+            let at = pi0.wrapping_add(signal_at);
+            self.sq.ring.write_be32(
+                (at & self.sq.mask) as usize * SEND_WQE_BB + 8,
+                u32::from(FmCeSe::CQ_UPDATE.bits()),
+            );
+            self.sq.signaled = Some(((at & 0xffff) as u16, at.wrapping_add(1)));
             self.sq.since_signal = n - 1 - signal_at;
             self.stats.tx_signaled += 1;
         } else {
@@ -1105,7 +1104,16 @@ impl<B: HwBackend> QueueSet<B> {
         }
         self.stats.tx_wqes += u64::from(n);
         self.stats.tx_bytes += bytes;
-        self.ring_sq_doorbell(last_off, 1, n == 1);
+        if self.cfg.blueflame && n == 1 {
+            let last_off = (pi0 & self.sq.mask) as usize * SEND_WQE_BB;
+            self.ring_sq_doorbell(last_off, 1, true);
+        } else {
+            let last = &frames[frames.len() - 1];
+            let ds = ds_of(last.first.len() as u32, last.rest.len);
+            let ctrl = ctrl_base | u64::from(pi.wrapping_sub(1) & 0xffff) << 40 | ds;
+            self.publish_sq_pi();
+            self.write_sq_doorbell(ctrl);
+        }
     }
 
     /// Writes one SEND WQE at the producer index; returns its ring offset.
@@ -1203,32 +1211,47 @@ impl<B: HwBackend> QueueSet<B> {
     /// the last WQE's first 8 bytes (or the whole WQE via BlueFlame).
     #[inline]
     fn ring_sq_doorbell(&mut self, last_off: usize, last_wqebbs: u32, single: bool) {
+        self.publish_sq_pi();
+        let ring = &self.sq.ring;
+        let wqe_bytes = last_wqebbs as usize * SEND_WQE_BB;
+        if self.cfg.blueflame
+            && single
+            && wqe_bytes <= self.sq.bf_half
+            && last_off + wqe_bytes <= ring.len()
+        {
+            let mut buf = [0u8; 256];
+            ring.read_bytes(last_off, &mut buf[..wqe_bytes]);
+            let reg = self.sq.bf_offset + self.sq.bf_offset_toggle();
+            barrier::wc_start();
+            self.dev.bar.write_bf(reg, &buf[..wqe_bytes]);
+            barrier::wc_flush();
+            self.stats.tx_blueflame += 1;
+            self.stats.tx_doorbells += 1;
+        } else {
+            let hi = ring.read_be32(last_off + WqeCtrlSeg::OPMOD_IDX_OPCODE.dword());
+            let lo = ring.read_be32(last_off + WqeCtrlSeg::QPN_DS.dword());
+            self.write_sq_doorbell((u64::from(hi) << 32) | u64::from(lo));
+        }
+    }
+
+    /// The WQEs written so far, then the doorbell record that hands them
+    /// to the device, then (ordered after it) whatever doorbell follows.
+    #[inline(always)]
+    fn publish_sq_pi(&self) {
         barrier::to_device();
         self.dbr
             .write_be32(DBR_SQ + 4 * wqe::SND_DBR, self.sq.pi & 0xffff);
         barrier::to_device();
+    }
+
+    /// The doorbell register write: `ctrl0` is the last WQE's first 8
+    /// control-segment bytes as a big-endian number (opmod, WQE index,
+    /// opcode, SQ number, DS count). After [`QueueSet::publish_sq_pi`].
+    #[inline(always)]
+    fn write_sq_doorbell(&mut self, ctrl0: u64) {
         let reg = self.sq.bf_offset + self.sq.bf_offset_toggle();
-        let ring = &self.sq.ring;
-        let bar = &self.dev.bar;
-        let wqe_bytes = last_wqebbs as usize * SEND_WQE_BB;
-        let ring_bytes = ring.len();
-        if self.cfg.blueflame
-            && single
-            && wqe_bytes <= self.sq.bf_half
-            && last_off + wqe_bytes <= ring_bytes
-        {
-            let mut buf = [0u8; 256];
-            ring.read_bytes(last_off, &mut buf[..wqe_bytes]);
-            barrier::wc_start();
-            bar.write_bf(reg, &buf[..wqe_bytes]);
-            barrier::wc_flush();
-            self.stats.tx_blueflame += 1;
-        } else {
-            let hi = ring.read_be32(last_off + WqeCtrlSeg::OPMOD_IDX_OPCODE.dword());
-            let lo = ring.read_be32(last_off + WqeCtrlSeg::QPN_DS.dword());
-            bar.write64(reg, (u64::from(hi) << 32) | u64::from(lo));
-            barrier::wc_flush();
-        }
+        self.dev.bar.write64(reg, ctrl0);
+        barrier::wc_flush();
         self.stats.tx_doorbells += 1;
     }
 

@@ -8,9 +8,14 @@
 //!   [`Transport::fill_headroom`] does nothing. A burst becomes one
 //!   `sendmmsg`; each datagram is gathered from two iovecs pointing into the
 //!   caller's buffers (`pkt` after the headroom, then `data`), so nothing is
-//!   copied before the kernel copies it into its socket buffer. When
-//!   `sendmmsg` returns, the buffers are free again: [`Transport::tx_flush`]
-//!   has nothing to wait for.
+//!   copied before the kernel copies it into its socket buffer. Within a
+//!   burst, a run of datagrams to one peer with one payload size goes as
+//!   one `sendmsg` with UDP GSO (`UDP_SEGMENT`): the stack routes and builds
+//!   one large datagram and cuts it into the original ones, which the peer
+//!   receives one by one as if sent separately (if the kernel refuses GSO
+//!   for this socket's path, the transport stops using it); a lone
+//!   datagram goes with `sendto`. When the call returns, the buffers are
+//!   free again: [`Transport::tx_flush`] has nothing to wait for.
 //! * **RX**: a preallocated ring of `rx_ring_entries` slots of [`MTU`] bytes
 //!   behaves like a NIC's receive queue. `recvmmsg` writes datagrams straight
 //!   into the free slots that come next in ring order; a slot is free again
@@ -59,8 +64,9 @@
 //! [`RxRing::packet`], and are counted by reason in [`TransportStats`].
 //!
 //! The per-packet path allocates nothing, takes no lock and makes no
-//! syscall besides one `sendmmsg` per burst (per run of one source socket)
-//! and one `recvmmsg` per `rx_burst` (none when the ring has no free slot).
+//! syscall besides one send per burst (per run of one source socket, and
+//! within it per GSO run) and one `recvmmsg` or `recvfrom` per `rx_burst`
+//! (none when the ring has no free slot; `RxMode` says which).
 //!
 //! A `UdpTransport`, its ring handle and its routes belong to one thread
 //! (`!Send`), like the Rpc that owns them.
@@ -277,12 +283,18 @@ pub struct UdpTransport {
     local_addr: SocketAddrV4,
     routing_info: RoutingInfo,
     rx: sys::RxQueue,
+    /// How the next `rx_burst` receives (see [`RxMode`]).
+    rx_mode: RxMode,
     ring_taken: bool,
     tx: sys::TxQueue,
     /// For each message of the TX batch being sent, the index of its item
     /// (`REFUSED` once the kernel refused it for good).
     tx_item_of: Box<[usize]>,
     tx_burst_max: usize,
+    /// Send runs of datagrams to one peer with one size as one UDP GSO
+    /// `sendmsg` (off for good after the kernel refuses it once).
+    gso: bool,
+    rx_burst_max: usize,
     socket_buffer_bytes: usize,
     /// Send sockets bound to RSS source ports (see the module docs).
     /// Touched only by `resolve`, never on the datapath.
@@ -290,6 +302,27 @@ pub struct UdpTransport {
     pcap: Option<Box<Capture>>,
     stats: TransportStats,
 }
+
+/// How `rx_burst` receives. `recvmmsg` copies in a message header and
+/// imports an iovec per datagram, and after the last datagram waiting it
+/// makes one more attempt that finds the queue empty; `recvfrom` does
+/// neither, but takes one datagram per call. Measured on loopback
+/// (BENCHMARKS.md, item 4), a one-at-a-time round trip costs ~15% more with
+/// `recvmmsg`; bursts need it. So: one datagram at a time while datagrams
+/// come one at a time (or none come), a burst as soon as one is seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RxMode {
+    /// `recvfrom`; `run` counts the polls in a row that got a datagram.
+    /// `recvfrom` cannot tell whether more are waiting, so after
+    /// [`RX_PROBE_AFTER`] of them the next poll asks for a burst.
+    Single { run: u32 },
+    /// `recvmmsg`, for as long as it gets two or more datagrams.
+    Batch,
+}
+
+/// Polls in a row that each got one datagram with `recvfrom` before
+/// `rx_burst` tries `recvmmsg` to see whether datagrams queue up.
+const RX_PROBE_AFTER: u32 = 8;
 
 /// Marks a batch message the kernel refused for good.
 const REFUSED: usize = usize::MAX;
@@ -357,10 +390,13 @@ impl UdpTransport {
                 rss_table_size: 1,
             },
             rx: sys::RxQueue::new(config.rx_ring_entries, rx_burst, pcap.is_some()),
+            rx_mode: RxMode::Single { run: 0 },
             ring_taken: false,
             tx: sys::TxQueue::new(config.tx_burst_max),
             tx_item_of: vec![0; config.tx_burst_max].into_boxed_slice(),
             tx_burst_max: config.tx_burst_max,
+            gso: true,
+            rx_burst_max: rx_burst,
             socket_buffer_bytes,
             source_sockets: RefCell::new(Vec::new()),
             pcap,
@@ -474,9 +510,11 @@ impl UdpTransport {
         };
         // Messages handled so far: sent, or refused for good.
         let mut done = 0;
+        let mut gso_ok = self.gso;
         let mut refused = 0u64;
         let mut refused_bytes = 0u64;
-        // Each iteration handles at least one message or stops: bounded.
+        // Each iteration handles at least one message or stops, except one
+        // GSO send the kernel refuses, after which GSO is off: bounded.
         while done < msgs {
             // The run of messages from the same socket (all of them, unless
             // the burst goes to peers that use RSS).
@@ -486,9 +524,41 @@ impl UdpTransport {
                 end += 1;
             }
             self.stats.tx_doorbells += 1;
-            match batch.send(socket.as_fd(), done, end) {
-                Ok(n) => done += n.max(1).min(end - done),
+            // A run to one peer with one size goes as one GSO send; up to
+            // the next such run, the messages go with one `sendmmsg` (or a
+            // `sendto` if there is one).
+            let (gso, upto) = match gso_ok && end - done > 1 {
+                true => match batch.gso_run(done, end) {
+                    1 => (1, batch.next_gso_run(done + 1, end)),
+                    n => (n, done + n),
+                },
+                false => (1, end),
+            };
+            let sent = if gso > 1 {
+                let seg = items[self.tx_item_of[done]].frame_len() - HEADROOM_BYTES;
+                batch.send_gso(socket.as_fd(), done, upto, seg as u16)
+            } else if upto - done == 1 {
+                batch.send_one(socket.as_fd(), done)
+            } else {
+                batch.send(socket.as_fd(), done, upto)
+            };
+            match sent {
+                Ok(n) => done += n.max(1).min(upto - done),
                 Err(e) if is_transient(&e) => break,
+                Err(e) if gso > 1 => {
+                    // Sent nothing. Again without GSO; and if this socket's
+                    // path cannot do GSO at all (UDP checksums off, no
+                    // checksum offload on the route, a datagram over the
+                    // route's MTU, a kernel without it), from now on.
+                    gso_ok = false;
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINVAL | libc::EIO | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
+                    ) {
+                        tracing::debug!(error = %e, "UDP GSO refused; sending datagrams one by one");
+                        self.gso = false;
+                    }
+                }
                 Err(_) => {
                     // This datagram cannot be sent (no route, EACCES for a
                     // broadcast address, ...): lose it, as a NIC would, and
@@ -705,7 +775,7 @@ impl Transport for UdpTransport {
         let stats = &mut self.stats;
         let mut pcap = self.pcap.as_deref_mut().map(|c| (c, Capture::now()));
         let me = &self.routing_info;
-        let got = self.rx.recv(self.socket.as_fd(), |d| {
+        let classify = |d: sys::Datagram<'_>| {
             if let Some((cap, ts)) = pcap.as_mut() {
                 capture_rx(cap, *ts, me, &d);
             }
@@ -721,7 +791,27 @@ impl Transport for UdpTransport {
             } else {
                 len
             }
-        });
+        };
+        let batch = match self.rx_mode {
+            RxMode::Batch => true,
+            RxMode::Single { run } => run >= RX_PROBE_AFTER,
+        };
+        let got = if batch && self.rx_burst_max > 1 {
+            self.rx.recv(self.socket.as_fd(), classify)
+        } else {
+            self.rx.recv_one(self.socket.as_fd(), classify)
+        };
+        self.rx_mode = match (&got, self.rx_mode) {
+            (Ok(n), _) if batch => {
+                if *n >= 2 {
+                    RxMode::Batch
+                } else {
+                    RxMode::Single { run: 0 }
+                }
+            }
+            (Ok(1), RxMode::Single { run }) => RxMode::Single { run: run + 1 },
+            _ => RxMode::Single { run: 0 },
+        };
         match got {
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
@@ -798,4 +888,61 @@ fn capture_rx(cap: &mut Capture, ts: std::time::Duration, me: &RoutingInfo, d: &
     wire::build_headroom(&template, scratch, orig_len.min(usize::from(u16::MAX)));
     scratch[HEADROOM_BYTES..captured].copy_from_slice(&d.bytes[..captured - HEADROOM_BYTES]);
     cap.commit(ts, captured, orig_len);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a socket whose path refuses GSO (UDP checksums off), a burst
+    /// that would go as one GSO send goes out datagram by datagram, all of
+    /// it, and the transport stops trying GSO.
+    #[test]
+    fn refused_gso_falls_back_to_plain_sends() {
+        let mut a = UdpTransport::new(&UdpConfig::loopback()).unwrap();
+        let mut b = UdpTransport::new(&UdpConfig::loopback()).unwrap();
+        sys::disable_udp_checksums(a.socket.as_fd()).unwrap();
+        let route = a.resolve(&b.local_routing_info()).unwrap();
+        let pkts: Vec<Vec<u8>> = (0..8u8)
+            .map(|i| {
+                let mut p = vec![i; PKTHDR_BYTES + 10];
+                p[HEADROOM_BYTES..PKTHDR_BYTES].fill(0xee);
+                p
+            })
+            .collect();
+        let items: Vec<_> = pkts
+            .iter()
+            .map(|pkt| TxItem {
+                route: &route,
+                pkt,
+                pkt_iova: 0,
+                data: &[],
+                data_iova: 0,
+                lkey: 0,
+                drop: false,
+            })
+            .collect();
+        assert_eq!(a.tx_burst(&items), 8);
+        assert!(!a.gso, "GSO off after the refusal");
+        let s = a.stats();
+        assert_eq!((s.tx_pkts, s.tx_errors, s.tx_doorbells), (8, 0, 2), "{s:?}");
+        let mut ring = b.take_rx_ring().unwrap();
+        let mut got = Vec::new();
+        // Loopback delivers within the send: all are queued already.
+        for _ in 0..64 {
+            let n = b.rx_burst();
+            for k in 0..n {
+                got.push(
+                    ring.packet((got.len() + k) % ring.entries())
+                        .unwrap()
+                        .to_vec(),
+                );
+            }
+            b.post_recvs(&mut ring, n);
+        }
+        assert_eq!(got.len(), 8);
+        for (i, p) in got.iter().enumerate() {
+            assert_eq!(p[..], pkts[i][HEADROOM_BYTES..], "datagram {i}");
+        }
+    }
 }

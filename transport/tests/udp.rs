@@ -741,3 +741,73 @@ fn a_pcap_file_that_cannot_be_created_is_a_clear_error() {
     );
     assert!(text.contains("/nonexistent-dir/x.pcap"), "{text}");
 }
+
+/// A burst's runs of datagrams to one peer with one size each go as one
+/// UDP GSO send; the peers still get every datagram on its own, intact and
+/// in order, whatever the mix of sizes, peers and one- or two-part
+/// payloads around them.
+#[test]
+fn runs_to_one_peer_with_one_size_go_as_one_send_and_arrive_one_by_one() {
+    let mut a = UdpTransport::new(&UdpConfig::loopback()).unwrap();
+    let mut b = UdpTransport::new(&UdpConfig::loopback()).unwrap();
+    let mut c = UdpTransport::new(&UdpConfig::loopback()).unwrap();
+    let (to_b, to_c) = (
+        a.resolve(&b.local_routing_info()).unwrap(),
+        a.resolve(&c.local_routing_info()).unwrap(),
+    );
+    // (peer, data bytes, data in a second part?)
+    let plan: [(bool, usize, bool); 16] = [
+        (true, 20, false),
+        (true, 20, true),
+        (true, 20, false),
+        (true, 20, true),
+        (true, 20, false),
+        (true, 60, false),
+        (true, 20, false),
+        (true, 20, false),
+        (true, 20, true),
+        (true, 20, false),
+        (false, 20, false),
+        (false, 20, true),
+        (false, 20, false),
+        (true, 9, false),
+        (false, 9, false),
+        (true, 9, false),
+    ];
+    let pkts: Vec<(Vec<u8>, Vec<u8>)> = plan
+        .iter()
+        .zip(0u32..)
+        .map(|(&(_, len, split), seq)| {
+            let id = probe::ProbeId { stream: 0, seq };
+            let mut pkt = vec![0u8; PKTHDR_BYTES + len];
+            probe::write_header(&mut pkt[HEADROOM_BYTES..], id, len);
+            probe::fill_data(&mut pkt[PKTHDR_BYTES..], id);
+            let data = if split {
+                pkt.split_off(PKTHDR_BYTES)
+            } else {
+                Vec::new()
+            };
+            (pkt, data)
+        })
+        .collect();
+    let items: Vec<_> = plan
+        .iter()
+        .zip(&pkts)
+        .map(|(&(b, _, _), (pkt, data))| item(if b { &to_b } else { &to_c }, pkt, data))
+        .collect();
+    assert_eq!(a.tx_burst(&items), 16);
+    // Sends: 0..5 (GSO), 5 alone, 6..10 (GSO), 10..13 (GSO), 13..16 (one
+    // sendmmsg: no two neighbours alike).
+    let s = a.stats();
+    assert_eq!((s.tx_pkts, s.tx_doorbells), (16, 5), "{s:?}");
+    let seqs = |got: Vec<Option<Vec<u8>>>| -> Vec<u32> {
+        got.iter()
+            .map(|p| probe::check(p.as_deref().expect("valid")).unwrap().seq)
+            .collect()
+    };
+    assert_eq!(
+        seqs(receive(&mut b, 12)),
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 15]
+    );
+    assert_eq!(seqs(receive(&mut c, 4)), [10, 11, 12, 14]);
+}

@@ -28,7 +28,8 @@
 //!   kernel, insensitive to how many cores are free: the fair comparison of
 //!   kernel overheads.
 //!
-//! Run: `cargo bench -p transport --bench echo [-- --secs S --samples N]`.
+//! Run: `cargo bench -p transport --bench echo [-- --secs S --samples N]`;
+//! `-- --udp-one-thread` measures only the one-thread UDP rows.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::sync::Arc;
@@ -48,24 +49,39 @@ const PAYLOAD_BYTES: usize = ERPC_HDR_BYTES + DATA_BYTES;
 const WINDOW: usize = 32;
 /// Largest echo burst the server builds.
 const MAX_BURST: usize = 16;
+/// The UDP transports' `tx_burst_max`: the whole window in one `sendmmsg`
+/// (the plain socket sends one datagram per syscall).
+const UDP_BURST: usize = WINDOW;
+
+/// The UDP transports' settings: loopback, a window per `sendmmsg`.
+fn udp_config() -> UdpConfig {
+    UdpConfig {
+        tx_burst_max: UDP_BURST,
+        ..UdpConfig::loopback()
+    }
+}
 /// An echo missing this long counts as lost (its window slot is reused).
 const LOSS_TIMEOUT: Duration = Duration::from_millis(200);
 
 struct Args {
     secs: f64,
     samples: usize,
+    /// `--udp-one-thread`: only the one-thread UDP table (for profiling).
+    udp_one_thread: bool,
 }
 
 fn args() -> Args {
     let mut a = Args {
         secs: 1.0,
         samples: 20_000,
+        udp_one_thread: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--secs" => a.secs = it.next().and_then(|v| v.parse().ok()).expect("--secs S"),
             "--samples" => a.samples = it.next().and_then(|v| v.parse().ok()).expect("--samples N"),
+            "--udp-one-thread" => a.udp_one_thread = true,
             _ => {} // `cargo bench` passes --bench; filters are not supported
         }
     }
@@ -110,7 +126,7 @@ struct TransportEcho {
 
 impl TransportEcho {
     fn new() -> TransportEcho {
-        TransportEcho::with_config(&UdpConfig::loopback())
+        TransportEcho::with_config(&udp_config())
     }
 
     fn with_config(config: &UdpConfig) -> TransportEcho {
@@ -145,8 +161,8 @@ impl TransportEcho {
         let mut sent = 0;
         while sent < n {
             // A burst on the stack: no allocation on the echo path.
-            let m = (n - sent).min(MAX_BURST).min(self.t.tx_burst_max());
-            let burst: [TxItem<'_, UdpRoute>; MAX_BURST] = std::array::from_fn(|k| {
+            let m = (n - sent).min(UDP_BURST).min(self.t.tx_burst_max());
+            let burst: [TxItem<'_, UdpRoute>; UDP_BURST] = std::array::from_fn(|k| {
                 let i = (self.head + sent + k.min(m - 1)) % entries;
                 item(route, &hdrs[i], &ring.packet(i).unwrap()[ERPC_HDR_BYTES..])
             });
@@ -169,7 +185,7 @@ struct TransportClient {
 
 impl TransportClient {
     fn new(server: impl FnOnce(RoutingInfo) -> RoutingInfo) -> TransportClient {
-        TransportClient::with_config(&UdpConfig::loopback(), server)
+        TransportClient::with_config(&udp_config(), server)
     }
 
     fn with_config(
@@ -195,7 +211,7 @@ impl TransportClient {
     /// Sends up to `n` packets as one burst; returns how many went.
     fn send_burst(&mut self, n: usize) -> usize {
         let n = n.min(self.pkts.len());
-        let burst: [TxItem<'_, UdpRoute>; MAX_BURST] =
+        let burst: [TxItem<'_, UdpRoute>; UDP_BURST] =
             std::array::from_fn(|k| item(&self.route, &self.pkts[k.min(n - 1)], &[]));
         self.t.tx_burst(&burst[..n])
     }
@@ -376,7 +392,7 @@ fn transport_one_thread_pcap(a: &Args) -> Row {
 fn transport_one_thread_with(a: &Args, pcap: Option<&PcapFiles>) -> Row {
     let config = |i: usize| UdpConfig {
         pcap: pcap.map(|f| f.0[i].clone()),
-        ..UdpConfig::loopback()
+        ..udp_config()
     };
     let mut s = TransportEcho::with_config(&config(0));
     let server_info = s.t.local_routing_info();
@@ -582,6 +598,11 @@ fn main() {
             "ROW {} {} {} {} {} {}",
             r.rtt_ns[0], r.rtt_ns[1], r.rtt_ns[2], r.rate_w1, r.rate_w32, r.lost
         );
+        return;
+    }
+    if a.udp_one_thread {
+        let one = [transport_one_thread(&a), std_one_thread(&a)];
+        table("One thread (client and server polled in turn):", &one);
         return;
     }
     let (poll_transport, poll_std) = empty_poll_ns();

@@ -274,35 +274,110 @@ impl RxQueue {
         }
         let got = r as usize;
         debug_assert!(got <= n);
-        for (k, msg) in self.msgs[..got].iter().enumerate() {
+        for k in 0..got {
+            let msg = &self.msgs[k];
             let slot = ((first + k as u64) & self.ring.mask) as usize;
-            let len = msg.msg_len as usize;
-            let source = self.names.get(k).and_then(|sa| {
-                let full = msg.msg_hdr.msg_namelen as usize >= mem::size_of::<libc::sockaddr_in>();
-                (full && sa.sin_family == libc::AF_INET as libc::sa_family_t).then(|| {
-                    SocketAddrV4::new(
-                        sa.sin_addr.s_addr.to_ne_bytes().into(),
-                        u16::from_be(sa.sin_port),
-                    )
-                })
-            });
-            let start = self.ring.mem.as_ptr().wrapping_add(slot * SLOT_BYTES) as *const u8;
-            // SAFETY: the slot lies inside `mem` (slot < entries) and the
-            // kernel has just filled it; it is now delivered, so no write
-            // reaches it until the application gives it back, and the slice
-            // does not outlive this iteration.
-            let bytes = unsafe { std::slice::from_raw_parts(start, len.min(SLOT_BYTES)) };
-            let d = Datagram {
-                len,
-                truncated: msg.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
-                bytes,
-                source,
-            };
-            let keep = classify(d).min(SLOT_BYTES);
-            self.ring.lens[slot].set(keep as u16);
+            let truncated = msg.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+            let namelen = msg.msg_hdr.msg_namelen;
+            self.deliver(
+                slot,
+                k,
+                msg.msg_len as usize,
+                truncated,
+                namelen,
+                &mut classify,
+            );
         }
         self.ring.delivered.set(first + got as u64);
         Ok(got)
+    }
+
+    /// [`RxQueue::recv`] for at most one datagram, with one `recvfrom`
+    /// into the next free slot: the kernel copies in no message header and
+    /// imports no iovec, and does not try for a second datagram, so an
+    /// empty poll or a lone datagram costs less than with `recvmmsg`.
+    pub(crate) fn recv_one(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        mut classify: impl FnMut(Datagram<'_>) -> usize,
+    ) -> io::Result<usize> {
+        if self.ring.free() == 0 {
+            return Ok(0);
+        }
+        let first = self.ring.delivered.get();
+        let slot = (first & self.ring.mask) as usize;
+        let start = self.ring.mem.as_ptr().wrapping_add(slot * SLOT_BYTES) as *mut u8;
+        let mut namelen = mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let (name, namelen_ptr) = match self.names.first_mut() {
+            Some(sa) => (
+                (sa as *mut libc::sockaddr_in).cast::<libc::sockaddr>(),
+                &mut namelen as *mut libc::socklen_t,
+            ),
+            None => (std::ptr::null_mut(), std::ptr::null_mut()),
+        };
+        // SAFETY: `start..start + SLOT_BYTES` is one slot of `ring.mem`
+        // (slot < entries), the next in ring order after `delivered`, and
+        // a slot is free (checked above), so it is that one: no reference
+        // handed out by `Ring::packet` covers it, and the memory is
+        // `UnsafeCell`. With MSG_TRUNC the kernel returns the datagram's
+        // real length but writes at most SLOT_BYTES. `name` is null (with a
+        // null length pointer) or one `sockaddr_in` of `names` with
+        // `namelen` its size.
+        let r = unsafe {
+            libc::recvfrom(
+                fd.as_raw_fd(),
+                start.cast(),
+                SLOT_BYTES,
+                libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+                name,
+                namelen_ptr,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let len = r as usize;
+        self.deliver(slot, 0, len, len > SLOT_BYTES, namelen, &mut classify);
+        self.ring.delivered.set(first + 1);
+        Ok(1)
+    }
+
+    /// Shows the datagram the kernel has just put in `slot` (`len` its real
+    /// length; `k` its message index, for the sender's address) to
+    /// `classify` and records the payload length it returns.
+    #[inline]
+    fn deliver(
+        &self,
+        slot: usize,
+        k: usize,
+        len: usize,
+        truncated: bool,
+        namelen: libc::socklen_t,
+        classify: &mut impl FnMut(Datagram<'_>) -> usize,
+    ) {
+        let source = self.names.get(k).and_then(|sa| {
+            let full = namelen as usize >= mem::size_of::<libc::sockaddr_in>();
+            (full && sa.sin_family == libc::AF_INET as libc::sa_family_t).then(|| {
+                SocketAddrV4::new(
+                    sa.sin_addr.s_addr.to_ne_bytes().into(),
+                    u16::from_be(sa.sin_port),
+                )
+            })
+        });
+        let start = self.ring.mem.as_ptr().wrapping_add(slot * SLOT_BYTES) as *const u8;
+        // SAFETY: the slot lies inside `mem` (slot < entries) and the
+        // kernel has just filled it; it is now delivered, so no write
+        // reaches it until the application gives it back, and the slice
+        // does not outlive this call.
+        let bytes = unsafe { std::slice::from_raw_parts(start, len.min(SLOT_BYTES)) };
+        let keep = classify(Datagram {
+            len,
+            truncated,
+            bytes,
+            source,
+        })
+        .min(SLOT_BYTES);
+        self.ring.lens[slot].set(keep as u16);
     }
 }
 
@@ -410,6 +485,186 @@ impl<'a> TxBatch<'_, 'a> {
         }
         Ok(r as usize)
     }
+}
+
+impl TxBatch<'_, '_> {
+    /// Sends message `i` alone with one non-blocking `sendto`: the kernel
+    /// copies in no message header and imports no iovec. A payload in two
+    /// parts of at most [`COALESCE_BYTES`] together is first copied into
+    /// one buffer here (cheaper than the kernel gathering it); a larger
+    /// one goes with `sendmmsg`. Returns 1, or the error that stopped it.
+    pub(crate) fn send_one(&mut self, fd: BorrowedFd<'_>, i: usize) -> io::Result<usize> {
+        assert!(i < self.len, "send_one({i}) of {}", self.len);
+        let (head, tail) = (self.q.iovs[2 * i], self.q.iovs[2 * i + 1]);
+        let mut buf = [0u8; COALESCE_BYTES];
+        let (base, len) = if tail.iov_len == 0 {
+            (head.iov_base.cast_const().cast::<u8>(), head.iov_len)
+        } else if head.iov_len + tail.iov_len <= COALESCE_BYTES {
+            // SAFETY: both iovecs were filled by `push` from byte slices
+            // borrowed for `'a`, which outlives the batch; `buf` holds
+            // both (checked), and a local buffer cannot overlap them.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    head.iov_base.cast::<u8>(),
+                    buf.as_mut_ptr(),
+                    head.iov_len,
+                );
+                std::ptr::copy_nonoverlapping(
+                    tail.iov_base.cast::<u8>(),
+                    buf.as_mut_ptr().add(head.iov_len),
+                    tail.iov_len,
+                );
+            }
+            (buf.as_ptr(), head.iov_len + tail.iov_len)
+        } else {
+            return self.send(fd, i, i + 1);
+        };
+        let hdr = &self.q.msgs[i].msg_hdr;
+        // SAFETY: `base..base + len` is the caller's buffer borrowed for
+        // `'a` or `buf`; `msg_name` points at the `SockAddr` `push` was
+        // given (borrowed for `'a`), `msg_namelen` bytes. The kernel only
+        // reads them.
+        let r = unsafe {
+            libc::sendto(
+                fd.as_raw_fd(),
+                base.cast(),
+                len,
+                libc::MSG_DONTWAIT,
+                hdr.msg_name.cast_const().cast(),
+                hdr.msg_namelen,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(1)
+    }
+}
+
+impl TxBatch<'_, '_> {
+    /// Payload length and destination of message `i`: what must match for
+    /// messages to go in one UDP GSO send.
+    fn shape(&self, i: usize) -> (usize, u32, u16) {
+        let name = self.q.msgs[i]
+            .msg_hdr
+            .msg_name
+            .cast_const()
+            .cast::<SockAddr>();
+        // SAFETY: `push` set the name of every message of the batch to a
+        // `SockAddr` borrowed for `'a`, which outlives the batch.
+        let sa = unsafe { &(*name).0 };
+        let len = self.q.iovs[2 * i].iov_len + self.q.iovs[2 * i + 1].iov_len;
+        (len, sa.sin_addr.s_addr, sa.sin_port)
+    }
+
+    /// How many messages from `from` on (at most `to - from`) can go as one
+    /// UDP GSO send: same destination, same payload length (not empty), at
+    /// most [`GSO_MAX_SEGMENTS`] and [`GSO_MAX_BYTES`] together.
+    pub(crate) fn gso_run(&self, from: usize, to: usize) -> usize {
+        assert!(
+            from < to && to <= self.len,
+            "GSO run {from}..{to} of {}",
+            self.len
+        );
+        let first = self.shape(from);
+        if first.0 == 0 {
+            return 1;
+        }
+        let most = (to - from)
+            .min(GSO_MAX_SEGMENTS)
+            .min(GSO_MAX_BYTES / first.0);
+        let mut n = 1;
+        while n < most && self.shape(from + n) == first {
+            n += 1;
+        }
+        n
+    }
+
+    /// The first message in `from..to` that starts a run [`TxBatch::gso_run`]
+    /// would send as one (the next has its shape), or `to`.
+    pub(crate) fn next_gso_run(&self, from: usize, to: usize) -> usize {
+        assert!(
+            from <= to && to <= self.len,
+            "GSO runs in {from}..{to} of {}",
+            self.len
+        );
+        (from..to.saturating_sub(1))
+            .find(|&i| self.shape(i).0 > 0 && self.shape(i) == self.shape(i + 1))
+            .unwrap_or(to)
+    }
+
+    /// Sends messages `from..to`, all to one destination and each of
+    /// `seg` bytes ([`TxBatch::gso_run`]), as one `sendmsg` with UDP GSO
+    /// (`UDP_SEGMENT`): the stack routes and builds one large datagram and
+    /// cuts it into `to - from` datagrams of `seg` bytes (in software on
+    /// loopback, else in the NIC if it can), so the receiver gets them one
+    /// by one as if sent separately. Returns `to - from`, or the error
+    /// that stopped all of them.
+    pub(crate) fn send_gso(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        from: usize,
+        to: usize,
+        seg: u16,
+    ) -> io::Result<usize> {
+        assert!(
+            from < to && to <= self.len,
+            "GSO send {from}..{to} of {}",
+            self.len
+        );
+        // Room for one control message carrying a u16, 8-byte aligned.
+        let mut control = [0u64; 4];
+        // SAFETY: CMSG_SPACE only computes a size.
+        let space = unsafe { libc::CMSG_SPACE(mem::size_of::<u16>() as u32) } as usize;
+        assert!(space <= mem::size_of_val(&control));
+        let first = &self.q.msgs[from].msg_hdr;
+        // SAFETY: `msghdr` is integers and raw pointers; all zero is valid.
+        let mut hdr: libc::msghdr = unsafe { mem::zeroed() };
+        hdr.msg_name = first.msg_name;
+        hdr.msg_namelen = first.msg_namelen;
+        hdr.msg_iov = self.q.iovs.as_mut_ptr().wrapping_add(2 * from);
+        hdr.msg_iovlen = 2 * (to - from);
+        hdr.msg_control = control.as_mut_ptr().cast();
+        hdr.msg_controllen = space as _;
+        // SAFETY: `msg_control` points at `control`, `space` bytes, enough
+        // for one header and its u16 (asserted), so CMSG_FIRSTHDR returns a
+        // pointer inside it, aligned for `cmsghdr`, and CMSG_DATA one past
+        // the header (written unaligned).
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&hdr);
+            (*c).cmsg_level = libc::SOL_UDP;
+            (*c).cmsg_type = libc::UDP_SEGMENT;
+            (*c).cmsg_len = libc::CMSG_LEN(mem::size_of::<u16>() as u32) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg);
+        }
+        // SAFETY: the name and the iovec pairs of messages `from..to` were
+        // filled by `push` from a `SockAddr` and byte slices borrowed for
+        // `'a`, which outlives the batch (zero-length tails are allowed);
+        // the control buffer lives until the call returns. The kernel only
+        // reads them.
+        let r = unsafe { libc::sendmsg(fd.as_raw_fd(), &hdr, libc::MSG_DONTWAIT) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(to - from)
+    }
+}
+
+/// Most datagrams [`TxBatch::send_gso`] sends at once (the kernel's
+/// `UDP_MAX_SEGMENTS` has been at least 64 since GSO came in, Linux 4.18).
+pub(crate) const GSO_MAX_SEGMENTS: usize = 64;
+
+/// Most bytes of one GSO send: the payload of one largest IPv4 datagram.
+pub(crate) const GSO_MAX_BYTES: usize = 65535 - 20 - 8;
+
+/// Largest two-part payload [`TxBatch::send_one`] copies into one buffer.
+pub(crate) const COALESCE_BYTES: usize = 256;
+
+/// Turns UDP checksums off on a socket (`SO_NO_CHECK`), with which the
+/// kernel refuses GSO: for testing the fallback.
+#[cfg(test)]
+pub(crate) fn disable_udp_checksums(fd: BorrowedFd<'_>) -> io::Result<()> {
+    setsockopt_int(fd, libc::SO_NO_CHECK, 1)
 }
 
 /// Asks for kernel socket buffers of `bytes` in each direction; returns
