@@ -6,7 +6,9 @@
 //! * `mlx5`: raw Ethernet/IPv4/UDP frames on the `mlx5` driver's queue set
 //!   (striding RQ, overrunning RX CQ, unsignaled TX, doorbell batching),
 //!   generic over the hardware backend (VFIO or the device model).
-//! * `udp`: kernel UDP sockets with `sendmmsg`/`recvmmsg`, so the same
+//! * `udp`: kernel UDP sockets (`recvfrom` while datagrams come one at a
+//!   time, `recvmmsg` for bursts; `sendto` for a lone datagram, UDP GSO
+//!   for a run to one peer, `sendmmsg` otherwise), so the same
 //!   application runs on any Linux machine.
 //!
 //! The wire format (Ethernet/IPv4/UDP in front of the 14-byte eRPC header,
