@@ -231,7 +231,7 @@ fn erpc_point(plan: &MemoryPlan, dur: Duration, warmup: Duration, progress: &Pro
         size: SIZE,
         min_rpcs: 1,
     };
-    let o = udp_erpc(plan, p, dur, warmup, progress).expect("eRPC over UDP");
+    let o = udp_erpc(plan, p, dur, warmup, progress, None, false).expect("eRPC over UDP");
     Row {
         rate: o.rpcs_per_sec,
         p50_us: o.latency_us.median,
