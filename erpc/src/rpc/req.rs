@@ -142,7 +142,7 @@ impl<T: Transport, C> Rpc<T, C> {
         c.num_rx = 0;
         c.progress_ns = now;
         c.enqueue_ns = now;
-        c.retx_ns = 0;
+        c.in_flight_ns = 0;
         c.retransmits = 0;
         c.req_bytes = msg_size as u32;
         c.wheel_count = 0;
@@ -186,6 +186,7 @@ impl<T: Transport, C> Rpc<T, C> {
         loop {
             self.tx_make_room();
             let room = self.tx.room();
+            let now = self.now_ns;
             let Some(s) = self
                 .sessions
                 .get_mut(usize::from(session))
@@ -217,6 +218,11 @@ impl<T: Transport, C> Rpc<T, C> {
                 return true;
             }
             let first = c.num_tx;
+            if first == c.num_rx {
+                // Nothing was in flight: the retransmission timeout starts
+                // now, not when the request was enqueued or last acked.
+                c.in_flight_ns = now;
+            }
             c.num_tx += n;
             s.credits -= n;
             // Everything the slot may send is queued now (the usual case):
