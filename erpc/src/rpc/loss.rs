@@ -145,9 +145,13 @@ impl<T: Transport, C> Rpc<T, C> {
     /// Go-back-N on client slot `i` of session `sn`: roll back to the last
     /// acknowledged packet and resend from there.
     fn retransmit(&mut self, sn: u16, i: usize) {
+        let now = self.now_ns;
         let Some(s) = self.session_mut(sn) else {
             return;
         };
+        if let Some(cc) = s.cc.as_mut() {
+            cc.ctl.on_timeout(now);
+        }
         let max_credits = s.credits_max;
         let slot = &mut s.slots[i];
         let c = &mut slot.client;

@@ -187,6 +187,7 @@ impl<T: Transport, C> Rpc<T, C> {
             self.tx_make_room();
             let room = self.tx.room();
             let now = self.now_ns;
+            let pace_window = self.config.cc.pace_window;
             let Some(s) = self
                 .sessions
                 .get_mut(usize::from(session))
@@ -209,7 +210,10 @@ impl<T: Transport, C> Rpc<T, C> {
             if c.num_tx >= wire {
                 return false;
             }
-            let n = (wire - c.num_tx).min(s.credits).min(room as u32);
+            let mut n = (wire - c.num_tx).min(s.credits).min(room as u32);
+            if pace_window != 0 && s.cc.is_some() {
+                n = n.min(super::cc::pace_room(c.wheel_count, pace_window));
+            }
             if n == 0 {
                 if !c.in_stallq {
                     c.in_stallq = true;
