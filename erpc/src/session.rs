@@ -75,8 +75,12 @@ pub(crate) struct ClientInfo<T: Transport, C> {
     pub num_rx: u32,
     /// When the request last made progress (enqueue, or a packet in).
     pub progress_ns: u64,
-    /// When the slot last retransmitted (0: never, for this request).
-    pub retx_ns: u64,
+    /// When the slot last put a packet in flight with none outstanding
+    /// (`num_tx == num_rx` before the send: its first send, a send after
+    /// waiting for credits, a resend after a rollback). The
+    /// retransmission timeout runs from the later of this and
+    /// `progress_ns`, so time spent waiting for credits never counts.
+    pub in_flight_ns: u64,
     /// Go-back-N rollbacks of this request.
     pub retransmits: u32,
     /// Request number of the last request on this slot that completed with
@@ -107,7 +111,7 @@ impl<T: Transport, C> ClientInfo<T, C> {
             num_tx: 0,
             num_rx: 0,
             progress_ns: 0,
-            retx_ns: 0,
+            in_flight_ns: 0,
             retransmits: 0,
             abandoned_req_num: u64::MAX,
             req_bytes: 0,

@@ -7,11 +7,12 @@ mod common;
 use std::collections::VecDeque;
 
 use common::app::{self, Ctx, DEFER, ECHO, Op, SIZED};
-use common::scenarios::{N, check_done, connect, nodes};
+use common::scenarios::{N, check_done, connect, nodes, nodes_with};
 use common::{SimWorld, World, run_until, with_seeds};
+use erpc::cc::CcConfig;
 use erpc::rng::Rng;
-use erpc::sim::{LinkConfig, SimConfig};
-use erpc::{DropReason, RpcError};
+use erpc::sim::{LinkConfig, PortConfig, SimConfig};
+use erpc::{DropReason, RpcConfig, RpcError};
 
 const FILE: &str = "loss";
 const MS: u64 = 1_000_000;
@@ -392,6 +393,63 @@ fn packets_the_transport_refuses_stay_queued() {
             assert!(c.retransmissions > 0, "{c:?}");
             assert_eq!(ns[0].ctx.completed, 200);
             every_credit_home(&ns);
+        },
+    );
+}
+
+#[test]
+fn a_request_waiting_for_credits_is_not_retransmitted() {
+    // Two 1 MiB requests on one session over a 1 Gbit/s link that loses
+    // nothing: the first takes all the credits and keeps them for about
+    // 9 ms (longer than the 5 ms retransmission timeout), the second gets
+    // its first credit only then. Its timeout runs from when it has packets
+    // in flight, not from when it was enqueued: nothing is retransmitted.
+    // With congestion control on and off (off, only the slot's own
+    // timestamps say when its packets left).
+    with_seeds(
+        "a_request_waiting_for_credits_is_not_retransmitted",
+        FILE,
+        &[12],
+        |seed| {
+            for cc in [
+                CcConfig::disabled(),
+                CcConfig {
+                    link_gbps: 1.0,
+                    ..CcConfig::default()
+                },
+            ] {
+                let mut w = W::with_config(SimConfig {
+                    seed,
+                    port: PortConfig::new(1_000_000_000, 4 << 20),
+                    link: LinkConfig {
+                        delay_ns: 1_000,
+                        ..LinkConfig::default()
+                    },
+                    ..SimConfig::default()
+                });
+                let cfg = RpcConfig {
+                    cc,
+                    ..RpcConfig::default()
+                };
+                let mut ns = nodes_with(&mut w, 2, seed, cfg);
+                connect(&mut w, &mut ns, 0, 1, 1);
+                let t0 = w.now_ns();
+                let ops: VecDeque<Op> = (0..4).map(|_| op(SIZED, 1 << 20, 16)).collect();
+                run_ops(&mut w, &mut ns, ops, 2);
+                check_done::<W>(&ns);
+                assert_eq!(ns[0].ctx.completed, 4);
+                // Each request alone outlasts the timeout.
+                assert!(
+                    w.now_ns() - t0 > 4 * 8 * 1_000_000,
+                    "{} ns",
+                    w.now_ns() - t0
+                );
+                let (c, s) = (ns[0].rpc.stats(), ns[1].rpc.stats());
+                assert_eq!(w.net.queue(1).drops, 0, "nothing was lost");
+                assert_eq!(c.retransmissions, 0, "cc {}: {c}", cc.enabled);
+                assert_eq!(s.dup_req_cr_resent + s.dup_req_resp_resent, 0, "{s}");
+                every_credit_home(&ns);
+            }
         },
     );
 }

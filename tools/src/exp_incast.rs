@@ -679,6 +679,46 @@ pub struct IncastExperiment {
     /// The wheel bypass of the CC-on rows (off: every client packet is
     /// paced, also at link rate).
     pub wheel_bypass: bool,
+    /// The CC-on rows' pace window (`CcConfig::pace_window`, 0: none).
+    pub pace_window: u16,
+    /// The CC-on rows' rate controller (`Timely` or `Swift`).
+    pub controller: String,
+    /// The delay-target controller's constants, when it is the one.
+    pub swift: Option<SwiftSettings>,
+}
+
+/// The delay-target controller's constants (`erpc::cc::SwiftParams`), for
+/// the report.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct SwiftSettings {
+    /// Queueing allowed above the base RTT, µs.
+    pub headroom_us: f64,
+    /// Most flow scaling added to the target, µs.
+    pub fs_range_us: f64,
+    /// Cap of the base RTT, µs.
+    pub max_base_rtt_us: f64,
+    /// Additive increase per RTT, MB/s.
+    pub ai_mbps: f64,
+    /// ... at most this fraction of the rate.
+    pub ai_frac: f64,
+    /// Decrease factor of the excess over the target.
+    pub beta: f64,
+    /// Largest decrease in one step.
+    pub max_mdf: f64,
+}
+
+impl From<erpc::cc::SwiftParams> for SwiftSettings {
+    fn from(p: erpc::cc::SwiftParams) -> SwiftSettings {
+        SwiftSettings {
+            headroom_us: p.headroom_us,
+            fs_range_us: p.fs_range_us,
+            max_base_rtt_us: p.max_base_rtt_us,
+            ai_mbps: p.ai_rate / 1e6,
+            ai_frac: p.ai_frac,
+            beta: p.beta,
+            max_mdf: p.max_mdf,
+        }
+    }
 }
 
 /// What `erpc-bench --experiment incast` measured.

@@ -2,6 +2,9 @@
 //! Carousel timing wheel that paces rate-limited sessions ([`wheel`]), with
 //! the paper's common-case bypasses, each switchable in [`CcConfig`] so
 //! their cost can be measured (the factor analysis of `erpc-bench`).
+//! Timely is the default; a delay-target controller in the manner of
+//! Swift ([`swift`]) can be selected instead ([`Controller`],
+//! [`CcConfig::swift`]).
 //!
 //! How the Rpc uses them (`rpc/tx.rs`, `rpc/cr.rs`, `rpc/resp.rs`,
 //! `rpc/loss.rs`):
@@ -18,10 +21,12 @@
 //!   with none of the slot's packets in the wheel (the wheel bypass);
 //! * a go-back-N rollback drops the slot's packets still in the wheel.
 
+pub mod swift;
 pub mod timely;
 pub mod wheel;
 
 use crate::consts::SESSION_CREDITS;
+pub use swift::{Swift, SwiftParams};
 pub use timely::{Timely, TimelyParams, Update};
 pub use wheel::{TimingWheel, WheelConfig, WheelEnt, WheelStats};
 
@@ -36,15 +41,48 @@ pub struct CcConfig {
     /// Send directly, not through the wheel, when the session is at link
     /// rate and none of the slot's packets waits in the wheel.
     pub wheel_bypass: bool,
+    /// Restrict the wheel bypass to a slot's first unacknowledged packet:
+    /// a lone packet (a small RPC) still leaves at once, but the rest of
+    /// a burst at link rate is paced, so the RTT samples of its packets
+    /// do not include their wait in the sender's own NIC queue (what a
+    /// delay target of a few µs needs; off for Timely, as in the C++
+    /// eRPC).
+    pub wheel_bypass_first_only: bool,
     /// One clock read per RX/TX batch for RTT timestamps (off: one per
     /// packet).
     pub batch_timestamps: bool,
     /// The link rate sessions start at and never exceed, Gbit/s.
     pub link_gbps: f64,
-    /// Timely's constants.
+    /// Which rate controller sessions run (Timely by default).
+    pub controller: Controller,
+    /// Timely's constants. `timely.min_rate` is also the wheel's horizon
+    /// unit, whichever controller runs.
     pub timely: TimelyParams,
+    /// The delay-target controller's constants (used with
+    /// [`Controller::Swift`]).
+    pub swift: SwiftParams,
     /// Width of a wheel slot, ns (500).
     pub wheel_slot_ns: u64,
+    /// Most packets a client slot keeps in the wheel at once (0: no
+    /// limit, as the C++ eRPC). Without a limit a slot hands all its
+    /// credits' packets to the wheel at once, each scheduled at the rate
+    /// of that moment, so a new rate takes effect only after up to 32
+    /// packets (at 1/100 of 25 Gbit/s, about a millisecond). With a limit
+    /// the rest wait in the credit-stall queue, kicked every event-loop
+    /// iteration, and are scheduled when earlier ones leave.
+    pub pace_window: u16,
+}
+
+/// The rate controller of every client session of an Rpc.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Controller {
+    /// Timely with the C++ eRPC's constants (the paper's choice).
+    #[default]
+    Timely,
+    /// The delay-target controller of [`swift`]: a target RTT near the
+    /// base RTT, additive increase below it, multiplicative decrease
+    /// proportional to the excess at most once per RTT.
+    Swift,
 }
 
 impl Default for CcConfig {
@@ -53,10 +91,14 @@ impl Default for CcConfig {
             enabled: true,
             timely_bypass: true,
             wheel_bypass: true,
+            wheel_bypass_first_only: false,
             batch_timestamps: true,
             link_gbps: 25.0,
+            controller: Controller::Timely,
             timely: TimelyParams::default(),
+            swift: SwiftParams::default(),
             wheel_slot_ns: 500,
+            pace_window: 0,
         }
     }
 }
@@ -70,19 +112,102 @@ impl CcConfig {
         }
     }
 
+    /// The delay-target controller ([`Controller::Swift`]) as it is
+    /// meant to run: the wheel bypass only for a slot's first
+    /// unacknowledged packet (a burst of credits at link rate would wait
+    /// in the sender's own NIC queue, and its RTT samples would read that
+    /// as congestion; a lone small request still leaves at once), at most
+    /// one packet per slot in the wheel (a new rate applies from the next
+    /// packet), and Timely's minimum rate (so the wheel's horizon is the
+    /// same).
+    pub fn swift() -> CcConfig {
+        let d = CcConfig::default();
+        CcConfig {
+            controller: Controller::Swift,
+            wheel_bypass_first_only: true,
+            pace_window: 1,
+            swift: SwiftParams {
+                min_rate: d.timely.min_rate,
+                ..SwiftParams::default()
+            },
+            ..d
+        }
+    }
+
     /// The link rate in bytes per second.
     pub fn link_rate(&self) -> f64 {
         self.link_gbps * 1e9 / 8.0
     }
 
-    /// The wheel's horizon: the time a session at Timely's minimum rate
+    /// The wheel's horizon: the time a session at the minimum rate
     /// needs to send a full window of credits of MTU-size packets (the
     /// C++ eRPC's `kWheelHorizonUs`, ≈ 2184.5 µs with the defaults).
     pub fn wheel(&self) -> WheelConfig {
         let bytes = (SESSION_CREDITS * transport::MTU) as f64;
+        let min_rate = match self.controller {
+            Controller::Timely => self.timely.min_rate,
+            Controller::Swift => self.swift.min_rate.max(self.timely.min_rate),
+        };
         WheelConfig {
             slot_ns: self.wheel_slot_ns.max(1),
-            horizon_ns: (bytes / self.timely.min_rate * 1e9).ceil() as u64,
+            horizon_ns: (bytes / min_rate * 1e9).ceil() as u64,
+        }
+    }
+}
+
+/// A session's rate controller.
+#[derive(Debug, Clone)]
+pub enum RateCtl {
+    /// Timely.
+    Timely(Timely),
+    /// The delay-target controller.
+    Swift(Swift),
+}
+
+impl RateCtl {
+    /// A controller of the configured kind at the link rate.
+    pub fn new(cfg: &CcConfig, now_ns: u64) -> RateCtl {
+        match cfg.controller {
+            Controller::Timely => RateCtl::Timely(Timely::new(cfg.timely, cfg.link_rate(), now_ns)),
+            Controller::Swift => RateCtl::Swift(Swift::new(cfg.swift, cfg.link_rate(), now_ns)),
+        }
+    }
+
+    /// The current rate, bytes/s.
+    #[inline]
+    pub fn rate(&self) -> f64 {
+        match self {
+            RateCtl::Timely(t) => t.rate(),
+            RateCtl::Swift(s) => s.rate(),
+        }
+    }
+
+    /// True at the link rate.
+    #[inline]
+    pub fn uncongested(&self) -> bool {
+        match self {
+            RateCtl::Timely(t) => t.uncongested(),
+            RateCtl::Swift(s) => s.uncongested(),
+        }
+    }
+
+    /// A retransmission timeout of one of the session's requests: Timely
+    /// ignores it (as in the C++ eRPC); the delay-target controller
+    /// restarts from its minimum rate ([`Swift::on_timeout`]).
+    #[inline]
+    pub fn on_timeout(&mut self, now_ns: u64) {
+        match self {
+            RateCtl::Timely(_) => {}
+            RateCtl::Swift(s) => s.on_timeout(now_ns),
+        }
+    }
+
+    /// An RTT sample (see [`Timely::update`], [`Swift::update`]).
+    #[inline]
+    pub fn update(&mut self, now_ns: u64, rtt_ns: u64, bypass: bool) -> Update {
+        match self {
+            RateCtl::Timely(t) => t.update(now_ns, rtt_ns, bypass),
+            RateCtl::Swift(s) => s.update(now_ns, rtt_ns, bypass),
         }
     }
 }
@@ -90,7 +215,7 @@ impl CcConfig {
 /// Congestion-control state of a client session.
 #[derive(Debug, Clone)]
 pub(crate) struct SessionCc {
-    pub timely: Timely,
+    pub ctl: RateCtl,
     /// Departure time of the session's last paced packet.
     pub prev_desired_tx_ns: u64,
     /// The last RTT sample, ns (bypassed and ignored samples included),
@@ -101,7 +226,7 @@ pub(crate) struct SessionCc {
 impl SessionCc {
     pub(crate) fn new(cfg: &CcConfig, now_ns: u64) -> SessionCc {
         SessionCc {
-            timely: Timely::new(cfg.timely, cfg.link_rate(), now_ns),
+            ctl: RateCtl::new(cfg, now_ns),
             prev_desired_tx_ns: now_ns,
             last_rtt_ns: None,
         }
@@ -111,7 +236,7 @@ impl SessionCc {
     /// the previous one, not before now.
     #[inline]
     pub(crate) fn next_tx_ns(&mut self, now_ns: u64, bytes: usize) -> u64 {
-        let gap = (bytes as f64 * 1e9 / self.timely.rate()) as u64;
+        let gap = (bytes as f64 * 1e9 / self.ctl.rate()) as u64;
         let t = (self.prev_desired_tx_ns + gap).max(now_ns);
         self.prev_desired_tx_ns = t;
         t

@@ -29,6 +29,18 @@ pub(crate) fn new_client_cc(
     (Some(SessionCc::new(cfg, now_ns)), ts)
 }
 
+/// How many more packets a client slot may hand to the timing wheel now,
+/// with at most `window` of them waiting there (`CcConfig::pace_window`,
+/// not 0). The rest stay unsent in the stall queue, which kicks the slot
+/// again every event-loop iteration, and are paced once earlier ones have
+/// left, at the rate of that moment. (Packets that bypass the wheel leave
+/// `wheel_count` at 0, so a session at link rate is not held back: `kick`
+/// takes `window` at a time until its credits run out.)
+#[inline]
+pub(crate) fn pace_room(wheel_count: u16, window: u16) -> u32 {
+    u32::from(window.saturating_sub(wheel_count))
+}
+
 impl<T: Transport, C> Rpc<T, C> {
     /// Puts packet `pkt` of client slot `i` into the timing wheel unless
     /// the session may send it now (CC off, or the wheel bypass). Returns
@@ -39,6 +51,7 @@ impl<T: Transport, C> Rpc<T, C> {
             return false;
         };
         let bypass = self.config.cc.wheel_bypass;
+        let first_only = self.config.cc.wheel_bypass_first_only;
         let now = self.now_ns;
         let Some(s) = self
             .sessions
@@ -51,7 +64,11 @@ impl<T: Transport, C> Rpc<T, C> {
             return false;
         };
         let slot = &mut s.slots[usize::from(i)];
-        if bypass && slot.client.wheel_count == 0 && cc.timely.uncongested() {
+        if bypass
+            && slot.client.wheel_count == 0
+            && cc.ctl.uncongested()
+            && (!first_only || pkt == slot.client.num_rx)
+        {
             self.stats.wheel_bypassed += 1;
             return false;
         }
@@ -155,7 +172,7 @@ impl<T: Transport, C> Rpc<T, C> {
         };
         let rtt = rx_ns.saturating_sub(ts.get());
         cc.last_rtt_ns = Some(rtt);
-        match cc.timely.update(rx_ns, rtt, bypass) {
+        match cc.ctl.update(rx_ns, rtt, bypass) {
             Update::Updated => self.stats.timely_updates += 1,
             Update::Bypassed => self.stats.timely_bypassed += 1,
             Update::Ignored => {}

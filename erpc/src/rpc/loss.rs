@@ -6,8 +6,12 @@
 //! request packets, then requests-for-response) and the acknowledgements
 //! it got back in order (`num_rx`: credit returns, then response
 //! packets). Every `pkt_loss_scan_us` the event loop scans the client
-//! sessions with unacknowledged packets; a slot whose request made no
-//! progress for the retransmission timeout is rolled back to its last
+//! sessions with unacknowledged packets; a slot with packets in flight
+//! (`num_tx > num_rx`) that got no acknowledgement for the retransmission
+//! timeout, counted from the later of its last acknowledgement and the
+//! moment it went from nothing in flight to something (`in_flight_ns`:
+//! a request that waited for credits behind another slot of its session
+//! has not been waiting for the network), is rolled back to its last
 //! acknowledged packet (go-back-N): the credits of the packets presumed
 //! lost come back, `num_tx = num_rx`, and the slot is kicked through the
 //! normal TX path, which resends request packets or RFRs from there. The
@@ -102,7 +106,7 @@ impl<T: Transport, C> Rpc<T, C> {
                     // Waiting for credits, not for the network.
                     continue;
                 }
-                let mut since = c.progress_ns.max(c.retx_ns);
+                let mut since = c.progress_ns.max(c.in_flight_ns);
                 if !s.tx_ts.is_empty() {
                     // Congestion control paces the slot's packets: the
                     // last `wheel_count` it queued are still in the wheel.
@@ -154,6 +158,9 @@ impl<T: Transport, C> Rpc<T, C> {
         let Some(s) = self.session_mut(sn) else {
             return;
         };
+        if let Some(cc) = s.cc.as_mut() {
+            cc.ctl.on_timeout(now);
+        }
         let max_credits = s.credits_max;
         let slot = &mut s.slots[i];
         let c = &mut slot.client;
@@ -161,8 +168,8 @@ impl<T: Transport, C> Rpc<T, C> {
         debug_assert!(delta > 0);
         debug_assert!(s.credits + delta <= max_credits);
         s.credits += delta;
+        // Nothing in flight now: the resend (`kick`) restarts the timeout.
         c.num_tx = c.num_rx;
-        c.retx_ns = now;
         // Packets of this request still in the timing wheel are presumed
         // lost with the rest: drop them when they come out, resend from
         // num_rx (never twice).

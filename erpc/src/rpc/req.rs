@@ -138,7 +138,7 @@ impl<T: Transport, C> Rpc<T, C> {
         c.num_rx = 0;
         c.progress_ns = now;
         c.enqueue_ns = now;
-        c.retx_ns = 0;
+        c.in_flight_ns = 0;
         c.retransmits = 0;
         c.req_bytes = msg_size as u32;
         c.wheel_count = 0;
@@ -184,6 +184,9 @@ impl<T: Transport, C> Rpc<T, C> {
             let room = self.tx.room();
             let wheel_on = self.wheel.is_some();
             let wheel_bypass = self.config.cc.wheel_bypass;
+            let first_only = self.config.cc.wheel_bypass_first_only;
+            let now = self.now_ns;
+            let pace_window = self.config.cc.pace_window;
             let Some(s) = self
                 .sessions
                 .get_mut(usize::from(session))
@@ -206,7 +209,10 @@ impl<T: Transport, C> Rpc<T, C> {
             if c.num_tx >= wire {
                 return false;
             }
-            let n = (wire - c.num_tx).min(s.credits).min(room as u32);
+            let mut n = (wire - c.num_tx).min(s.credits).min(room as u32);
+            if pace_window != 0 && s.cc.is_some() {
+                n = n.min(super::cc::pace_room(c.wheel_count, pace_window));
+            }
             if n == 0 {
                 if !c.in_stallq {
                     c.in_stallq = true;
@@ -215,6 +221,11 @@ impl<T: Transport, C> Rpc<T, C> {
                 return true;
             }
             let first = c.num_tx;
+            if first == c.num_rx {
+                // Nothing was in flight: the retransmission timeout starts
+                // now, not when the request was enqueued or last acked.
+                c.in_flight_ns = now;
+            }
             c.num_tx += n;
             s.credits -= n;
             // Everything the slot may send is queued now (the usual case):
@@ -225,11 +236,14 @@ impl<T: Transport, C> Rpc<T, C> {
             // Congestion control: a paced packet waits in the wheel. The
             // wheel bypass holds for the whole batch or for none of it (an
             // uncongested session with nothing in the wheel; queuing does
-            // not change either), so it is decided once.
+            // not change either), so it is decided once — unless only a
+            // slot's first unacknowledged packet may bypass, which
+            // `cc_pace` decides packet by packet.
             let paced = wheel_on
-                && !(wheel_bypass
-                    && c.wheel_count == 0
-                    && s.cc.as_ref().is_none_or(|cc| cc.timely.uncongested()));
+                && (first_only
+                    || !(wheel_bypass
+                        && c.wheel_count == 0
+                        && s.cc.as_ref().is_none_or(|cc| cc.ctl.uncongested())));
             if wheel_on && !paced {
                 self.stats.wheel_bypassed += u64::from(n);
             }

@@ -41,6 +41,10 @@ pub struct DevWorld {
     last: Option<Device<SimBackend>>,
     pub seed: u64,
     pub step_ns: u64,
+    /// Longest step when nothing moves (see `step`); the Rpcs' own timers
+    /// (the timing wheel's departures) are invisible to the world, so a
+    /// scenario whose senders pace every packet sets it to `step_ns`.
+    pub idle_step_ns: u64,
     nexuses: u64,
     /// Faults of every NIC's link (lossless when `None`).
     faults: Option<mlx5_sim::LinkFaults>,
@@ -89,6 +93,7 @@ impl DevWorld {
             last: None,
             seed,
             step_ns: 500,
+            idle_step_ns: super::IDLE_STEP_NS,
             nexuses: 0,
             faults: None,
             last_sent: 0,
@@ -150,8 +155,8 @@ impl World for DevWorld {
     }
 
     /// `step_ns` while frames move; when no NIC sent anything since the
-    /// last step and the fabric delivered nothing, up to
-    /// [`super::IDLE_STEP_NS`] (or the next SM delivery), so that waiting
+    /// last step and the fabric delivered nothing, up to `idle_step_ns`
+    /// (or the next SM delivery), so that waiting
     /// for a retransmission timeout costs few steps.
     fn step(&mut self) {
         let sent: u64 = self.nics.iter().map(|n| n.stats().tx_frames).sum();
@@ -167,9 +172,11 @@ impl World for DevWorld {
                 (a, b) => a.or(b),
             };
             d = match next {
-                Some(t) if t > now => (t - now).clamp(self.step_ns, super::IDLE_STEP_NS),
+                Some(t) if t > now => {
+                    (t - now).clamp(self.step_ns, self.step_ns.max(self.idle_step_ns))
+                }
                 Some(_) => self.step_ns,
-                None => super::IDLE_STEP_NS,
+                None => self.step_ns.max(self.idle_step_ns),
             };
         }
         self.net.advance(d);

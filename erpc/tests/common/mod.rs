@@ -66,6 +66,11 @@ pub struct SimWorld {
     pub net: SimNet,
     pub seed: u64,
     pub step_ns: u64,
+    /// Longest step when the network has nothing due sooner (the Rpcs'
+    /// own timers, such as the timing wheel's departures, are invisible
+    /// to the world: a scenario whose senders pace every packet sets it
+    /// to `step_ns`).
+    pub idle_step_ns: u64,
     nexuses: u64,
 }
 
@@ -101,6 +106,7 @@ impl SimWorld {
             net: SimNet::new(cfg),
             seed: cfg.seed,
             step_ns: 500,
+            idle_step_ns: IDLE_STEP_NS,
             nexuses: 0,
         }
     }
@@ -131,9 +137,11 @@ impl World for SimWorld {
     fn step(&mut self) {
         let now = self.net.now_ns();
         let d = match self.net.next_event_ns() {
-            Some(t) if t > now => (t - now).clamp(self.step_ns, self.step_ns.max(IDLE_STEP_NS)),
+            Some(t) if t > now => {
+                (t - now).clamp(self.step_ns, self.step_ns.max(self.idle_step_ns))
+            }
             Some(_) => self.step_ns,
-            None => self.step_ns.max(IDLE_STEP_NS),
+            None => self.step_ns.max(self.idle_step_ns),
         };
         self.net.advance(d);
     }

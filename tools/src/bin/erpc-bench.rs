@@ -50,6 +50,15 @@ use erpc_tools::experiments::{self, LOSS_RATES, SMALL_RPC_LOSS};
 use erpc_tools::memory::{MemoryPlan, bench_pages};
 use serde::Serialize;
 
+/// The rate controller of `--experiment incast`'s CC-on rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum CcController {
+    /// Timely (`erpc::cc::CcConfig::default()`).
+    Timely,
+    /// The delay-target controller (`erpc::cc::CcConfig::swift()`).
+    Swift,
+}
+
 /// What to measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -117,6 +126,36 @@ struct Args {
     /// rate (the wheel bypass off), in `--experiment incast`'s CC-on rows.
     #[arg(long)]
     pace_all: bool,
+    /// Most packets a client slot keeps in the timing wheel at once in
+    /// `--experiment incast`'s CC-on rows (0: no limit; default: the
+    /// controller's preset, 0 for Timely).
+    #[arg(long)]
+    pace_window: Option<u16>,
+    /// Rate controller of `--experiment incast`'s CC-on rows: Timely (the
+    /// default, the facts sheet's constants) or the delay-target
+    /// controller (`erpc::cc::CcConfig::swift()`: every packet paced).
+    #[arg(long, value_enum, default_value = "timely")]
+    controller: CcController,
+    /// Delay-target controller: queueing allowed above the base RTT, µs
+    /// (default 2).
+    #[arg(long)]
+    headroom_us: Option<f64>,
+    /// Delay-target controller: most flow scaling added to the target at
+    /// the minimum rate, µs (default 2; 0 switches it off).
+    #[arg(long)]
+    fs_range_us: Option<f64>,
+    /// Delay-target controller: additive increase per RTT, MB/s (default
+    /// 10).
+    #[arg(long)]
+    ai_mbps: Option<f64>,
+    /// Delay-target controller: multiplicative decrease factor β
+    /// (default 0.8).
+    #[arg(long)]
+    md_beta: Option<f64>,
+    /// Delay-target controller: additive increase per RTT at most this
+    /// fraction of the rate (default 0: no limit).
+    #[arg(long)]
+    ai_frac: Option<f64>,
     /// Failure timeout in ms for `--experiment failure-detection`.
     #[arg(long, default_value_t = erpc::consts::FAILURE_TIMEOUT_MS)]
     failure_timeout_ms: u64,
@@ -725,7 +764,36 @@ fn run_incast(args: Args) -> Result<(), Quit> {
             args.link_gbps
         ));
     }
-    let mut cc = erpc::cc::CcConfig::default();
+    let mut cc = match args.controller {
+        CcController::Timely => erpc::cc::CcConfig::default(),
+        CcController::Swift => erpc::cc::CcConfig::swift(),
+    };
+    if let Some(t) = args.headroom_us {
+        cc.swift.headroom_us = t;
+    }
+    if let Some(t) = args.fs_range_us {
+        cc.swift.fs_range_us = t;
+    }
+    if let Some(r) = args.ai_mbps {
+        cc.swift.ai_rate = r * 1e6;
+    }
+    if let Some(b) = args.md_beta {
+        cc.swift.beta = b;
+    }
+    if let Some(f) = args.ai_frac {
+        cc.swift.ai_frac = f;
+    }
+    if !(cc.swift.headroom_us >= 0.0
+        && cc.swift.fs_range_us >= 0.0
+        && cc.swift.ai_rate > 0.0
+        && cc.swift.beta > 0.0
+        && cc.swift.beta <= 1.0)
+    {
+        return usage(
+            "--headroom-us and --fs-range-us must be >= 0, --ai-mbps > 0, --md-beta in (0, 1]"
+                .into(),
+        );
+    }
     if let Some(t) = args.t_low_us {
         cc.timely.t_low_us = t;
     }
@@ -735,7 +803,12 @@ fn run_incast(args: Args) -> Result<(), Quit> {
     if let Some(t) = args.min_rtt_us {
         cc.timely.min_rtt_us = t;
     }
-    cc.wheel_bypass = !args.pace_all;
+    if args.pace_all {
+        cc.wheel_bypass = false;
+    }
+    if let Some(w) = args.pace_window {
+        cc.pace_window = w;
+    }
     if !(cc.timely.min_rtt_us..=cc.timely.t_high_us).contains(&cc.timely.t_low_us) {
         return usage(format!(
             "Timely: need min RTT ({} µs) <= T_low ({} µs) <= T_high ({} µs)",
@@ -751,6 +824,9 @@ fn run_incast(args: Args) -> Result<(), Quit> {
         t_high_us: cc.timely.t_high_us,
         min_rtt_us: cc.timely.min_rtt_us,
         wheel_bypass: cc.wheel_bypass,
+        pace_window: cc.pace_window,
+        controller: format!("{:?}", cc.controller),
+        swift: (cc.controller == erpc::cc::Controller::Swift).then_some(cc.swift.into()),
     };
     let progress = Progress::new();
     let mut out = Out(io::stdout());
@@ -759,14 +835,30 @@ fn run_incast(args: Args) -> Result<(), Quit> {
         format!(
             "erpc-bench incast: N senders x 1 MB requests (2 in flight each) to one receiver, \
              plus 32-byte RPCs from one uncongested sender; {} Gbit/s links, {} KiB switch \
-             buffer per port, Timely T_low {} µs / T_high {} µs / min RTT {} µs, wheel bypass {}; simulated network, virtual \
+             buffer per port, {}, wheel bypass {}, pace window {}; simulated network, virtual \
              time (best goodput / link: {:.3})",
             e.link_gbps,
             args.buffer_kib,
-            e.t_low_us,
-            e.t_high_us,
-            e.min_rtt_us,
+            match e.swift {
+                None => format!(
+                    "Timely T_low {} µs / T_high {} µs / min RTT {} µs",
+                    e.t_low_us, e.t_high_us, e.min_rtt_us
+                ),
+                Some(s) => format!(
+                    "delay-target controller: headroom {} µs, flow scaling up to {} µs, \
+                     base RTT at most {} µs, increase per RTT min({} MB/s, {} x rate), \
+                     decrease {} x excess / target (at most {})",
+                    s.headroom_us,
+                    s.fs_range_us,
+                    s.max_base_rtt_us,
+                    s.ai_mbps,
+                    s.ai_frac,
+                    s.beta,
+                    s.max_mdf
+                ),
+            },
             if e.wheel_bypass { "on" } else { "off" },
+            e.pace_window,
             erpc_tools::exp_incast::max_goodput_fraction()
         ),
     )?;
