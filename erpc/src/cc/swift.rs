@@ -196,7 +196,7 @@ impl Swift {
     /// Updates the rate from an RTT sample taken at `now_ns`. `bypass`:
     /// skip the computation at link rate when the sample is within the
     /// target (the base RTT is still tracked).
-    #[inline]
+    #[inline(never)]
     pub fn update(&mut self, now_ns: u64, rtt_ns: u64, bypass: bool) -> Update {
         if rtt_ns == 0 {
             return Update::Ignored;
