@@ -269,7 +269,9 @@ pub struct SessionView {
     /// to its acknowledgement (`null` at a server, with congestion control
     /// off, or before the first acknowledgement).
     pub rtt_us: Option<f64>,
-    /// Client: Timely's sending rate in Gbit/s; equal to the Rpc's
+    /// Client: the congestion controller's sending rate in Gbit/s
+    /// (Timely's, or the delay-target controller's when the Rpc runs
+    /// that one; the key keeps its name); equal to the Rpc's
     /// `cc.link_gbps` while the session is not rate limited (`null` at a
     /// server or with congestion control off).
     pub timely_rate_gbps: Option<f64>,

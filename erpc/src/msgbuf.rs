@@ -101,7 +101,7 @@ impl Origin {
 ///
 /// Msgbufs move by value through every request (into slots, the backlog,
 /// completions), so the handle is kept to 40 bytes: the buffer (whose tag
-/// holds the [`Origin`]), the data size and the capacity; packet counts are
+/// holds the origin), the data size and the capacity; packet counts are
 /// derived from the sizes.
 pub struct MsgBuf {
     buf: Buffer,

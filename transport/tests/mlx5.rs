@@ -3,9 +3,12 @@
 //! across two NICs of a lossy fabric, frames as the C++ raw transport sends
 //! them, RSS source ports in the frame header, pcap capture).
 
+mod common;
+
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
+use common::pcap::{TempPath, read_pcap};
 use mempool::{Allocator, AllocatorConfig, Buffer, Fallback, RegionOptions};
 use mlx5::{Device, DeviceConfig, QueueConfig};
 use mlx5_sim::{Fabric, FabricConfig, NicConfig, SimBackend, SimNic};
@@ -536,35 +539,6 @@ fn nic_checked_ipv4_headers_skip_only_the_software_checksum() {
     let hw = t.rx_ip_csum_hw - s.rx_ip_csum_hw;
     assert!(hw > 0 && hw < 24, "some, not all, vouched by the NIC: {hw}");
     drop(a);
-}
-
-/// A unique path in the temp directory, removed on drop.
-struct TempPath(std::path::PathBuf);
-
-impl TempPath {
-    fn new(name: &str) -> TempPath {
-        TempPath(
-            std::env::temp_dir().join(format!("erpc-transport-{}-{name}.pcap", std::process::id())),
-        )
-    }
-}
-
-impl Drop for TempPath {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-fn read_pcap(path: &std::path::Path) -> Vec<(u32, Vec<u8>)> {
-    let file = std::fs::File::open(path).unwrap();
-    let mut r = pcap_file::pcap::PcapReader::new(file).unwrap();
-    assert_eq!(r.header().datalink, pcap_file::DataLink::ETHERNET);
-    let mut out = Vec::new();
-    while let Some(p) = r.next_packet() {
-        let p = p.unwrap();
-        out.push((p.orig_len, p.data.into_owned()));
-    }
-    out
 }
 
 #[test]

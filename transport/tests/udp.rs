@@ -4,9 +4,12 @@
 //! ring ownership, zero-copy echo from the RX ring, and datagrams the
 //! kernel refuses.
 
+mod common;
+
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::time::{Duration, Instant};
 
+use common::pcap::{TempPath, read_pcap};
 use transport::conformance::{Fixture, HeapMemory, probe};
 use transport::udp::{MAX_PAYLOAD_BYTES, UdpConfig, UdpTransport};
 use transport::{
@@ -631,36 +634,6 @@ fn rss_peers_that_no_port_can_reach_are_refused() {
     let r = t.resolve(&rss_peer(at, 0, 0)).unwrap();
     assert_eq!(r.rss_source_port(), None);
     assert_eq!(t.rss_source_sockets(), 0);
-}
-
-/// A unique path in the temp directory, removed on drop.
-struct TempPath(std::path::PathBuf);
-
-impl TempPath {
-    fn new(name: &str) -> TempPath {
-        TempPath(
-            std::env::temp_dir().join(format!("erpc-transport-{}-{name}.pcap", std::process::id())),
-        )
-    }
-}
-
-impl Drop for TempPath {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// The frames of a pcap file.
-fn read_pcap(path: &std::path::Path) -> Vec<(u32, Vec<u8>)> {
-    let file = std::fs::File::open(path).unwrap();
-    let mut r = pcap_file::pcap::PcapReader::new(file).unwrap();
-    assert_eq!(r.header().datalink, pcap_file::DataLink::ETHERNET);
-    let mut out = Vec::new();
-    while let Some(p) = r.next_packet() {
-        let p = p.unwrap();
-        out.push((p.orig_len, p.data.into_owned()));
-    }
-    out
 }
 
 #[test]

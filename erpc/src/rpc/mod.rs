@@ -262,8 +262,10 @@ pub struct SessionInfo {
     pub req_nums: [u64; crate::consts::SESSION_REQ_WINDOW],
     /// Client: go-back-N rollbacks so far.
     pub retransmits: u64,
-    /// Client: Timely's current rate in Gbit/s (`None` with congestion
-    /// control off).
+    /// Client: the congestion controller's current rate in Gbit/s —
+    /// Timely's, or the delay-target controller's with
+    /// [`crate::cc::CcConfig::swift`] (the name predates the second
+    /// controller; `None` with congestion control off).
     pub timely_gbps: Option<f64>,
     /// Client: the last RTT sample in µs, from a packet's TX timestamp to
     /// its acknowledgement (`None` with congestion control off or before
