@@ -8,7 +8,7 @@
 use transport::Transport;
 
 use super::reset::{FailedReq, Owed, ResetCause};
-use super::tx::{TxEntry, TxKind, write_msg_hdrs};
+use super::tx::write_msg_hdrs;
 use super::{
     Continuation, EnqueueError, EnqueueErrorKind, HandlerSlot, ReqHandle, Request, Rpc, RpcError,
     SessionNum,
@@ -252,14 +252,7 @@ impl<T: Transport, C> Rpc<T, C> {
                     continue;
                 }
                 if pkt < req_pkts {
-                    // `n` is at most the room made above.
-                    self.tx.push(TxEntry {
-                        session,
-                        slot: i,
-                        kind: TxKind::Msg,
-                        pkt_idx: pkt,
-                        req_num,
-                    });
+                    self.enqueue_msg_pkt(session, i, pkt, req_num);
                 } else {
                     self.enqueue_ctrl(
                         session,
