@@ -387,6 +387,16 @@ fn experiment_settings(args: &Args) -> Result<Settings, Quit> {
 
 /// Refuses another transport for an experiment that runs on the device
 /// model (`why`, if not empty, says what it needs the model for).
+/// The hugepage plan for `pages` 2 MiB pages; says on stderr when the run
+/// falls back to 4 KiB pages.
+fn memory_plan(pages: u64) -> MemoryPlan {
+    let plan = MemoryPlan::decide("erpc-bench", pages);
+    if let Some(note) = &plan.note {
+        eprintln!("{note}");
+    }
+    plan
+}
+
 fn device_model_only(args: &Args, name: &str, why: &str) -> Result<(), Quit> {
     if args.transport == Which::Mlx5Sim {
         return Ok(());
@@ -420,10 +430,7 @@ fn run_loss(args: Args) -> Result<(), Quit> {
     let large_window = LARGE_WINDOW;
     let pages =
         bench_pages(size, large_window, true).max(bench_pages(args.size, args.window, true));
-    let plan = MemoryPlan::decide("erpc-bench", pages);
-    if let Some(note) = &plan.note {
-        eprintln!("{note}");
-    }
+    let plan = memory_plan(pages);
     let progress = Progress::new();
     let mut out = Out(io::stdout());
     let (dur, warmup) = (settings.duration(), settings.warmup());
@@ -597,10 +604,7 @@ fn run_factors(args: Args) -> Result<(), Quit> {
     } else {
         args.batch[0]
     };
-    let plan = MemoryPlan::decide("erpc-bench", bench_pages(args.size, args.window, true));
-    if let Some(note) = &plan.note {
-        eprintln!("{note}");
-    }
+    let plan = memory_plan(bench_pages(args.size, args.window, true));
     let progress = Progress::new();
     let mut out = Out(io::stdout());
     out.line(
@@ -668,10 +672,7 @@ fn run_cc_overhead(args: Args) -> Result<(), Quit> {
     } else {
         args.batch.clone()
     };
-    let plan = MemoryPlan::decide("erpc-bench", bench_pages(args.size, args.window, true));
-    if let Some(note) = &plan.note {
-        eprintln!("{note}");
-    }
+    let plan = memory_plan(bench_pages(args.size, args.window, true));
     let progress = Progress::new();
     let mut out = Out(io::stdout());
     out.line(
@@ -903,10 +904,7 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
     let warmup = settings.warmup();
 
     let nics = args.transport != Which::Udp;
-    let plan = MemoryPlan::decide("erpc-bench", bench_pages(args.size, args.window, nics));
-    if let Some(note) = &plan.note {
-        eprintln!("{note}");
-    }
+    let plan = memory_plan(bench_pages(args.size, args.window, nics));
     if let Some(c) = &capture {
         eprintln!(
             "capturing the eRPC runs into {} (rates measured while capturing are not \
@@ -1153,10 +1151,7 @@ fn run_large(args: Args) -> Result<(), Quit> {
         vec![args.size]
     };
     let max = *sizes.iter().max().expect("at least one size");
-    let plan = MemoryPlan::decide("erpc-bench", bench_pages(max, LARGE_EXP_WINDOW, true));
-    if let Some(note) = &plan.note {
-        eprintln!("{note}");
-    }
+    let plan = memory_plan(bench_pages(max, LARGE_EXP_WINDOW, true));
     let progress = Progress::new();
     let mut out = Out(io::stdout());
     out.line(
