@@ -42,14 +42,12 @@ impl<T: Transport, C> Rpc<T, C> {
         if !self.bg.backlog.is_empty() || self.bg.outstanding != 0 {
             self.process_bg();
         }
-        // SM packets and failure notices; SM retry timers run with the
-        // periodic work in `maybe_pkt_loss_scan`.
-        if !self.sm_queue.is_empty() {
-            self.process_sm();
-        }
-        self.maybe_pkt_loss_scan();
-        if !self.owed.is_empty() {
-            self.pay_owed(ctx);
+        // SM packets and failure notices, and the periodic work (the loss
+        // scan, with the SM retry timers): what they owe the application
+        // (failed requests, session events) is paid before returning.
+        // What a continuation owes is paid at the next iteration's start.
+        if !self.sm_queue.is_empty() || self.pkt_loss_scan_due() {
+            self.process_sm_and_timers(ctx);
         }
         if self.wheel.as_ref().is_some_and(|w| !w.is_empty()) {
             self.process_wheel();
@@ -70,6 +68,18 @@ impl<T: Transport, C> Rpc<T, C> {
         let deadline = self.clock.now_ns() + dur.as_nanos() as u64;
         while self.clock.now_ns() < deadline {
             self.run_event_loop_once(ctx);
+        }
+    }
+
+    /// SM packets, the periodic loss scan, and what they owe.
+    #[inline(never)]
+    fn process_sm_and_timers(&mut self, ctx: &mut C) {
+        if !self.sm_queue.is_empty() {
+            self.process_sm();
+        }
+        self.maybe_pkt_loss_scan();
+        if !self.owed.is_empty() {
+            self.pay_owed(ctx);
         }
     }
 

@@ -46,7 +46,7 @@ impl<T: Transport, C> Rpc<T, C> {
     /// branch otherwise.
     #[inline]
     pub(crate) fn maybe_pkt_loss_scan(&mut self) {
-        if self.now_ns.wrapping_sub(self.last_loss_scan_ns) < self.loss_scan_ns {
+        if !self.pkt_loss_scan_due() {
             return;
         }
         self.last_loss_scan_ns = self.now_ns;
@@ -58,6 +58,12 @@ impl<T: Transport, C> Rpc<T, C> {
         if !self.sm_pending.is_empty() || !self.abandoned.is_empty() {
             self.process_sm();
         }
+    }
+
+    /// Whether the loss-scan interval has passed.
+    #[inline]
+    pub(crate) fn pkt_loss_scan_due(&self) -> bool {
+        self.now_ns.wrapping_sub(self.last_loss_scan_ns) >= self.loss_scan_ns
     }
 
     /// Sends everything queued and waits until the transport holds no

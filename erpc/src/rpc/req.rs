@@ -143,7 +143,7 @@ impl<T: Transport, C> Rpc<T, C> {
         c.req_bytes = msg_size as u32;
         c.wheel_count = 0;
         slot.tx_msgbuf = Some(req);
-        self.kick(session, i as u8);
+        self.kick_inline(session, i as u8);
     }
 
     /// A request cannot be numbered on a session to a C++ eRPC server (see
@@ -178,7 +178,14 @@ impl<T: Transport, C> Rpc<T, C> {
     /// Sends what the slot may send now (request packets, then RFRs) and
     /// parks it in the credit-stall queue if more remains. Returns true if
     /// the slot still has packets to send.
+    #[inline(never)]
     pub(crate) fn kick(&mut self, session: SessionNum, i: u8) -> bool {
+        self.kick_inline(session, i)
+    }
+
+    /// [`Rpc::kick`], inlined into `start_request` (once per request).
+    #[inline(always)]
+    fn kick_inline(&mut self, session: SessionNum, i: u8) -> bool {
         loop {
             self.tx_make_room();
             let room = self.tx.room();
@@ -371,7 +378,19 @@ impl<T: Transport, C> Rpc<T, C> {
         sv.progress_ns = now;
         sv.state = SrvState::Idle;
         if let Some(m) = old_resp {
-            self.recycle(m);
+            // Usually the slot's own preallocated response: straight back
+            // (what `recycle` would do, without looking the session up).
+            if sv.pre_resp.is_none()
+                && m.origin()
+                    == (Origin::PreallocResp {
+                        session: sn,
+                        slot: i as u8,
+                    })
+            {
+                sv.pre_resp = Some(m);
+            } else {
+                self.recycle(m);
+            }
         }
         if let Some(m) = old_req {
             self.recycle(m);

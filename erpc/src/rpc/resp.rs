@@ -191,6 +191,7 @@ impl<T: Transport, C> Rpc<T, C> {
 
     /// Frees client slot `i` and runs its continuation, then moves
     /// backlogged requests into free slots.
+    #[inline(always)]
     pub(crate) fn complete(
         &mut self,
         ctx: &mut C,
