@@ -560,7 +560,8 @@ pub struct Rpc<T: Transport, C> {
     free_session_nums: VecDeque<(u16, u64)>,
     open_sessions: usize,
     ring_entries_available: usize,
-    handlers: Vec<HandlerSlot<T, C>>,
+    /// One entry per request type: indexed by a `u8`, no bounds check.
+    handlers: Box<[HandlerSlot<T, C>; 256]>,
     sm_handler: Option<SessionHandler<T, C>>,
     sm_queue: Arc<SmQueue>,
     /// Client sessions with an SM request outstanding.
@@ -669,7 +670,7 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
                 scan_us: config.pkt_loss_scan_us,
             });
         }
-        let mut handlers = vec![HandlerSlot::None; 256];
+        let mut handlers = Box::new([HandlerSlot::None; 256]);
         for (t, slot) in handlers.iter_mut().enumerate() {
             match nexus.handler(t as u8) {
                 None => {}
