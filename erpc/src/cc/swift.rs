@@ -7,7 +7,8 @@
 //! target close to the path's base RTT. Per RTT sample:
 //!
 //! * **target** = the session's base RTT (the smallest sample it has seen)
-//!   plus `headroom_us` (queueing allowed on the path: a few frames) plus a
+//!   plus a headroom (queueing allowed on the path: `headroom_bytes` at
+//!   the link rate, a few frames, but at least `headroom_us`) plus a
 //!   flow-scaling term that grows as the session's rate falls
 //!   (`fs_range_us × (1/√f − 1) / (1/√f_min − 1)`, `f` the rate as a
 //!   fraction of the link, `f_min` the minimum rate's): the more senders
@@ -73,6 +74,12 @@
 pub struct SwiftParams {
     /// Queueing delay allowed above the base RTT, µs.
     pub headroom_us: f64,
+    /// Queueing allowed above the base RTT in bytes at the link rate (0:
+    /// only `headroom_us`); the headroom is the larger of the two. A few
+    /// frames: the queue the packet-scale jitter of many paced senders
+    /// needs to keep the link busy is a number of frames, whose time
+    /// depends on the link.
+    pub headroom_bytes: f64,
     /// Largest extra target at the minimum rate (flow scaling), µs; 0
     /// switches flow scaling off.
     pub fs_range_us: f64,
@@ -120,6 +127,7 @@ impl Default for SwiftParams {
     fn default() -> Self {
         SwiftParams {
             headroom_us: 1.0,
+            headroom_bytes: 3.0 * 1024.0,
             fs_range_us: 2.0,
             ai_rate: 10.0 * 1e6,
             ai_frac: 0.005,
@@ -144,6 +152,8 @@ pub struct Swift {
     /// Smallest RTT seen, ns (`u64::MAX` before the first sample).
     base_rtt_ns: u64,
     max_base_rtt_ns: u64,
+    /// The headroom, ns.
+    headroom_ns: f64,
     last_sample_ns: u64,
     last_decrease_ns: u64,
     /// The previous sample, ns (0 before the first).
@@ -165,6 +175,7 @@ impl Swift {
             p,
             base_rtt_ns: u64::MAX,
             max_base_rtt_ns: (p.max_base_rtt_us * 1e3) as u64,
+            headroom_ns: (p.headroom_us * 1e3).max(p.headroom_bytes / link_rate * 1e9),
             last_sample_ns: now_ns,
             last_decrease_ns: now_ns,
             prev_rtt_ns: 0,
@@ -201,7 +212,7 @@ impl Swift {
     /// sample).
     pub fn target_ns(&self) -> Option<f64> {
         let base = self.base_rtt_ns()?;
-        Some(base as f64 + (self.p.headroom_us + self.flow_scaling_us()) * 1e3)
+        Some(base as f64 + self.headroom_ns + self.flow_scaling_us() * 1e3)
     }
 
     /// The flow-scaling part of the target at the current rate, µs: 0 at
@@ -311,6 +322,7 @@ mod tests {
     fn params() -> SwiftParams {
         SwiftParams {
             headroom_us: 2.0,
+            headroom_bytes: 0.0,
             fs_range_us: 0.0,
             ai_rate: 10e6,
             ai_frac: 0.0,
@@ -589,7 +601,7 @@ mod tests {
                 proptest::prop_assert!(r <= before * (1.0 + p.grad_gain) + p.ai_rate + 1e-6);
                 if let (Some(b), Some(t)) = (s.base_rtt_ns(), s.target_ns()) {
                     proptest::prop_assert!(b as f64 <= p.max_base_rtt_us * 1e3);
-                    let lo = b as f64 + p.headroom_us * 1e3;
+                    let lo = b as f64 + (p.headroom_us * 1e3).max(p.headroom_bytes / link * 1e9);
                     proptest::prop_assert!(t >= lo - 1e-6 && t <= lo + p.fs_range_us * 1e3 + 1e-6);
                 }
             }
