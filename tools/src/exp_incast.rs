@@ -681,6 +681,8 @@ pub struct IncastExperiment {
     pub wheel_bypass: bool,
     /// The CC-on rows' pace window (`CcConfig::pace_window`, 0: none).
     pub pace_window: u16,
+    /// The CC-on rows' wheel slot width, ns.
+    pub wheel_slot_ns: u64,
     /// The CC-on rows' rate controller (`Timely` or `Swift`).
     pub controller: String,
     /// The delay-target controller's constants, when it is the one.
@@ -691,8 +693,10 @@ pub struct IncastExperiment {
 /// the report.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct SwiftSettings {
-    /// Queueing allowed above the base RTT, µs.
+    /// Queueing allowed above the base RTT, µs (at least).
     pub headroom_us: f64,
+    /// ... and at least this many bytes at the link rate.
+    pub headroom_bytes: f64,
     /// Most flow scaling added to the target, µs.
     pub fs_range_us: f64,
     /// Cap of the base RTT, µs.
@@ -705,18 +709,25 @@ pub struct SwiftSettings {
     pub beta: f64,
     /// Largest decrease in one step.
     pub max_mdf: f64,
+    /// Gain of the queue-gradient term (0: off).
+    pub grad_gain: f64,
+    /// The target's decrease is held while the RTT falls.
+    pub hold_while_falling: bool,
 }
 
 impl From<erpc::cc::SwiftParams> for SwiftSettings {
     fn from(p: erpc::cc::SwiftParams) -> SwiftSettings {
         SwiftSettings {
             headroom_us: p.headroom_us,
+            headroom_bytes: p.headroom_bytes,
             fs_range_us: p.fs_range_us,
             max_base_rtt_us: p.max_base_rtt_us,
             ai_mbps: p.ai_rate / 1e6,
             ai_frac: p.ai_frac,
             beta: p.beta,
             max_mdf: p.max_mdf,
+            grad_gain: p.grad_gain,
+            hold_while_falling: p.hold_while_falling,
         }
     }
 }

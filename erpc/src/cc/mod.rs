@@ -118,14 +118,19 @@ impl CcConfig {
     /// in the sender's own NIC queue, and its RTT samples would read that
     /// as congestion; a lone small request still leaves at once), at most
     /// one packet per slot in the wheel (a new rate applies from the next
-    /// packet), and Timely's minimum rate (so the wheel's horizon is the
-    /// same).
+    /// packet), Timely's minimum rate (so the wheel's horizon is the
+    /// same), and 100 ns wheel slots: a paced packet leaves at the end of
+    /// its slot, and with 0.5 µs slots that rounding alone cost ≈ 0.4 µs
+    /// of probe p99 at N = 100 (`erpc-bench --experiment incast`,
+    /// BENCHMARKS.md); the price is a wheel of 5× the slots (≈ 22 000,
+    /// ≈ 2.3 MB per Rpc) and 5× the slot steps when reaping.
     pub fn swift() -> CcConfig {
         let d = CcConfig::default();
         CcConfig {
             controller: Controller::Swift,
             wheel_bypass_first_only: true,
             pace_window: 1,
+            wheel_slot_ns: 100,
             swift: SwiftParams {
                 min_rate: d.timely.min_rate,
                 ..SwiftParams::default()

@@ -148,12 +148,22 @@ struct Args {
     /// 10).
     #[arg(long)]
     ai_mbps: Option<f64>,
+    /// Delay-target controller: gain of the queue-gradient term (default
+    /// 0.3; 0 switches it off and holds the decrease while the RTT falls,
+    /// the controller before the gradient term).
+    #[arg(long)]
+    grad_gain: Option<f64>,
+    /// Width of a timing-wheel slot in ns for `--experiment incast`'s
+    /// CC-on rows (default: the controller's preset, 500 for Timely, 100
+    /// for the delay-target controller).
+    #[arg(long)]
+    wheel_slot_ns: Option<u64>,
     /// Delay-target controller: multiplicative decrease factor β
-    /// (default 0.8).
+    /// (default 0.1).
     #[arg(long)]
     md_beta: Option<f64>,
     /// Delay-target controller: additive increase per RTT at most this
-    /// fraction of the rate (default 0: no limit).
+    /// fraction of the rate (default 0.005; 0: no limit).
     #[arg(long)]
     ai_frac: Option<f64>,
     /// Failure timeout in ms for `--experiment failure-detection`.
@@ -784,14 +794,24 @@ fn run_incast(args: Args) -> Result<(), Quit> {
     if let Some(f) = args.ai_frac {
         cc.swift.ai_frac = f;
     }
+    if let Some(g) = args.grad_gain {
+        cc.swift.grad_gain = g;
+        cc.swift.hold_while_falling = g == 0.0;
+    }
+    if let Some(w) = args.wheel_slot_ns {
+        cc.wheel_slot_ns = w;
+    }
     if !(cc.swift.headroom_us >= 0.0
         && cc.swift.fs_range_us >= 0.0
         && cc.swift.ai_rate > 0.0
         && cc.swift.beta > 0.0
-        && cc.swift.beta <= 1.0)
+        && cc.swift.beta <= 1.0
+        && (0.0..=1.0).contains(&cc.swift.grad_gain)
+        && (10..=10_000).contains(&cc.wheel_slot_ns))
     {
         return usage(
-            "--headroom-us and --fs-range-us must be >= 0, --ai-mbps > 0, --md-beta in (0, 1]"
+            "--headroom-us and --fs-range-us must be >= 0, --ai-mbps > 0, --md-beta in (0, 1], \
+             --grad-gain in [0, 1], --wheel-slot-ns 10 to 10000"
                 .into(),
         );
     }
@@ -826,6 +846,7 @@ fn run_incast(args: Args) -> Result<(), Quit> {
         min_rtt_us: cc.timely.min_rtt_us,
         wheel_bypass: cc.wheel_bypass,
         pace_window: cc.pace_window,
+        wheel_slot_ns: cc.wheel_slot_ns,
         controller: format!("{:?}", cc.controller),
         swift: (cc.controller == erpc::cc::Controller::Swift).then_some(cc.swift.into()),
     };
@@ -836,7 +857,7 @@ fn run_incast(args: Args) -> Result<(), Quit> {
         format!(
             "erpc-bench incast: N senders x 1 MB requests (2 in flight each) to one receiver, \
              plus 32-byte RPCs from one uncongested sender; {} Gbit/s links, {} KiB switch \
-             buffer per port, {}, wheel bypass {}, pace window {}; simulated network, virtual \
+             buffer per port, {}, wheel bypass {}, pace window {}, wheel slot {} ns; simulated network, virtual \
              time (best goodput / link: {:.3})",
             e.link_gbps,
             args.buffer_kib,
@@ -846,20 +867,29 @@ fn run_incast(args: Args) -> Result<(), Quit> {
                     e.t_low_us, e.t_high_us, e.min_rtt_us
                 ),
                 Some(s) => format!(
-                    "delay-target controller: headroom {} µs, flow scaling up to {} µs, \
-                     base RTT at most {} µs, increase per RTT min({} MB/s, {} x rate), \
-                     decrease {} x excess / target (at most {})",
+                    "delay-target controller: headroom max({} µs, {} B at link rate), flow \
+                     scaling up to {} µs, base RTT at most {} µs, increase per RTT min({} \
+                     MB/s, {} x rate), decrease {} x excess / target (at most {}{}), gradient \
+                     gain {}",
                     s.headroom_us,
+                    s.headroom_bytes,
                     s.fs_range_us,
                     s.max_base_rtt_us,
                     s.ai_mbps,
                     s.ai_frac,
                     s.beta,
-                    s.max_mdf
+                    s.max_mdf,
+                    if s.hold_while_falling {
+                        ", not while the RTT falls"
+                    } else {
+                        ""
+                    },
+                    s.grad_gain
                 ),
             },
             if e.wheel_bypass { "on" } else { "off" },
             e.pace_window,
+            e.wheel_slot_ns,
             erpc_tools::exp_incast::max_goodput_fraction()
         ),
     )?;
