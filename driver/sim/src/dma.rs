@@ -32,13 +32,13 @@
 #![allow(unsafe_code)]
 
 use std::alloc::Layout;
-use std::collections::BTreeMap;
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use mempool::{DmaError, DmaMapper, DmaMapping};
+use smallvec::SmallVec;
 
 /// First IOVA the model hands out (far from any user-space virtual address).
 pub const IOVA_BASE: u64 = 0x1_0000_0000;
@@ -137,6 +137,38 @@ struct Entry {
     len: usize,
 }
 
+/// The IOVA table: mappings sorted by IOVA. They never overlap (IOVAs are
+/// handed out upwards, each mapping with a guard after it), so the mapping
+/// that may hold an address is the last one starting at or below it.
+#[derive(Debug, Default)]
+struct Table {
+    entries: Vec<(u64, Entry)>,
+}
+
+impl Table {
+    /// The mapping containing `iova`, as (its IOVA, entry).
+    #[inline]
+    fn find(&self, iova: u64) -> Option<(u64, Entry)> {
+        let i = self.entries.partition_point(|&(base, _)| base <= iova);
+        let (base, e) = *self.entries.get(i.checked_sub(1)?)?;
+        (iova - base < e.len as u64).then_some((base, e))
+    }
+
+    /// Index of the mapping that starts exactly at `iova`.
+    fn position(&self, iova: u64) -> Option<usize> {
+        self.entries.binary_search_by_key(&iova, |&(b, _)| b).ok()
+    }
+
+    fn insert(&mut self, iova: u64, e: Entry) {
+        let i = self.entries.partition_point(|&(b, _)| b < iova);
+        self.entries.insert(i, (iova, e));
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &(u64, Entry)> {
+        self.entries.iter()
+    }
+}
+
 /// One mapping, for introspection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MappingInfo {
@@ -168,7 +200,7 @@ pub struct IommuStats {
 /// The model's IOMMU: the IOVA → host memory table of one PCI function.
 #[derive(Debug)]
 pub struct Iommu {
-    table: RwLock<BTreeMap<u64, Entry>>,
+    table: RwLock<Table>,
     next_iova: Mutex<u64>,
     bus_master: AtomicBool,
     maps: AtomicU64,
@@ -190,11 +222,16 @@ impl Default for Iommu {
 /// A translated piece of an access: host address and length.
 type Piece = (usize, usize);
 
+/// The host pieces of one access: one when it lies inside one mapping (the
+/// usual case), one per mapping it crosses otherwise; only an access over
+/// more than two mappings spills to the heap.
+type Pieces = SmallVec<[Piece; 2]>;
+
 impl Iommu {
     /// An empty IOMMU with bus mastering off.
     pub fn new() -> Iommu {
         Iommu {
-            table: RwLock::new(BTreeMap::new()),
+            table: RwLock::new(Table::default()),
             next_iova: Mutex::new(IOVA_BASE),
             bus_master: AtomicBool::new(false),
             maps: AtomicU64::new(0),
@@ -215,7 +252,10 @@ impl Iommu {
 
     /// Bytes mapped now.
     pub fn mapped_bytes(&self) -> u64 {
-        read_table(&self.table).values().map(|e| e.len as u64).sum()
+        read_table(&self.table)
+            .iter()
+            .map(|(_, e)| e.len as u64)
+            .sum()
     }
 
     /// Turns bus mastering on or off (PCI COMMAND bit 2).
@@ -249,7 +289,7 @@ impl Iommu {
     pub fn mappings(&self) -> Vec<MappingInfo> {
         read_table(&self.table)
             .iter()
-            .map(|(&iova, e)| MappingInfo {
+            .map(|&(iova, e)| MappingInfo {
                 iova,
                 va: e.va,
                 len: e.len,
@@ -290,15 +330,18 @@ impl Iommu {
 
     fn unmap(&self, va: usize, iova: u64, len: usize) -> Result<(), MapError> {
         let mut t = write_table(&self.table);
-        match t.get(&iova) {
+        match t.position(iova) {
             None => Err(MapError::NotMapped { iova }),
-            Some(e) if e.va != va || e.len != len => Err(MapError::Mismatch {
-                iova,
-                va: e.va,
-                len: e.len,
-            }),
-            Some(_) => {
-                t.remove(&iova);
+            Some(i) if t.entries[i].1.va != va || t.entries[i].1.len != len => {
+                let e = t.entries[i].1;
+                Err(MapError::Mismatch {
+                    iova,
+                    va: e.va,
+                    len: e.len,
+                })
+            }
+            Some(i) => {
+                t.entries.remove(i);
                 self.unmaps.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
@@ -450,20 +493,18 @@ impl Iommu {
 }
 
 /// Splits `[iova, iova + len)` into host pieces, or `None` if any byte is
-/// unmapped.
-fn translate(t: &BTreeMap<u64, Entry>, iova: u64, len: usize) -> Option<Vec<Piece>> {
-    let mut pieces = Vec::with_capacity(1);
+/// unmapped (then nothing may be accessed: the caller touches memory only
+/// after the whole range translated).
+fn translate(t: &Table, iova: u64, len: usize) -> Option<Pieces> {
+    let mut pieces = Pieces::new();
     let mut cur = iova;
     let end = iova.checked_add(len as u64)?;
     if len == 0 {
         return Some(pieces);
     }
     while cur < end {
-        let (&base, e) = t.range(..=cur).next_back()?;
+        let (base, e) = t.find(cur)?;
         let off = cur - base;
-        if off >= e.len as u64 {
-            return None;
-        }
         let n = (e.len as u64 - off).min(end - cur);
         pieces.push((e.va + off as usize, n as usize));
         cur += n;
@@ -794,6 +835,131 @@ mod tests {
         drop(a);
         assert!(iommu.read(iova, &mut [0]).is_err());
         assert_eq!(iommu.stats().unmaps, 1);
+    }
+
+    /// Adds a mapping at a chosen IOVA (the mapper never places two
+    /// mappings back to back; the table must still handle it).
+    fn add_raw(iommu: &Iommu, iova: u64, mem: &HostMem) {
+        write_table(&iommu.table).insert(
+            iova,
+            Entry {
+                va: mem.va(),
+                len: mem.len(),
+            },
+        );
+    }
+
+    fn remove_raw(iommu: &Iommu, iova: u64) {
+        let mut t = write_table(&iommu.table);
+        let i = t.position(iova).expect("raw mapping present");
+        t.entries.remove(i);
+    }
+
+    #[test]
+    fn access_across_adjacent_mappings_and_into_a_hole() {
+        let (iommu, m) = setup();
+        let mems: Vec<HostMem> = (0..3)
+            .map(|_| HostMem::new(m.clone(), 4096).unwrap())
+            .collect();
+        // Three back-to-back mappings at X, then a hole at X + 3 pages.
+        let x = 0x80_0000_0000u64;
+        for (i, mem) in mems.iter().enumerate() {
+            add_raw(&iommu, x + 4096 * i as u64, mem);
+        }
+        // Across the first boundary: split between the two mappings.
+        iommu.write(x + 4090, b"0123456789").unwrap();
+        assert_eq!(mems[0].read_vec(4090, 6), b"012345");
+        assert_eq!(mems[1].read_vec(0, 4), b"6789");
+        let mut back = [0u8; 10];
+        iommu.read(x + 4090, &mut back).unwrap();
+        assert_eq!(&back, b"0123456789");
+        // Across all three (more pieces than the inline room).
+        let long: Vec<u8> = (0..8200u32).map(|i| i as u8).collect();
+        iommu.write(x + 2000, &long).unwrap();
+        let mut got = vec![0u8; long.len()];
+        iommu.read(x + 2000, &mut got).unwrap();
+        assert_eq!(got, long);
+        assert_eq!(mems[1].read_vec(0, 4096), long[2096..6192]);
+        assert!(iommu.is_mapped(x, 3 * 4096));
+        // Into the hole: faults, counted, and writes nothing at all.
+        let before = iommu.stats();
+        let f = iommu.write(x + 3 * 4096 - 4, &[0xaa; 8]).unwrap_err();
+        assert_eq!(
+            f,
+            DmaFault {
+                iova: x + 3 * 4096 - 4,
+                len: 8,
+                write: true,
+                kind: FaultKind::Unmapped
+            }
+        );
+        // The four bytes inside the third mapping stay as they were.
+        assert_eq!(mems[2].read_vec(4092, 4), vec![0; 4]);
+        // A longer one from the first mapping runs through all three into
+        // the hole: nothing changes anywhere.
+        let snapshot: Vec<Vec<u8>> = mems.iter().map(|h| h.read_vec(0, 4096)).collect();
+        assert!(iommu.fill(x + 100, 3 * 4096, 0x55).is_err());
+        let after: Vec<Vec<u8>> = mems.iter().map(|h| h.read_vec(0, 4096)).collect();
+        assert_eq!(after, snapshot);
+        assert!(iommu.read(x + 3 * 4096 - 1, &mut [0; 2]).is_err());
+        assert!(!iommu.is_mapped(x + 1, 3 * 4096));
+        let s = iommu.stats();
+        assert_eq!(s.faults, before.faults + 3);
+        assert_eq!(s.bytes_written, before.bytes_written);
+        // A hole before the first mapping.
+        assert!(iommu.read(x - 1, &mut [0; 2]).is_err());
+        for i in 0..3 {
+            remove_raw(&iommu, x + 4096 * i);
+        }
+        assert!(iommu.read(x + 4090, &mut back).is_err());
+    }
+
+    /// The pre-change translation (a BTreeMap range lookup into a Vec), as
+    /// the reference for `translate`.
+    fn reference(
+        t: &std::collections::BTreeMap<u64, Entry>,
+        iova: u64,
+        len: usize,
+    ) -> Option<Vec<Piece>> {
+        let mut pieces = Vec::new();
+        let mut cur = iova;
+        let end = iova.checked_add(len as u64)?;
+        while cur < end {
+            let (&base, e) = t.range(..=cur).next_back()?;
+            let off = cur - base;
+            if off >= e.len as u64 {
+                return None;
+            }
+            let n = (e.len as u64 - off).min(end - cur);
+            pieces.push((e.va + off as usize, n as usize));
+            cur += n;
+        }
+        Some(pieces)
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn translate_matches_the_reference(
+            // (gap before, pages) per mapping; gap 0 makes them adjacent.
+            layout in proptest::collection::vec((0u64..3, 1usize..4), 0..6),
+            start in 0u64..24 * 4096,
+            len in 0usize..6 * 4096,
+        ) {
+            let base = 0x1_0000_0000u64;
+            let mut table = Table::default();
+            let mut reference_table = std::collections::BTreeMap::new();
+            let mut at = base;
+            for (i, &(gap, pages)) in layout.iter().enumerate() {
+                at += gap * 4096;
+                let e = Entry { va: 0x7000_0000 + i * 0x10_0000, len: pages * 4096 };
+                table.insert(at, e);
+                reference_table.insert(at, e);
+                at += e.len as u64;
+            }
+            let iova = base + start;
+            let got = translate(&table, iova, len).map(|p| p.to_vec());
+            proptest::prop_assert_eq!(got, reference(&reference_table, iova, len));
+        }
     }
 
     #[test]
