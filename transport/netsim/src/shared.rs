@@ -79,9 +79,32 @@ impl Drop for Inner {
 
 type Pending = Vec<(Arc<dyn PortSink>, Vec<u8>)>;
 
+/// Delivered frame buffers kept per thread for [`SharedNetwork::frame_buf`].
+const SPARE_MAX: usize = 512;
+
 thread_local! {
     /// Frames taken under the lock, handed to their devices after it.
     static SCRATCH: RefCell<Pending> = const { RefCell::new(Vec::new()) };
+    /// Buffers of frames this thread handed to their devices, emptied, for
+    /// the next frames sent from this thread (no allocation per frame when
+    /// one thread both sends and delivers, as in deterministic mode).
+    static SPARE: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Keeps `frame`'s buffer for this thread's next [`SharedNetwork::frame_buf`].
+fn keep_spare(mut frame: Vec<u8>) {
+    if frame.capacity() == 0 {
+        return;
+    }
+    frame.clear();
+    // Off at thread exit (the slot is gone): the buffer is simply freed.
+    let _ = SPARE.try_with(|s| {
+        if let Ok(mut s) = s.try_borrow_mut()
+            && s.len() < SPARE_MAX
+        {
+            s.push(frame);
+        }
+    });
 }
 
 /// Collects deliveries into `out` (under the lock).
@@ -98,6 +121,7 @@ fn collect(out: &mut Pending) -> impl FnMut(PortId, &mut Attachment, &mut Vec<u8
 fn hand_over(out: &mut Pending) {
     for (sink, frame) in out.drain(..) {
         sink.receive(&frame);
+        keep_spare(frame);
     }
 }
 
@@ -227,6 +251,23 @@ impl SharedNetwork {
                 *n.device_mut(port) = sink;
             }
         });
+    }
+
+    /// An empty buffer for a frame to [`transmit`](Self::transmit): one
+    /// this thread delivered before, emptied, when there is one (its
+    /// capacity is whatever that frame needed), else a new one.
+    pub fn frame_buf(&self) -> Vec<u8> {
+        SPARE
+            .try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop()))
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    }
+
+    /// Gives back a buffer from [`frame_buf`](Self::frame_buf) that was
+    /// not transmitted after all.
+    pub fn recycle(&self, frame: Vec<u8>) {
+        keep_spare(frame);
     }
 
     /// `port`'s device sends `frame`. The caller must hold no lock that a
@@ -402,6 +443,27 @@ mod tests {
         assert_eq!(net.advance(Duration::from_micros(4)), 0);
         assert_eq!(net.advance(Duration::from_micros(1)), 1);
         assert_eq!(b.len(), 1);
+    }
+
+    #[test]
+    fn delivered_buffers_are_reused_by_the_sending_thread() {
+        let net = SharedNetwork::new(NetConfig::default(), true);
+        let a = net.add_tap(Some(A));
+        let b = net.add_tap(Some(B));
+        // Whatever this thread kept before.
+        while net.frame_buf().capacity() != 0 {}
+        let mut f = net.frame_buf();
+        f.extend_from_slice(&frame(B, A));
+        let buf = f.as_ptr();
+        net.transmit(a.port(), f);
+        assert_eq!(b.take(), vec![frame(B, A)]);
+        let g = net.frame_buf();
+        assert!(g.is_empty());
+        assert_eq!(g.as_ptr(), buf, "the delivered frame's buffer comes back");
+        net.recycle(g);
+        let h = net.frame_buf();
+        assert_eq!(h.as_ptr(), buf);
+        assert_eq!(net.frame_buf().capacity(), 0);
     }
 
     #[test]
