@@ -390,6 +390,18 @@ impl FabricInner {
         self.net.with(|n| n.port_of_mac(mac)).map(|p| p.0)
     }
 
+    /// An empty frame buffer for [`transmit`](Self::transmit), reused from
+    /// frames delivered on this thread.
+    pub(crate) fn frame_buf(&self) -> Vec<u8> {
+        self.net.frame_buf()
+    }
+
+    /// Returns a buffer from [`frame_buf`](Self::frame_buf) that did not go
+    /// to the wire.
+    pub(crate) fn recycle(&self, frame: Vec<u8>) {
+        self.net.recycle(frame);
+    }
+
     /// A frame leaves the device at `port`. No lock of any device may be
     /// held by the caller.
     pub(crate) fn transmit(&self, port: u32, frame: Vec<u8>) {

@@ -19,6 +19,7 @@
 //! of a NIC is held while a frame is handed to the fabric, so delivery
 //! into another NIC (or this one, for loopback) never deadlocks.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -345,6 +346,19 @@ impl fmt::Debug for NicInner {
     }
 }
 
+/// The frames of one send doorbell and whether each goes to the NIC's own
+/// MAC, kept per thread so a doorbell allocates nothing once they have
+/// grown to the batch size.
+#[derive(Debug, Default)]
+struct TxScratch {
+    frames: Vec<Vec<u8>>,
+    own: Vec<bool>,
+}
+
+thread_local! {
+    static TX_SCRATCH: RefCell<TxScratch> = RefCell::new(TxScratch::default());
+}
+
 /// What the TX path needs to decide on loopback, captured under the read
 /// lock.
 #[derive(Debug, Clone, Copy)]
@@ -595,9 +609,8 @@ impl NicInner {
     fn sq_doorbell(&self, uar: u32, v: u64, bf: Option<&[u8]>) {
         self.stats.sq_doorbells.fetch_add(1, Ordering::Relaxed);
         let sqn = (v as u32) >> 8;
-        let mut frames = Vec::new();
+        let mut out;
         let origin;
-        let own;
         {
             let dp = read(&self.dp);
             if !dp.uars.contains(&uar) || !dp.hca_up {
@@ -621,14 +634,15 @@ impl NicInner {
                 tracing::debug!(sqn, uar, "send doorbell through a UAR that is not the SQ's");
                 return;
             }
-            tx::doorbell(self, &dp, &mut sq, bf, &mut frames);
-            own = frames
-                .iter()
-                .map(|f| {
-                    let dmac: [u8; 6] = f[0..6].try_into().unwrap_or([0; 6]);
-                    dp.vport.owns(&dmac)
-                })
-                .collect::<Vec<bool>>();
+            // This thread's vectors from its previous doorbell (taken, so a
+            // nested doorbell would simply start with empty ones).
+            out = TX_SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+            tx::doorbell(self, &dp, &mut sq, bf, &mut out.frames);
+            let TxScratch { frames, own } = &mut out;
+            own.extend(frames.iter().map(|f| {
+                let dmac: [u8; 6] = f[0..6].try_into().unwrap_or([0; 6]);
+                dp.vport.owns(&dmac)
+            }));
             origin = TxOrigin {
                 own: false,
                 td: dp.tises.get(&sq.tisn).map_or(0, |t| t.td),
@@ -636,9 +650,10 @@ impl NicInner {
                 disable_mc_lb: dp.vport.disable_mc_lb,
             };
         }
-        for (f, own) in frames.into_iter().zip(own) {
+        for (f, own) in out.frames.drain(..).zip(out.own.drain(..)) {
             self.transmit(f, TxOrigin { own, ..origin });
         }
+        TX_SCRATCH.with(|s| *s.borrow_mut() = out);
     }
 
     /// Sends a frame: unicast to the own MAC loops back inside the NIC,
@@ -652,6 +667,7 @@ impl NicInner {
                 self.stats.rx_frames.fetch_add(1, Ordering::Relaxed);
                 self.rx_frame(&frame, Some(o.td));
             }
+            self.fabric.recycle(frame);
             return;
         }
         if dmac[0] & 1 == 1 && !o.disable_mc_lb {

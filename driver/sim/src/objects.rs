@@ -5,11 +5,17 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
+use smallvec::SmallVec;
+
 use crate::queues::{Cq, Eq};
 use crate::rx::Rq;
 use crate::stats::ObjectCounts;
 use crate::steering::Steering;
 use crate::tx::Sq;
+
+/// IOVA pieces of a memory-key range, (IOVA, bytes): inline for the usual
+/// few (a PA key gives one, an MTT key one per page crossed).
+pub(crate) type IovaPieces = SmallVec<[(u64, u64); 4]>;
 
 /// How a memory key translates addresses.
 #[derive(Debug, Clone)]
@@ -63,7 +69,7 @@ impl Mkey {
         addr: u64,
         len: u64,
         write: bool,
-        out: &mut Vec<(u64, u64)>,
+        out: &mut IovaPieces,
     ) -> Result<(), MkeyError> {
         if (write && !self.lw) || (!write && !self.lr) {
             return Err(MkeyError::Access);
@@ -278,7 +284,7 @@ mod tests {
 
     #[test]
     fn pa_key_checks_range_unless_length64() {
-        let mut out = Vec::new();
+        let mut out = IovaPieces::new();
         let k = key(MkeyKind::Pa {
             length64: false,
             start: 0x1000,
@@ -309,10 +315,10 @@ mod tests {
             page_shift: 12,
             pages: vec![0x10_0000 | 3, 0x50_0000 | 3, 0x10_1000 | 1],
         });
-        let mut out = Vec::new();
+        let mut out = IovaPieces::new();
         k.translate(0x7000_0ff0, 0x20, false, &mut out).unwrap();
-        assert_eq!(out, vec![(0x10_0ff0, 0x10), (0x50_0000, 0x10)]);
-        let mut out = Vec::new();
+        assert_eq!(out.as_slice(), [(0x10_0ff0, 0x10), (0x50_0000, 0x10)]);
+        let mut out = IovaPieces::new();
         assert_eq!(
             k.translate(0x7000_2000, 4, true, &mut out),
             Err(MkeyError::MttPermission)

@@ -21,7 +21,7 @@ use mlx5::prm::wqe::RCV_DBR;
 
 use crate::dma::DmaFault;
 use crate::nic::NicInner;
-use crate::objects::{Datapath, QCounter};
+use crate::objects::{Datapath, IovaPieces, QCounter};
 use crate::packet::{self, Parsed};
 use crate::queues::{Cq, CqPost, Ring, op_own};
 use crate::stats::{DropReason, RqInfo, WqState};
@@ -64,7 +64,7 @@ pub(crate) struct Rq {
     pub stride_idx: u32,
     pub sw_counter: u16,
     /// Translation of the current striding WQE's buffer: (seq, pieces).
-    cur: Option<(u32, Vec<(u64, u64)>)>,
+    cur: Option<(u32, IovaPieces)>,
     pub packets: u64,
     pub bytes: u64,
     pub oob: u64,
@@ -185,7 +185,7 @@ impl Rq {
         seq: u32,
         dseg_off: u64,
         need: u64,
-        out: &mut Vec<(u64, u64)>,
+        out: &mut IovaPieces,
     ) -> Result<Option<u64>, WqeError> {
         let mut d = [0u8; 16];
         self.ring
@@ -377,7 +377,7 @@ fn deliver_striding(
             return Err(rq.out_of_buffer());
         }
         if rq.cur.as_ref().is_none_or(|(seq, _)| *seq != rq.seq) {
-            let mut pieces = Vec::new();
+            let mut pieces = IovaPieces::new();
             let whole = stride << s.log_num_strides;
             match rq.translate_dseg(nic, dp, rq.seq, 0x10, whole, &mut pieces) {
                 Ok(_) => rq.cur = Some((rq.seq, pieces)),
@@ -449,7 +449,7 @@ fn deliver_cyclic(
     }
     let seq = rq.seq;
     let nseg = (1u64 << rq.log_wqe) / 16;
-    let mut pieces = Vec::new();
+    let mut pieces = IovaPieces::new();
     let mut room = 0u64;
     for i in 0..nseg {
         match rq.translate_dseg(nic, dp, seq, i * 16, 0, &mut pieces) {

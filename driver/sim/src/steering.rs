@@ -10,6 +10,8 @@
 
 use std::collections::BTreeMap;
 
+use smallvec::SmallVec;
+
 use crate::packet::MATCH_SET_BYTES;
 use crate::stats::DropReason;
 
@@ -71,11 +73,15 @@ pub(crate) struct Steering {
     pub root: Option<u32>,
 }
 
+/// The TIRs a packet goes to, (TIR, flow tag): inline for a few (one for
+/// unicast; more only when entries forward to several TIRs or tables).
+pub(crate) type Targets = SmallVec<[(u32, u32); 4]>;
+
 /// Steering's decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Verdict {
     /// Deliver to these TIRs, with the entry's flow tag.
-    Deliver(Vec<(u32, u32)>),
+    Deliver(Targets),
     /// Drop.
     Drop(DropReason),
 }
@@ -103,8 +109,8 @@ impl Steering {
         let Some(mut table) = self.root else {
             return Verdict::Drop(DropReason::NoSteeringRoot);
         };
-        let mut out = Vec::new();
-        let mut pending = Vec::new();
+        let mut out = Targets::new();
+        let mut pending: SmallVec<[u32; 4]> = SmallVec::new();
         for _ in 0..MAX_TABLE_HOPS {
             let Some(t) = self.tables.get(&table) else {
                 return Verdict::Drop(DropReason::FlowMiss);
@@ -203,7 +209,10 @@ mod tests {
         assert_eq!(s.lookup(&key), Verdict::Drop(DropReason::FlowMiss));
         key[0x1e..0x20].copy_from_slice(&31850u16.to_be_bytes());
         key[0x08] = 0x99; // not in the mask
-        assert_eq!(s.lookup(&key), Verdict::Deliver(vec![(55, 7)]));
+        assert_eq!(
+            s.lookup(&key),
+            Verdict::Deliver(Targets::from_slice(&[(55, 7)]))
+        );
         assert!(s.references(Dest::Tir(55)));
         assert_eq!(s.group_of_test(), Some(100));
     }

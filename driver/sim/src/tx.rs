@@ -16,7 +16,7 @@ use mlx5::prm::wqe::{
 use mlx5::prm::{View, ViewMut};
 
 use crate::nic::NicInner;
-use crate::objects::{Datapath, MkeyError};
+use crate::objects::{Datapath, IovaPieces, MkeyError};
 use crate::packet;
 use crate::queues::{Cq, CqPost, Ring, op_own};
 use crate::stats::{SqInfo, WqState};
@@ -124,23 +124,19 @@ impl Sq {
         u64::from(u32::from(idx) & (self.wqebbs() - 1)) * SEND_WQE_BB as u64
     }
 
-    /// Reads `n` WQEBBs from `idx`, wrapping around the ring.
+    /// Fills `buf` with the `buf.len() / SEND_WQE_BB` WQEBBs from `idx`,
+    /// wrapping around the ring.
     fn read_wqebbs(
         &self,
         nic: &NicInner,
         idx: u16,
-        n: usize,
-    ) -> Result<Vec<u8>, crate::dma::DmaFault> {
-        let mut buf = vec![0u8; n * SEND_WQE_BB];
-        for i in 0..n {
+        buf: &mut [u8],
+    ) -> Result<(), crate::dma::DmaFault> {
+        for (i, bb) in buf.chunks_exact_mut(SEND_WQE_BB).enumerate() {
             let off = self.slot_off(idx.wrapping_add(i as u16));
-            self.ring.read(
-                &nic.iommu,
-                off,
-                &mut buf[i * SEND_WQE_BB..(i + 1) * SEND_WQE_BB],
-            )?;
+            self.ring.read(&nic.iommu, off, bb)?;
         }
-        Ok(buf)
+        Ok(())
     }
 
     pub(crate) fn info(&self) -> SqInfo {
@@ -265,12 +261,16 @@ pub(crate) fn doorbell(
         sq.cc = pc;
         return;
     }
+    // The WQE being executed (at most SEND_WQE_MAX_WQEBBS, checked before
+    // it is read), reused for every WQE of the doorbell.
+    let mut wqe_buf = [0u8; SEND_WQE_MAX_WQEBBS * SEND_WQE_BB];
     // Bounded: every iteration advances `cc` by at least one WQEBB towards `pc`.
     while sq.cc != pc {
         let idx = sq.cc;
         let left = pc.wrapping_sub(idx);
-        let ctrl = match sq.read_wqebbs(nic, idx, 1) {
-            Ok(b) => b,
+        let mut ctrl = [0u8; SEND_WQE_BB];
+        match sq.read_wqebbs(nic, idx, &mut ctrl) {
+            Ok(()) => {}
             Err(f) => {
                 let e = err(CqeSyndrome::LocalAccess, vendor::DMA_FAULT, f.to_string());
                 fail_and_flush(nic, sq, idx, 0, 1, &e);
@@ -310,8 +310,8 @@ pub(crate) fn doorbell(
                     format!("injected error CQE, syndrome {s:#x}"),
                 ));
             }
-            let wqe = sq
-                .read_wqebbs(nic, idx, wqebbs)
+            let wqe = &mut wqe_buf[..wqebbs * SEND_WQE_BB];
+            sq.read_wqebbs(nic, idx, wqe)
                 .map_err(|f| err(CqeSyndrome::LocalAccess, vendor::DMA_FAULT, f.to_string()))?;
             execute(nic, dp, sq, &wqe[..ds * 16], opcode)
         });
@@ -436,10 +436,12 @@ fn send(nic: &NicInner, dp: &Datapath, sq: &Sq, wqe: &[u8]) -> Result<Vec<u8>, T
             ),
         ));
     }
-    let mut frame = Vec::with_capacity(1024);
+    // A buffer the fabric delivered before (no allocation per frame).
+    let mut frame = nic.fabric.frame_buf();
+    frame.reserve(1024);
     frame.extend_from_slice(&wqe[inline_start..inline_start + inline]);
     let mut at = seg_end;
-    let mut pieces = Vec::new();
+    let mut pieces = IovaPieces::new();
     while at < wqe.len() {
         let bc = be32(wqe, at);
         if bc & INLINE_SEG != 0 {
@@ -574,12 +576,16 @@ fn check_bf(nic: &NicInner, sq: &Sq, bf: &[u8]) {
         return;
     }
     let idx = (be32(bf, 0) >> 8) as u16;
-    let n = bf.len().div_ceil(SEND_WQE_BB);
-    let Ok(mem) = sq.read_wqebbs(nic, idx, n) else {
+    // A BlueFlame write is at most half a BlueFlame register (256 bytes),
+    // well under a WQE's largest size.
+    let n = bf.len().div_ceil(SEND_WQE_BB).min(SEND_WQE_MAX_WQEBBS);
+    let mut buf = [0u8; SEND_WQE_MAX_WQEBBS * SEND_WQE_BB];
+    let mem = &mut buf[..n * SEND_WQE_BB];
+    if sq.read_wqebbs(nic, idx, mem).is_err() {
         return;
-    };
+    }
     let ds = (be32(bf, 4) & 0x3f) as usize;
-    let cmp = (ds * 16).min(bf.len());
+    let cmp = (ds * 16).min(bf.len()).min(mem.len());
     if mem[..cmp] != bf[..cmp] {
         nic.stats.bf_mismatches.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
