@@ -34,7 +34,9 @@
 use std::alloc::Layout;
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{
+    AtomicBool, AtomicU8, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 use std::sync::{Arc, Mutex, RwLock};
 
 use mempool::{DmaError, DmaMapper, DmaMapping};
@@ -137,6 +139,28 @@ struct Entry {
     len: usize,
 }
 
+/// Slots of [`Hints`].
+const HINT_SLOTS: usize = 16;
+
+/// Where recent lookups found their mapping: per slot (picked by the
+/// address's 4 KiB page), an index into [`Table::entries`]. Only a hint,
+/// read and written with relaxed atomics by concurrent lookups under the
+/// table's read lock: an entry is taken from it only if it contains the
+/// address looked up, and since mappings never overlap that is the entry
+/// the search would find. A slot left stale by a map or unmap (or out of
+/// range) simply misses and is rewritten.
+#[derive(Debug, Default)]
+struct Hints([AtomicUsize; HINT_SLOTS]);
+
+impl Hints {
+    #[inline]
+    fn slot(iova: u64) -> usize {
+        // Fibonacci hashing of the page number: neighbouring pages (a
+        // ring's, a buffer's) spread over the slots.
+        ((iova >> 12).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 60) as usize % HINT_SLOTS
+    }
+}
+
 /// The IOVA table: mappings sorted by IOVA. They never overlap (IOVAs are
 /// handed out upwards, each mapping with a guard after it), so the mapping
 /// that may hold an address is the last one starting at or below it.
@@ -146,12 +170,26 @@ struct Table {
 }
 
 impl Table {
-    /// The mapping containing `iova`, as (its IOVA, entry).
+    /// The mapping containing `iova`, as (its IOVA, entry), trying the
+    /// one `hints` remembers for addresses like it before searching.
     #[inline]
-    fn find(&self, iova: u64) -> Option<(u64, Entry)> {
+    fn find(&self, hints: &Hints, iova: u64) -> Option<(u64, Entry)> {
+        let slot = &hints.0[Hints::slot(iova)];
+        if let Some(&(base, e)) = self.entries.get(slot.load(Ordering::Relaxed))
+            && base <= iova
+            && iova - base < e.len as u64
+        {
+            return Some((base, e));
+        }
         let i = self.entries.partition_point(|&(base, _)| base <= iova);
-        let (base, e) = *self.entries.get(i.checked_sub(1)?)?;
-        (iova - base < e.len as u64).then_some((base, e))
+        let i = i.checked_sub(1)?;
+        let (base, e) = self.entries[i];
+        if iova - base < e.len as u64 {
+            slot.store(i, Ordering::Relaxed);
+            Some((base, e))
+        } else {
+            None
+        }
     }
 
     /// Index of the mapping that starts exactly at `iova`.
@@ -201,6 +239,7 @@ pub struct IommuStats {
 #[derive(Debug)]
 pub struct Iommu {
     table: RwLock<Table>,
+    hints: Hints,
     next_iova: Mutex<u64>,
     bus_master: AtomicBool,
     maps: AtomicU64,
@@ -232,6 +271,7 @@ impl Iommu {
     pub fn new() -> Iommu {
         Iommu {
             table: RwLock::new(Table::default()),
+            hints: Hints::default(),
             next_iova: Mutex::new(IOVA_BASE),
             bus_master: AtomicBool::new(false),
             maps: AtomicU64::new(0),
@@ -300,7 +340,7 @@ impl Iommu {
     /// True if `[iova, iova + len)` is entirely mapped (no access is made).
     pub fn is_mapped(&self, iova: u64, len: usize) -> bool {
         let t = read_table(&self.table);
-        translate(&t, iova, len).is_some()
+        translate(&t, &self.hints, iova, len).is_some()
     }
 
     fn map(&self, va: usize, len: usize) -> Result<u64, MapError> {
@@ -378,7 +418,7 @@ impl Iommu {
             return Err(self.fault(iova, len, write, FaultKind::BusMasterDisabled));
         }
         let t = read_table(&self.table);
-        match translate(&t, iova, len) {
+        match translate(&t, &self.hints, iova, len) {
             Some(pieces) => {
                 let r = f(&pieces);
                 drop(t);
@@ -495,7 +535,7 @@ impl Iommu {
 /// Splits `[iova, iova + len)` into host pieces, or `None` if any byte is
 /// unmapped (then nothing may be accessed: the caller touches memory only
 /// after the whole range translated).
-fn translate(t: &Table, iova: u64, len: usize) -> Option<Pieces> {
+fn translate(t: &Table, hints: &Hints, iova: u64, len: usize) -> Option<Pieces> {
     let mut pieces = Pieces::new();
     let mut cur = iova;
     let end = iova.checked_add(len as u64)?;
@@ -503,7 +543,7 @@ fn translate(t: &Table, iova: u64, len: usize) -> Option<Pieces> {
         return Some(pieces);
     }
     while cur < end {
-        let (base, e) = t.find(cur)?;
+        let (base, e) = t.find(hints, cur)?;
         let off = cur - base;
         let n = (e.len as u64 - off).min(end - cur);
         pieces.push((e.va + off as usize, n as usize));
@@ -937,28 +977,46 @@ mod tests {
         Some(pieces)
     }
 
+    fn tables(
+        layout: &[(u64, usize)],
+        va0: usize,
+    ) -> (Table, std::collections::BTreeMap<u64, Entry>) {
+        let mut table = Table::default();
+        let mut reference_table = std::collections::BTreeMap::new();
+        let mut at = 0x1_0000_0000u64;
+        for (i, &(gap, pages)) in layout.iter().enumerate() {
+            at += gap * 4096;
+            let e = Entry {
+                va: va0 + i * 0x10_0000,
+                len: pages * 4096,
+            };
+            table.insert(at, e);
+            reference_table.insert(at, e);
+            at += e.len as u64;
+        }
+        (table, reference_table)
+    }
+
     proptest::proptest! {
+        /// Same pieces as the reference for any table and access, with the
+        /// hints carried over from earlier accesses and from another table
+        /// (as after maps and unmaps).
         #[test]
         fn translate_matches_the_reference(
             // (gap before, pages) per mapping; gap 0 makes them adjacent.
-            layout in proptest::collection::vec((0u64..3, 1usize..4), 0..6),
-            start in 0u64..24 * 4096,
-            len in 0usize..6 * 4096,
+            layouts in proptest::collection::vec(
+                proptest::collection::vec((0u64..3, 1usize..4), 0..6), 1..3),
+            accesses in proptest::collection::vec((0u64..24 * 4096, 0usize..6 * 4096), 1..12),
         ) {
-            let base = 0x1_0000_0000u64;
-            let mut table = Table::default();
-            let mut reference_table = std::collections::BTreeMap::new();
-            let mut at = base;
-            for (i, &(gap, pages)) in layout.iter().enumerate() {
-                at += gap * 4096;
-                let e = Entry { va: 0x7000_0000 + i * 0x10_0000, len: pages * 4096 };
-                table.insert(at, e);
-                reference_table.insert(at, e);
-                at += e.len as u64;
+            let hints = Hints::default();
+            for (n, layout) in layouts.iter().enumerate() {
+                let (table, reference_table) = tables(layout, 0x7000_0000 * (n + 1));
+                for &(start, len) in &accesses {
+                    let iova = 0x1_0000_0000 + start;
+                    let got = translate(&table, &hints, iova, len).map(|p| p.to_vec());
+                    proptest::prop_assert_eq!(got, reference(&reference_table, iova, len));
+                }
             }
-            let iova = base + start;
-            let got = translate(&table, iova, len).map(|p| p.to_vec());
-            proptest::prop_assert_eq!(got, reference(&reference_table, iova, len));
         }
     }
 
