@@ -11,6 +11,7 @@
 //! bytes. Packet data is written before the CQE, whose owner byte is
 //! written last with a release store ([`crate::queues::Cq::post`]).
 
+use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
@@ -332,18 +333,38 @@ pub(crate) fn deliver(
         Err(_) => return Err(DropReason::DmaFault),
     };
     rq.sw_counter = posted;
-    // VLAN stripping unless `vsd`.
-    let stripped;
-    let (data, tci) = match parsed.vlan {
+    // VLAN stripping unless `vsd`, into this thread's buffer from the last
+    // stripped frame (taken, so nothing else can hold it meanwhile).
+    match parsed.vlan {
         Some((_, tci)) if !rq.vsd && frame.len() >= 18 => {
-            let mut f = Vec::with_capacity(frame.len() - 4);
+            let mut f = STRIPPED.with(|s| std::mem::take(&mut *s.borrow_mut()));
+            f.clear();
             f.extend_from_slice(&frame[..12]);
             f.extend_from_slice(&frame[16..]);
-            stripped = f;
-            (&stripped[..], Some(tci))
+            let r = deliver_data(nic, dp, rq, posted, &f, parsed, Some(tci), flow_tag);
+            STRIPPED.with(|s| *s.borrow_mut() = f);
+            r
         }
-        _ => (frame, None),
-    };
+        _ => deliver_data(nic, dp, rq, posted, frame, parsed, None, flow_tag),
+    }
+}
+
+thread_local! {
+    /// A received frame without its VLAN tag, reused across frames.
+    static STRIPPED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+#[allow(clippy::too_many_arguments)]
+fn deliver_data(
+    nic: &NicInner,
+    dp: &Datapath,
+    rq: &mut Rq,
+    posted: u16,
+    data: &[u8],
+    parsed: &Parsed,
+    tci: Option<u16>,
+    flow_tag: u32,
+) -> Result<(), DropReason> {
     let len = data.len();
     match rq.striding {
         Some(s) => deliver_striding(nic, dp, rq, s, posted, data, parsed, tci, flow_tag),
