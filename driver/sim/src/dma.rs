@@ -340,7 +340,7 @@ impl Iommu {
     /// True if `[iova, iova + len)` is entirely mapped (no access is made).
     pub fn is_mapped(&self, iova: u64, len: usize) -> bool {
         let t = read_table(&self.table);
-        translate(&t, &self.hints, iova, len).is_some()
+        translate(&t, &self.hints, iova, len, &mut Pieces::new())
     }
 
     fn map(&self, va: usize, len: usize) -> Result<u64, MapError> {
@@ -418,23 +418,20 @@ impl Iommu {
             return Err(self.fault(iova, len, write, FaultKind::BusMasterDisabled));
         }
         let t = read_table(&self.table);
-        match translate(&t, &self.hints, iova, len) {
-            Some(pieces) => {
-                let r = f(&pieces);
-                drop(t);
-                let c = if write {
-                    &self.bytes_written
-                } else {
-                    &self.bytes_read
-                };
-                c.fetch_add(len as u64, Ordering::Relaxed);
-                Ok(r)
-            }
-            None => {
-                drop(t);
-                Err(self.fault(iova, len, write, FaultKind::Unmapped))
-            }
+        let mut pieces = Pieces::new();
+        if !translate(&t, &self.hints, iova, len, &mut pieces) {
+            drop(t);
+            return Err(self.fault(iova, len, write, FaultKind::Unmapped));
         }
+        let r = f(&pieces);
+        drop(t);
+        let c = if write {
+            &self.bytes_written
+        } else {
+            &self.bytes_read
+        };
+        c.fetch_add(len as u64, Ordering::Relaxed);
+        Ok(r)
     }
 
     /// Copies `buf.len()` bytes from device address `iova` into `buf`.
@@ -532,24 +529,27 @@ impl Iommu {
     }
 }
 
-/// Splits `[iova, iova + len)` into host pieces, or `None` if any byte is
+/// Splits `[iova, iova + len)` into host pieces, or false if any byte is
 /// unmapped (then nothing may be accessed: the caller touches memory only
 /// after the whole range translated).
-fn translate(t: &Table, hints: &Hints, iova: u64, len: usize) -> Option<Pieces> {
-    let mut pieces = Pieces::new();
+/// The pieces go into the caller's `pieces` (empty on entry), not a
+/// returned value: they stay in the caller's frame, never copied.
+fn translate(t: &Table, hints: &Hints, iova: u64, len: usize, pieces: &mut Pieces) -> bool {
+    debug_assert!(pieces.is_empty());
     let mut cur = iova;
-    let end = iova.checked_add(len as u64)?;
-    if len == 0 {
-        return Some(pieces);
-    }
+    let Some(end) = iova.checked_add(len as u64) else {
+        return false;
+    };
     while cur < end {
-        let (base, e) = t.find(hints, cur)?;
+        let Some((base, e)) = t.find(hints, cur) else {
+            return false;
+        };
         let off = cur - base;
         let n = (e.len as u64 - off).min(end - cur);
         pieces.push((e.va + off as usize, n as usize));
         cur += n;
     }
-    Some(pieces)
+    true
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -1013,7 +1013,9 @@ mod tests {
                 let (table, reference_table) = tables(layout, 0x7000_0000 * (n + 1));
                 for &(start, len) in &accesses {
                     let iova = 0x1_0000_0000 + start;
-                    let got = translate(&table, &hints, iova, len).map(|p| p.to_vec());
+                    let mut pieces = Pieces::new();
+                    let got = translate(&table, &hints, iova, len, &mut pieces)
+                        .then(|| pieces.to_vec());
                     proptest::prop_assert_eq!(got, reference(&reference_table, iova, len));
                 }
             }
