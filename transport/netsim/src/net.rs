@@ -540,7 +540,9 @@ impl<D> Network<D> {
         self.pool.pop().unwrap_or_default()
     }
 
-    fn recycle(&mut self, mut frame: Vec<u8>) {
+    /// Keeps `frame`'s buffer (emptied) for [`frame_buf`](Self::frame_buf),
+    /// up to a bound.
+    pub fn recycle(&mut self, mut frame: Vec<u8>) {
         if frame.capacity() != 0 && self.pool.len() < POOL_MAX {
             frame.clear();
             self.pool.push(frame);

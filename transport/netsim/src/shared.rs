@@ -81,6 +81,8 @@ type Pending = Vec<(Arc<dyn PortSink>, Vec<u8>)>;
 
 /// Delivered frame buffers kept per thread for [`SharedNetwork::frame_buf`].
 const SPARE_MAX: usize = 512;
+/// Buffers a thread without spares takes from the network's pool at once.
+const REFILL: usize = 32;
 
 thread_local! {
     /// Frames taken under the lock, handed to their devices after it.
@@ -257,11 +259,29 @@ impl SharedNetwork {
     /// this thread delivered before, emptied, when there is one (its
     /// capacity is whatever that frame needed), else a new one.
     pub fn frame_buf(&self) -> Vec<u8> {
-        SPARE
-            .try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop()))
-            .ok()
-            .flatten()
-            .unwrap_or_default()
+        let spare = SPARE.try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop()));
+        if let Ok(Some(f)) = spare {
+            return f;
+        }
+        // None here: this thread's frames were delivered by another (the
+        // pump thread gives its spares to the network's pool) or lost on
+        // the way (the network keeps those). Take a few at once.
+        let mut net = lock(&self.inner.core.net);
+        let first = net.frame_buf();
+        if first.capacity() != 0 {
+            let _ = SPARE.try_with(|s| {
+                if let Ok(mut s) = s.try_borrow_mut() {
+                    for _ in 1..REFILL {
+                        let f = net.frame_buf();
+                        if f.capacity() == 0 {
+                            break;
+                        }
+                        s.push(f);
+                    }
+                }
+            });
+        }
+        first
     }
 
     /// Gives back a buffer from [`frame_buf`](Self::frame_buf) that was
@@ -343,6 +363,15 @@ fn pump_thread(core: Arc<Core>) {
             return;
         }
         let mut net = lock(&core.net);
+        // What this thread delivered goes back to the senders' threads
+        // through the network's pool (see `SharedNetwork::frame_buf`).
+        let _ = SPARE.try_with(|s| {
+            if let Ok(mut s) = s.try_borrow_mut() {
+                for f in s.drain(..) {
+                    net.recycle(f);
+                }
+            }
+        });
         let now = core.now_ns();
         if net.run_until(now, &mut collect(&mut out)) > 0 {
             drop(net);
@@ -464,6 +493,42 @@ mod tests {
         let h = net.frame_buf();
         assert_eq!(h.as_ptr(), buf);
         assert_eq!(net.frame_buf().capacity(), 0);
+    }
+
+    #[test]
+    fn buffers_delivered_by_the_pump_thread_come_back_to_the_sender() {
+        let net = SharedNetwork::new(NetConfig::default(), false);
+        let a = net.add_tap(Some(A));
+        let b = net.add_tap(Some(B));
+        net.with(|n| {
+            n.set_faults(
+                b.port(),
+                None,
+                LinkFaults {
+                    delay: Duration::from_micros(200),
+                    ..Default::default()
+                },
+            )
+        });
+        while net.frame_buf().capacity() != 0 {}
+        let mut f = net.frame_buf();
+        f.extend_from_slice(&frame(B, A));
+        let buf = f.as_ptr();
+        net.transmit(a.port(), f);
+        // No deadline: the pump delivers, then hands the buffer to the
+        // network's pool on its next round, however late it runs.
+        while b.is_empty() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        loop {
+            let g = net.frame_buf();
+            if g.capacity() != 0 {
+                assert!(g.is_empty());
+                assert_eq!(g.as_ptr(), buf);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     #[test]
