@@ -208,7 +208,7 @@ impl RateCtl {
     }
 
     /// An RTT sample (see [`Timely::update`], [`Swift::update`]).
-    #[inline]
+    #[inline(always)]
     pub fn update(&mut self, now_ns: u64, rtt_ns: u64, bypass: bool) -> Update {
         match self {
             RateCtl::Timely(t) => t.update(now_ns, rtt_ns, bypass),

@@ -142,6 +142,7 @@ impl Timely {
         Update::Updated
     }
 
+    #[inline(never)]
     fn update_slow(&mut self, now_ns: u64, rtt_ns: u64) {
         let p = &self.p;
         let sample_rtt = rtt_ns as f64 / 1e3;
