@@ -236,9 +236,10 @@ pub struct Cqe {
     pub l4_hdr_type_etc: u8,
     /// Checksum-OK flags.
     pub hds_ip_ext: u8,
-    /// Error syndrome (error CQEs only).
+    /// Error syndrome (error CQEs only; 0 in every other CQE, whose bytes
+    /// at that offset belong to the timestamp).
     pub syndrome: u8,
-    /// Vendor syndrome (error CQEs only).
+    /// Vendor syndrome (error CQEs only; 0 otherwise).
     pub vendor_err_synd: u8,
 }
 
@@ -249,6 +250,14 @@ impl Cqe {
         let e = View::<ErrCqe>::new(bytes).expect("64 bytes");
         let op_own = v.get32(Cqe64::OP_OWN) as u8;
         let sop = v.get32(Cqe64::SOP_DROP_QPN);
+        // The error layout's syndrome bytes are the low bytes of the
+        // timestamp in every other CQE: decoded for error CQEs only (0
+        // otherwise), so no reader takes a timestamp for a syndrome.
+        let err = matches!(
+            CqeOpcode::from_raw(op_own >> CQE_OPCODE_SHIFT),
+            Some(CqeOpcode::ReqErr | CqeOpcode::RespErr)
+        );
+        let err_byte = |f| if err { e.get32(f) as u8 } else { 0 };
         Cqe {
             opcode: op_own >> CQE_OPCODE_SHIFT,
             format: (op_own >> CQE_FORMAT_SHIFT) & 3,
@@ -261,8 +270,8 @@ impl Cqe {
             timestamp: v.get(Cqe64::TIMESTAMP),
             l4_hdr_type_etc: v.get32(Cqe64::L4_HDR_TYPE_ETC) as u8,
             hds_ip_ext: v.get32(Cqe64::HDS_IP_EXT) as u8,
-            syndrome: e.get32(ErrCqe::SYNDROME) as u8,
-            vendor_err_synd: e.get32(ErrCqe::VENDOR_ERR_SYND) as u8,
+            syndrome: err_byte(ErrCqe::SYNDROME),
+            vendor_err_synd: err_byte(ErrCqe::VENDOR_ERR_SYND),
         }
     }
 
@@ -446,6 +455,26 @@ mod tests {
             "{s}"
         );
         assert!(!s.contains('\n'));
+    }
+
+    /// A send CQE's timestamp fills the bytes where an error CQE keeps its
+    /// syndromes: they are not read as syndromes.
+    #[test]
+    fn only_error_cqes_have_syndromes() {
+        let mut b = [0u8; 64];
+        let mut v = ViewMut::<Cqe64>::new(&mut b).unwrap();
+        v.set(Cqe64::OP_OWN, 0x01)
+            .set(Cqe64::TIMESTAMP, 0x03cb_c364);
+        let cqe = Cqe::decode(&b);
+        assert_eq!(cqe.op(), Some(CqeOpcode::Req));
+        assert_eq!(cqe.timestamp, 0x03cb_c364);
+        assert_eq!((cqe.syndrome, cqe.vendor_err_synd), (0, 0));
+        // The same bytes under an error opcode are its syndromes.
+        let mut v = ViewMut::<Cqe64>::new(&mut b).unwrap();
+        v.set(Cqe64::OP_OWN, 0xd1);
+        let cqe = Cqe::decode(&b);
+        assert!(cqe.is_error());
+        assert_eq!((cqe.syndrome, cqe.vendor_err_synd), (0x64, 0xc3));
     }
 
     #[test]
