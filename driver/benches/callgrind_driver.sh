@@ -7,8 +7,11 @@
 # model's own code (doorbell handling, steering, DMA, CQE writes) is out.
 # Send: mode tx (B's steering drops the frames, B never polls).
 # Receive: mode txrx minus mode tx (B polls once per burst, no busy loop).
-# Usage: driver/benches/callgrind_driver.sh [--top]   (from the workspace root)
+# Usage: driver/benches/callgrind_driver.sh [--top]   (from any directory)
 set -euo pipefail
+# callgrind names files relative to the directory it ran in; the patterns
+# below expect workspace-relative paths.
+cd "$(dirname "$0")/../.."
 : "${CARGO_TARGET_DIR:=target}"
 cargo bench -p mlx5 --bench callgrind_driver --no-run >/dev/null 2>&1
 bin=$(ls -t "$CARGO_TARGET_DIR"/release/deps/callgrind_driver-* | grep -v '\.d$' | head -1)

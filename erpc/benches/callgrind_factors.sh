@@ -6,6 +6,8 @@
 # different lengths per configuration, the difference cancels setup.
 # Usage: erpc/benches/callgrind_factors.sh   (from the workspace root)
 set -euo pipefail
+# Paths below (the target directory) are workspace-relative.
+cd "$(dirname "$0")/../.."
 : "${CARGO_TARGET_DIR:=target}"
 cargo bench -p erpc --bench small_rpc --no-run >/dev/null 2>&1
 bin=$(ls -t "$CARGO_TARGET_DIR"/release/deps/small_rpc-* | grep -v '\.d$' | head -1)

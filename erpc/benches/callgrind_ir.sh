@@ -4,11 +4,13 @@
 # Counts functions whose symbol is in `erpc::` but not `erpc::sim`, and
 # excludes lines inlined from the simulated transport or transport crate.
 #
-# Usage (from the workspace root):
+# Usage (from any directory; shown from the workspace root):
 #   erpc/benches/callgrind_ir.sh             # totals and the top 15 functions
 #   erpc/benches/callgrind_ir.sh --max 1000  # also fail (exit 1) above 1000
 #   TOP=40 erpc/benches/callgrind_ir.sh      # a longer table
 set -euo pipefail
+# Paths below (the target directory) are workspace-relative.
+cd "$(dirname "$0")/../.."
 : "${CARGO_TARGET_DIR:=target}"
 max=""
 if [ "${1:-}" = "--max" ]; then max="$2"; fi
