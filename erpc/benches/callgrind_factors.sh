@@ -4,7 +4,7 @@
 # complement of `erpc-bench --experiment factors`, whose wall-clock rates on
 # two shared cores are noisy. Same method as callgrind_ir.sh: two runs of
 # different lengths per configuration, the difference cancels setup.
-# Usage: erpc/benches/callgrind_factors.sh   (from the workspace root)
+# Usage: erpc/benches/callgrind_factors.sh   (from any directory)
 set -euo pipefail
 # Paths below (the target directory) are workspace-relative.
 cd "$(dirname "$0")/../.."
