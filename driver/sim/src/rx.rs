@@ -11,7 +11,6 @@
 //! bytes. Packet data is written before the CQE, whose owner byte is
 //! written last with a release store ([`crate::queues::Cq::post`]).
 
-use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
@@ -333,25 +332,19 @@ pub(crate) fn deliver(
         Err(_) => return Err(DropReason::DmaFault),
     };
     rq.sw_counter = posted;
-    // VLAN stripping unless `vsd`, into this thread's buffer from the last
-    // stripped frame (taken, so nothing else can hold it meanwhile).
+    // VLAN stripping unless `vsd`, into a frame buffer of the fabric's
+    // pool (no allocation per frame), given back after delivery.
     match parsed.vlan {
         Some((_, tci)) if !rq.vsd && frame.len() >= 18 => {
-            let mut f = STRIPPED.with(|s| std::mem::take(&mut *s.borrow_mut()));
-            f.clear();
+            let mut f = nic.fabric.frame_buf();
             f.extend_from_slice(&frame[..12]);
             f.extend_from_slice(&frame[16..]);
             let r = deliver_data(nic, dp, rq, posted, &f, parsed, Some(tci), flow_tag);
-            STRIPPED.with(|s| *s.borrow_mut() = f);
+            nic.fabric.recycle(f);
             r
         }
         _ => deliver_data(nic, dp, rq, posted, frame, parsed, None, flow_tag),
     }
-}
-
-thread_local! {
-    /// A received frame without its VLAN tag, reused across frames.
-    static STRIPPED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 #[allow(clippy::too_many_arguments)]

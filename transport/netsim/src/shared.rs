@@ -452,9 +452,9 @@ mod tests {
     const A: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
     const B: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
 
-    #[test]
-    fn delay_needs_the_clock_in_deterministic_mode() {
-        let net = SharedNetwork::new(NetConfig::default(), true);
+    /// A network with taps A and B, frames to B delayed by `delay`.
+    fn two_taps(deterministic: bool, delay: Duration) -> (SharedNetwork, Tap, Tap) {
+        let net = SharedNetwork::new(NetConfig::default(), deterministic);
         let a = net.add_tap(Some(A));
         let b = net.add_tap(Some(B));
         net.with(|n| {
@@ -462,11 +462,17 @@ mod tests {
                 b.port(),
                 None,
                 LinkFaults {
-                    delay: Duration::from_micros(5),
+                    delay,
                     ..Default::default()
                 },
             )
         });
+        (net, a, b)
+    }
+
+    #[test]
+    fn delay_needs_the_clock_in_deterministic_mode() {
+        let (net, a, b) = two_taps(true, Duration::from_micros(5));
         a.send(&frame(B, A));
         assert!(b.is_empty());
         assert_eq!(net.advance(Duration::from_micros(4)), 0);
@@ -497,19 +503,7 @@ mod tests {
 
     #[test]
     fn buffers_delivered_by_the_pump_thread_come_back_to_the_sender() {
-        let net = SharedNetwork::new(NetConfig::default(), false);
-        let a = net.add_tap(Some(A));
-        let b = net.add_tap(Some(B));
-        net.with(|n| {
-            n.set_faults(
-                b.port(),
-                None,
-                LinkFaults {
-                    delay: Duration::from_micros(200),
-                    ..Default::default()
-                },
-            )
-        });
+        let (net, a, b) = two_taps(false, Duration::from_micros(200));
         while net.frame_buf().capacity() != 0 {}
         let mut f = net.frame_buf();
         f.extend_from_slice(&frame(B, A));
@@ -533,19 +527,7 @@ mod tests {
 
     #[test]
     fn the_pump_thread_delivers_in_threaded_mode() {
-        let net = SharedNetwork::new(NetConfig::default(), false);
-        let a = net.add_tap(Some(A));
-        let b = net.add_tap(Some(B));
-        net.with(|n| {
-            n.set_faults(
-                b.port(),
-                None,
-                LinkFaults {
-                    delay: Duration::from_micros(200),
-                    ..Default::default()
-                },
-            )
-        });
+        let (_net, a, b) = two_taps(false, Duration::from_micros(200));
         a.send(&frame(B, A));
         // No deadline: the pump delivers however late it is scheduled.
         while b.is_empty() {
