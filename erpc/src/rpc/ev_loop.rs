@@ -45,7 +45,9 @@ impl<T: Transport, C> Rpc<T, C> {
         // SM packets and failure notices, and the periodic work (the loss
         // scan, with the SM retry timers): what they owe the application
         // (failed requests, session events) is paid before returning.
-        // What a continuation owes is paid at the next iteration's start.
+        // What the RX path, the stall queue, background completions or a
+        // continuation owe is paid at the next iteration's start (as the
+        // docs promise: "in the next event-loop iteration").
         if !self.sm_queue.is_empty() || self.pkt_loss_scan_due() {
             self.process_sm_and_timers(ctx);
         }
