@@ -80,6 +80,7 @@ impl<T: Transport, C> Rpc<T, C> {
     /// Puts a request into free slot `i` of a connected client session and
     /// sends what credits allow.
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     pub(crate) fn start_request(
         &mut self,
         session: SessionNum,
