@@ -71,6 +71,32 @@ for (mark, name), d in sorted(rows.items(), key=lambda kv: -kv[1])[:top]:
     if len(name) > 90:
         name = name[:87] + "..."
     print(f"  {d:7.1f} {'*' if mark else ' '} {name}")
+# Event-loop iterations per RPC, and how many of them found packets:
+# the rest are empty polls, whose cost the total includes (the harness
+# steps the simulated network 100 ns at a time).
+def calls(path, names):
+    ids, counts, cur = {}, dict.fromkeys(names, 0), None
+    for l in open(path.replace("ann.", "cg.")):
+        # Names are compressed: "(id) name" the first time, "(id)" after,
+        # in fn= and cfn= lines alike.
+        m = re.match(r"c?fn=(?:\((\d+)\))?\s*(.*)", l.strip())
+        if m:
+            if m.group(1) and m.group(2):
+                ids[m.group(1)] = m.group(2)
+            name = m.group(2) or ids.get(m.group(1), "")
+            if l.startswith("cfn="):
+                cur = next((n for n in names if n in name), None)
+        elif l.startswith("calls=") and cur:
+            counts[cur] += int(l.split()[0][6:])
+            cur = None
+    return counts
+names = ["run_event_loop_once", "::process_rx"]
+ca, cb = calls(short, names), calls(long_, names)
+iters = (cb[names[0]] - ca[names[0]]) / rpcs
+busy = (cb[names[1]] - ca[names[1]]) / rpcs
+if iters > 0:
+    print(f"event-loop iterations per RPC: {iters:.2f} ({busy:.2f} with received packets, "
+          f"{iters - busy:.2f} empty)")
 if limit and mine > int(limit):
     print(f"FAIL: {round(mine)} instructions per RPC is above the limit of {limit}")
     sys.exit(1)
