@@ -245,6 +245,20 @@ impl MsgBuf {
         Ok(())
     }
 
+    /// [`MsgBuf::resize`] where the caller has checked the capacity: no
+    /// `Result` to build and unwrap on the datapath.
+    ///
+    /// # Panics
+    /// If `new_data_bytes` exceeds the capacity (a bug in the caller).
+    #[inline]
+    pub(crate) fn resize_checked(&mut self, new_data_bytes: usize) {
+        assert!(
+            new_data_bytes <= self.max_data_bytes as usize,
+            "resize beyond capacity"
+        );
+        self.data_bytes = new_data_bytes as u32;
+    }
+
     /// Byte offset of packet `i`'s header slot in the buffer.
     #[inline]
     pub(crate) fn pkthdr_offset(&self, i: usize) -> usize {

@@ -25,7 +25,8 @@ impl<T: Transport, C> Rpc<T, C> {
             && let Some(s) = self.session_mut(h.session)
             && let Some(mut m) = s.slots[usize::from(h.slot)].server.pre_resp.take()
         {
-            m.resize(len).expect("an MTU-size buffer holds one packet");
+            // An MTU-size buffer holds one packet.
+            m.resize_checked(len);
             return Ok(m);
         }
         MsgBuf::alloc(&mut self.alloc, len, Origin::Dynamic)
@@ -151,7 +152,7 @@ impl<T: Transport, C> Rpc<T, C> {
                     capacity: m.max_len(),
                 });
             } else {
-                m.resize(msg_size).expect("checked against capacity");
+                m.resize_checked(msg_size);
                 m.write_pkt_data(0, data);
                 c.resp_pkts = data_size_to_num_pkts(msg_size) as u32;
                 c.resp_bytes = msg_size as u32;
