@@ -11,7 +11,7 @@ use crate::stats::DropReason;
 
 impl<T: Transport, C> Rpc<T, C> {
     /// Server: queues a credit return for request packet `req_hdr`.
-    pub(crate) fn enqueue_cr(&mut self, sn: u16, slot: u8, req_hdr: &PktHdr) {
+    pub(crate) fn enqueue_cr(&mut self, sn: u16, slot: u8, req_hdr: PktHdr) {
         let Some(remote) = self.session(sn).map(|s| s.remote_num) else {
             return;
         };
@@ -33,7 +33,7 @@ impl<T: Transport, C> Rpc<T, C> {
     /// ignored: the C++ eRPC sends 8 (its control buffers have 8 data
     /// bytes), and a NIC may pad a short frame. A non-zero message size
     /// is refused.
-    pub(crate) fn process_expl_cr(&mut self, hdr: &PktHdr, _trailing: &[u8]) {
+    pub(crate) fn process_expl_cr(&mut self, hdr: PktHdr, _trailing: &[u8]) {
         if hdr.msg_size != 0 {
             return self.stats.drop(DropReason::CtrlHasData);
         }

@@ -346,7 +346,7 @@ impl<T: Transport, C> Rpc<T, C> {
         // Request numbers wrap at 2^44: compare on the circle.
         let ahead = match req_num_delta(hdr.req_num, slot.cur_req_num) {
             Err(_) => return self.stats.drop(DropReason::StaleReqNum),
-            Ok(0) => return self.process_req_same_num(ctx, hdr, data, i),
+            Ok(0) => return self.process_req_same_num(ctx, *hdr, data, i),
             Ok(d) => d,
         };
         // A new request on this slot.
@@ -420,12 +420,12 @@ impl<T: Transport, C> Rpc<T, C> {
         let slot = &mut s.slots[i];
         slot.server.req_msgbuf = Some(m);
         slot.server.state = SrvState::Receiving;
-        self.enqueue_cr(sn, i as u8, hdr);
+        self.enqueue_cr(sn, i as u8, *hdr);
     }
 
     /// A request packet whose request number is the slot's current one:
     /// the next packet of a multi-packet request, or a duplicate.
-    fn process_req_same_num(&mut self, ctx: &mut C, hdr: &PktHdr, data: &[u8], i: usize) {
+    fn process_req_same_num(&mut self, ctx: &mut C, hdr: PktHdr, data: &[u8], i: usize) {
         let sn = hdr.dest_session_num;
         let now = self.now_ns;
         let s = self.sessions[usize::from(sn)]

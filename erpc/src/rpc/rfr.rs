@@ -14,7 +14,7 @@ use crate::stats::DropReason;
 impl<T: Transport, C> Rpc<T, C> {
     /// Server: an RFR arrived. Bytes after the header are ignored (the
     /// C++ eRPC sends 8); a non-zero message size is refused.
-    pub(crate) fn process_rfr(&mut self, hdr: &PktHdr, _trailing: &[u8]) {
+    pub(crate) fn process_rfr(&mut self, hdr: PktHdr, _trailing: &[u8]) {
         if hdr.msg_size != 0 {
             return self.stats.drop(DropReason::CtrlHasData);
         }
