@@ -15,8 +15,17 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 erpc_ir() {
   callgrind_annotate --auto=no --inclusive=no --threshold=100 "$1" 2>/dev/null |
-    awk '/[ :<]erpc::/ && !/erpc::sim/ && !/erpc\/src\/sim\// && !/transport\/src\// {
-           gsub(",", "", $1); s += $1 } END { print s + 0 }'
+    awk '/^ *[0-9,]+ +\(/ {
+           # After the percentage: file:function [object]; the counting
+           # rule of callgrind_ir.sh.
+           rest = substr($0, index($0, "%)") + 2); sub(/^ +/, "", rest); sub(/ \[[^]]*\] *$/, "", rest)
+           i = index(rest, ":"); file = substr(rest, 1, i - 1); fn = substr(rest, i + 1)
+           sim = (file ~ /erpc\/src\/sim\// || file ~ /transport\/src\//)
+           if ((fn ~ /(^|[ <])erpc::/ && fn !~ /erpc::sim/ && !sim) ||
+               (fn !~ /(^|[ <])erpc::/ && fn !~ /erpc::sim/ && file ~ /erpc\/src\// && !sim)) {
+             gsub(",", "", $1); s += $1
+           }
+         } END { print s + 0 }'
 }
 total_ir() {
   callgrind_annotate --auto=no "$1" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}'
