@@ -667,6 +667,8 @@ pub struct IncastExperiment {
     pub buffer_bytes: u64,
     /// Link rate, Gbit/s.
     pub link_gbps: f64,
+    /// One-way propagation delay of every link, ns.
+    pub delay_ns: u64,
     /// Timely's constants of the CC-on rows.
     #[serde(skip)]
     pub cc: CcConfig,
@@ -800,8 +802,11 @@ pub fn incast_experiment(
     e: &IncastExperiment,
     mut line: impl FnMut(String) -> Result<(), BenchError>,
 ) -> Result<IncastReport, BenchError> {
-    let uncongested =
-        run_incast(&IncastConfig::new(0, e.cc, e.buffer_bytes).with_link(e.link_gbps))?;
+    let uncongested = run_incast(
+        &IncastConfig::new(0, e.cc, e.buffer_bytes)
+            .with_link(e.link_gbps)
+            .with_delay(e.delay_ns),
+    )?;
     line(format!(
         "uncongested small RPCs ({} B, alone): p50 {:.2} µs, p99 {:.2} µs over {} RPCs",
         IncastConfig::new(0, e.cc, 0).small_bytes,
@@ -813,7 +818,11 @@ pub fn incast_experiment(
     let mut rows = Vec::new();
     for &n in &e.senders {
         for cc in [e.cc, CcConfig::disabled()] {
-            let r = run_incast(&IncastConfig::new(n, cc, e.buffer_bytes).with_link(e.link_gbps))?;
+            let r = run_incast(
+                &IncastConfig::new(n, cc, e.buffer_bytes)
+                    .with_link(e.link_gbps)
+                    .with_delay(e.delay_ns),
+            )?;
             line(row_line(&r, uncongested.small_p99_us))?;
             rows.push(r);
         }
@@ -831,6 +840,14 @@ impl IncastConfig {
     pub fn with_link(self, gbps: f64) -> IncastConfig {
         IncastConfig {
             link_gbps: gbps,
+            ..self
+        }
+    }
+
+    /// The same with a one-way propagation delay of `ns` on every link.
+    pub fn with_delay(self, ns: u64) -> IncastConfig {
+        IncastConfig {
+            delay_ns: ns,
             ..self
         }
     }

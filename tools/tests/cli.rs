@@ -154,6 +154,11 @@ fn erpc_bench_experiment_options_are_checked() {
         &["--buffer-kib 0", "1 to 1048576"],
     );
     bench_refuses(
+        &["--experiment", "incast", "--link-delay-ns", "2000000"],
+        2,
+        &["--link-delay-ns 2000000", "at most 1000000"],
+    );
+    bench_refuses(
         &["--experiment", "incast", "--t-low-us", "2000"],
         2,
         &["Timely", "T_low (2000 µs) <= T_high (1000 µs)"],

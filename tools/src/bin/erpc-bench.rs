@@ -137,7 +137,8 @@ struct Args {
     #[arg(long, value_enum, default_value = "timely")]
     controller: CcController,
     /// Delay-target controller: queueing allowed above the base RTT, µs
-    /// (default 2).
+    /// (default 1; the headroom is the larger of this and 3 KiB at the
+    /// link rate).
     #[arg(long)]
     headroom_us: Option<f64>,
     /// Delay-target controller: most flow scaling added to the target at
@@ -166,6 +167,12 @@ struct Args {
     /// fraction of the rate (default 0.005; 0: no limit).
     #[arg(long)]
     ai_frac: Option<f64>,
+    /// One-way propagation delay of every link in ns (`--experiment
+    /// incast`; default 1000). A few ns more or less change the order
+    /// of simultaneous events, so runs at 1000, 1007, 1014, ... show how
+    /// much a result depends on one trajectory.
+    #[arg(long, default_value_t = 1000)]
+    link_delay_ns: u64,
     /// Failure timeout in ms for `--experiment failure-detection`.
     #[arg(long, default_value_t = erpc::consts::FAILURE_TIMEOUT_MS)]
     failure_timeout_ms: u64,
@@ -775,6 +782,12 @@ fn run_incast(args: Args) -> Result<(), Quit> {
             args.link_gbps
         ));
     }
+    if args.link_delay_ns > 1_000_000 {
+        return usage(format!(
+            "--link-delay-ns {}: must be at most 1000000",
+            args.link_delay_ns
+        ));
+    }
     let mut cc = match args.controller {
         CcController::Timely => erpc::cc::CcConfig::default(),
         CcController::Swift => erpc::cc::CcConfig::swift(),
@@ -840,6 +853,7 @@ fn run_incast(args: Args) -> Result<(), Quit> {
         senders: args.senders.clone(),
         buffer_bytes: args.buffer_kib * 1024,
         link_gbps: args.link_gbps,
+        delay_ns: args.link_delay_ns,
         cc,
         t_low_us: cc.timely.t_low_us,
         t_high_us: cc.timely.t_high_us,
@@ -856,10 +870,11 @@ fn run_incast(args: Args) -> Result<(), Quit> {
         &progress,
         format!(
             "erpc-bench incast: N senders x 1 MB requests (2 in flight each) to one receiver, \
-             plus 32-byte RPCs from one uncongested sender; {} Gbit/s links, {} KiB switch \
-             buffer per port, {}, wheel bypass {}, pace window {}, wheel slot {} ns; simulated network, virtual \
-             time (best goodput / link: {:.3})",
+             plus 32-byte RPCs from one uncongested sender; {} Gbit/s links ({} ns one way), {} \
+             KiB switch buffer per port, {}, wheel bypass {}, pace window {}, wheel slot {} ns; \
+             simulated network, virtual time (best goodput / link: {:.3})",
             e.link_gbps,
+            e.delay_ns,
             args.buffer_kib,
             match e.swift {
                 None => format!(
