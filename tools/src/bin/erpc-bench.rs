@@ -199,7 +199,8 @@ struct Args {
     /// Seconds measured per point.
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     secs: f64,
-    /// Seconds of warm-up before each point is measured.
+    /// Seconds of warm-up before each point, and each point's raw-echo
+    /// reference, is measured.
     #[arg(long, default_value_t = 0.2, allow_negative_numbers = true)]
     warmup: f64,
     /// Capture the eRPC runs (data and session-management packets) into a
@@ -991,7 +992,7 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
     let mut line = format!(
         "reference (`raw Mrt/s`): a raw echo of {frame_bytes}-byte packets over the same \
          transport with each point's batch and window, both nodes sending and answering, \
-         measured before the points, in M round trips/s"
+         measured before the points after the same warm-up, in M round trips/s"
     );
     if per_rpc > 1 {
         line.push_str(&format!(
@@ -1020,9 +1021,9 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
     let mut raws = Vec::with_capacity(args.batch.len());
     for &b in &args.batch {
         raws.push(match (&dm, &hw) {
-            (Some(d), _) => raw_echo_on(d, point(b), dur, &progress)?,
-            (_, Some(h)) => raw_echo_on(h, point(b), dur, &progress)?,
-            _ => udp_raw_echo(&plan, point(b), dur, &progress)?,
+            (Some(d), _) => raw_echo_on(d, point(b), dur, warmup, &progress)?,
+            (_, Some(h)) => raw_echo_on(h, point(b), dur, warmup, &progress)?,
+            _ => udp_raw_echo(&plan, point(b), dur, warmup, &progress)?,
         });
     }
     if let Some(d) = &dm {
