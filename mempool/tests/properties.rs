@@ -67,8 +67,16 @@ fn check_invariants(live: &[Buffer], mapper: &BumpMapper) {
     }
 }
 
+/// Cases per property: the default, or `PROPTEST_CASES` for a longer soak.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(48), ..ProptestConfig::default() })]
 
     #[test]
     fn random_alloc_free_sequences(ops in proptest::collection::vec(op(), 1..200)) {

@@ -112,8 +112,16 @@ fn apply(f: &mut Vec<u8>, m: &Mutation) {
     }
 }
 
+/// Cases per property: the default, or `PROPTEST_CASES` for a longer soak.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    #![proptest_config(ProptestConfig::with_cases(cases(512)))]
 
     #[test]
     fn random_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..1200)) {
