@@ -71,8 +71,6 @@ impl Bucket {
 
 #[derive(Debug, Clone, Copy)]
 struct Head {
-    /// Packets in this slot may leave once the clock reaches this time.
-    tx_ns: u64,
     /// Last bucket of the slot's chain (the slot's own bucket at first).
     last: u32,
 }
@@ -118,6 +116,10 @@ pub struct TimingWheel {
     buckets: Vec<Bucket>,
     free: Vec<u32>,
     cur: usize,
+    /// Packets in slot `cur` may leave once the clock reaches this time;
+    /// slot `cur + i` (around the ring) at `cur_tx_ns + i × slot_ns`. One
+    /// time for the whole ring, so catching up with the clock is O(1).
+    cur_tx_ns: u64,
     /// Entries in slots (not yet in the ready queue).
     count: usize,
     /// Entries whose slot has passed, oldest first.
@@ -129,18 +131,14 @@ impl TimingWheel {
     /// An empty wheel whose first slot ends one slot width after `now_ns`.
     pub fn new(cfg: WheelConfig, now_ns: u64) -> TimingWheel {
         let n = cfg.slots();
-        let heads = (0..n)
-            .map(|i| Head {
-                tx_ns: now_ns + (i as u64 + 1) * cfg.slot_ns,
-                last: i as u32,
-            })
-            .collect();
+        let heads = (0..n).map(|i| Head { last: i as u32 }).collect();
         TimingWheel {
             cfg,
             heads,
             buckets: vec![Bucket::new(); n],
             free: Vec::new(),
             cur: 0,
+            cur_tx_ns: now_ns + cfg.slot_ns,
             count: 0,
             ready: VecDeque::new(),
             stats: WheelStats::default(),
@@ -180,7 +178,7 @@ impl TimingWheel {
         self.cfg
     }
 
-    /// Moves every slot whose time has come (`tx_ns <= now_ns`) to the
+    /// Moves every slot whose time has come (its time ≤ `now_ns`) to the
     /// ready queue. `now_ns` must not decrease between calls.
     pub fn reap(&mut self, now_ns: u64) {
         if self.count == 0 {
@@ -188,9 +186,9 @@ impl TimingWheel {
             return;
         }
         let n = self.heads.len();
-        while self.heads[self.cur].tx_ns <= now_ns {
+        while self.cur_tx_ns <= now_ns {
             self.reap_slot(self.cur);
-            self.heads[self.cur].tx_ns += self.cfg.slot_ns * n as u64;
+            self.cur_tx_ns += self.cfg.slot_ns;
             self.cur = if self.cur + 1 == n { 0 } else { self.cur + 1 };
             if self.count == 0 {
                 self.rebase_if_behind(now_ns);
@@ -202,15 +200,11 @@ impl TimingWheel {
     /// An empty wheel that fell behind the clock (idle for longer than a
     /// slot) jumps to the present at once instead of walking every slot.
     fn rebase_if_behind(&mut self, now_ns: u64) {
-        if self.heads[self.cur].tx_ns > now_ns {
+        if self.cur_tx_ns > now_ns {
             return;
         }
         self.stats.rebases += 1;
-        let n = self.heads.len();
-        for i in 0..n {
-            let h = &mut self.heads[(self.cur + i) % n];
-            h.tx_ns = now_ns + (i as u64 + 1) * self.cfg.slot_ns;
-        }
+        self.cur_tx_ns = now_ns + self.cfg.slot_ns;
     }
 
     fn reap_slot(&mut self, ws: usize) {
@@ -240,7 +234,7 @@ impl TimingWheel {
     pub fn insert(&mut self, ent: WheelEnt, now_ns: u64, desired_ns: u64) -> Result<(), WheelEnt> {
         self.reap(now_ns);
         let n = self.heads.len();
-        let cur_tx = self.heads[self.cur].tx_ns;
+        let cur_tx = self.cur_tx_ns;
         let delta = if desired_ns <= cur_tx {
             0
         } else {
