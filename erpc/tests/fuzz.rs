@@ -5,16 +5,9 @@
 
 use proptest::prelude::*;
 
-/// Cases per property: the default, or `PROPTEST_CASES` for a longer soak.
-fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(256), ..ProptestConfig::default() })]
+    // proptest's default: 256 cases, or `PROPTEST_CASES` for a soak.
+    #![proptest_config(ProptestConfig::default())]
 
     #[test]
     fn arbitrary_packets_never_panic_and_are_counted(input in proptest::collection::vec(any::<u8>(), 0..1500)) {

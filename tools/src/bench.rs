@@ -962,23 +962,19 @@ fn run_points<T: Transport + 'static>(
         step();
     }
     progress.phase(&format!("B = {}", p.batch), warmup + dur);
-    let start = Instant::now();
-    let mut t0 = start;
-    let mut measuring = false;
+    let mut clock = MeasureClock::new(warmup);
     loop {
-        let now = Instant::now();
-        progress.tick(now - start);
-        if !measuring && now - start >= warmup {
-            measuring = true;
-            t0 = now;
+        if clock.tick(progress) {
             for (_, c) in nodes.iter_mut() {
                 c.completed = 0;
                 c.lat.reset();
             }
         }
-        if measuring && now - t0 >= dur {
+        if let Some(m) = clock.measured()
+            && m >= dur
+        {
             let done: u64 = nodes.iter().map(|(_, c)| c.completed).sum();
-            if done >= p.min_rpcs || now - t0 >= dur * MAX_STRETCH {
+            if done >= p.min_rpcs || m >= dur * MAX_STRETCH {
                 break;
             }
         }
@@ -994,12 +990,48 @@ fn run_points<T: Transport + 'static>(
             return Err(e);
         }
     }
-    let elapsed = t0.elapsed();
+    let elapsed = clock.measured().unwrap_or_default();
     progress.clear();
     Ok(summarize(
         &nodes.iter().map(|(_, c)| c).collect::<Vec<_>>(),
         elapsed,
     ))
+}
+
+/// The wall clock of one measured run: `warmup`, then the measured
+/// interval (an eRPC point and its raw-echo reference keep time alike).
+struct MeasureClock {
+    start: Instant,
+    warmup: Duration,
+    /// When the measured interval began.
+    t0: Option<Instant>,
+}
+
+impl MeasureClock {
+    fn new(warmup: Duration) -> MeasureClock {
+        MeasureClock {
+            start: Instant::now(),
+            warmup,
+            t0: None,
+        }
+    }
+
+    /// Advances the progress bar; true exactly once, when the warm-up
+    /// has just ended (the caller zeroes its counters then).
+    fn tick(&mut self, progress: &Progress) -> bool {
+        let now = Instant::now();
+        progress.tick(now - self.start);
+        if self.t0.is_none() && now - self.start >= self.warmup {
+            self.t0 = Some(now);
+            return true;
+        }
+        false
+    }
+
+    /// Time since the measured interval began (`None` while warming up).
+    fn measured(&self) -> Option<Duration> {
+        self.t0.map(|t| t.elapsed())
+    }
 }
 
 /// The raw-echo reference of one eRPC point, between two transports of a
@@ -1197,20 +1229,14 @@ pub fn raw_echo<T: Transport>(
         // (first touches of ring and buffer memory, caches, the clock
         // speed settling), then the same measured interval.
         progress.phase(&format!("raw echo, B = {}", p.batch), warmup + dur);
-        let start = Instant::now();
-        let mut t0 = start;
-        let mut measuring = false;
+        let mut clock = MeasureClock::new(warmup);
         loop {
-            let now = Instant::now();
-            progress.tick(now - start);
-            if !measuring && now - start >= warmup {
-                measuring = true;
-                t0 = now;
+            if clock.tick(progress) {
                 for n in nodes.iter_mut() {
                     n.done = 0;
                 }
             }
-            if measuring && now - t0 >= dur {
+            if clock.measured().is_some_and(|m| m >= dur) {
                 break;
             }
             for _ in 0..64 {
@@ -1221,7 +1247,7 @@ pub fn raw_echo<T: Transport>(
                 step();
             }
         }
-        elapsed = t0.elapsed().as_secs_f64();
+        elapsed = clock.measured().unwrap_or_default().as_secs_f64();
         progress.clear();
     }
     let done: u64 = nodes.iter().map(|n| n.done).sum();
