@@ -9,8 +9,9 @@
 //! * [`from_device`]: after reading an ownership bit the device wrote, later
 //!   loads of the same entry see what the device wrote before it. x86 keeps
 //!   loads in order (compiler fence); aarch64 needs `dmb oshld`.
-//! * [`full`]: orders loads against loads and stores (the overrunning-CQ
-//!   snapshot re-read). `mfence` / `dmb osh`.
+//! * [`full`]: orders loads and stores against later loads and stores
+//!   (nothing on the datapath needs it; the overrunning-CQ snapshot needs
+//!   only load-load order, [`from_device`]). `mfence` / `dmb osh`.
 //! * [`wc_start`] / [`wc_flush`]: bracket write-combining BlueFlame stores:
 //!   earlier stores drain first, and the WC buffer is flushed so the 64-byte
 //!   burst leaves as one transaction. `sfence` on x86; `dsb st` on aarch64.
@@ -49,12 +50,8 @@ pub fn from_device() {
 /// Orders all earlier loads and stores before all later ones.
 #[inline(always)]
 pub fn full() {
+    // On x86-64 the SeqCst fence is itself an `mfence`.
     fence(Ordering::SeqCst);
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a barrier instruction; touches no memory.
-    unsafe {
-        std::arch::asm!("mfence", options(nostack, preserves_flags))
-    };
     #[cfg(target_arch = "aarch64")]
     // SAFETY: a barrier instruction; touches no memory.
     unsafe {
