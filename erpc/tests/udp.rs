@@ -104,3 +104,49 @@ fn sm_over_udp_unknown_rpc_id_and_garbage() {
     assert_eq!(st.malformed, 2, "{st:?}");
     assert_eq!(st.invalid_rpc_id_req, 1);
 }
+
+/// Congestion control is off by default over kernel UDP (its RTT is the
+/// kernel's socket queues, not the network's) and on when asked for; the
+/// simulated network, whose RTT is the network's, keeps it on.
+#[test]
+fn congestion_control_defaults_off_on_kernel_udp() {
+    let uri = format!("127.0.0.1:{}", free_port());
+    let nexus = app::register::<UdpTransport>(Nexus::builder(&uri))
+        .workers(0)
+        .build()
+        .unwrap();
+    let make = |id: u8, cfg: RpcConfig| {
+        let t = UdpTransport::new(&UdpConfig::loopback()).unwrap();
+        let rpc: Rpc<UdpTransport, Ctx> =
+            Rpc::new(&nexus, id, t, erpc::sim::test_allocator(4 << 20), cfg, None).unwrap();
+        rpc.config().cc.enabled
+    };
+    assert!(!make(0, RpcConfig::default()), "default: off over UDP");
+    let mut forced = RpcConfig::default();
+    forced.cc.on_software_stack = true;
+    assert!(make(1, forced), "on_software_stack: on over UDP");
+    let mut off = RpcConfig::default();
+    off.cc.enabled = false;
+    off.cc.on_software_stack = true;
+    assert!(!make(2, off), "disabled stays disabled");
+
+    let net = erpc::sim::SimNet::new(erpc::sim::SimConfig::default());
+    let sim_nexus = app::register::<erpc::sim::SimTransport>(Nexus::builder("sim0:1"))
+        .sm_link(net.sm_link())
+        .clock(net.erpc_clock())
+        .build()
+        .unwrap();
+    let rpc: Rpc<erpc::sim::SimTransport, Ctx> = Rpc::new(
+        &sim_nexus,
+        0,
+        net.add_transport(),
+        erpc::sim::test_allocator(4 << 20),
+        RpcConfig::default(),
+        None,
+    )
+    .unwrap();
+    assert!(
+        rpc.config().cc.enabled,
+        "default: on over the simulated network"
+    );
+}

@@ -277,6 +277,17 @@ pub trait Transport {
     /// Largest burst `tx_burst` takes at once (the postlist, 16 for mlx5).
     fn tx_burst_max(&self) -> usize;
 
+    /// Whether a round trip through this transport is the network's: a
+    /// NIC's datapath, where delay beyond the base RTT means queues in
+    /// switches (true, the default). False for a host software stack
+    /// (kernel sockets), whose own socket queues and system calls add tens
+    /// to hundreds of µs under load without any network congestion. eRPC's
+    /// delay-based congestion control runs by default only where this is
+    /// true (`erpc::cc::CcConfig::on_software_stack`).
+    fn rtt_is_network(&self) -> bool {
+        true
+    }
+
     /// Returns once every packet handed to `tx_burst` has left host memory,
     /// so the buffers may be reused. The rare path.
     fn tx_flush(&mut self);

@@ -765,6 +765,13 @@ impl Transport for UdpTransport {
         self.tx_burst_max
     }
 
+    /// No: a round trip is two passes through the kernel's UDP stack each
+    /// way, and under load its socket queues, not the network, set the
+    /// delay.
+    fn rtt_is_network(&self) -> bool {
+        false
+    }
+
     /// Nothing to wait for: `sendmmsg` has copied every datagram into the
     /// kernel before `tx_burst` returned.
     fn tx_flush(&mut self) {}

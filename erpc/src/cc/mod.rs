@@ -71,6 +71,18 @@ pub struct CcConfig {
     /// the rest wait in the credit-stall queue, kicked every event-loop
     /// iteration, and are scheduled when earlier ones leave.
     pub pace_window: u16,
+    /// Run congestion control also on a transport whose round trip is a
+    /// host software stack's rather than the network's
+    /// ([`transport::Transport::rtt_is_network`] false: kernel UDP). Off by
+    /// default: there, the kernel's socket queues put the RTT above
+    /// Timely's `t_low` whenever the sessions are busy, with no network
+    /// congestion to relieve, and pacing only splits the transmit batches
+    /// (more system calls, so longer queues): over loopback, `erpc-bench
+    /// --transport udp` at B = 8 held every session at Timely's minimum
+    /// rate, 0.44 of the raw echo's rate at 2.3× the median latency of CC
+    /// off (BENCHMARKS.md). An Rpc created with this off on such a
+    /// transport runs with `enabled` false, and its config says so.
+    pub on_software_stack: bool,
 }
 
 /// The rate controller of every client session of an Rpc.
@@ -99,6 +111,7 @@ impl Default for CcConfig {
             swift: SwiftParams::default(),
             wheel_slot_ns: 500,
             pace_window: 0,
+            on_software_stack: false,
         }
     }
 }

@@ -635,9 +635,18 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
         rpc_id: u8,
         mut transport: T,
         mut alloc: Allocator,
-        config: RpcConfig,
+        mut config: RpcConfig,
         sm_handler: Option<SessionHandler<T, C>>,
     ) -> Result<Rpc<T, C>, CreateError> {
+        if config.cc.enabled && !transport.rtt_is_network() && !config.cc.on_software_stack {
+            // See `CcConfig::on_software_stack`.
+            tracing::info!(
+                rpc_id,
+                "congestion control off: this transport's round trips are a host software \
+                 stack's (set cc.on_software_stack to run it anyway)"
+            );
+            config.cc.enabled = false;
+        }
         let ring = transport.take_rx_ring().ok_or(CreateError::RingTaken)?;
         let ring_entries = ring.entries();
         if config.session_credits == 0 || config.session_credits > ring_entries {
@@ -766,6 +775,14 @@ impl<T: Transport, C> Rpc<T, C> {
     /// The Nexus.
     pub fn nexus(&self) -> &Arc<Nexus> {
         &self.nexus
+    }
+
+    /// The settings this Rpc runs with: those it was created with, except
+    /// that congestion control is off on a transport whose round trips
+    /// are a host software stack's unless `cc.on_software_stack` asked for
+    /// it (see [`crate::cc::CcConfig::on_software_stack`]).
+    pub fn config(&self) -> &RpcConfig {
+        &self.config
     }
 
     /// Counters.
