@@ -10,7 +10,7 @@
 //! is checked by [`Settings::validate`] (each error names the limit), and
 //! every failure of a run is a [`BenchError`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::IsTerminal;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
@@ -1042,7 +1042,7 @@ pub fn raw_echo_on<W: Testbed>(
     dur: Duration,
     warmup: Duration,
     progress: &Progress,
-) -> Result<f64, BenchError> {
+) -> Result<RawEcho, BenchError> {
     let mut a = w.transport(0, RAW_ECHO_PORT, &Knobs::default())?;
     let mut b = w.transport(1, RAW_ECHO_PORT + 1, &Knobs::default())?;
     let (mut aa, mut ab) = (w.allocator(0, 2 << 20)?, w.allocator(1, 2 << 20)?);
@@ -1055,6 +1055,16 @@ pub fn raw_echo_on<W: Testbed>(
         progress,
         || w.step(),
     )
+}
+
+/// What a raw echo measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RawEcho {
+    /// Round trips completed per second by both nodes together.
+    pub round_trips_per_sec: f64,
+    /// Median round-trip time, µs, from the request's batch being queued
+    /// to its response (as eRPC's latency is timed).
+    pub median_us: f64,
 }
 
 /// First payload byte of a raw-echo packet: a request (answered) or a
@@ -1079,6 +1089,14 @@ struct EchoNode<'a, T: Transport> {
     queued_resp: usize,
     /// Round trips completed.
     done: u64,
+    /// Send time of each request in flight, oldest first (the peer answers
+    /// in arrival order and the network keeps it), and the round-trip
+    /// times: the same clock reads and histogram records per request as
+    /// eRPC's `issue` and continuation, so that the reference also carries
+    /// the benchmark's own timing work, and the raw echo's latency is
+    /// known.
+    sent: VecDeque<Instant>,
+    lat: Histogram<u64>,
 }
 
 impl<T: Transport> EchoNode<'_, T> {
@@ -1087,6 +1105,10 @@ impl<T: Transport> EchoNode<'_, T> {
         if self.in_flight + p.batch <= p.window {
             self.in_flight += p.batch;
             self.queued_req += p.batch;
+            let now = Instant::now();
+            for _ in 0..p.batch {
+                self.sent.push_back(now);
+            }
         }
     }
 
@@ -1107,6 +1129,10 @@ impl<T: Transport> EchoNode<'_, T> {
                     Some(&RAW_RESP) if self.in_flight > 0 => {
                         self.in_flight -= 1;
                         self.done += 1;
+                        if let Some(t) = self.sent.pop_front() {
+                            let ns = t.elapsed().as_nanos() as u64;
+                            let _ = self.lat.record(ns.max(1));
+                        }
                     }
                     // Malformed, foreign or a response to nothing: not a
                     // round trip.
@@ -1167,7 +1193,7 @@ pub fn raw_echo<T: Transport>(
     warmup: Duration,
     progress: &Progress,
     mut step: impl FnMut(),
-) -> Result<f64, BenchError> {
+) -> Result<RawEcho, BenchError> {
     let len = PKTHDR_BYTES + raw_echo_data_bytes(p.size);
     let [ta, tb] = t;
     let routes = [
@@ -1215,6 +1241,8 @@ pub fn raw_echo<T: Transport>(
                     queued_req: 0,
                     queued_resp: 0,
                     done: 0,
+                    sent: VecDeque::with_capacity(p.window),
+                    lat: histogram(),
                 });
             }
             Err(e) => {
@@ -1234,6 +1262,7 @@ pub fn raw_echo<T: Transport>(
             if clock.tick(progress) {
                 for n in nodes.iter_mut() {
                     n.done = 0;
+                    n.lat.reset();
                 }
             }
             if clock.measured().is_some_and(|m| m >= dur) {
@@ -1251,6 +1280,11 @@ pub fn raw_echo<T: Transport>(
         progress.clear();
     }
     let done: u64 = nodes.iter().map(|n| n.done).sum();
+    let mut lat = histogram();
+    for n in &nodes {
+        // Same bounds on both sides: `add` cannot fail.
+        let _ = lat.add(&n.lat);
+    }
     for (i, n) in nodes.into_iter().enumerate() {
         alloc[i].free(n.req);
         alloc[i].free(n.resp);
@@ -1264,7 +1298,10 @@ pub fn raw_echo<T: Transport>(
             dur.as_secs_f64()
         )));
     }
-    Ok(done as f64 / elapsed)
+    Ok(RawEcho {
+        round_trips_per_sec: done as f64 / elapsed,
+        median_us: lat.value_at_quantile(0.5) as f64 / 1000.0,
+    })
 }
 
 /// An identity-mapped allocator for the kernel-UDP runs (the kernel
@@ -1380,7 +1417,7 @@ pub fn udp_raw_echo(
     dur: Duration,
     warmup: Duration,
     progress: &Progress,
-) -> Result<f64, BenchError> {
+) -> Result<RawEcho, BenchError> {
     let udp = |who| {
         UdpTransport::new(&UdpConfig::loopback())
             .map_err(|e| BenchError::setup(format!("raw echo: UDP transport {who}"), e))

@@ -310,6 +310,9 @@ fn erpc_bench_writes_json_and_latency_csv() {
         assert_eq!(p["point"]["batch"], b);
         assert!(p["completed"].as_u64().unwrap() > 0, "{p}");
         assert!(p["ratio_to_raw_echo"].as_f64().unwrap() > 0.0, "{p}");
+        // The reference is timed as the RPCs are: its round trips have a
+        // latency, and a 5-packet exchange takes more than a microsecond.
+        assert!(p["raw_echo_median_us"].as_f64().unwrap() > 1.0, "{p}");
         let lat = &p["latency_us"];
         assert!(lat["median"].as_f64().unwrap() <= lat["p99"].as_f64().unwrap());
         // Both nodes' queue sets, with the driver's counters.

@@ -258,6 +258,8 @@ struct PointReport {
     /// The point's reference: a raw echo of the same shape (both nodes,
     /// the point's batch and window), round trips per second by both nodes.
     raw_echo_round_trips_per_sec: f64,
+    /// The raw echo's median round-trip time, µs (timed as eRPC's RPCs are).
+    raw_echo_median_us: f64,
     ratio_to_raw_echo: Option<f64>,
     /// The ratio is above 1.0: a measurement error (see erpc-bench's output).
     ratio_above_one: bool,
@@ -992,7 +994,8 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
     let mut line = format!(
         "reference (`raw Mrt/s`): a raw echo of {frame_bytes}-byte packets over the same \
          transport with each point's batch and window, both nodes sending and answering, \
-         measured before the points after the same warm-up, in M round trips/s"
+         measured before the points after the same warm-up, in M round trips/s, and its \
+         median round-trip time (`raw med µs`), timed as eRPC's RPCs are"
     );
     if per_rpc > 1 {
         line.push_str(&format!(
@@ -1006,8 +1009,16 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
     out.line(
         &progress,
         format!(
-            "{:>4} {:>7} {:>10} {:>10} {:>12} {:>10} {:>10} {:>10}",
-            "B", "window", "Mrps", "raw Mrt/s", "/ raw echo", "median µs", "p99 µs", "p99.9 µs"
+            "{:>4} {:>7} {:>10} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10}",
+            "B",
+            "window",
+            "Mrps",
+            "raw Mrt/s",
+            "/ raw echo",
+            "median µs",
+            "raw med µs",
+            "p99 µs",
+            "p99.9 µs"
         ),
     )?;
     let point = |b| Point {
@@ -1037,23 +1048,24 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
             (_, Some(h)) => erpc_on(h, &Knobs::default(), p, dur, warmup, &progress)?,
             _ => udp_erpc(&plan, p, dur, warmup, &progress, capture.as_ref(), inspect)?,
         };
-        let ratio = ratio_to_raw(o.rpcs_per_sec, args.size, raw);
+        let ratio = ratio_to_raw(o.rpcs_per_sec, args.size, raw.round_trips_per_sec);
         // The reference does eRPC's packet work without eRPC: above 1.0,
         // the measurement is wrong, not eRPC fast.
         let suspect = ratio.is_some_and(|r| r > 1.0);
         out.line(
             &progress,
             format!(
-                "{:>4} {:>7} {:>10.3} {:>10.3} {:>12} {:>10.1} {:>10.1} {:>10.1}",
+                "{:>4} {:>7} {:>10.3} {:>10.3} {:>12} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
                 b,
                 args.window,
                 o.rpcs_per_sec / 1e6,
-                raw / 1e6,
+                raw.round_trips_per_sec / 1e6,
                 ratio.map_or("-".to_string(), |r| format!(
                     "{r:.2}{}",
                     if suspect { " (!)" } else { "" }
                 )),
                 o.latency_us.median,
+                raw.median_us,
                 o.latency_us.p99,
                 o.latency_us.p99_9
             ),
@@ -1072,7 +1084,8 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
         points.push(PointReport {
             point: p,
             mrps: o.rpcs_per_sec / 1e6,
-            raw_echo_round_trips_per_sec: raw,
+            raw_echo_round_trips_per_sec: raw.round_trips_per_sec,
+            raw_echo_median_us: raw.median_us,
             ratio_to_raw_echo: ratio,
             ratio_above_one: suspect,
             outcome: o,
