@@ -11,6 +11,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::clock::VirtualClock;
@@ -106,6 +107,10 @@ struct HubInner {
     taps: BTreeMap<Uri, Vec<[u8; SM_PKT_BYTES]>>,
     cut_off: BTreeSet<Uri>,
     last_tick_ns: u64,
+    /// The failure-detection cadence: a quarter of the shortest ping
+    /// interval of the Nexuses present, at most 1 ms (kept up to date as
+    /// Nexuses come and go; a ping interval never changes).
+    tick_ns: u64,
     /// Reused buffer of pings due.
     pings: Vec<(Uri, [u8; SM_PKT_BYTES])>,
     q: BinaryHeap<Reverse<Pending>>,
@@ -119,6 +124,11 @@ struct HubInner {
 pub struct SimSmHub {
     clock: VirtualClock,
     inner: Mutex<HubInner>,
+    /// The earliest time `deliver_due` has anything to do (the next
+    /// packet's due time or the next failure-detection tick), republished
+    /// under the lock after every change: the common call, with nothing
+    /// due, returns after one load instead of taking the lock.
+    due_ns: AtomicU64,
 }
 
 impl fmt::Debug for SimSmHub {
@@ -137,6 +147,7 @@ impl SimSmHub {
                 taps: BTreeMap::new(),
                 cut_off: BTreeSet::new(),
                 last_tick_ns: 0,
+                tick_ns: tick_ns(&BTreeMap::new()),
                 pings: Vec::new(),
                 q: BinaryHeap::new(),
                 rng: Rng::new(seed),
@@ -144,7 +155,15 @@ impl SimSmHub {
                 seq: 0,
                 stats: SmHubStats::default(),
             }),
+            due_ns: AtomicU64::new(0),
         }
+    }
+
+    /// Publishes when `deliver_due` next has work, from `g` (the lock held).
+    fn publish_due(&self, g: &HubInner) {
+        let tick = g.last_tick_ns.saturating_add(g.tick_ns);
+        let next = g.q.peek().map_or(u64::MAX, |p| p.0.at_ns);
+        self.due_ns.store(tick.min(next), Ordering::Release);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HubInner> {
@@ -218,17 +237,14 @@ impl SimSmHub {
     /// detection. Bounded by the packets queued at entry plus the replies
     /// they cause.
     pub fn deliver_due(&self, now_ns: u64) {
+        if now_ns < self.due_ns.load(Ordering::Acquire) {
+            return;
+        }
         let mut g = self.lock();
         // Failure detection at a bounded cadence of virtual time (a
         // quarter of the shortest ping interval, at most 1 ms), as the SM
         // thread's wake-ups do in production.
-        let min_interval = g
-            .routers
-            .values()
-            .map(|r| r.tick_interval_ns())
-            .min()
-            .unwrap_or(u64::MAX);
-        if now_ns.saturating_sub(g.last_tick_ns) >= (min_interval / 4).min(1_000_000) {
+        if now_ns.saturating_sub(g.last_tick_ns) >= g.tick_ns {
             g.last_tick_ns = now_ns;
             let mut pings = std::mem::take(&mut g.pings);
             for r in g.routers.values() {
@@ -272,7 +288,18 @@ impl SimSmHub {
                 Self::push(&mut g, now_ns, to, reply);
             }
         }
+        self.publish_due(&g);
     }
+}
+
+/// The failure-detection cadence for `routers` (see `HubInner::tick_ns`).
+fn tick_ns(routers: &BTreeMap<Uri, Arc<SmRouter>>) -> u64 {
+    let min_interval = routers
+        .values()
+        .map(|r| r.tick_interval_ns())
+        .min()
+        .unwrap_or(u64::MAX);
+    (min_interval / 4).min(1_000_000)
 }
 
 impl SimSmHub {
@@ -309,6 +336,7 @@ impl SimSmHub {
         if let Some((to, reply)) = router.deliver(bytes) {
             Self::push(&mut g, now, to, reply);
         }
+        self.publish_due(&g);
     }
 }
 
@@ -322,6 +350,8 @@ impl SmLink for SimSmHub {
             });
         }
         g.routers.insert(local.clone(), router);
+        g.tick_ns = tick_ns(&g.routers);
+        self.publish_due(&g);
         Ok(())
     }
 
@@ -329,9 +359,13 @@ impl SmLink for SimSmHub {
         let now = self.clock.now_ns();
         let mut g = self.lock();
         Self::push(&mut g, now, to.clone(), *pkt);
+        self.publish_due(&g);
     }
 
     fn stop(&self, local: &Uri) {
-        self.lock().routers.remove(local);
+        let mut g = self.lock();
+        g.routers.remove(local);
+        g.tick_ns = tick_ns(&g.routers);
+        self.publish_due(&g);
     }
 }
