@@ -153,7 +153,8 @@ impl<T: Transport, C> Rpc<T, C> {
                 });
             } else {
                 m.resize_checked(msg_size);
-                m.write_pkt_data(0, data);
+                // Packet 0's data starts the message (checked length).
+                m.data_mut()[..data.len()].copy_from_slice(data);
                 c.resp_pkts = data_size_to_num_pkts(msg_size) as u32;
                 c.resp_bytes = msg_size as u32;
             }
