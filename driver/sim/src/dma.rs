@@ -192,6 +192,19 @@ impl Table {
         }
     }
 
+    /// The host address of `iova` if all of `[iova, iova + len)` lies
+    /// inside the one mapping that holds `iova` (`len` > 0), else `None`
+    /// (unmapped, or spread over several mappings).
+    #[inline]
+    fn within(&self, hints: &Hints, iova: u64, len: usize) -> Option<usize> {
+        if len == 0 {
+            return None;
+        }
+        let (base, e) = self.find(hints, iova)?;
+        let off = iova - base;
+        (off + len as u64 <= e.len as u64).then(|| e.va + off as usize)
+    }
+
     /// Index of the mapping that starts exactly at `iova`.
     fn position(&self, iova: u64) -> Option<usize> {
         self.entries.binary_search_by_key(&iova, |&(b, _)| b).ok()
@@ -418,12 +431,19 @@ impl Iommu {
             return Err(self.fault(iova, len, write, FaultKind::BusMasterDisabled));
         }
         let t = read_table(&self.table);
-        let mut pieces = Pieces::new();
-        if !translate(&t, &self.hints, iova, len, &mut pieces) {
-            drop(t);
-            return Err(self.fault(iova, len, write, FaultKind::Unmapped));
-        }
-        let r = f(&pieces);
+        // The usual case: the access lies inside one mapping (one piece,
+        // no vector). Otherwise the general split, which may fault.
+        let r = match t.within(&self.hints, iova, len) {
+            Some(va) => f(&[(va, len)]),
+            None => {
+                let mut pieces = Pieces::new();
+                if !translate(&t, &self.hints, iova, len, &mut pieces) {
+                    drop(t);
+                    return Err(self.fault(iova, len, write, FaultKind::Unmapped));
+                }
+                f(&pieces)
+            }
+        };
         drop(t);
         let c = if write {
             &self.bytes_written
@@ -432,6 +452,36 @@ impl Iommu {
         };
         c.fetch_add(len as u64, Ordering::Relaxed);
         Ok(r)
+    }
+
+    /// Runs `f` on `[iova, iova + len)` as one [`DmaSpan`], under one
+    /// translation, if bus mastering is on and the range lies inside one
+    /// mapping; `None` (nothing touched, nothing counted) otherwise, for
+    /// the caller to fall back to single accesses, which fault (and count)
+    /// as usual. For a sequence of accesses into one small structure (a
+    /// CQE: body, then the fields a reader polls, in order) that firmware
+    /// makes into one page.
+    pub fn with_span<R>(
+        &self,
+        iova: u64,
+        len: usize,
+        write: bool,
+        f: impl FnOnce(&DmaSpan) -> R,
+    ) -> Option<R> {
+        if !self.bus_master() {
+            return None;
+        }
+        let t = read_table(&self.table);
+        let va = t.within(&self.hints, iova, len)?;
+        let r = f(&DmaSpan { va, len });
+        drop(t);
+        let c = if write {
+            &self.bytes_written
+        } else {
+            &self.bytes_read
+        };
+        c.fetch_add(len as u64, Ordering::Relaxed);
+        Some(r)
     }
 
     /// Copies `buf.len()` bytes from device address `iova` into `buf`.
@@ -526,6 +576,56 @@ impl Iommu {
             // SAFETY: one byte inside a live mapping.
             unsafe { AtomicU8::from_ptr(p[0].0 as *mut u8) }.load(Ordering::Acquire)
         })
+    }
+}
+
+/// A range of host memory inside one live mapping, lent to the closure of
+/// [`Iommu::with_span`] while the table is read-locked (it cannot outlive
+/// the call: it is neither `Clone` nor handed out by value). Offsets are
+/// the model's own constants; one outside the span is a bug in the model
+/// and panics.
+#[derive(Debug)]
+pub struct DmaSpan {
+    va: usize,
+    len: usize,
+}
+
+impl DmaSpan {
+    fn check(&self, off: usize, n: usize, align: usize) -> *mut u8 {
+        assert!(
+            off.checked_add(n).is_some_and(|e| e <= self.len) && (self.va + off) % align == 0,
+            "DMA span access of {n} bytes at {off:#x} outside {} bytes (or misaligned)",
+            self.len
+        );
+        (self.va + off) as *mut u8
+    }
+
+    /// Copies `data` to byte `off` of the span.
+    pub fn write(&self, off: usize, data: &[u8]) {
+        let dst = self.check(off, data.len(), 1);
+        // SAFETY: `dst..dst + data.len()` is inside the span (checked),
+        // which lies inside a live mapping while the table lock taken by
+        // `with_span` is held (the span cannot outlive it); `data` is a
+        // Rust slice, not DMA memory, so they cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+    }
+
+    /// Stores one byte at `off` with release ordering (an ownership byte).
+    pub fn store_u8_release(&self, off: usize, v: u8) {
+        let p = self.check(off, 1, 1);
+        // SAFETY: one byte inside the span (checked), inside a live mapping
+        // while the table lock is held; any address is aligned for AtomicU8.
+        unsafe { AtomicU8::from_ptr(p) }.store(v, Ordering::Release);
+    }
+
+    /// Stores a big-endian u16 at `off` atomically with release ordering.
+    /// The host address must be 2-byte aligned (it is whenever the IOVA
+    /// is: mappings start page-aligned on both sides).
+    pub fn store_be16_release(&self, off: usize, v: u16) {
+        let p = self.check(off, 2, 2);
+        // SAFETY: two bytes inside the span, 2-byte aligned (checked),
+        // inside a live mapping while the table lock is held.
+        unsafe { AtomicU16::from_ptr(p as *mut u16) }.store(v.to_be(), Ordering::Release);
     }
 }
 
@@ -952,6 +1052,65 @@ mod tests {
             remove_raw(&iommu, x + 4096 * i);
         }
         assert!(iommu.read(x + 4090, &mut back).is_err());
+    }
+
+    #[test]
+    fn a_span_is_lent_only_inside_one_mapping_and_counts_like_a_write() {
+        let (iommu, m) = setup();
+        let mems: Vec<HostMem> = (0..2)
+            .map(|_| HostMem::new(m.clone(), 4096).unwrap())
+            .collect();
+        let x = 0x90_0000_0000u64;
+        for (i, mem) in mems.iter().enumerate() {
+            add_raw(&iommu, x + 4096 * i as u64, mem);
+        }
+        let before = iommu.stats();
+        iommu
+            .with_span(x + 64, 64, true, |s| {
+                s.write(0, &[1, 2]);
+                s.store_be16_release(2, 0x0304);
+                s.store_u8_release(63, 0x3f);
+            })
+            .unwrap();
+        assert_eq!(mems[0].read_vec(64, 4), [1, 2, 3, 4]);
+        assert_eq!(mems[0].load_u8_acquire(127), 0x3f);
+        assert_eq!(iommu.stats().bytes_written, before.bytes_written + 64);
+        // Across two mappings, into a hole, or without bus mastering: no
+        // span, nothing touched, nothing counted (the caller falls back).
+        assert!(iommu.with_span(x + 4096 - 32, 64, true, |_| ()).is_none());
+        assert!(
+            iommu
+                .with_span(x + 2 * 4096 - 32, 64, true, |_| ())
+                .is_none()
+        );
+        assert!(iommu.with_span(x + 8192, 1, false, |_| ()).is_none());
+        iommu.set_bus_master(false);
+        assert!(iommu.with_span(x, 64, true, |_| ()).is_none());
+        iommu.set_bus_master(true);
+        let after = iommu.stats();
+        assert_eq!(
+            (
+                after.faults,
+                after.bytes_written,
+                after.blocked_no_bus_master
+            ),
+            (
+                before.faults,
+                before.bytes_written + 64,
+                before.blocked_no_bus_master
+            )
+        );
+        for i in 0..2 {
+            remove_raw(&iommu, x + 4096 * i);
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "outside 8 bytes")]
+    fn a_span_access_past_its_end_is_a_model_bug() {
+        let (iommu, m) = setup();
+        let a = HostMem::new(m, 4096).unwrap();
+        iommu.with_span(a.iova(), 8, true, |s| s.write(6, &[0; 4]));
     }
 
     /// The pre-change translation (a BTreeMap range lookup into a Vec), as

@@ -274,29 +274,28 @@ impl Cq {
         let wqe_id = (Cqe64::WQE_ID.bit() / 8) as usize;
         let counter = (Cqe64::WQE_COUNTER.bit() / 8) as usize;
         let v = View::<Cqe64>::new(cqe).expect("64 bytes");
-        let r = self
-            .ring
-            .write(&nic.iommu, off, &cqe[..wqe_id])
-            .and_then(|_| self.ring.write(&nic.iommu, off + 4, &cqe[4..counter]))
-            .and_then(|_| self.ring.write(&nic.iommu, off + 0x3e, &cqe[0x3e..0x3f]))
-            .and_then(|_| {
-                self.ring.store_be16(
-                    &nic.iommu,
-                    off + counter as u64,
-                    v.get32(Cqe64::WQE_COUNTER) as u16,
-                )
+        let wqe_counter = v.get32(Cqe64::WQE_COUNTER) as u16;
+        let wqe_id_v = v.get32(Cqe64::WQE_ID) as u16;
+        let op_own = (cqe[0x3f] & !1) | owner;
+        // The CQE lies in one ring page (4 KiB aligned, CQEs aligned to
+        // their size), so it is normally written under one translation;
+        // if that page is not mapped whole the single accesses below
+        // fault exactly where they did.
+        let written = self.ring.iova_of(off).and_then(|(iova, left)| {
+            (left >= 64).then_some(())?;
+            nic.iommu.with_span(iova, 64, true, |s| {
+                s.write(0, &cqe[..wqe_id]);
+                s.write(4, &cqe[4..counter]);
+                s.write(0x3e, &cqe[0x3e..0x3f]);
+                s.store_be16_release(counter, wqe_counter);
+                s.store_be16_release(wqe_id, wqe_id_v);
+                s.store_u8_release(0x3f, op_own);
             })
-            .and_then(|_| {
-                self.ring.store_be16(
-                    &nic.iommu,
-                    off + wqe_id as u64,
-                    v.get32(Cqe64::WQE_ID) as u16,
-                )
-            })
-            .and_then(|_| {
-                self.ring
-                    .store_u8(&nic.iommu, off + 0x3f, (cqe[0x3f] & !1) | owner)
-            });
+        });
+        let r = match written {
+            Some(()) => Ok(()),
+            None => self.write_cqe_slowly(nic, off, cqe, wqe_counter, wqe_id_v, op_own),
+        };
         if r.is_err() {
             self.fail(nic, 0xa, 2);
             return CqPost::Lost;
@@ -312,6 +311,35 @@ impl Cq {
             }
         }
         CqPost::Written
+    }
+
+    /// [`Cq::post`]'s writes one access at a time, in the same order (the
+    /// CQE's page is not mapped whole, or bus mastering is off): stops at
+    /// the first fault.
+    fn write_cqe_slowly(
+        &self,
+        nic: &NicInner,
+        off: u64,
+        cqe: &[u8; 64],
+        wqe_counter: u16,
+        wqe_id_v: u16,
+        op_own: u8,
+    ) -> Result<(), DmaFault> {
+        let wqe_id = (Cqe64::WQE_ID.bit() / 8) as usize;
+        let counter = (Cqe64::WQE_COUNTER.bit() / 8) as usize;
+        self.ring
+            .write(&nic.iommu, off, &cqe[..wqe_id])
+            .and_then(|_| self.ring.write(&nic.iommu, off + 4, &cqe[4..counter]))
+            .and_then(|_| self.ring.write(&nic.iommu, off + 0x3e, &cqe[0x3e..0x3f]))
+            .and_then(|_| {
+                self.ring
+                    .store_be16(&nic.iommu, off + counter as u64, wqe_counter)
+            })
+            .and_then(|_| {
+                self.ring
+                    .store_be16(&nic.iommu, off + wqe_id as u64, wqe_id_v)
+            })
+            .and_then(|_| self.ring.store_u8(&nic.iommu, off + 0x3f, op_own))
     }
 
     fn completion_event(&self, nic: &NicInner) {

@@ -301,6 +301,41 @@ fn full_normal_cq_raises_the_cq_error_path() {
 }
 
 #[test]
+fn a_cq_whose_memory_is_unmapped_fails_at_the_first_cqe_byte() {
+    let (fab, mut h, mut p) = rx_host(17, PathCfg::default());
+    let f = frame_to(MAC_A, MAC_B, &[1; 100]);
+    fab.inject(h.nic.port(), &f);
+    assert_eq!(h.nic.stats().rx_delivered, 1);
+    // The driver frees the CQ's ring behind the device's back.
+    let cqe1 = p.rx_cq.mem.iova_at(64);
+    drop(std::mem::replace(&mut p.rx_cq.mem, h.alloc(4096)));
+    let faults = h.nic.stats().dma.faults;
+    fab.inject(h.nic.port(), &f);
+    assert_eq!(h.nic.drops(DropReason::CqError), 1);
+    assert_eq!(
+        h.nic.stats().dma.faults,
+        faults + 1,
+        "one fault, then nothing"
+    );
+    let fault = h.nic.last_dma_fault().expect("a DMA fault");
+    assert_eq!(
+        (fault.iova, fault.write),
+        (cqe1, true),
+        "at the CQE's first byte"
+    );
+    let out = h.ok(&simple(Opcode::QueryCq, 0, p.rx_cq.cqn), 0x110);
+    assert_eq!(out[0x10] >> 4, 0xa, "CQ status write failure");
+    assert_eq!(be32(&out, 0x10 + 0x2c) & 0xffffff, 1, "producer counter");
+    h.service_eq();
+    let e = h
+        .events
+        .iter()
+        .find_map(|e| e.cq_error())
+        .expect("CQ error EQE");
+    assert_eq!(e, (p.rx_cq.cqn, 2));
+}
+
+#[test]
 fn malformed_wqes_give_error_cqes_and_flush_until_reset() {
     let fab = det_fabric(16);
     let mut h = Host::with_mac(&fab, MAC_A);
