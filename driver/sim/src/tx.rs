@@ -262,14 +262,15 @@ pub(crate) fn doorbell(
         return;
     }
     // The WQE being executed (at most SEND_WQE_MAX_WQEBBS, checked before
-    // it is read), reused for every WQE of the doorbell.
+    // it is read), reused for every WQE of the doorbell. Its first WQEBB
+    // (the control segment) is read first; the rest only once the control
+    // segment has been checked.
     let mut wqe_buf = [0u8; SEND_WQE_MAX_WQEBBS * SEND_WQE_BB];
     // Bounded: every iteration advances `cc` by at least one WQEBB towards `pc`.
     while sq.cc != pc {
         let idx = sq.cc;
         let left = pc.wrapping_sub(idx);
-        let mut ctrl = [0u8; SEND_WQE_BB];
-        match sq.read_wqebbs(nic, idx, &mut ctrl) {
+        match sq.read_wqebbs(nic, idx, &mut wqe_buf[..SEND_WQE_BB]) {
             Ok(()) => {}
             Err(f) => {
                 let e = err(CqeSyndrome::LocalAccess, vendor::DMA_FAULT, f.to_string());
@@ -277,7 +278,7 @@ pub(crate) fn doorbell(
                 continue;
             }
         };
-        let c = View::<WqeCtrlSeg>::new(&ctrl).expect("64 bytes");
+        let c = View::<WqeCtrlSeg>::new(&wqe_buf[..SEND_WQE_BB]).expect("64 bytes");
         let opmod_idx_opcode = c.get32(WqeCtrlSeg::OPMOD_IDX_OPCODE);
         let opcode = opmod_idx_opcode as u8;
         let qpn_ds = c.get32(WqeCtrlSeg::QPN_DS);
@@ -310,10 +311,13 @@ pub(crate) fn doorbell(
                     format!("injected error CQE, syndrome {s:#x}"),
                 ));
             }
-            let wqe = &mut wqe_buf[..wqebbs * SEND_WQE_BB];
-            sq.read_wqebbs(nic, idx, wqe)
-                .map_err(|f| err(CqeSyndrome::LocalAccess, vendor::DMA_FAULT, f.to_string()))?;
-            execute(nic, dp, sq, &wqe[..ds * 16], opcode)
+            sq.read_wqebbs(
+                nic,
+                idx.wrapping_add(1),
+                &mut wqe_buf[SEND_WQE_BB..wqebbs * SEND_WQE_BB],
+            )
+            .map_err(|f| err(CqeSyndrome::LocalAccess, vendor::DMA_FAULT, f.to_string()))?;
+            execute(nic, dp, sq, &wqe_buf[..ds * 16], opcode)
         });
         match result {
             Ok(frame) => {
