@@ -619,14 +619,14 @@ impl NicInner {
                     .fetch_add(1, Ordering::Relaxed);
                 return;
             }
-            let Some(sq) = dp.sqs.get(&sqn).cloned() else {
+            let Some(sq) = dp.sqs.get(&sqn) else {
                 self.stats
                     .sq_doorbells_ignored
                     .fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(sqn, "send doorbell for an unknown SQ");
                 return;
             };
-            let mut sq = lock(&sq);
+            let mut sq = lock(sq);
             if sq.uar != uar {
                 self.stats
                     .sq_doorbells_ignored
@@ -718,11 +718,11 @@ impl NicInner {
                     continue;
                 }
             }
-            let Some(rq) = dp.rqs.get(&tir.rqn).cloned() else {
+            let Some(rq) = dp.rqs.get(&tir.rqn) else {
                 self.drop_frame(DropReason::FlowMiss);
                 continue;
             };
-            let mut rq = lock(&rq);
+            let mut rq = lock(rq);
             match rx::deliver(self, &dp, &mut rq, frame, &parsed, tag) {
                 Ok(()) => {
                     self.stats.rx_delivered.fetch_add(1, Ordering::Relaxed);
