@@ -370,6 +370,15 @@ struct TxOrigin {
     disable_mc_lb: bool,
 }
 
+impl TxOrigin {
+    /// The frame goes to the wire and nowhere else: not to one of the
+    /// function's own addresses, and not multicast looped back (see
+    /// [`NicInner::transmit`]).
+    fn wire_only(&self, frame: &[u8]) -> bool {
+        !self.own && (frame.first().is_none_or(|b| b & 1 == 0) || self.disable_mc_lb)
+    }
+}
+
 impl NicInner {
     pub(crate) fn now_ns(&self) -> u64 {
         self.fabric.now_ns()
@@ -650,9 +659,31 @@ impl NicInner {
                 disable_mc_lb: dp.vport.disable_mc_lb,
             };
         }
-        for (f, own) in out.frames.drain(..).zip(out.own.drain(..)) {
-            self.transmit(f, TxOrigin { own, ..origin });
+        // Frames that only go to the wire (no loopback inside the NIC) are
+        // handed to the fabric a run at a time, in order; the others one
+        // by one between them, as before.
+        let mut frames = out.frames.drain(..).zip(out.own.drain(..)).peekable();
+        while let Some((f, own)) = frames.next() {
+            let o = TxOrigin { own, ..origin };
+            if !o.wire_only(&f) {
+                self.transmit(f, o);
+                continue;
+            }
+            let run = std::iter::from_fn(|| {
+                frames
+                    .next_if(|(f, own)| {
+                        TxOrigin {
+                            own: *own,
+                            ..origin
+                        }
+                        .wire_only(f)
+                    })
+                    .map(|(f, _)| f)
+            });
+            self.fabric
+                .transmit_many(self.port.0, std::iter::once(f).chain(run));
         }
+        drop(frames);
         TX_SCRATCH.with(|s| *s.borrow_mut() = out);
     }
 
