@@ -32,12 +32,13 @@
 #![allow(unsafe_code)]
 
 use std::alloc::Layout;
+use std::cell::Cell;
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::atomic::{
     AtomicBool, AtomicU8, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering,
 };
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use mempool::{DmaError, DmaMapper, DmaMapping};
 use smallvec::SmallVec;
@@ -418,6 +419,42 @@ impl Iommu {
         f
     }
 
+    /// Runs `f` on the host pieces of `[iova, iova + len)` in the locked
+    /// table `t`, or reports the fault. Counts nothing.
+    fn pieces_in<R>(
+        &self,
+        t: &Table,
+        iova: u64,
+        len: usize,
+        write: bool,
+        f: impl FnOnce(&[Piece]) -> R,
+    ) -> Result<R, DmaFault> {
+        if !self.bus_master() {
+            return Err(self.fault(iova, len, write, FaultKind::BusMasterDisabled));
+        }
+        // The usual case: the access lies inside one mapping (one piece,
+        // no vector). Otherwise the general split, which may fault.
+        match t.within(&self.hints, iova, len) {
+            Some(va) => Ok(f(&[(va, len)])),
+            None => {
+                let mut pieces = Pieces::new();
+                if !translate(t, &self.hints, iova, len, &mut pieces) {
+                    return Err(self.fault(iova, len, write, FaultKind::Unmapped));
+                }
+                Ok(f(&pieces))
+            }
+        }
+    }
+
+    fn count(&self, write: bool, len: u64) {
+        let c = if write {
+            &self.bytes_written
+        } else {
+            &self.bytes_read
+        };
+        c.fetch_add(len, Ordering::Relaxed);
+    }
+
     /// Runs `f` on the host pieces of `[iova, iova + len)` with the table
     /// locked, or reports the fault.
     fn with_pieces<R>(
@@ -427,31 +464,28 @@ impl Iommu {
         write: bool,
         f: impl FnOnce(&[Piece]) -> R,
     ) -> Result<R, DmaFault> {
-        if !self.bus_master() {
-            return Err(self.fault(iova, len, write, FaultKind::BusMasterDisabled));
-        }
         let t = read_table(&self.table);
-        // The usual case: the access lies inside one mapping (one piece,
-        // no vector). Otherwise the general split, which may fault.
-        let r = match t.within(&self.hints, iova, len) {
-            Some(va) => f(&[(va, len)]),
-            None => {
-                let mut pieces = Pieces::new();
-                if !translate(&t, &self.hints, iova, len, &mut pieces) {
-                    drop(t);
-                    return Err(self.fault(iova, len, write, FaultKind::Unmapped));
-                }
-                f(&pieces)
-            }
-        };
+        let r = self.pieces_in(&t, iova, len, write, f);
         drop(t);
-        let c = if write {
-            &self.bytes_written
-        } else {
-            &self.bytes_read
-        };
-        c.fetch_add(len as u64, Ordering::Relaxed);
-        Ok(r)
+        if r.is_ok() {
+            self.count(write, len as u64);
+        }
+        r
+    }
+
+    /// [`Iommu::with_span`] in the locked table `t`; counts nothing.
+    fn span_in<R>(
+        &self,
+        t: &Table,
+        iova: u64,
+        len: usize,
+        f: impl FnOnce(&DmaSpan) -> R,
+    ) -> Option<R> {
+        if !self.bus_master() {
+            return None;
+        }
+        let va = t.within(&self.hints, iova, len)?;
+        Some(f(&DmaSpan { va, len }))
     }
 
     /// Runs `f` on `[iova, iova + len)` as one [`DmaSpan`], under one
@@ -468,53 +502,27 @@ impl Iommu {
         write: bool,
         f: impl FnOnce(&DmaSpan) -> R,
     ) -> Option<R> {
-        if !self.bus_master() {
-            return None;
-        }
         let t = read_table(&self.table);
-        let va = t.within(&self.hints, iova, len)?;
-        let r = f(&DmaSpan { va, len });
+        let r = self.span_in(&t, iova, len, f);
         drop(t);
-        let c = if write {
-            &self.bytes_written
-        } else {
-            &self.bytes_read
-        };
-        c.fetch_add(len as u64, Ordering::Relaxed);
-        Some(r)
+        if r.is_some() {
+            self.count(write, len as u64);
+        }
+        r
     }
 
     /// Copies `buf.len()` bytes from device address `iova` into `buf`.
     pub fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
         let len = buf.len();
-        self.with_pieces(iova, len, false, |pieces| {
-            let mut done = 0;
-            for &(va, n) in pieces {
-                // SAFETY: `va..va + n` lies inside a live mapping (checked by
-                // `translate` under the table lock, which is held until this
-                // closure returns), so it is valid host memory by the
-                // DmaMapper contract; `buf[done..done + n]` is in bounds since
-                // the pieces sum to `buf.len()`; the ranges cannot overlap
-                // because `buf` is a Rust-owned slice, not DMA memory.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(va as *const u8, buf.as_mut_ptr().add(done), n)
-                };
-                done += n;
-            }
-        })
+        // SAFETY: the pieces come from the table, locked until `f` returns.
+        self.with_pieces(iova, len, false, |pieces| unsafe { copy_out(pieces, buf) })
     }
 
     /// Copies `data` to device address `iova`.
     pub fn write(&self, iova: u64, data: &[u8]) -> Result<(), DmaFault> {
-        self.with_pieces(iova, data.len(), true, |pieces| {
-            let mut done = 0;
-            for &(va, n) in pieces {
-                // SAFETY: as in `read`: the destination is inside a live
-                // mapping while the table lock is held, the source range is
-                // in bounds of `data`, and the two cannot overlap.
-                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(done), va as *mut u8, n) };
-                done += n;
-            }
+        // SAFETY: as in `read`.
+        self.with_pieces(iova, data.len(), true, |pieces| unsafe {
+            copy_in(pieces, data)
         })
     }
 
@@ -538,36 +546,24 @@ impl Iommu {
 
     /// Stores one byte with release ordering (ownership bytes: written last).
     pub fn store_u8_release(&self, iova: u64, v: u8) -> Result<(), DmaFault> {
-        self.with_pieces(iova, 1, true, |p| {
-            // SAFETY: one byte inside a live mapping (table lock held);
-            // any address is aligned for AtomicU8, and the atomic is only
-            // used for this store.
-            unsafe { AtomicU8::from_ptr(p[0].0 as *mut u8) }.store(v, Ordering::Release);
-        })
+        // SAFETY: as in `read`; one piece of one byte.
+        self.with_pieces(iova, 1, true, |p| unsafe { store_u8(p, v) })
     }
 
     /// Stores a big-endian u16 atomically with release ordering (the
     /// overrun CQ's `wqe_counter`/`wqe_id`, which a reader snapshots).
     pub fn store_be16_release(&self, iova: u64, v: u16) -> Result<(), DmaFault> {
         self.atomic_ptr(iova, 2, true)?;
-        self.with_pieces(iova, 2, true, |p| {
-            debug_assert_eq!(p.len(), 1, "an aligned u16 never spans mappings");
-            // SAFETY: two bytes inside one live mapping (IOVA and VA are
-            // both page-aligned at mapping start, so the 2-byte IOVA
-            // alignment checked above carries over to the VA).
-            unsafe { AtomicU16::from_ptr(p[0].0 as *mut u16) }.store(v.to_be(), Ordering::Release);
-        })
+        // SAFETY: as in `read`; the IOVA is 2-byte aligned (checked).
+        self.with_pieces(iova, 2, true, |p| unsafe { store_be16(p, v) })
     }
 
     /// Loads a big-endian u32 atomically with acquire ordering (doorbell
     /// records).
     pub fn load_be32_acquire(&self, iova: u64) -> Result<u32, DmaFault> {
         self.atomic_ptr(iova, 4, false)?;
-        self.with_pieces(iova, 4, false, |p| {
-            // SAFETY: four bytes inside one live mapping, 4-byte aligned
-            // (see `store_be16_release`).
-            u32::from_be(unsafe { AtomicU32::from_ptr(p[0].0 as *mut u32) }.load(Ordering::Acquire))
-        })
+        // SAFETY: as in `read`; the IOVA is 4-byte aligned (checked).
+        self.with_pieces(iova, 4, false, |p| unsafe { load_be32(p) })
     }
 
     /// Loads one byte with acquire ordering.
@@ -576,6 +572,240 @@ impl Iommu {
             // SAFETY: one byte inside a live mapping.
             unsafe { AtomicU8::from_ptr(p[0].0 as *mut u8) }.load(Ordering::Acquire)
         })
+    }
+
+    /// A session: the table read-locked for a sequence of accesses (one
+    /// doorbell's WQEs, one frame's delivery), which are translated and
+    /// checked one by one exactly as single accesses are, without taking
+    /// the lock for each. Unmapping waits for the session to end, as it
+    /// waits for any access in flight. Byte counts are added when it ends.
+    ///
+    /// Lock order: a session is taken under the function's object table
+    /// lock and before any queue lock, and no single access (which takes
+    /// the table lock itself) is made while one is open on this thread —
+    /// the engines pass the session down instead. A reader waiting behind
+    /// a waiting unmap while holding a queue lock that a session holder
+    /// needs would deadlock.
+    pub(crate) fn session(&self) -> DmaSession<'_> {
+        DmaSession {
+            io: self,
+            table: read_table(&self.table),
+            read: Cell::new(0),
+            written: Cell::new(0),
+        }
+    }
+}
+
+/// Copies from the pieces into `buf` (the pieces sum to `buf.len()`).
+///
+/// # Safety
+/// The pieces must come from the table under a lock still held.
+unsafe fn copy_out(pieces: &[Piece], buf: &mut [u8]) {
+    let mut done = 0;
+    for &(va, n) in pieces {
+        // SAFETY: `va..va + n` lies inside a live mapping (the caller's
+        // contract), so it is valid host memory by the DmaMapper contract;
+        // `buf[done..done + n]` is in bounds since the pieces sum to
+        // `buf.len()`; the ranges cannot overlap because `buf` is a
+        // Rust-owned slice, not DMA memory.
+        unsafe { std::ptr::copy_nonoverlapping(va as *const u8, buf.as_mut_ptr().add(done), n) };
+        done += n;
+    }
+}
+
+/// Copies `data` into the pieces (which sum to `data.len()`).
+///
+/// # Safety
+/// As [`copy_out`].
+unsafe fn copy_in(pieces: &[Piece], data: &[u8]) {
+    let mut done = 0;
+    for &(va, n) in pieces {
+        // SAFETY: as in `copy_out`: the destination is inside a live
+        // mapping, the source range is in bounds of `data`, and the two
+        // cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(done), va as *mut u8, n) };
+        done += n;
+    }
+}
+
+/// Release-stores `v` into the one-byte piece.
+///
+/// # Safety
+/// As [`copy_out`], for a one-byte access.
+unsafe fn store_u8(p: &[Piece], v: u8) {
+    // SAFETY: one byte inside a live mapping (the caller's contract); any
+    // address is aligned for AtomicU8, and the atomic is only used for
+    // this store.
+    unsafe { AtomicU8::from_ptr(p[0].0 as *mut u8) }.store(v, Ordering::Release);
+}
+
+/// Release-stores big-endian `v` into the two-byte piece.
+///
+/// # Safety
+/// As [`copy_out`], for a two-byte access at a 2-byte aligned IOVA.
+unsafe fn store_be16(p: &[Piece], v: u16) {
+    debug_assert_eq!(p.len(), 1, "an aligned u16 never spans mappings");
+    // SAFETY: two bytes inside one live mapping (IOVA and VA are both
+    // page-aligned at mapping start, so the 2-byte IOVA alignment carries
+    // over to the VA).
+    unsafe { AtomicU16::from_ptr(p[0].0 as *mut u16) }.store(v.to_be(), Ordering::Release);
+}
+
+/// Acquire-loads a big-endian u32 from the four-byte piece.
+///
+/// # Safety
+/// As [`copy_out`], for a four-byte access at a 4-byte aligned IOVA.
+unsafe fn load_be32(p: &[Piece]) -> u32 {
+    // SAFETY: four bytes inside one live mapping, 4-byte aligned (see
+    // `store_be16`).
+    u32::from_be(unsafe { AtomicU32::from_ptr(p[0].0 as *mut u32) }.load(Ordering::Acquire))
+}
+
+/// The accesses the TX and RX engines make, on the [`Iommu`] itself (the
+/// table locked per access: doorbells and commands outside the
+/// datapath) or on a [`DmaSession`] (locked once for a doorbell or a
+/// frame). The same checks, faults and counts either way.
+pub(crate) trait Dma {
+    /// [`Iommu::read`].
+    fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaFault>;
+    /// [`Iommu::write`].
+    fn write(&self, iova: u64, data: &[u8]) -> Result<(), DmaFault>;
+    /// [`Iommu::store_u8_release`].
+    fn store_u8_release(&self, iova: u64, v: u8) -> Result<(), DmaFault>;
+    /// [`Iommu::store_be16_release`].
+    fn store_be16_release(&self, iova: u64, v: u16) -> Result<(), DmaFault>;
+    /// [`Iommu::load_be32_acquire`].
+    fn load_be32_acquire(&self, iova: u64) -> Result<u32, DmaFault>;
+    /// [`Iommu::with_span`].
+    fn with_span<R>(
+        &self,
+        iova: u64,
+        len: usize,
+        write: bool,
+        f: impl FnOnce(&DmaSpan) -> R,
+    ) -> Option<R>;
+}
+
+impl Dma for Iommu {
+    fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
+        Iommu::read(self, iova, buf)
+    }
+    fn write(&self, iova: u64, data: &[u8]) -> Result<(), DmaFault> {
+        Iommu::write(self, iova, data)
+    }
+    fn store_u8_release(&self, iova: u64, v: u8) -> Result<(), DmaFault> {
+        Iommu::store_u8_release(self, iova, v)
+    }
+    fn store_be16_release(&self, iova: u64, v: u16) -> Result<(), DmaFault> {
+        Iommu::store_be16_release(self, iova, v)
+    }
+    fn load_be32_acquire(&self, iova: u64) -> Result<u32, DmaFault> {
+        Iommu::load_be32_acquire(self, iova)
+    }
+    fn with_span<R>(
+        &self,
+        iova: u64,
+        len: usize,
+        write: bool,
+        f: impl FnOnce(&DmaSpan) -> R,
+    ) -> Option<R> {
+        Iommu::with_span(self, iova, len, write, f)
+    }
+}
+
+/// The table read-locked for a sequence of accesses ([`Iommu::session`]).
+pub(crate) struct DmaSession<'a> {
+    io: &'a Iommu,
+    table: RwLockReadGuard<'a, Table>,
+    read: Cell<u64>,
+    written: Cell<u64>,
+}
+
+impl fmt::Debug for DmaSession<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "DmaSession(read {}, written {})",
+            self.read.get(),
+            self.written.get()
+        )
+    }
+}
+
+impl DmaSession<'_> {
+    fn counted<R>(&self, write: bool, len: usize, r: Result<R, DmaFault>) -> Result<R, DmaFault> {
+        if r.is_ok() {
+            let c = if write { &self.written } else { &self.read };
+            c.set(c.get() + len as u64);
+        }
+        r
+    }
+}
+
+impl Dma for DmaSession<'_> {
+    fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
+        let len = buf.len();
+        // SAFETY: the pieces come from the table, locked for the session.
+        let r = self
+            .io
+            .pieces_in(&self.table, iova, len, false, |p| unsafe {
+                copy_out(p, buf)
+            });
+        self.counted(false, len, r)
+    }
+    fn write(&self, iova: u64, data: &[u8]) -> Result<(), DmaFault> {
+        // SAFETY: as in `read`.
+        let r = self
+            .io
+            .pieces_in(&self.table, iova, data.len(), true, |p| unsafe {
+                copy_in(p, data)
+            });
+        self.counted(true, data.len(), r)
+    }
+    fn store_u8_release(&self, iova: u64, v: u8) -> Result<(), DmaFault> {
+        // SAFETY: as in `read`; one piece of one byte.
+        let r = self
+            .io
+            .pieces_in(&self.table, iova, 1, true, |p| unsafe { store_u8(p, v) });
+        self.counted(true, 1, r)
+    }
+    fn store_be16_release(&self, iova: u64, v: u16) -> Result<(), DmaFault> {
+        self.io.atomic_ptr(iova, 2, true)?;
+        // SAFETY: as in `read`; the IOVA is 2-byte aligned (checked).
+        let r = self
+            .io
+            .pieces_in(&self.table, iova, 2, true, |p| unsafe { store_be16(p, v) });
+        self.counted(true, 2, r)
+    }
+    fn load_be32_acquire(&self, iova: u64) -> Result<u32, DmaFault> {
+        self.io.atomic_ptr(iova, 4, false)?;
+        // SAFETY: as in `read`; the IOVA is 4-byte aligned (checked).
+        let r = self
+            .io
+            .pieces_in(&self.table, iova, 4, false, |p| unsafe { load_be32(p) });
+        self.counted(false, 4, r)
+    }
+    fn with_span<R>(
+        &self,
+        iova: u64,
+        len: usize,
+        write: bool,
+        f: impl FnOnce(&DmaSpan) -> R,
+    ) -> Option<R> {
+        let r = self.io.span_in(&self.table, iova, len, f)?;
+        let c = if write { &self.written } else { &self.read };
+        c.set(c.get() + len as u64);
+        Some(r)
+    }
+}
+
+impl Drop for DmaSession<'_> {
+    fn drop(&mut self) {
+        for (n, write) in [(self.read.get(), false), (self.written.get(), true)] {
+            if n != 0 {
+                self.io.count(write, n);
+            }
+        }
     }
 }
 

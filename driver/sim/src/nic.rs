@@ -610,7 +610,12 @@ impl NicInner {
         let cqn = (v as u32) & 0x00ff_ffff;
         let solicited = (hi >> 24) & 0x7 == 1;
         match dp.cqs.get(&cqn) {
-            Some(cq) if lock(cq).uar == uar => lock(cq).arm(self, hi & 0x00ff_ffff, solicited),
+            Some(cq) if lock(cq).uar == uar => {
+                // The IOMMU session before the CQ's lock (see
+                // `Iommu::session`): arming may write an EQE.
+                let io = &self.iommu.session();
+                lock(cq).arm(self, io, hi & 0x00ff_ffff, solicited)
+            }
             _ => self.ignored("CQ arm for an unknown CQ or through the wrong UAR", 0),
         }
     }

@@ -19,7 +19,7 @@ use mlx5::prm::codes::{CqeOpcode, CqeSyndrome};
 use mlx5::prm::cqe::{Cqe64, ErrCqe, MPWRQ_FILLER, MPWRQ_STRIDES_SHIFT};
 use mlx5::prm::wqe::RCV_DBR;
 
-use crate::dma::DmaFault;
+use crate::dma::{Dma, DmaFault, DmaSession};
 use crate::nic::NicInner;
 use crate::objects::{Datapath, IovaPieces, QCounter};
 use crate::packet::{self, Parsed};
@@ -178,9 +178,10 @@ impl Rq {
     }
 
     /// Translates the data segment at `off` of the WQE slot for `seq`.
+    #[allow(clippy::too_many_arguments)]
     fn translate_dseg(
         &self,
-        nic: &NicInner,
+        io: &DmaSession<'_>,
         dp: &Datapath,
         seq: u32,
         dseg_off: u64,
@@ -189,7 +190,7 @@ impl Rq {
     ) -> Result<Option<u64>, WqeError> {
         let mut d = [0u8; 16];
         self.ring
-            .read(&nic.iommu, self.wqe_off(seq) + dseg_off, &mut d)
+            .read(io, self.wqe_off(seq) + dseg_off, &mut d)
             .map_err(WqeError::Dma)?;
         let bc = u64::from(be32(&d, 0) & 0x7fff_ffff);
         let lkey = be32(&d, 4);
@@ -216,7 +217,7 @@ impl Rq {
 
 /// Writes `data` at byte `off` of a buffer made of `pieces`.
 fn write_pieces(
-    nic: &NicInner,
+    io: &DmaSession<'_>,
     pieces: &[(u64, u64)],
     mut off: u64,
     mut data: &[u8],
@@ -230,7 +231,7 @@ fn write_pieces(
             continue;
         }
         let take = ((n - off) as usize).min(data.len());
-        nic.iommu.write(iova + off, &data[..take])?;
+        io.write(iova + off, &data[..take])?;
         data = &data[take..];
         off = 0;
     }
@@ -279,8 +280,13 @@ fn rx_cqe(
     c
 }
 
-fn post(nic: &NicInner, rq: &mut Rq, cqe: &[u8; 64]) -> Result<(), DropReason> {
-    let r = lock(&rq.cq).post(nic, cqe);
+fn post(
+    nic: &NicInner,
+    io: &DmaSession<'_>,
+    rq: &mut Rq,
+    cqe: &[u8; 64],
+) -> Result<(), DropReason> {
+    let r = lock(&rq.cq).post(nic, io, cqe);
     nic.stats.rx_cqes.fetch_add(1, Ordering::Relaxed);
     match r {
         CqPost::Written => {
@@ -291,7 +297,13 @@ fn post(nic: &NicInner, rq: &mut Rq, cqe: &[u8; 64]) -> Result<(), DropReason> {
     }
 }
 
-fn wqe_failed(nic: &NicInner, rq: &mut Rq, e: WqeError, wqe_counter: u16) -> DropReason {
+fn wqe_failed(
+    nic: &NicInner,
+    io: &DmaSession<'_>,
+    rq: &mut Rq,
+    e: WqeError,
+    wqe_counter: u16,
+) -> DropReason {
     let (syndrome, reason) = match e {
         WqeError::Dma(f) => (CqeSyndrome::LocalAccess, f.to_string()),
         WqeError::Protection(s) => (CqeSyndrome::LocalProtection, s),
@@ -310,7 +322,7 @@ fn wqe_failed(nic: &NicInner, rq: &mut Rq, e: WqeError, wqe_counter: u16) -> Dro
             );
     }
     nic.stats.error_cqes.fetch_add(1, Ordering::Relaxed);
-    let _ = post(nic, rq, &c);
+    let _ = post(nic, io, rq, &c);
     rq.state = WqState::Err;
     DropReason::RqWqeError
 }
@@ -327,7 +339,10 @@ pub(crate) fn deliver(
     if rq.state != WqState::Rdy {
         return Err(DropReason::RqNotReady);
     }
-    let posted = match nic.iommu.load_be32_acquire(rq.dbr + 4 * RCV_DBR as u64) {
+    // Every access of this delivery under one IOMMU session (taken after
+    // the RQ's lock, before its CQ's: see `Iommu::session`).
+    let io = &nic.iommu.session();
+    let posted = match io.load_be32_acquire(rq.dbr + 4 * RCV_DBR as u64) {
         Ok(v) => v as u16,
         Err(_) => return Err(DropReason::DmaFault),
     };
@@ -339,17 +354,18 @@ pub(crate) fn deliver(
             let mut f = nic.fabric.frame_buf();
             f.extend_from_slice(&frame[..12]);
             f.extend_from_slice(&frame[16..]);
-            let r = deliver_data(nic, dp, rq, posted, &f, parsed, Some(tci), flow_tag);
+            let r = deliver_data(nic, io, dp, rq, posted, &f, parsed, Some(tci), flow_tag);
             nic.fabric.recycle(f);
             r
         }
-        _ => deliver_data(nic, dp, rq, posted, frame, parsed, None, flow_tag),
+        _ => deliver_data(nic, io, dp, rq, posted, frame, parsed, None, flow_tag),
     }
 }
 
 #[allow(clippy::too_many_arguments)]
 fn deliver_data(
     nic: &NicInner,
+    io: &DmaSession<'_>,
     dp: &Datapath,
     rq: &mut Rq,
     posted: u16,
@@ -360,14 +376,15 @@ fn deliver_data(
 ) -> Result<(), DropReason> {
     let len = data.len();
     match rq.striding {
-        Some(s) => deliver_striding(nic, dp, rq, s, posted, data, parsed, tci, flow_tag),
-        None => deliver_cyclic(nic, dp, rq, posted, data, len, parsed, tci, flow_tag),
+        Some(s) => deliver_striding(nic, io, dp, rq, s, posted, data, parsed, tci, flow_tag),
+        None => deliver_cyclic(nic, io, dp, rq, posted, data, len, parsed, tci, flow_tag),
     }
 }
 
 #[allow(clippy::too_many_arguments)]
 fn deliver_striding(
     nic: &NicInner,
+    io: &DmaSession<'_>,
     dp: &Datapath,
     rq: &mut Rq,
     s: Striding,
@@ -393,11 +410,11 @@ fn deliver_striding(
         if rq.cur.as_ref().is_none_or(|(seq, _)| *seq != rq.seq) {
             let mut pieces = IovaPieces::new();
             let whole = stride << s.log_num_strides;
-            match rq.translate_dseg(nic, dp, rq.seq, 0x10, whole, &mut pieces) {
+            match rq.translate_dseg(io, dp, rq.seq, 0x10, whole, &mut pieces) {
                 Ok(_) => rq.cur = Some((rq.seq, pieces)),
                 Err(e) => {
                     let idx = rq.stride_idx as u16;
-                    return Err(wqe_failed(nic, rq, e, idx));
+                    return Err(wqe_failed(nic, io, rq, e, idx));
                 }
             }
         }
@@ -416,7 +433,7 @@ fn deliver_striding(
         let c = rx_cqe(dp, rq, parsed, None, at, nic.cqe_timestamp(rq.real_time));
         rq.fillers += 1;
         nic.stats.filler_cqes.fetch_add(1, Ordering::Relaxed);
-        post(nic, rq, &c)?;
+        post(nic, io, rq, &c)?;
         rq.seq = rq.seq.wrapping_add(1);
         rq.stride_idx = 0;
     }
@@ -424,9 +441,9 @@ fn deliver_striding(
         return Err(DropReason::RqWqeError);
     };
     let off = u64::from(rq.stride_idx) * stride + shift;
-    if let Err(f) = write_pieces(nic, pieces, off, data) {
+    if let Err(f) = write_pieces(io, pieces, off, data) {
         let idx = rq.stride_idx as u16;
-        return Err(wqe_failed(nic, rq, WqeError::Dma(f), idx));
+        return Err(wqe_failed(nic, io, rq, WqeError::Dma(f), idx));
     }
     let byte_cnt = (need << MPWRQ_STRIDES_SHIFT) | data.len() as u32;
     let at = Place {
@@ -443,12 +460,13 @@ fn deliver_striding(
     }
     rq.packets += 1;
     rq.bytes += data.len() as u64;
-    post(nic, rq, &c)
+    post(nic, io, rq, &c)
 }
 
 #[allow(clippy::too_many_arguments)]
 fn deliver_cyclic(
     nic: &NicInner,
+    io: &DmaSession<'_>,
     dp: &Datapath,
     rq: &mut Rq,
     posted: u16,
@@ -466,10 +484,10 @@ fn deliver_cyclic(
     let mut pieces = IovaPieces::new();
     let mut room = 0u64;
     for i in 0..nseg {
-        match rq.translate_dseg(nic, dp, seq, i * 16, 0, &mut pieces) {
+        match rq.translate_dseg(io, dp, seq, i * 16, 0, &mut pieces) {
             Ok(Some(n)) => room += n,
             Ok(None) => break,
-            Err(e) => return Err(wqe_failed(nic, rq, e, seq as u16)),
+            Err(e) => return Err(wqe_failed(nic, io, rq, e, seq as u16)),
         }
     }
     rq.seq = rq.seq.wrapping_add(1);
@@ -477,10 +495,10 @@ fn deliver_cyclic(
         let e = WqeError::Length(format!(
             "packet of {len} bytes, receive WQE {seq} holds {room}"
         ));
-        return Err(wqe_failed(nic, rq, e, seq as u16));
+        return Err(wqe_failed(nic, io, rq, e, seq as u16));
     }
-    if let Err(f) = write_pieces(nic, &pieces, 0, data) {
-        return Err(wqe_failed(nic, rq, WqeError::Dma(f), seq as u16));
+    if let Err(f) = write_pieces(io, &pieces, 0, data) {
+        return Err(wqe_failed(nic, io, rq, WqeError::Dma(f), seq as u16));
     }
     let at = Place {
         byte_cnt: len as u32,
@@ -491,5 +509,5 @@ fn deliver_cyclic(
     let c = rx_cqe(dp, rq, parsed, tci, at, nic.cqe_timestamp(rq.real_time));
     rq.packets += 1;
     rq.bytes += len as u64;
-    post(nic, rq, &c)
+    post(nic, io, rq, &c)
 }
