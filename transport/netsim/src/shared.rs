@@ -33,6 +33,46 @@ use crate::net::{NetConfig, Network};
 pub trait PortSink: Send + Sync {
     /// A frame arrives from the switch.
     fn receive(&self, frame: &[u8]);
+
+    /// Several frames arrive from the switch, in order, with nothing
+    /// delivered to any other device between them (the deliveries of one
+    /// hand-over that go to this device one after the other). The same as
+    /// [`receive`](Self::receive) for each, in order, which is what the
+    /// default does; a device may take its locks once for all of them.
+    fn receive_many(&self, frames: Frames<'_>) {
+        for f in frames.iter() {
+            self.receive(f);
+        }
+    }
+}
+
+/// Frames handed to one device at once ([`PortSink::receive_many`]).
+#[derive(Clone, Copy)]
+pub struct Frames<'a> {
+    items: &'a [(Arc<dyn PortSink>, Vec<u8>)],
+}
+
+impl fmt::Debug for Frames<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Frames({})", self.items.len())
+    }
+}
+
+impl<'a> Frames<'a> {
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// None at all.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// The frames, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &'a [u8]> + use<'a> {
+        self.items.iter().map(|(_, f)| f.as_slice())
+    }
 }
 
 /// What a port of a [`SharedNetwork`] holds: its device, if one is
@@ -120,9 +160,25 @@ fn collect(out: &mut Pending) -> impl FnMut(PortId, &mut Attachment, &mut Vec<u8
     }
 }
 
+/// Hands the collected deliveries to their devices, in order: each run of
+/// frames for one device in one call.
 fn hand_over(out: &mut Pending) {
-    for (sink, frame) in out.drain(..) {
-        sink.receive(&frame);
+    let mut i = 0;
+    while i < out.len() {
+        let sink = &out[i].0;
+        let n = out[i..]
+            .iter()
+            .take_while(|(s, _)| Arc::ptr_eq(s, sink))
+            .count();
+        let items = &out[i..i + n];
+        if n == 1 {
+            sink.receive(&items[0].1);
+        } else {
+            sink.receive_many(Frames { items });
+        }
+        i += n;
+    }
+    for (_, frame) in out.drain(..) {
         keep_spare(frame);
     }
 }
@@ -600,6 +656,38 @@ mod tests {
         let (one, many) = (run(false), run(true));
         assert!(!one.2.is_empty(), "faults happened");
         assert_eq!(one, many);
+    }
+
+    /// A hand-over gives each run of consecutive frames for one device in
+    /// one call, in order.
+    #[test]
+    fn runs_of_frames_for_one_device_come_in_one_call() {
+        #[derive(Default)]
+        struct Calls(Mutex<Vec<Vec<u8>>>);
+        impl PortSink for Calls {
+            fn receive(&self, frame: &[u8]) {
+                lock(&self.0).push(vec![frame[14]]);
+            }
+            fn receive_many(&self, frames: Frames<'_>) {
+                lock(&self.0).push(frames.iter().map(|f| f[14]).collect());
+            }
+        }
+        const C: [u8; 6] = [2, 0, 0, 0, 0, 0xc];
+        let net = SharedNetwork::new(NetConfig::default(), true);
+        let a = net.add_tap(Some(A));
+        let (b, c) = (Arc::new(Calls::default()), Arc::new(Calls::default()));
+        for (mac, sink) in [(B, &b), (C, &c)] {
+            let sink: Arc<dyn PortSink> = sink.clone();
+            net.add_port(Some(mac), Some(Arc::downgrade(&sink)));
+        }
+        let frames = [(B, 1), (B, 2), (C, 3), (B, 4), (C, 5), (C, 6), (B, 7)].map(|(to, n)| {
+            let mut f = frame(to, A);
+            f[14] = n;
+            f
+        });
+        net.transmit_many(a.port(), frames);
+        assert_eq!(*lock(&b.0), vec![vec![1, 2], vec![4], vec![7]]);
+        assert_eq!(*lock(&c.0), vec![vec![3], vec![5, 6]]);
     }
 
     #[test]
