@@ -580,12 +580,13 @@ impl Iommu {
     /// the lock for each. Unmapping waits for the session to end, as it
     /// waits for any access in flight. Byte counts are added when it ends.
     ///
-    /// Lock order: a session is taken under the function's object table
-    /// lock and before any queue lock, and no single access (which takes
-    /// the table lock itself) is made while one is open on this thread —
-    /// the engines pass the session down instead. A reader waiting behind
-    /// a waiting unmap while holding a queue lock that a session holder
-    /// needs would deadlock.
+    /// Lock order: the function's object table, then an SQ's lock (TX),
+    /// then the session, then an RQ's lock (RX), then a CQ's, then an
+    /// EQ's. No single access (which takes the table lock itself) is made
+    /// while a session is open on this thread, and none while holding a
+    /// queue lock that a session holder may wait for — the engines pass
+    /// the session down instead. std's `RwLock` queues a new reader behind
+    /// a waiting unmap, so either would deadlock.
     pub(crate) fn session(&self) -> DmaSession<'_> {
         DmaSession {
             io: self,

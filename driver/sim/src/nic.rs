@@ -32,7 +32,7 @@ use mlx5::prm::uar::{
     BF_OFFSET, BFREGS_PER_UAR, CQ_DOORBELL, EQ_DOORBELL_ARM, EQ_DOORBELL_NO_ARM, UAR_PAGE_BYTES,
 };
 
-use crate::dma::{DmaFault, Iommu, MappingInfo, SimMapper};
+use crate::dma::{DmaFault, DmaSession, Iommu, MappingInfo, SimMapper};
 use crate::fabric::{Fabric, FabricInner, PortId, PortSink};
 use crate::firmware::{CommandRecord, Firmware, HcaState, cmdq};
 use crate::inject::{InjectError, Injection};
@@ -42,6 +42,7 @@ use crate::stats::{Counters, DropReason, NicStats, ObjectCounts, Queues};
 use crate::steering::Verdict;
 use crate::util::{lock, mac_str, read, write};
 use crate::{backend::SimBackend, rx, tx};
+use netsim::Frames;
 
 /// First BAR0 page handed out as a UAR (pages below hold the init segment
 /// and clocks).
@@ -718,6 +719,43 @@ impl NicInner {
     /// transport domain `lb_td`).
     fn rx_frame(&self, frame: &[u8], lb_td: Option<u32>) {
         let dp = read(&self.dp);
+        let io = self.iommu.session();
+        let mut t = RxTally::default();
+        self.rx_one(&dp, &io, frame, lb_td, &mut t);
+        drop(io);
+        t.add_to(&self.stats);
+    }
+
+    /// Frames arrive from the wire, one after the other: [`rx_frame`] for
+    /// each, with the object table and the IOMMU locked once and the
+    /// counters added once.
+    ///
+    /// [`rx_frame`]: Self::rx_frame
+    fn rx_frames(&self, frames: Frames<'_>) {
+        self.stats
+            .rx_frames
+            .fetch_add(frames.len() as u64, Ordering::Relaxed);
+        let dp = read(&self.dp);
+        let io = self.iommu.session();
+        let mut t = RxTally::default();
+        for f in frames.iter() {
+            self.rx_one(&dp, &io, f, None, &mut t);
+        }
+        drop(io);
+        t.add_to(&self.stats);
+    }
+
+    /// One received frame, with the object table read-locked and the
+    /// IOMMU session open (in that order; the RQ's lock is taken after
+    /// them: see `Iommu::session`).
+    fn rx_one(
+        &self,
+        dp: &Datapath,
+        io: &DmaSession<'_>,
+        frame: &[u8],
+        lb_td: Option<u32>,
+        t: &mut RxTally,
+    ) {
         if !dp.hca_up {
             return self.drop_frame(DropReason::HcaDown);
         }
@@ -730,7 +768,7 @@ impl NicInner {
             return self.drop_frame(DropReason::Oversize);
         }
         let parsed = packet::parse(frame);
-        if !eswitch_forwards(self.cfg.eswitch, &dp, &parsed.dmac) {
+        if !eswitch_forwards(self.cfg.eswitch, dp, &parsed.dmac) {
             return self.drop_frame(DropReason::Eswitch);
         }
         if self.cfg.vport_mac_filter && !vport_accepts(&dp.vport, &parsed.dmac) {
@@ -759,12 +797,13 @@ impl NicInner {
                 continue;
             };
             let mut rq = lock(rq);
-            match rx::deliver(self, &dp, &mut rq, frame, &parsed, tag) {
+            let posts = rq.cqe_posts;
+            let r = rx::deliver(self, io, dp, &mut rq, frame, &parsed, tag);
+            t.cqes += rq.cqe_posts - posts;
+            match r {
                 Ok(()) => {
-                    self.stats.rx_delivered.fetch_add(1, Ordering::Relaxed);
-                    self.stats
-                        .rx_bytes
-                        .fetch_add(frame.len() as u64, Ordering::Relaxed);
+                    t.delivered += 1;
+                    t.bytes += frame.len() as u64;
                 }
                 Err(r) => self.drop_frame(r),
             }
@@ -881,6 +920,34 @@ impl PortSink for NicInner {
     fn receive(&self, frame: &[u8]) {
         self.stats.rx_frames.fetch_add(1, Ordering::Relaxed);
         self.rx_frame(frame, None);
+    }
+
+    fn receive_many(&self, frames: Frames<'_>) {
+        self.rx_frames(frames);
+    }
+}
+
+/// What a batch of received frames adds to the NIC's counters (once, at
+/// its end, instead of an atomic add per frame).
+#[derive(Debug, Default)]
+struct RxTally {
+    delivered: u64,
+    bytes: u64,
+    /// CQEs posted (or lost) for them, fillers and errors included.
+    cqes: u64,
+}
+
+impl RxTally {
+    fn add_to(&self, c: &Counters) {
+        for (counter, n) in [
+            (&c.rx_delivered, self.delivered),
+            (&c.rx_bytes, self.bytes),
+            (&c.rx_cqes, self.cqes),
+        ] {
+            if n != 0 {
+                counter.fetch_add(n, Ordering::Relaxed);
+            }
+        }
     }
 }
 

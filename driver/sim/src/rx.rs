@@ -70,6 +70,9 @@ pub(crate) struct Rq {
     pub oob: u64,
     pub fillers: u64,
     pub cqes: u64,
+    /// CQEs posted, written or lost (added to the NIC's `rx_cqes` by the
+    /// caller once per batch).
+    pub cqe_posts: u64,
 }
 
 /// Why a receive WQE could not be used.
@@ -128,6 +131,7 @@ impl Rq {
             oob: 0,
             fillers: 0,
             cqes: 0,
+            cqe_posts: 0,
         }
     }
 
@@ -287,7 +291,7 @@ fn post(
     cqe: &[u8; 64],
 ) -> Result<(), DropReason> {
     let r = lock(&rq.cq).post(nic, io, cqe);
-    nic.stats.rx_cqes.fetch_add(1, Ordering::Relaxed);
+    rq.cqe_posts += 1;
     match r {
         CqPost::Written => {
             rq.cqes += 1;
@@ -330,6 +334,7 @@ fn wqe_failed(
 /// Delivers `frame` into `rq`.
 pub(crate) fn deliver(
     nic: &NicInner,
+    io: &DmaSession<'_>,
     dp: &Datapath,
     rq: &mut Rq,
     frame: &[u8],
@@ -339,9 +344,6 @@ pub(crate) fn deliver(
     if rq.state != WqState::Rdy {
         return Err(DropReason::RqNotReady);
     }
-    // Every access of this delivery under one IOMMU session (taken after
-    // the RQ's lock, before its CQ's: see `Iommu::session`).
-    let io = &nic.iommu.session();
     let posted = match io.load_be32_acquire(rq.dbr + 4 * RCV_DBR as u64) {
         Ok(v) => v as u16,
         Err(_) => return Err(DropReason::DmaFault),

@@ -328,7 +328,7 @@ fn an_incast_of_nics_fills_the_switch_buffer_and_replays() {
 /// while other threads map and unmap memory (the IOMMU's write lock) and
 /// arm the receiver's CQ (a session, then the CQ's and the EQ's locks):
 /// every frame arrives and nothing deadlocks (lock order: object table,
-/// SQ or RQ, IOMMU session, CQ, EQ). A deadlock would hang the test; a
+/// SQ, IOMMU session, RQ, CQ, EQ). A deadlock would hang the test; a
 /// lock-order mistake needs an unlucky interleaving to show, so this is a
 /// smoke test: the order itself is documented at `Iommu::session`.
 #[test]
