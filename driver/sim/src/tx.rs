@@ -217,7 +217,6 @@ impl Sq {
                 v.set(Cqe64::SRQN_UIDX, u64::from(self.user_index));
             }
         }
-        nic.stats.tx_cqes.fetch_add(1, Ordering::Relaxed);
         self.post_cqe(nic, io, &c);
     }
 
@@ -286,6 +285,10 @@ pub(crate) fn doorbell(
     // (the control segment) is read first; the rest only once the control
     // segment has been checked.
     let mut wqe_buf = [0u8; SEND_WQE_MAX_WQEBBS * SEND_WQE_BB];
+    // The NIC's counters get this doorbell's WQEs, frames, bytes and
+    // completions once, at its end (the SQ's own counters as it goes).
+    let (wqes, frames, bytes) = (sq.wqes, sq.frames, sq.bytes);
+    let mut req_cqes = 0u64;
     // Bounded: every iteration advances `cc` by at least one WQEBB towards `pc`.
     while sq.cc != pc {
         let idx = sq.cc;
@@ -306,7 +309,6 @@ pub(crate) fn doorbell(
         let wqebbs = (ds * 16).div_ceil(SEND_WQE_BB).max(1);
         let adv = (wqebbs as u16).min(left);
         sq.wqes += 1;
-        nic.stats.wqes.fetch_add(1, Ordering::Relaxed);
         if sq.state == WqState::Err {
             if sq.flush_in_error {
                 let e = err(
@@ -344,14 +346,11 @@ pub(crate) fn doorbell(
                 if let Some(f) = frame {
                     sq.frames += 1;
                     sq.bytes += f.len() as u64;
-                    nic.stats.tx_frames.fetch_add(1, Ordering::Relaxed);
-                    nic.stats
-                        .tx_bytes
-                        .fetch_add(f.len() as u64, Ordering::Relaxed);
                     out.push(f);
                 }
                 if signaled {
                     sq.req_cqe(nic, io, dp, idx, opcode, se);
+                    req_cqes += 1;
                 }
                 sq.cc = sq.cc.wrapping_add(adv);
             }
@@ -359,6 +358,17 @@ pub(crate) fn doorbell(
                 tracing::debug!(sqn = sq.sqn, idx, reason = %e.reason, "send WQE error");
                 fail_and_flush(nic, io, sq, idx, opcode, adv, &e);
             }
+        }
+    }
+    let c = &nic.stats;
+    for (counter, n) in [
+        (&c.wqes, sq.wqes - wqes),
+        (&c.tx_frames, sq.frames - frames),
+        (&c.tx_bytes, sq.bytes - bytes),
+        (&c.tx_cqes, req_cqes),
+    ] {
+        if n != 0 {
+            counter.fetch_add(n, Ordering::Relaxed);
         }
     }
 }
