@@ -49,7 +49,7 @@ pub trait PortSink: Send + Sync {
 /// Frames handed to one device at once ([`PortSink::receive_many`]).
 #[derive(Clone, Copy)]
 pub struct Frames<'a> {
-    items: &'a [(Arc<dyn PortSink>, Vec<u8>)],
+    items: &'a [Delivery],
 }
 
 impl fmt::Debug for Frames<'_> {
@@ -71,7 +71,7 @@ impl<'a> Frames<'a> {
 
     /// The frames, in order.
     pub fn iter(&self) -> impl Iterator<Item = &'a [u8]> + use<'a> {
-        self.items.iter().map(|(_, f)| f.as_slice())
+        self.items.iter().map(|d| d.frame.as_slice())
     }
 }
 
@@ -117,7 +117,16 @@ impl Drop for Inner {
     }
 }
 
-type Pending = Vec<(Arc<dyn PortSink>, Vec<u8>)>;
+/// One delivery taken under the lock: the port, its device (`None`: the
+/// same as the entry before, which is for the same port — a run of frames
+/// to one device takes its reference once), the frame.
+struct Delivery {
+    port: u32,
+    sink: Option<Arc<dyn PortSink>>,
+    frame: Vec<u8>,
+}
+
+type Pending = Vec<Delivery>;
 
 /// Delivered frame buffers kept per thread for [`SharedNetwork::frame_buf`].
 const SPARE_MAX: usize = 512;
@@ -151,12 +160,28 @@ fn keep_spare(mut frame: Vec<u8>) {
 
 /// Collects deliveries into `out` (under the lock).
 fn collect(out: &mut Pending) -> impl FnMut(PortId, &mut Attachment, &mut Vec<u8>) -> bool + '_ {
-    |_, dev, frame| match dev.as_ref().and_then(Weak::upgrade) {
-        Some(sink) => {
-            out.push((sink, std::mem::take(frame)));
-            true
+    |port, dev, frame| {
+        // The entry before holds this port's device (alive: referenced),
+        // and the attachment cannot change while the lock is held.
+        if out.last().is_some_and(|d| d.port == port.0) {
+            out.push(Delivery {
+                port: port.0,
+                sink: None,
+                frame: std::mem::take(frame),
+            });
+            return true;
         }
-        None => false,
+        match dev.as_ref().and_then(Weak::upgrade) {
+            Some(sink) => {
+                out.push(Delivery {
+                    port: port.0,
+                    sink: Some(sink),
+                    frame: std::mem::take(frame),
+                });
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -165,21 +190,20 @@ fn collect(out: &mut Pending) -> impl FnMut(PortId, &mut Attachment, &mut Vec<u8
 fn hand_over(out: &mut Pending) {
     let mut i = 0;
     while i < out.len() {
-        let sink = &out[i].0;
-        let n = out[i..]
-            .iter()
-            .take_while(|(s, _)| Arc::ptr_eq(s, sink))
-            .count();
+        let n = 1 + out[i + 1..].iter().take_while(|d| d.sink.is_none()).count();
         let items = &out[i..i + n];
-        if n == 1 {
-            sink.receive(&items[0].1);
-        } else {
-            sink.receive_many(Frames { items });
+        // Every run starts with the device's reference (see `collect`).
+        if let Some(sink) = &items[0].sink {
+            if n == 1 {
+                sink.receive(&items[0].frame);
+            } else {
+                sink.receive_many(Frames { items });
+            }
         }
         i += n;
     }
-    for (_, frame) in out.drain(..) {
-        keep_spare(frame);
+    for d in out.drain(..) {
+        keep_spare(d.frame);
     }
 }
 
