@@ -22,7 +22,7 @@
 use std::cell::RefCell;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::time::Duration;
 
 use mempool::DmaMapper;
@@ -38,6 +38,8 @@ use crate::firmware::{CommandRecord, Firmware, HcaState, cmdq};
 use crate::inject::{InjectError, Injection};
 use crate::objects::{Datapath, Vport};
 use crate::packet;
+use crate::queues::Cq;
+use crate::rx::Rq;
 use crate::stats::{Counters, DropReason, NicStats, ObjectCounts, Queues};
 use crate::steering::Verdict;
 use crate::util::{lock, mac_str, read, write};
@@ -721,7 +723,9 @@ impl NicInner {
         let dp = read(&self.dp);
         let io = self.iommu.session();
         let mut t = RxTally::default();
-        self.rx_one(&dp, &io, frame, lb_td, &mut t);
+        let mut held = None;
+        self.rx_one(&dp, &io, frame, lb_td, &mut held, &mut t);
+        drop(held);
         drop(io);
         t.add_to(&self.stats);
     }
@@ -738,22 +742,26 @@ impl NicInner {
         let dp = read(&self.dp);
         let io = self.iommu.session();
         let mut t = RxTally::default();
+        let mut held = None;
         for f in frames.iter() {
-            self.rx_one(&dp, &io, f, None, &mut t);
+            self.rx_one(&dp, &io, f, None, &mut held, &mut t);
         }
+        drop(held);
         drop(io);
         t.add_to(&self.stats);
     }
 
     /// One received frame, with the object table read-locked and the
-    /// IOMMU session open (in that order; the RQ's lock is taken after
-    /// them: see `Iommu::session`).
-    fn rx_one(
+    /// IOMMU session open (in that order; the RQ's and its CQ's locks are
+    /// taken after them: see `Iommu::session`). `held` keeps the last RQ
+    /// and its CQ locked for the next frame of the same run.
+    fn rx_one<'dp>(
         &self,
-        dp: &Datapath,
+        dp: &'dp Datapath,
         io: &DmaSession<'_>,
         frame: &[u8],
         lb_td: Option<u32>,
+        held: &mut Option<HeldRq<'dp>>,
         t: &mut RxTally,
     ) {
         if !dp.hca_up {
@@ -792,14 +800,36 @@ impl NicInner {
                     continue;
                 }
             }
-            let Some(rq) = dp.rqs.get(&tir.rqn) else {
-                self.drop_frame(DropReason::FlowMiss);
-                continue;
+            if held.as_ref().is_none_or(|h| h.rqn != tir.rqn) {
+                // Both locks of the previous RQ go before the next ones are
+                // taken (two RQs may share a CQ).
+                *held = None;
+                let Some(rq) = dp.rqs.get(&tir.rqn) else {
+                    self.drop_frame(DropReason::FlowMiss);
+                    continue;
+                };
+                let rq = lock(rq);
+                let cq = dp.cqs.get(&rq.cqn).filter(|c| Arc::ptr_eq(c, &rq.cq));
+                let cq = match cq {
+                    Some(c) => HeldCq::Table(lock(c)),
+                    None => HeldCq::Own(rq.cq.clone()),
+                };
+                *held = Some(HeldRq {
+                    rqn: tir.rqn,
+                    rq,
+                    cq,
+                });
+            }
+            let Some(h) = held.as_mut() else { continue };
+            let posts = h.rq.cqe_posts;
+            let r = match &mut h.cq {
+                HeldCq::Table(cq) => rx::deliver(self, io, dp, &mut h.rq, cq, frame, &parsed, tag),
+                HeldCq::Own(cq) => {
+                    let mut cq = lock(cq);
+                    rx::deliver(self, io, dp, &mut h.rq, &mut cq, frame, &parsed, tag)
+                }
             };
-            let mut rq = lock(rq);
-            let posts = rq.cqe_posts;
-            let r = rx::deliver(self, io, dp, &mut rq, frame, &parsed, tag);
-            t.cqes += rq.cqe_posts - posts;
+            t.cqes += h.rq.cqe_posts - posts;
             match r {
                 Ok(()) => {
                     t.delivered += 1;
@@ -925,6 +955,22 @@ impl PortSink for NicInner {
     fn receive_many(&self, frames: Frames<'_>) {
         self.rx_frames(frames);
     }
+}
+
+/// The RQ the last received frame went to, and its CQ, locked (RQ first)
+/// for the next frames of the same run.
+struct HeldRq<'dp> {
+    rqn: u32,
+    rq: MutexGuard<'dp, Rq>,
+    cq: HeldCq<'dp>,
+}
+
+/// The CQ of a [`HeldRq`]: locked through the object table, or (if the
+/// table does not hold the RQ's CQ under its number, which commands do not
+/// allow) locked per frame.
+enum HeldCq<'dp> {
+    Table(MutexGuard<'dp, Cq>),
+    Own(Arc<Mutex<Cq>>),
 }
 
 /// What a batch of received frames adds to the NIC's counters (once, at

@@ -25,7 +25,7 @@ use crate::objects::{Datapath, IovaPieces, QCounter};
 use crate::packet::{self, Parsed};
 use crate::queues::{Cq, CqPost, Ring, op_own};
 use crate::stats::{DropReason, RqInfo, WqState};
-use crate::util::{be32, be64, lock};
+use crate::util::{be32, be64};
 
 /// Striding-RQ geometry.
 #[derive(Debug, Clone, Copy)]
@@ -288,9 +288,10 @@ fn post(
     nic: &NicInner,
     io: &DmaSession<'_>,
     rq: &mut Rq,
+    cq: &mut Cq,
     cqe: &[u8; 64],
 ) -> Result<(), DropReason> {
-    let r = lock(&rq.cq).post(nic, io, cqe);
+    let r = cq.post(nic, io, cqe);
     rq.cqe_posts += 1;
     match r {
         CqPost::Written => {
@@ -305,6 +306,7 @@ fn wqe_failed(
     nic: &NicInner,
     io: &DmaSession<'_>,
     rq: &mut Rq,
+    cq: &mut Cq,
     e: WqeError,
     wqe_counter: u16,
 ) -> DropReason {
@@ -326,17 +328,19 @@ fn wqe_failed(
             );
     }
     nic.stats.error_cqes.fetch_add(1, Ordering::Relaxed);
-    let _ = post(nic, io, rq, &c);
+    let _ = post(nic, io, rq, cq, &c);
     rq.state = WqState::Err;
     DropReason::RqWqeError
 }
 
-/// Delivers `frame` into `rq`.
+/// Delivers `frame` into `rq` (whose CQ is `cq`, locked by the caller).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn deliver(
     nic: &NicInner,
     io: &DmaSession<'_>,
     dp: &Datapath,
     rq: &mut Rq,
+    cq: &mut Cq,
     frame: &[u8],
     parsed: &Parsed,
     flow_tag: u32,
@@ -356,11 +360,11 @@ pub(crate) fn deliver(
             let mut f = nic.fabric.frame_buf();
             f.extend_from_slice(&frame[..12]);
             f.extend_from_slice(&frame[16..]);
-            let r = deliver_data(nic, io, dp, rq, posted, &f, parsed, Some(tci), flow_tag);
+            let r = deliver_data(nic, io, dp, rq, cq, posted, &f, parsed, Some(tci), flow_tag);
             nic.fabric.recycle(f);
             r
         }
-        _ => deliver_data(nic, io, dp, rq, posted, frame, parsed, None, flow_tag),
+        _ => deliver_data(nic, io, dp, rq, cq, posted, frame, parsed, None, flow_tag),
     }
 }
 
@@ -370,6 +374,7 @@ fn deliver_data(
     io: &DmaSession<'_>,
     dp: &Datapath,
     rq: &mut Rq,
+    cq: &mut Cq,
     posted: u16,
     data: &[u8],
     parsed: &Parsed,
@@ -378,8 +383,10 @@ fn deliver_data(
 ) -> Result<(), DropReason> {
     let len = data.len();
     match rq.striding {
-        Some(s) => deliver_striding(nic, io, dp, rq, s, posted, data, parsed, tci, flow_tag),
-        None => deliver_cyclic(nic, io, dp, rq, posted, data, len, parsed, tci, flow_tag),
+        Some(s) => deliver_striding(nic, io, dp, rq, cq, s, posted, data, parsed, tci, flow_tag),
+        None => deliver_cyclic(
+            nic, io, dp, rq, cq, posted, data, len, parsed, tci, flow_tag,
+        ),
     }
 }
 
@@ -389,6 +396,7 @@ fn deliver_striding(
     io: &DmaSession<'_>,
     dp: &Datapath,
     rq: &mut Rq,
+    cq: &mut Cq,
     s: Striding,
     posted: u16,
     data: &[u8],
@@ -416,7 +424,7 @@ fn deliver_striding(
                 Ok(_) => rq.cur = Some((rq.seq, pieces)),
                 Err(e) => {
                     let idx = rq.stride_idx as u16;
-                    return Err(wqe_failed(nic, io, rq, e, idx));
+                    return Err(wqe_failed(nic, io, rq, cq, e, idx));
                 }
             }
         }
@@ -435,7 +443,7 @@ fn deliver_striding(
         let c = rx_cqe(dp, rq, parsed, None, at, nic.cqe_timestamp(rq.real_time));
         rq.fillers += 1;
         nic.stats.filler_cqes.fetch_add(1, Ordering::Relaxed);
-        post(nic, io, rq, &c)?;
+        post(nic, io, rq, cq, &c)?;
         rq.seq = rq.seq.wrapping_add(1);
         rq.stride_idx = 0;
     }
@@ -445,7 +453,7 @@ fn deliver_striding(
     let off = u64::from(rq.stride_idx) * stride + shift;
     if let Err(f) = write_pieces(io, pieces, off, data) {
         let idx = rq.stride_idx as u16;
-        return Err(wqe_failed(nic, io, rq, WqeError::Dma(f), idx));
+        return Err(wqe_failed(nic, io, rq, cq, WqeError::Dma(f), idx));
     }
     let byte_cnt = (need << MPWRQ_STRIDES_SHIFT) | data.len() as u32;
     let at = Place {
@@ -462,7 +470,7 @@ fn deliver_striding(
     }
     rq.packets += 1;
     rq.bytes += data.len() as u64;
-    post(nic, io, rq, &c)
+    post(nic, io, rq, cq, &c)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -471,6 +479,7 @@ fn deliver_cyclic(
     io: &DmaSession<'_>,
     dp: &Datapath,
     rq: &mut Rq,
+    cq: &mut Cq,
     posted: u16,
     data: &[u8],
     len: usize,
@@ -489,7 +498,7 @@ fn deliver_cyclic(
         match rq.translate_dseg(io, dp, seq, i * 16, 0, &mut pieces) {
             Ok(Some(n)) => room += n,
             Ok(None) => break,
-            Err(e) => return Err(wqe_failed(nic, io, rq, e, seq as u16)),
+            Err(e) => return Err(wqe_failed(nic, io, rq, cq, e, seq as u16)),
         }
     }
     rq.seq = rq.seq.wrapping_add(1);
@@ -497,10 +506,10 @@ fn deliver_cyclic(
         let e = WqeError::Length(format!(
             "packet of {len} bytes, receive WQE {seq} holds {room}"
         ));
-        return Err(wqe_failed(nic, io, rq, e, seq as u16));
+        return Err(wqe_failed(nic, io, rq, cq, e, seq as u16));
     }
     if let Err(f) = write_pieces(io, &pieces, 0, data) {
-        return Err(wqe_failed(nic, io, rq, WqeError::Dma(f), seq as u16));
+        return Err(wqe_failed(nic, io, rq, cq, WqeError::Dma(f), seq as u16));
     }
     let at = Place {
         byte_cnt: len as u32,
@@ -511,5 +520,5 @@ fn deliver_cyclic(
     let c = rx_cqe(dp, rq, parsed, tci, at, nic.cqe_timestamp(rq.real_time));
     rq.packets += 1;
     rq.bytes += len as u64;
-    post(nic, io, rq, &c)
+    post(nic, io, rq, cq, &c)
 }
