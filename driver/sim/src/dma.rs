@@ -602,14 +602,25 @@ impl Iommu {
 /// # Safety
 /// The pieces must come from the table under a lock still held.
 unsafe fn copy_out(pieces: &[Piece], buf: &mut [u8]) {
+    // SAFETY: `buf` is valid for writes of its length, which the pieces
+    // sum to; the rest is the caller's contract.
+    unsafe { copy_out_raw(pieces, buf.as_mut_ptr()) }
+}
+
+/// Copies from the pieces to `dst`.
+///
+/// # Safety
+/// As [`copy_out`]; `dst` must be valid for writes of the pieces' total
+/// length and must not be DMA memory.
+unsafe fn copy_out_raw(pieces: &[Piece], dst: *mut u8) {
     let mut done = 0;
     for &(va, n) in pieces {
         // SAFETY: `va..va + n` lies inside a live mapping (the caller's
         // contract), so it is valid host memory by the DmaMapper contract;
-        // `buf[done..done + n]` is in bounds since the pieces sum to
-        // `buf.len()`; the ranges cannot overlap because `buf` is a
-        // Rust-owned slice, not DMA memory.
-        unsafe { std::ptr::copy_nonoverlapping(va as *const u8, buf.as_mut_ptr().add(done), n) };
+        // `dst + done..dst + done + n` is in bounds since the pieces sum to
+        // what `dst` can hold; the ranges cannot overlap because `dst` is
+        // Rust-owned memory, not DMA memory.
+        unsafe { std::ptr::copy_nonoverlapping(va as *const u8, dst.add(done), n) };
         done += n;
     }
 }
@@ -734,6 +745,34 @@ impl fmt::Debug for DmaSession<'_> {
 }
 
 impl DmaSession<'_> {
+    /// Appends the `len` bytes at `iova` to `out` without zeroing them
+    /// first (a gather into a frame); on a fault `out` is unchanged.
+    pub(crate) fn read_append(
+        &self,
+        iova: u64,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), DmaFault> {
+        out.reserve(len);
+        let start = out.len();
+        let dst = out.spare_capacity_mut().as_mut_ptr().cast::<u8>();
+        // SAFETY: the pieces come from the table, locked for the session,
+        // and sum to `len`; `dst` has room for `len` bytes (reserved above)
+        // and is the vector's own memory.
+        let r = self
+            .io
+            .pieces_in(&self.table, iova, len, false, |p| unsafe {
+                copy_out_raw(p, dst)
+            });
+        let r = self.counted(false, len, r);
+        if r.is_ok() {
+            // SAFETY: the `len` bytes after `start` were just written and
+            // are within the capacity reserved above.
+            unsafe { out.set_len(start + len) };
+        }
+        r
+    }
+
     fn counted<R>(&self, write: bool, len: usize, r: Result<R, DmaFault>) -> Result<R, DmaFault> {
         if r.is_ok() {
             let c = if write { &self.written } else { &self.read };
@@ -1334,6 +1373,26 @@ mod tests {
         for i in 0..2 {
             remove_raw(&iommu, x + 4096 * i);
         }
+    }
+
+    #[test]
+    fn a_session_appends_a_gather_or_nothing() {
+        let (iommu, m) = setup();
+        let a = HostMem::new(m, 4096).unwrap();
+        a.write(4000, &[9; 96]);
+        let mut out = vec![1, 2];
+        {
+            let io = iommu.session();
+            io.read_append(a.iova_at(4000), 96, &mut out).unwrap();
+            // Runs into the guard page: faults, appends nothing.
+            let f = io.read_append(a.iova_at(4000), 97, &mut out).unwrap_err();
+            assert_eq!(f.kind, FaultKind::Unmapped);
+        }
+        assert_eq!(out.len(), 98);
+        assert_eq!(&out[..2], &[1, 2]);
+        assert!(out[2..].iter().all(|&b| b == 9));
+        let s = iommu.stats();
+        assert_eq!((s.bytes_read, s.faults), (96, 1));
     }
 
     #[test]

@@ -63,7 +63,14 @@ pub(crate) struct Sq {
     pub last_error: Option<u8>,
     /// Injected: the next WQE fails with this syndrome.
     pub fail_next: Option<u8>,
+    /// Where the engine reads the WQE it executes (at most
+    /// SEND_WQE_MAX_WQEBBS; allocated with the SQ, so a doorbell neither
+    /// allocates nor zeroes one). Only meaningful during a doorbell.
+    pub wqe_buf: Box<[u8]>,
 }
+
+/// Bytes of [`Sq::wqe_buf`].
+pub(crate) const WQE_BUF_BYTES: usize = SEND_WQE_MAX_WQEBBS * SEND_WQE_BB;
 
 /// A WQE the engine refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -283,8 +290,11 @@ pub(crate) fn doorbell(
     // The WQE being executed (at most SEND_WQE_MAX_WQEBBS, checked before
     // it is read), reused for every WQE of the doorbell. Its first WQEBB
     // (the control segment) is read first; the rest only once the control
-    // segment has been checked.
-    let mut wqe_buf = [0u8; SEND_WQE_MAX_WQEBBS * SEND_WQE_BB];
+    // segment has been checked. Only bytes just read are looked at.
+    let mut wqe_buf = std::mem::take(&mut sq.wqe_buf);
+    if wqe_buf.len() != WQE_BUF_BYTES {
+        wqe_buf = vec![0u8; WQE_BUF_BYTES].into_boxed_slice();
+    }
     // The NIC's counters get this doorbell's WQEs, frames, bytes and
     // completions once, at its end (the SQ's own counters as it goes).
     let (wqes, frames, bytes) = (sq.wqes, sq.frames, sq.bytes);
@@ -360,6 +370,7 @@ pub(crate) fn doorbell(
             }
         }
     }
+    sq.wqe_buf = wqe_buf;
     let c = &nic.stats;
     for (counter, n) in [
         (&c.wqes, sq.wqes - wqes),
@@ -533,9 +544,7 @@ fn send(
         key.translate(addr, len, false, &mut pieces)
             .map_err(|e| mkey_err(e, lkey, addr, len))?;
         for &(iova, n) in &pieces {
-            let start = frame.len();
-            frame.resize(start + n as usize, 0);
-            io.read(iova, &mut frame[start..])
+            io.read_append(iova, n as usize, &mut frame)
                 .map_err(|f| err(CqeSyndrome::LocalAccess, vendor::DMA_FAULT, f.to_string()))?;
         }
         at += 16;
