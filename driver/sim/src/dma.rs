@@ -32,12 +32,13 @@
 #![allow(unsafe_code)]
 
 use std::alloc::Layout;
+use std::cell::Cell;
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::atomic::{
     AtomicBool, AtomicU8, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering,
 };
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use mempool::{DmaError, DmaMapper, DmaMapping};
 use smallvec::SmallVec;
@@ -190,6 +191,19 @@ impl Table {
         } else {
             None
         }
+    }
+
+    /// The host address of `iova` if all of `[iova, iova + len)` lies
+    /// inside the one mapping that holds `iova` (`len` > 0), else `None`
+    /// (unmapped, or spread over several mappings).
+    #[inline]
+    fn within(&self, hints: &Hints, iova: u64, len: usize) -> Option<usize> {
+        if len == 0 {
+            return None;
+        }
+        let (base, e) = self.find(hints, iova)?;
+        let off = iova - base;
+        (off + len as u64 <= e.len as u64).then(|| e.va + off as usize)
     }
 
     /// Index of the mapping that starts exactly at `iova`.
@@ -405,6 +419,42 @@ impl Iommu {
         f
     }
 
+    /// Runs `f` on the host pieces of `[iova, iova + len)` in the locked
+    /// table `t`, or reports the fault. Counts nothing.
+    fn pieces_in<R>(
+        &self,
+        t: &Table,
+        iova: u64,
+        len: usize,
+        write: bool,
+        f: impl FnOnce(&[Piece]) -> R,
+    ) -> Result<R, DmaFault> {
+        if !self.bus_master() {
+            return Err(self.fault(iova, len, write, FaultKind::BusMasterDisabled));
+        }
+        // The usual case: the access lies inside one mapping (one piece,
+        // no vector). Otherwise the general split, which may fault.
+        match t.within(&self.hints, iova, len) {
+            Some(va) => Ok(f(&[(va, len)])),
+            None => {
+                let mut pieces = Pieces::new();
+                if !translate(t, &self.hints, iova, len, &mut pieces) {
+                    return Err(self.fault(iova, len, write, FaultKind::Unmapped));
+                }
+                Ok(f(&pieces))
+            }
+        }
+    }
+
+    fn count(&self, write: bool, len: u64) {
+        let c = if write {
+            &self.bytes_written
+        } else {
+            &self.bytes_read
+        };
+        c.fetch_add(len, Ordering::Relaxed);
+    }
+
     /// Runs `f` on the host pieces of `[iova, iova + len)` with the table
     /// locked, or reports the fault.
     fn with_pieces<R>(
@@ -414,57 +464,65 @@ impl Iommu {
         write: bool,
         f: impl FnOnce(&[Piece]) -> R,
     ) -> Result<R, DmaFault> {
-        if !self.bus_master() {
-            return Err(self.fault(iova, len, write, FaultKind::BusMasterDisabled));
-        }
         let t = read_table(&self.table);
-        let mut pieces = Pieces::new();
-        if !translate(&t, &self.hints, iova, len, &mut pieces) {
-            drop(t);
-            return Err(self.fault(iova, len, write, FaultKind::Unmapped));
-        }
-        let r = f(&pieces);
+        let r = self.pieces_in(&t, iova, len, write, f);
         drop(t);
-        let c = if write {
-            &self.bytes_written
-        } else {
-            &self.bytes_read
-        };
-        c.fetch_add(len as u64, Ordering::Relaxed);
-        Ok(r)
+        if r.is_ok() {
+            self.count(write, len as u64);
+        }
+        r
+    }
+
+    /// [`Iommu::with_span`] in the locked table `t`; counts nothing.
+    fn span_in<R>(
+        &self,
+        t: &Table,
+        iova: u64,
+        len: usize,
+        f: impl FnOnce(&DmaSpan) -> R,
+    ) -> Option<R> {
+        if !self.bus_master() {
+            return None;
+        }
+        let va = t.within(&self.hints, iova, len)?;
+        Some(f(&DmaSpan { va, len }))
+    }
+
+    /// Runs `f` on `[iova, iova + len)` as one [`DmaSpan`], under one
+    /// translation, if bus mastering is on and the range lies inside one
+    /// mapping; `None` (nothing touched, nothing counted) otherwise, for
+    /// the caller to fall back to single accesses, which fault (and count)
+    /// as usual. For a sequence of accesses into one small structure (a
+    /// CQE: body, then the fields a reader polls, in order) that firmware
+    /// makes into one page.
+    pub fn with_span<R>(
+        &self,
+        iova: u64,
+        len: usize,
+        write: bool,
+        f: impl FnOnce(&DmaSpan) -> R,
+    ) -> Option<R> {
+        let t = read_table(&self.table);
+        let r = self.span_in(&t, iova, len, f);
+        drop(t);
+        if r.is_some() {
+            self.count(write, len as u64);
+        }
+        r
     }
 
     /// Copies `buf.len()` bytes from device address `iova` into `buf`.
     pub fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
         let len = buf.len();
-        self.with_pieces(iova, len, false, |pieces| {
-            let mut done = 0;
-            for &(va, n) in pieces {
-                // SAFETY: `va..va + n` lies inside a live mapping (checked by
-                // `translate` under the table lock, which is held until this
-                // closure returns), so it is valid host memory by the
-                // DmaMapper contract; `buf[done..done + n]` is in bounds since
-                // the pieces sum to `buf.len()`; the ranges cannot overlap
-                // because `buf` is a Rust-owned slice, not DMA memory.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(va as *const u8, buf.as_mut_ptr().add(done), n)
-                };
-                done += n;
-            }
-        })
+        // SAFETY: the pieces come from the table, locked until `f` returns.
+        self.with_pieces(iova, len, false, |pieces| unsafe { copy_out(pieces, buf) })
     }
 
     /// Copies `data` to device address `iova`.
     pub fn write(&self, iova: u64, data: &[u8]) -> Result<(), DmaFault> {
-        self.with_pieces(iova, data.len(), true, |pieces| {
-            let mut done = 0;
-            for &(va, n) in pieces {
-                // SAFETY: as in `read`: the destination is inside a live
-                // mapping while the table lock is held, the source range is
-                // in bounds of `data`, and the two cannot overlap.
-                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(done), va as *mut u8, n) };
-                done += n;
-            }
+        // SAFETY: as in `read`.
+        self.with_pieces(iova, data.len(), true, |pieces| unsafe {
+            copy_in(pieces, data)
         })
     }
 
@@ -488,36 +546,24 @@ impl Iommu {
 
     /// Stores one byte with release ordering (ownership bytes: written last).
     pub fn store_u8_release(&self, iova: u64, v: u8) -> Result<(), DmaFault> {
-        self.with_pieces(iova, 1, true, |p| {
-            // SAFETY: one byte inside a live mapping (table lock held);
-            // any address is aligned for AtomicU8, and the atomic is only
-            // used for this store.
-            unsafe { AtomicU8::from_ptr(p[0].0 as *mut u8) }.store(v, Ordering::Release);
-        })
+        // SAFETY: as in `read`; one piece of one byte.
+        self.with_pieces(iova, 1, true, |p| unsafe { store_u8(p, v) })
     }
 
     /// Stores a big-endian u16 atomically with release ordering (the
     /// overrun CQ's `wqe_counter`/`wqe_id`, which a reader snapshots).
     pub fn store_be16_release(&self, iova: u64, v: u16) -> Result<(), DmaFault> {
         self.atomic_ptr(iova, 2, true)?;
-        self.with_pieces(iova, 2, true, |p| {
-            debug_assert_eq!(p.len(), 1, "an aligned u16 never spans mappings");
-            // SAFETY: two bytes inside one live mapping (IOVA and VA are
-            // both page-aligned at mapping start, so the 2-byte IOVA
-            // alignment checked above carries over to the VA).
-            unsafe { AtomicU16::from_ptr(p[0].0 as *mut u16) }.store(v.to_be(), Ordering::Release);
-        })
+        // SAFETY: as in `read`; the IOVA is 2-byte aligned (checked).
+        self.with_pieces(iova, 2, true, |p| unsafe { store_be16(p, v) })
     }
 
     /// Loads a big-endian u32 atomically with acquire ordering (doorbell
     /// records).
     pub fn load_be32_acquire(&self, iova: u64) -> Result<u32, DmaFault> {
         self.atomic_ptr(iova, 4, false)?;
-        self.with_pieces(iova, 4, false, |p| {
-            // SAFETY: four bytes inside one live mapping, 4-byte aligned
-            // (see `store_be16_release`).
-            u32::from_be(unsafe { AtomicU32::from_ptr(p[0].0 as *mut u32) }.load(Ordering::Acquire))
-        })
+        // SAFETY: as in `read`; the IOVA is 4-byte aligned (checked).
+        self.with_pieces(iova, 4, false, |p| unsafe { load_be32(p) })
     }
 
     /// Loads one byte with acquire ordering.
@@ -526,6 +572,330 @@ impl Iommu {
             // SAFETY: one byte inside a live mapping.
             unsafe { AtomicU8::from_ptr(p[0].0 as *mut u8) }.load(Ordering::Acquire)
         })
+    }
+
+    /// A session: the table read-locked for a sequence of accesses (one
+    /// doorbell's WQEs, one frame's delivery), which are translated and
+    /// checked one by one exactly as single accesses are, without taking
+    /// the lock for each. Unmapping waits for the session to end, as it
+    /// waits for any access in flight. Byte counts are added when it ends.
+    ///
+    /// Lock order: the function's object table, then an SQ's lock (TX),
+    /// then the session, then an RQ's lock (RX), then a CQ's, then an
+    /// EQ's. No single access (which takes the table lock itself) is made
+    /// while a session is open on this thread, and none while holding a
+    /// queue lock that a session holder may wait for — the engines pass
+    /// the session down instead. std's `RwLock` queues a new reader behind
+    /// a waiting unmap, so either would deadlock.
+    pub(crate) fn session(&self) -> DmaSession<'_> {
+        DmaSession {
+            io: self,
+            table: read_table(&self.table),
+            read: Cell::new(0),
+            written: Cell::new(0),
+        }
+    }
+}
+
+/// Copies from the pieces into `buf` (the pieces sum to `buf.len()`).
+///
+/// # Safety
+/// The pieces must come from the table under a lock still held.
+unsafe fn copy_out(pieces: &[Piece], buf: &mut [u8]) {
+    // SAFETY: `buf` is valid for writes of its length, which the pieces
+    // sum to; the rest is the caller's contract.
+    unsafe { copy_out_raw(pieces, buf.as_mut_ptr()) }
+}
+
+/// Copies from the pieces to `dst`.
+///
+/// # Safety
+/// As [`copy_out`]; `dst` must be valid for writes of the pieces' total
+/// length and must not be DMA memory.
+unsafe fn copy_out_raw(pieces: &[Piece], dst: *mut u8) {
+    let mut done = 0;
+    for &(va, n) in pieces {
+        // SAFETY: `va..va + n` lies inside a live mapping (the caller's
+        // contract), so it is valid host memory by the DmaMapper contract;
+        // `dst + done..dst + done + n` is in bounds since the pieces sum to
+        // what `dst` can hold; the ranges cannot overlap because `dst` is
+        // Rust-owned memory, not DMA memory.
+        unsafe { std::ptr::copy_nonoverlapping(va as *const u8, dst.add(done), n) };
+        done += n;
+    }
+}
+
+/// Copies `data` into the pieces (which sum to `data.len()`).
+///
+/// # Safety
+/// As [`copy_out`].
+unsafe fn copy_in(pieces: &[Piece], data: &[u8]) {
+    let mut done = 0;
+    for &(va, n) in pieces {
+        // SAFETY: as in `copy_out`: the destination is inside a live
+        // mapping, the source range is in bounds of `data`, and the two
+        // cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(done), va as *mut u8, n) };
+        done += n;
+    }
+}
+
+/// Release-stores `v` into the one-byte piece.
+///
+/// # Safety
+/// As [`copy_out`], for a one-byte access.
+unsafe fn store_u8(p: &[Piece], v: u8) {
+    // SAFETY: one byte inside a live mapping (the caller's contract); any
+    // address is aligned for AtomicU8, and the atomic is only used for
+    // this store.
+    unsafe { AtomicU8::from_ptr(p[0].0 as *mut u8) }.store(v, Ordering::Release);
+}
+
+/// Release-stores big-endian `v` into the two-byte piece.
+///
+/// # Safety
+/// As [`copy_out`], for a two-byte access at a 2-byte aligned IOVA.
+unsafe fn store_be16(p: &[Piece], v: u16) {
+    debug_assert_eq!(p.len(), 1, "an aligned u16 never spans mappings");
+    // SAFETY: two bytes inside one live mapping (IOVA and VA are both
+    // page-aligned at mapping start, so the 2-byte IOVA alignment carries
+    // over to the VA).
+    unsafe { AtomicU16::from_ptr(p[0].0 as *mut u16) }.store(v.to_be(), Ordering::Release);
+}
+
+/// Acquire-loads a big-endian u32 from the four-byte piece.
+///
+/// # Safety
+/// As [`copy_out`], for a four-byte access at a 4-byte aligned IOVA.
+unsafe fn load_be32(p: &[Piece]) -> u32 {
+    // SAFETY: four bytes inside one live mapping, 4-byte aligned (see
+    // `store_be16`).
+    u32::from_be(unsafe { AtomicU32::from_ptr(p[0].0 as *mut u32) }.load(Ordering::Acquire))
+}
+
+/// The accesses the TX and RX engines make, on the [`Iommu`] itself (the
+/// table locked per access: doorbells and commands outside the
+/// datapath) or on a [`DmaSession`] (locked once for a doorbell or a
+/// frame). The same checks, faults and counts either way.
+pub(crate) trait Dma {
+    /// [`Iommu::read`].
+    fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaFault>;
+    /// [`Iommu::write`].
+    fn write(&self, iova: u64, data: &[u8]) -> Result<(), DmaFault>;
+    /// [`Iommu::store_u8_release`].
+    fn store_u8_release(&self, iova: u64, v: u8) -> Result<(), DmaFault>;
+    /// [`Iommu::store_be16_release`].
+    fn store_be16_release(&self, iova: u64, v: u16) -> Result<(), DmaFault>;
+    /// [`Iommu::load_be32_acquire`].
+    fn load_be32_acquire(&self, iova: u64) -> Result<u32, DmaFault>;
+    /// [`Iommu::with_span`].
+    fn with_span<R>(
+        &self,
+        iova: u64,
+        len: usize,
+        write: bool,
+        f: impl FnOnce(&DmaSpan) -> R,
+    ) -> Option<R>;
+}
+
+impl Dma for Iommu {
+    fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
+        Iommu::read(self, iova, buf)
+    }
+    fn write(&self, iova: u64, data: &[u8]) -> Result<(), DmaFault> {
+        Iommu::write(self, iova, data)
+    }
+    fn store_u8_release(&self, iova: u64, v: u8) -> Result<(), DmaFault> {
+        Iommu::store_u8_release(self, iova, v)
+    }
+    fn store_be16_release(&self, iova: u64, v: u16) -> Result<(), DmaFault> {
+        Iommu::store_be16_release(self, iova, v)
+    }
+    fn load_be32_acquire(&self, iova: u64) -> Result<u32, DmaFault> {
+        Iommu::load_be32_acquire(self, iova)
+    }
+    fn with_span<R>(
+        &self,
+        iova: u64,
+        len: usize,
+        write: bool,
+        f: impl FnOnce(&DmaSpan) -> R,
+    ) -> Option<R> {
+        Iommu::with_span(self, iova, len, write, f)
+    }
+}
+
+/// The table read-locked for a sequence of accesses ([`Iommu::session`]).
+pub(crate) struct DmaSession<'a> {
+    io: &'a Iommu,
+    table: RwLockReadGuard<'a, Table>,
+    read: Cell<u64>,
+    written: Cell<u64>,
+}
+
+impl fmt::Debug for DmaSession<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "DmaSession(read {}, written {})",
+            self.read.get(),
+            self.written.get()
+        )
+    }
+}
+
+impl DmaSession<'_> {
+    /// Appends the `len` bytes at `iova` to `out` without zeroing them
+    /// first (a gather into a frame); on a fault `out` is unchanged.
+    pub(crate) fn read_append(
+        &self,
+        iova: u64,
+        len: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<(), DmaFault> {
+        out.reserve(len);
+        let start = out.len();
+        let dst = out.spare_capacity_mut().as_mut_ptr().cast::<u8>();
+        // SAFETY: the pieces come from the table, locked for the session,
+        // and sum to `len`; `dst` has room for `len` bytes (reserved above)
+        // and is the vector's own memory.
+        let r = self
+            .io
+            .pieces_in(&self.table, iova, len, false, |p| unsafe {
+                copy_out_raw(p, dst)
+            });
+        let r = self.counted(false, len, r);
+        if r.is_ok() {
+            // SAFETY: the `len` bytes after `start` were just written and
+            // are within the capacity reserved above.
+            unsafe { out.set_len(start + len) };
+        }
+        r
+    }
+
+    fn counted<R>(&self, write: bool, len: usize, r: Result<R, DmaFault>) -> Result<R, DmaFault> {
+        if r.is_ok() {
+            let c = if write { &self.written } else { &self.read };
+            c.set(c.get() + len as u64);
+        }
+        r
+    }
+}
+
+impl Dma for DmaSession<'_> {
+    fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
+        let len = buf.len();
+        // SAFETY: the pieces come from the table, locked for the session.
+        let r = self
+            .io
+            .pieces_in(&self.table, iova, len, false, |p| unsafe {
+                copy_out(p, buf)
+            });
+        self.counted(false, len, r)
+    }
+    fn write(&self, iova: u64, data: &[u8]) -> Result<(), DmaFault> {
+        // SAFETY: as in `read`.
+        let r = self
+            .io
+            .pieces_in(&self.table, iova, data.len(), true, |p| unsafe {
+                copy_in(p, data)
+            });
+        self.counted(true, data.len(), r)
+    }
+    fn store_u8_release(&self, iova: u64, v: u8) -> Result<(), DmaFault> {
+        // SAFETY: as in `read`; one piece of one byte.
+        let r = self
+            .io
+            .pieces_in(&self.table, iova, 1, true, |p| unsafe { store_u8(p, v) });
+        self.counted(true, 1, r)
+    }
+    fn store_be16_release(&self, iova: u64, v: u16) -> Result<(), DmaFault> {
+        self.io.atomic_ptr(iova, 2, true)?;
+        // SAFETY: as in `read`; the IOVA is 2-byte aligned (checked).
+        let r = self
+            .io
+            .pieces_in(&self.table, iova, 2, true, |p| unsafe { store_be16(p, v) });
+        self.counted(true, 2, r)
+    }
+    fn load_be32_acquire(&self, iova: u64) -> Result<u32, DmaFault> {
+        self.io.atomic_ptr(iova, 4, false)?;
+        // SAFETY: as in `read`; the IOVA is 4-byte aligned (checked).
+        let r = self
+            .io
+            .pieces_in(&self.table, iova, 4, false, |p| unsafe { load_be32(p) });
+        self.counted(false, 4, r)
+    }
+    fn with_span<R>(
+        &self,
+        iova: u64,
+        len: usize,
+        write: bool,
+        f: impl FnOnce(&DmaSpan) -> R,
+    ) -> Option<R> {
+        let r = self.io.span_in(&self.table, iova, len, f)?;
+        let c = if write { &self.written } else { &self.read };
+        c.set(c.get() + len as u64);
+        Some(r)
+    }
+}
+
+impl Drop for DmaSession<'_> {
+    fn drop(&mut self) {
+        for (n, write) in [(self.read.get(), false), (self.written.get(), true)] {
+            if n != 0 {
+                self.io.count(write, n);
+            }
+        }
+    }
+}
+
+/// A range of host memory inside one live mapping, lent to the closure of
+/// [`Iommu::with_span`] while the table is read-locked (it cannot outlive
+/// the call: it is neither `Clone` nor handed out by value). Offsets are
+/// the model's own constants; one outside the span is a bug in the model
+/// and panics.
+#[derive(Debug)]
+pub struct DmaSpan {
+    va: usize,
+    len: usize,
+}
+
+impl DmaSpan {
+    fn check(&self, off: usize, n: usize, align: usize) -> *mut u8 {
+        assert!(
+            off.checked_add(n).is_some_and(|e| e <= self.len) && (self.va + off) % align == 0,
+            "DMA span access of {n} bytes at {off:#x} outside {} bytes (or misaligned)",
+            self.len
+        );
+        (self.va + off) as *mut u8
+    }
+
+    /// Copies `data` to byte `off` of the span.
+    pub fn write(&self, off: usize, data: &[u8]) {
+        let dst = self.check(off, data.len(), 1);
+        // SAFETY: `dst..dst + data.len()` is inside the span (checked),
+        // which lies inside a live mapping while the table lock taken by
+        // `with_span` is held (the span cannot outlive it); `data` is a
+        // Rust slice, not DMA memory, so they cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+    }
+
+    /// Stores one byte at `off` with release ordering (an ownership byte).
+    pub fn store_u8_release(&self, off: usize, v: u8) {
+        let p = self.check(off, 1, 1);
+        // SAFETY: one byte inside the span (checked), inside a live mapping
+        // while the table lock is held; any address is aligned for AtomicU8.
+        unsafe { AtomicU8::from_ptr(p) }.store(v, Ordering::Release);
+    }
+
+    /// Stores a big-endian u16 at `off` atomically with release ordering.
+    /// The host address must be 2-byte aligned (it is whenever the IOVA
+    /// is: mappings start page-aligned on both sides).
+    pub fn store_be16_release(&self, off: usize, v: u16) {
+        let p = self.check(off, 2, 2);
+        // SAFETY: two bytes inside the span, 2-byte aligned (checked),
+        // inside a live mapping while the table lock is held.
+        unsafe { AtomicU16::from_ptr(p as *mut u16) }.store(v.to_be(), Ordering::Release);
     }
 }
 
@@ -952,6 +1322,85 @@ mod tests {
             remove_raw(&iommu, x + 4096 * i);
         }
         assert!(iommu.read(x + 4090, &mut back).is_err());
+    }
+
+    #[test]
+    fn a_span_is_lent_only_inside_one_mapping_and_counts_like_a_write() {
+        let (iommu, m) = setup();
+        let mems: Vec<HostMem> = (0..2)
+            .map(|_| HostMem::new(m.clone(), 4096).unwrap())
+            .collect();
+        let x = 0x90_0000_0000u64;
+        for (i, mem) in mems.iter().enumerate() {
+            add_raw(&iommu, x + 4096 * i as u64, mem);
+        }
+        let before = iommu.stats();
+        iommu
+            .with_span(x + 64, 64, true, |s| {
+                s.write(0, &[1, 2]);
+                s.store_be16_release(2, 0x0304);
+                s.store_u8_release(63, 0x3f);
+            })
+            .unwrap();
+        assert_eq!(mems[0].read_vec(64, 4), [1, 2, 3, 4]);
+        assert_eq!(mems[0].load_u8_acquire(127), 0x3f);
+        assert_eq!(iommu.stats().bytes_written, before.bytes_written + 64);
+        // Across two mappings, into a hole, or without bus mastering: no
+        // span, nothing touched, nothing counted (the caller falls back).
+        assert!(iommu.with_span(x + 4096 - 32, 64, true, |_| ()).is_none());
+        assert!(
+            iommu
+                .with_span(x + 2 * 4096 - 32, 64, true, |_| ())
+                .is_none()
+        );
+        assert!(iommu.with_span(x + 8192, 1, false, |_| ()).is_none());
+        iommu.set_bus_master(false);
+        assert!(iommu.with_span(x, 64, true, |_| ()).is_none());
+        iommu.set_bus_master(true);
+        let after = iommu.stats();
+        assert_eq!(
+            (
+                after.faults,
+                after.bytes_written,
+                after.blocked_no_bus_master
+            ),
+            (
+                before.faults,
+                before.bytes_written + 64,
+                before.blocked_no_bus_master
+            )
+        );
+        for i in 0..2 {
+            remove_raw(&iommu, x + 4096 * i);
+        }
+    }
+
+    #[test]
+    fn a_session_appends_a_gather_or_nothing() {
+        let (iommu, m) = setup();
+        let a = HostMem::new(m, 4096).unwrap();
+        a.write(4000, &[9; 96]);
+        let mut out = vec![1, 2];
+        {
+            let io = iommu.session();
+            io.read_append(a.iova_at(4000), 96, &mut out).unwrap();
+            // Runs into the guard page: faults, appends nothing.
+            let f = io.read_append(a.iova_at(4000), 97, &mut out).unwrap_err();
+            assert_eq!(f.kind, FaultKind::Unmapped);
+        }
+        assert_eq!(out.len(), 98);
+        assert_eq!(&out[..2], &[1, 2]);
+        assert!(out[2..].iter().all(|&b| b == 9));
+        let s = iommu.stats();
+        assert_eq!((s.bytes_read, s.faults), (96, 1));
+    }
+
+    #[test]
+    #[should_panic(expected = "outside 8 bytes")]
+    fn a_span_access_past_its_end_is_a_model_bug() {
+        let (iommu, m) = setup();
+        let a = HostMem::new(m, 4096).unwrap();
+        iommu.with_span(a.iova(), 8, true, |s| s.write(6, &[0; 4]));
     }
 
     /// The pre-change translation (a BTreeMap range lookup into a Vec), as

@@ -408,6 +408,13 @@ impl FabricInner {
         self.net.transmit(PortId(port), frame);
     }
 
+    /// Frames leave the device at `port`, in order (one lock of the
+    /// network for all of them). No lock of any device may be held by the
+    /// caller, nor taken by `frames`.
+    pub(crate) fn transmit_many(&self, port: u32, frames: impl IntoIterator<Item = Vec<u8>>) {
+        self.net.transmit_many(PortId(port), frames);
+    }
+
     /// Takes every queued hop that is due. Returns how many.
     pub(crate) fn pump_due(&self) -> usize {
         self.net.pump_due()

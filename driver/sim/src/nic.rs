@@ -22,7 +22,7 @@
 use std::cell::RefCell;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::time::Duration;
 
 use mempool::DmaMapper;
@@ -32,16 +32,19 @@ use mlx5::prm::uar::{
     BF_OFFSET, BFREGS_PER_UAR, CQ_DOORBELL, EQ_DOORBELL_ARM, EQ_DOORBELL_NO_ARM, UAR_PAGE_BYTES,
 };
 
-use crate::dma::{DmaFault, Iommu, MappingInfo, SimMapper};
+use crate::dma::{DmaFault, DmaSession, Iommu, MappingInfo, SimMapper};
 use crate::fabric::{Fabric, FabricInner, PortId, PortSink};
 use crate::firmware::{CommandRecord, Firmware, HcaState, cmdq};
 use crate::inject::{InjectError, Injection};
 use crate::objects::{Datapath, Vport};
 use crate::packet;
+use crate::queues::Cq;
+use crate::rx::Rq;
 use crate::stats::{Counters, DropReason, NicStats, ObjectCounts, Queues};
 use crate::steering::Verdict;
 use crate::util::{lock, mac_str, read, write};
 use crate::{backend::SimBackend, rx, tx};
+use netsim::Frames;
 
 /// First BAR0 page handed out as a UAR (pages below hold the init segment
 /// and clocks).
@@ -370,6 +373,15 @@ struct TxOrigin {
     disable_mc_lb: bool,
 }
 
+impl TxOrigin {
+    /// The frame goes to the wire and nowhere else: not to one of the
+    /// function's own addresses, and not multicast looped back (see
+    /// [`NicInner::transmit`]).
+    fn wire_only(&self, frame: &[u8]) -> bool {
+        !self.own && (frame.first().is_none_or(|b| b & 1 == 0) || self.disable_mc_lb)
+    }
+}
+
 impl NicInner {
     pub(crate) fn now_ns(&self) -> u64 {
         self.fabric.now_ns()
@@ -601,7 +613,12 @@ impl NicInner {
         let cqn = (v as u32) & 0x00ff_ffff;
         let solicited = (hi >> 24) & 0x7 == 1;
         match dp.cqs.get(&cqn) {
-            Some(cq) if lock(cq).uar == uar => lock(cq).arm(self, hi & 0x00ff_ffff, solicited),
+            Some(cq) if lock(cq).uar == uar => {
+                // The IOMMU session before the CQ's lock (see
+                // `Iommu::session`): arming may write an EQE.
+                let io = &self.iommu.session();
+                lock(cq).arm(self, io, hi & 0x00ff_ffff, solicited)
+            }
             _ => self.ignored("CQ arm for an unknown CQ or through the wrong UAR", 0),
         }
     }
@@ -619,14 +636,14 @@ impl NicInner {
                     .fetch_add(1, Ordering::Relaxed);
                 return;
             }
-            let Some(sq) = dp.sqs.get(&sqn).cloned() else {
+            let Some(sq) = dp.sqs.get(&sqn) else {
                 self.stats
                     .sq_doorbells_ignored
                     .fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(sqn, "send doorbell for an unknown SQ");
                 return;
             };
-            let mut sq = lock(&sq);
+            let mut sq = lock(sq);
             if sq.uar != uar {
                 self.stats
                     .sq_doorbells_ignored
@@ -650,9 +667,31 @@ impl NicInner {
                 disable_mc_lb: dp.vport.disable_mc_lb,
             };
         }
-        for (f, own) in out.frames.drain(..).zip(out.own.drain(..)) {
-            self.transmit(f, TxOrigin { own, ..origin });
+        // Frames that only go to the wire (no loopback inside the NIC) are
+        // handed to the fabric a run at a time, in order; the others one
+        // by one between them, as before.
+        let mut frames = out.frames.drain(..).zip(out.own.drain(..)).peekable();
+        while let Some((f, own)) = frames.next() {
+            let o = TxOrigin { own, ..origin };
+            if !o.wire_only(&f) {
+                self.transmit(f, o);
+                continue;
+            }
+            let run = std::iter::from_fn(|| {
+                frames
+                    .next_if(|(f, own)| {
+                        TxOrigin {
+                            own: *own,
+                            ..origin
+                        }
+                        .wire_only(f)
+                    })
+                    .map(|(f, _)| f)
+            });
+            self.fabric
+                .transmit_many(self.port.0, std::iter::once(f).chain(run));
         }
+        drop(frames);
         TX_SCRATCH.with(|s| *s.borrow_mut() = out);
     }
 
@@ -682,6 +721,49 @@ impl NicInner {
     /// transport domain `lb_td`).
     fn rx_frame(&self, frame: &[u8], lb_td: Option<u32>) {
         let dp = read(&self.dp);
+        let io = self.iommu.session();
+        let mut t = RxTally::default();
+        let mut held = None;
+        self.rx_one(&dp, &io, frame, lb_td, &mut held, &mut t);
+        drop(held);
+        drop(io);
+        t.add_to(&self.stats);
+    }
+
+    /// Frames arrive from the wire, one after the other: [`rx_frame`] for
+    /// each, with the object table and the IOMMU locked once and the
+    /// counters added once.
+    ///
+    /// [`rx_frame`]: Self::rx_frame
+    fn rx_frames(&self, frames: Frames<'_>) {
+        self.stats
+            .rx_frames
+            .fetch_add(frames.len() as u64, Ordering::Relaxed);
+        let dp = read(&self.dp);
+        let io = self.iommu.session();
+        let mut t = RxTally::default();
+        let mut held = None;
+        for f in frames.iter() {
+            self.rx_one(&dp, &io, f, None, &mut held, &mut t);
+        }
+        drop(held);
+        drop(io);
+        t.add_to(&self.stats);
+    }
+
+    /// One received frame, with the object table read-locked and the
+    /// IOMMU session open (in that order; the RQ's and its CQ's locks are
+    /// taken after them: see `Iommu::session`). `held` keeps the last RQ
+    /// and its CQ locked for the next frame of the same run.
+    fn rx_one<'dp>(
+        &self,
+        dp: &'dp Datapath,
+        io: &DmaSession<'_>,
+        frame: &[u8],
+        lb_td: Option<u32>,
+        held: &mut Option<HeldRq<'dp>>,
+        t: &mut RxTally,
+    ) {
         if !dp.hca_up {
             return self.drop_frame(DropReason::HcaDown);
         }
@@ -694,7 +776,7 @@ impl NicInner {
             return self.drop_frame(DropReason::Oversize);
         }
         let parsed = packet::parse(frame);
-        if !eswitch_forwards(self.cfg.eswitch, &dp, &parsed.dmac) {
+        if !eswitch_forwards(self.cfg.eswitch, dp, &parsed.dmac) {
             return self.drop_frame(DropReason::Eswitch);
         }
         if self.cfg.vport_mac_filter && !vport_accepts(&dp.vport, &parsed.dmac) {
@@ -718,17 +800,40 @@ impl NicInner {
                     continue;
                 }
             }
-            let Some(rq) = dp.rqs.get(&tir.rqn).cloned() else {
-                self.drop_frame(DropReason::FlowMiss);
-                continue;
+            if held.as_ref().is_none_or(|h| h.rqn != tir.rqn) {
+                // Both locks of the previous RQ go before the next ones are
+                // taken (two RQs may share a CQ).
+                *held = None;
+                let Some(rq) = dp.rqs.get(&tir.rqn) else {
+                    self.drop_frame(DropReason::FlowMiss);
+                    continue;
+                };
+                let rq = lock(rq);
+                let cq = dp.cqs.get(&rq.cqn).filter(|c| Arc::ptr_eq(c, &rq.cq));
+                let cq = match cq {
+                    Some(c) => HeldCq::Table(lock(c)),
+                    None => HeldCq::Own(rq.cq.clone()),
+                };
+                *held = Some(HeldRq {
+                    rqn: tir.rqn,
+                    rq,
+                    cq,
+                });
+            }
+            let Some(h) = held.as_mut() else { continue };
+            let posts = h.rq.cqe_posts;
+            let r = match &mut h.cq {
+                HeldCq::Table(cq) => rx::deliver(self, io, dp, &mut h.rq, cq, frame, &parsed, tag),
+                HeldCq::Own(cq) => {
+                    let mut cq = lock(cq);
+                    rx::deliver(self, io, dp, &mut h.rq, &mut cq, frame, &parsed, tag)
+                }
             };
-            let mut rq = lock(&rq);
-            match rx::deliver(self, &dp, &mut rq, frame, &parsed, tag) {
+            t.cqes += h.rq.cqe_posts - posts;
+            match r {
                 Ok(()) => {
-                    self.stats.rx_delivered.fetch_add(1, Ordering::Relaxed);
-                    self.stats
-                        .rx_bytes
-                        .fetch_add(frame.len() as u64, Ordering::Relaxed);
+                    t.delivered += 1;
+                    t.bytes += frame.len() as u64;
                 }
                 Err(r) => self.drop_frame(r),
             }
@@ -845,6 +950,50 @@ impl PortSink for NicInner {
     fn receive(&self, frame: &[u8]) {
         self.stats.rx_frames.fetch_add(1, Ordering::Relaxed);
         self.rx_frame(frame, None);
+    }
+
+    fn receive_many(&self, frames: Frames<'_>) {
+        self.rx_frames(frames);
+    }
+}
+
+/// The RQ the last received frame went to, and its CQ, locked (RQ first)
+/// for the next frames of the same run.
+struct HeldRq<'dp> {
+    rqn: u32,
+    rq: MutexGuard<'dp, Rq>,
+    cq: HeldCq<'dp>,
+}
+
+/// The CQ of a [`HeldRq`]: locked through the object table, or (if the
+/// table does not hold the RQ's CQ under its number, which commands do not
+/// allow) locked per frame.
+enum HeldCq<'dp> {
+    Table(MutexGuard<'dp, Cq>),
+    Own(Arc<Mutex<Cq>>),
+}
+
+/// What a batch of received frames adds to the NIC's counters (once, at
+/// its end, instead of an atomic add per frame).
+#[derive(Debug, Default)]
+struct RxTally {
+    delivered: u64,
+    bytes: u64,
+    /// CQEs posted (or lost) for them, fillers and errors included.
+    cqes: u64,
+}
+
+impl RxTally {
+    fn add_to(&self, c: &Counters) {
+        for (counter, n) in [
+            (&c.rx_delivered, self.delivered),
+            (&c.rx_bytes, self.bytes),
+            (&c.rx_cqes, self.cqes),
+        ] {
+            if n != 0 {
+                counter.fetch_add(n, Ordering::Relaxed);
+            }
+        }
     }
 }
 

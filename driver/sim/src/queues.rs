@@ -8,7 +8,7 @@ use mlx5::prm::codes::{EventType, HealthSyndrome};
 use mlx5::prm::cqe::{CQE_OPCODE_SHIFT, Cqe64, Eqe, EqeCqErr};
 use mlx5::prm::{View, ViewMut};
 
-use crate::dma::{DmaFault, FaultKind, Iommu};
+use crate::dma::{Dma, DmaFault, FaultKind};
 use crate::nic::NicInner;
 use crate::stats::{CqInfo, EqInfo};
 use crate::util::lock;
@@ -57,7 +57,7 @@ impl Ring {
     }
 
     /// Reads `buf.len()` bytes at ring offset `off` (no wrap).
-    pub(crate) fn read(&self, io: &Iommu, off: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
+    pub(crate) fn read(&self, io: &impl Dma, off: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
         let mut done = 0usize;
         while done < buf.len() {
             let (iova, left) = self
@@ -71,7 +71,7 @@ impl Ring {
     }
 
     /// Writes `data` at ring offset `off` (no wrap).
-    pub(crate) fn write(&self, io: &Iommu, off: u64, data: &[u8]) -> Result<(), DmaFault> {
+    pub(crate) fn write(&self, io: &impl Dma, off: u64, data: &[u8]) -> Result<(), DmaFault> {
         let mut done = 0usize;
         while done < data.len() {
             let (iova, left) = self
@@ -85,13 +85,13 @@ impl Ring {
     }
 
     /// Release-stores one byte at `off`.
-    pub(crate) fn store_u8(&self, io: &Iommu, off: u64, v: u8) -> Result<(), DmaFault> {
+    pub(crate) fn store_u8(&self, io: &impl Dma, off: u64, v: u8) -> Result<(), DmaFault> {
         let (iova, _) = self.iova_of(off).ok_or_else(|| self.oob(off, 1, true))?;
         io.store_u8_release(iova, v)
     }
 
     /// Release-stores a big-endian u16 at `off` (2-byte aligned).
-    pub(crate) fn store_be16(&self, io: &Iommu, off: u64, v: u16) -> Result<(), DmaFault> {
+    pub(crate) fn store_be16(&self, io: &impl Dma, off: u64, v: u16) -> Result<(), DmaFault> {
         let (iova, _) = self.iova_of(off).ok_or_else(|| self.oob(off, 2, true))?;
         io.store_be16_release(iova, v)
     }
@@ -139,6 +139,7 @@ impl Eq {
     pub(crate) fn post(
         &mut self,
         nic: &NicInner,
+        io: &impl Dma,
         typ: EventType,
         sub_type: u8,
         data: &[u8; 28],
@@ -166,8 +167,8 @@ impl Eq {
         let owner = ((self.pc >> self.log_size) & 1) as u8;
         let off = slot * 64;
         self.ring
-            .write(&nic.iommu, off, &e[..0x3f])
-            .and_then(|_| self.ring.store_u8(&nic.iommu, off + 0x3f, owner))
+            .write(io, off, &e[..0x3f])
+            .and_then(|_| self.ring.store_u8(io, off + 0x3f, owner))
             .map_err(EqPostError::Dma)?;
         self.pc = (self.pc + 1) & MASK24;
         nic.stats.eqes.fetch_add(1, Ordering::Relaxed);
@@ -248,22 +249,22 @@ impl Cq {
     /// release store. Without overrun-ignore, the consumer counter is read
     /// from the doorbell record first and a full CQ overflows: status 0x9,
     /// a CQ-error EQE (if the EQ takes them), and no more CQEs.
-    pub(crate) fn post(&mut self, nic: &NicInner, cqe: &[u8; 64]) -> CqPost {
+    pub(crate) fn post(&mut self, nic: &NicInner, io: &impl Dma, cqe: &[u8; 64]) -> CqPost {
         if self.status != 0 {
             self.dropped += 1;
             return CqPost::Lost;
         }
         let n = self.entries();
         if !self.oi {
-            match nic.iommu.load_be32_acquire(self.dbr) {
+            match io.load_be32_acquire(self.dbr) {
                 Ok(ci) => self.last_ci = ci & MASK24,
                 Err(_) => {
-                    self.fail(nic, 0xa, 2);
+                    self.fail(nic, io, 0xa, 2);
                     return CqPost::Lost;
                 }
             }
             if self.pc.wrapping_sub(self.last_ci) & MASK24 >= n {
-                self.fail(nic, 0x9, 1);
+                self.fail(nic, io, 0x9, 1);
                 nic.stats.cq_overruns.fetch_add(1, Ordering::Relaxed);
                 return CqPost::Lost;
             }
@@ -274,31 +275,30 @@ impl Cq {
         let wqe_id = (Cqe64::WQE_ID.bit() / 8) as usize;
         let counter = (Cqe64::WQE_COUNTER.bit() / 8) as usize;
         let v = View::<Cqe64>::new(cqe).expect("64 bytes");
-        let r = self
-            .ring
-            .write(&nic.iommu, off, &cqe[..wqe_id])
-            .and_then(|_| self.ring.write(&nic.iommu, off + 4, &cqe[4..counter]))
-            .and_then(|_| self.ring.write(&nic.iommu, off + 0x3e, &cqe[0x3e..0x3f]))
-            .and_then(|_| {
-                self.ring.store_be16(
-                    &nic.iommu,
-                    off + counter as u64,
-                    v.get32(Cqe64::WQE_COUNTER) as u16,
-                )
+        let wqe_counter = v.get32(Cqe64::WQE_COUNTER) as u16;
+        let wqe_id_v = v.get32(Cqe64::WQE_ID) as u16;
+        let op_own = (cqe[0x3f] & !1) | owner;
+        // The CQE lies in one ring page (4 KiB aligned, CQEs aligned to
+        // their size), so it is normally written under one translation;
+        // if that page is not mapped whole the single accesses below
+        // fault exactly where they did.
+        let written = self.ring.iova_of(off).and_then(|(iova, left)| {
+            (left >= 64).then_some(())?;
+            io.with_span(iova, 64, true, |s| {
+                s.write(0, &cqe[..wqe_id]);
+                s.write(4, &cqe[4..counter]);
+                s.write(0x3e, &cqe[0x3e..0x3f]);
+                s.store_be16_release(counter, wqe_counter);
+                s.store_be16_release(wqe_id, wqe_id_v);
+                s.store_u8_release(0x3f, op_own);
             })
-            .and_then(|_| {
-                self.ring.store_be16(
-                    &nic.iommu,
-                    off + wqe_id as u64,
-                    v.get32(Cqe64::WQE_ID) as u16,
-                )
-            })
-            .and_then(|_| {
-                self.ring
-                    .store_u8(&nic.iommu, off + 0x3f, (cqe[0x3f] & !1) | owner)
-            });
+        });
+        let r = match written {
+            Some(()) => Ok(()),
+            None => self.write_cqe_slowly(io, off, cqe, wqe_counter, wqe_id_v, op_own),
+        };
         if r.is_err() {
-            self.fail(nic, 0xa, 2);
+            self.fail(nic, io, 0xa, 2);
             return CqPost::Lost;
         }
         self.pc = (self.pc + 1) & MASK24;
@@ -308,20 +308,43 @@ impl Cq {
             let error = op == 0xd || op == 0xe;
             if !solicited_only || se || error {
                 self.armed = None;
-                self.completion_event(nic);
+                self.completion_event(nic, io);
             }
         }
         CqPost::Written
     }
 
-    fn completion_event(&self, nic: &NicInner) {
+    /// [`Cq::post`]'s writes one access at a time, in the same order (the
+    /// CQE's page is not mapped whole, or bus mastering is off): stops at
+    /// the first fault.
+    fn write_cqe_slowly(
+        &self,
+        io: &impl Dma,
+        off: u64,
+        cqe: &[u8; 64],
+        wqe_counter: u16,
+        wqe_id_v: u16,
+        op_own: u8,
+    ) -> Result<(), DmaFault> {
+        let wqe_id = (Cqe64::WQE_ID.bit() / 8) as usize;
+        let counter = (Cqe64::WQE_COUNTER.bit() / 8) as usize;
+        self.ring
+            .write(io, off, &cqe[..wqe_id])
+            .and_then(|_| self.ring.write(io, off + 4, &cqe[4..counter]))
+            .and_then(|_| self.ring.write(io, off + 0x3e, &cqe[0x3e..0x3f]))
+            .and_then(|_| self.ring.store_be16(io, off + counter as u64, wqe_counter))
+            .and_then(|_| self.ring.store_be16(io, off + wqe_id as u64, wqe_id_v))
+            .and_then(|_| self.ring.store_u8(io, off + 0x3f, op_own))
+    }
+
+    fn completion_event(&self, nic: &NicInner, io: &impl Dma) {
         let mut data = [0u8; 28];
         data[0x18..0x1c].copy_from_slice(&self.cqn.to_be_bytes());
-        let _ = lock(&self.eq).post(nic, EventType::Completion, 0, &data);
+        let _ = lock(&self.eq).post(nic, io, EventType::Completion, 0, &data);
     }
 
     /// Moves the CQ to error with `status` and reports it on the EQ.
-    fn fail(&mut self, nic: &NicInner, status: u8, syndrome: u8) {
+    fn fail(&mut self, nic: &NicInner, io: &impl Dma, status: u8, syndrome: u8) {
         self.status = status;
         self.dropped += 1;
         tracing::warn!(cqn = self.cqn, status, "CQ error");
@@ -333,15 +356,15 @@ impl Cq {
                 v.set(EqeCqErr::CQN, u64::from(self.cqn))
                     .set(EqeCqErr::SYNDROME, u64::from(syndrome));
             }
-            let _ = eq.post(nic, EventType::CqError, 0, &data);
+            let _ = eq.post(nic, io, EventType::CqError, 0, &data);
         }
     }
 
     /// CQ arm doorbell.
-    pub(crate) fn arm(&mut self, nic: &NicInner, ci: u32, solicited_only: bool) {
+    pub(crate) fn arm(&mut self, nic: &NicInner, io: &impl Dma, ci: u32, solicited_only: bool) {
         self.last_ci = ci & MASK24;
         if self.pc != self.last_ci && !solicited_only {
-            self.completion_event(nic);
+            self.completion_event(nic, io);
         } else {
             self.armed = Some(solicited_only);
         }

@@ -19,13 +19,13 @@ use mlx5::prm::codes::{CqeOpcode, CqeSyndrome};
 use mlx5::prm::cqe::{Cqe64, ErrCqe, MPWRQ_FILLER, MPWRQ_STRIDES_SHIFT};
 use mlx5::prm::wqe::RCV_DBR;
 
-use crate::dma::DmaFault;
+use crate::dma::{Dma, DmaFault, DmaSession};
 use crate::nic::NicInner;
 use crate::objects::{Datapath, IovaPieces, QCounter};
 use crate::packet::{self, Parsed};
 use crate::queues::{Cq, CqPost, Ring, op_own};
 use crate::stats::{DropReason, RqInfo, WqState};
-use crate::util::{be32, be64, lock};
+use crate::util::{be32, be64};
 
 /// Striding-RQ geometry.
 #[derive(Debug, Clone, Copy)]
@@ -70,6 +70,9 @@ pub(crate) struct Rq {
     pub oob: u64,
     pub fillers: u64,
     pub cqes: u64,
+    /// CQEs posted, written or lost (added to the NIC's `rx_cqes` by the
+    /// caller once per batch).
+    pub cqe_posts: u64,
 }
 
 /// Why a receive WQE could not be used.
@@ -128,6 +131,7 @@ impl Rq {
             oob: 0,
             fillers: 0,
             cqes: 0,
+            cqe_posts: 0,
         }
     }
 
@@ -178,9 +182,10 @@ impl Rq {
     }
 
     /// Translates the data segment at `off` of the WQE slot for `seq`.
+    #[allow(clippy::too_many_arguments)]
     fn translate_dseg(
         &self,
-        nic: &NicInner,
+        io: &DmaSession<'_>,
         dp: &Datapath,
         seq: u32,
         dseg_off: u64,
@@ -189,7 +194,7 @@ impl Rq {
     ) -> Result<Option<u64>, WqeError> {
         let mut d = [0u8; 16];
         self.ring
-            .read(&nic.iommu, self.wqe_off(seq) + dseg_off, &mut d)
+            .read(io, self.wqe_off(seq) + dseg_off, &mut d)
             .map_err(WqeError::Dma)?;
         let bc = u64::from(be32(&d, 0) & 0x7fff_ffff);
         let lkey = be32(&d, 4);
@@ -216,7 +221,7 @@ impl Rq {
 
 /// Writes `data` at byte `off` of a buffer made of `pieces`.
 fn write_pieces(
-    nic: &NicInner,
+    io: &DmaSession<'_>,
     pieces: &[(u64, u64)],
     mut off: u64,
     mut data: &[u8],
@@ -230,7 +235,7 @@ fn write_pieces(
             continue;
         }
         let take = ((n - off) as usize).min(data.len());
-        nic.iommu.write(iova + off, &data[..take])?;
+        io.write(iova + off, &data[..take])?;
         data = &data[take..];
         off = 0;
     }
@@ -279,9 +284,15 @@ fn rx_cqe(
     c
 }
 
-fn post(nic: &NicInner, rq: &mut Rq, cqe: &[u8; 64]) -> Result<(), DropReason> {
-    let r = lock(&rq.cq).post(nic, cqe);
-    nic.stats.rx_cqes.fetch_add(1, Ordering::Relaxed);
+fn post(
+    nic: &NicInner,
+    io: &DmaSession<'_>,
+    rq: &mut Rq,
+    cq: &mut Cq,
+    cqe: &[u8; 64],
+) -> Result<(), DropReason> {
+    let r = cq.post(nic, io, cqe);
+    rq.cqe_posts += 1;
     match r {
         CqPost::Written => {
             rq.cqes += 1;
@@ -291,7 +302,14 @@ fn post(nic: &NicInner, rq: &mut Rq, cqe: &[u8; 64]) -> Result<(), DropReason> {
     }
 }
 
-fn wqe_failed(nic: &NicInner, rq: &mut Rq, e: WqeError, wqe_counter: u16) -> DropReason {
+fn wqe_failed(
+    nic: &NicInner,
+    io: &DmaSession<'_>,
+    rq: &mut Rq,
+    cq: &mut Cq,
+    e: WqeError,
+    wqe_counter: u16,
+) -> DropReason {
     let (syndrome, reason) = match e {
         WqeError::Dma(f) => (CqeSyndrome::LocalAccess, f.to_string()),
         WqeError::Protection(s) => (CqeSyndrome::LocalProtection, s),
@@ -310,16 +328,19 @@ fn wqe_failed(nic: &NicInner, rq: &mut Rq, e: WqeError, wqe_counter: u16) -> Dro
             );
     }
     nic.stats.error_cqes.fetch_add(1, Ordering::Relaxed);
-    let _ = post(nic, rq, &c);
+    let _ = post(nic, io, rq, cq, &c);
     rq.state = WqState::Err;
     DropReason::RqWqeError
 }
 
-/// Delivers `frame` into `rq`.
+/// Delivers `frame` into `rq` (whose CQ is `cq`, locked by the caller).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn deliver(
     nic: &NicInner,
+    io: &DmaSession<'_>,
     dp: &Datapath,
     rq: &mut Rq,
+    cq: &mut Cq,
     frame: &[u8],
     parsed: &Parsed,
     flow_tag: u32,
@@ -327,7 +348,7 @@ pub(crate) fn deliver(
     if rq.state != WqState::Rdy {
         return Err(DropReason::RqNotReady);
     }
-    let posted = match nic.iommu.load_be32_acquire(rq.dbr + 4 * RCV_DBR as u64) {
+    let posted = match io.load_be32_acquire(rq.dbr + 4 * RCV_DBR as u64) {
         Ok(v) => v as u16,
         Err(_) => return Err(DropReason::DmaFault),
     };
@@ -339,19 +360,21 @@ pub(crate) fn deliver(
             let mut f = nic.fabric.frame_buf();
             f.extend_from_slice(&frame[..12]);
             f.extend_from_slice(&frame[16..]);
-            let r = deliver_data(nic, dp, rq, posted, &f, parsed, Some(tci), flow_tag);
+            let r = deliver_data(nic, io, dp, rq, cq, posted, &f, parsed, Some(tci), flow_tag);
             nic.fabric.recycle(f);
             r
         }
-        _ => deliver_data(nic, dp, rq, posted, frame, parsed, None, flow_tag),
+        _ => deliver_data(nic, io, dp, rq, cq, posted, frame, parsed, None, flow_tag),
     }
 }
 
 #[allow(clippy::too_many_arguments)]
 fn deliver_data(
     nic: &NicInner,
+    io: &DmaSession<'_>,
     dp: &Datapath,
     rq: &mut Rq,
+    cq: &mut Cq,
     posted: u16,
     data: &[u8],
     parsed: &Parsed,
@@ -360,16 +383,20 @@ fn deliver_data(
 ) -> Result<(), DropReason> {
     let len = data.len();
     match rq.striding {
-        Some(s) => deliver_striding(nic, dp, rq, s, posted, data, parsed, tci, flow_tag),
-        None => deliver_cyclic(nic, dp, rq, posted, data, len, parsed, tci, flow_tag),
+        Some(s) => deliver_striding(nic, io, dp, rq, cq, s, posted, data, parsed, tci, flow_tag),
+        None => deliver_cyclic(
+            nic, io, dp, rq, cq, posted, data, len, parsed, tci, flow_tag,
+        ),
     }
 }
 
 #[allow(clippy::too_many_arguments)]
 fn deliver_striding(
     nic: &NicInner,
+    io: &DmaSession<'_>,
     dp: &Datapath,
     rq: &mut Rq,
+    cq: &mut Cq,
     s: Striding,
     posted: u16,
     data: &[u8],
@@ -393,11 +420,11 @@ fn deliver_striding(
         if rq.cur.as_ref().is_none_or(|(seq, _)| *seq != rq.seq) {
             let mut pieces = IovaPieces::new();
             let whole = stride << s.log_num_strides;
-            match rq.translate_dseg(nic, dp, rq.seq, 0x10, whole, &mut pieces) {
+            match rq.translate_dseg(io, dp, rq.seq, 0x10, whole, &mut pieces) {
                 Ok(_) => rq.cur = Some((rq.seq, pieces)),
                 Err(e) => {
                     let idx = rq.stride_idx as u16;
-                    return Err(wqe_failed(nic, rq, e, idx));
+                    return Err(wqe_failed(nic, io, rq, cq, e, idx));
                 }
             }
         }
@@ -416,7 +443,7 @@ fn deliver_striding(
         let c = rx_cqe(dp, rq, parsed, None, at, nic.cqe_timestamp(rq.real_time));
         rq.fillers += 1;
         nic.stats.filler_cqes.fetch_add(1, Ordering::Relaxed);
-        post(nic, rq, &c)?;
+        post(nic, io, rq, cq, &c)?;
         rq.seq = rq.seq.wrapping_add(1);
         rq.stride_idx = 0;
     }
@@ -424,9 +451,9 @@ fn deliver_striding(
         return Err(DropReason::RqWqeError);
     };
     let off = u64::from(rq.stride_idx) * stride + shift;
-    if let Err(f) = write_pieces(nic, pieces, off, data) {
+    if let Err(f) = write_pieces(io, pieces, off, data) {
         let idx = rq.stride_idx as u16;
-        return Err(wqe_failed(nic, rq, WqeError::Dma(f), idx));
+        return Err(wqe_failed(nic, io, rq, cq, WqeError::Dma(f), idx));
     }
     let byte_cnt = (need << MPWRQ_STRIDES_SHIFT) | data.len() as u32;
     let at = Place {
@@ -443,14 +470,16 @@ fn deliver_striding(
     }
     rq.packets += 1;
     rq.bytes += data.len() as u64;
-    post(nic, rq, &c)
+    post(nic, io, rq, cq, &c)
 }
 
 #[allow(clippy::too_many_arguments)]
 fn deliver_cyclic(
     nic: &NicInner,
+    io: &DmaSession<'_>,
     dp: &Datapath,
     rq: &mut Rq,
+    cq: &mut Cq,
     posted: u16,
     data: &[u8],
     len: usize,
@@ -466,10 +495,10 @@ fn deliver_cyclic(
     let mut pieces = IovaPieces::new();
     let mut room = 0u64;
     for i in 0..nseg {
-        match rq.translate_dseg(nic, dp, seq, i * 16, 0, &mut pieces) {
+        match rq.translate_dseg(io, dp, seq, i * 16, 0, &mut pieces) {
             Ok(Some(n)) => room += n,
             Ok(None) => break,
-            Err(e) => return Err(wqe_failed(nic, rq, e, seq as u16)),
+            Err(e) => return Err(wqe_failed(nic, io, rq, cq, e, seq as u16)),
         }
     }
     rq.seq = rq.seq.wrapping_add(1);
@@ -477,10 +506,10 @@ fn deliver_cyclic(
         let e = WqeError::Length(format!(
             "packet of {len} bytes, receive WQE {seq} holds {room}"
         ));
-        return Err(wqe_failed(nic, rq, e, seq as u16));
+        return Err(wqe_failed(nic, io, rq, cq, e, seq as u16));
     }
-    if let Err(f) = write_pieces(nic, &pieces, 0, data) {
-        return Err(wqe_failed(nic, rq, WqeError::Dma(f), seq as u16));
+    if let Err(f) = write_pieces(io, &pieces, 0, data) {
+        return Err(wqe_failed(nic, io, rq, cq, WqeError::Dma(f), seq as u16));
     }
     let at = Place {
         byte_cnt: len as u32,
@@ -491,5 +520,5 @@ fn deliver_cyclic(
     let c = rx_cqe(dp, rq, parsed, tci, at, nic.cqe_timestamp(rq.real_time));
     rq.packets += 1;
     rq.bytes += len as u64;
-    post(nic, rq, &c)
+    post(nic, io, rq, cq, &c)
 }

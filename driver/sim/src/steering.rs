@@ -3,7 +3,8 @@
 //!
 //! A packet's outer headers are turned into a match set once
 //! ([`crate::packet::match_key`]); an entry matches when
-//! `(key & group.mask) == (entry.value & group.mask)` byte for byte. Entries
+//! `(key & group.mask) == (entry.value & group.mask)` (compared as words,
+//! the masked value precomputed when the entry is set). Entries
 //! are tried in flow-index order and the first match wins. A miss follows
 //! the table's miss action (drop, or continue in `table_miss_id`); chains
 //! are bounded.
@@ -33,11 +34,28 @@ pub(crate) enum Dest {
     Table(u32),
 }
 
+/// A match set as eight native-endian words, for word-wise masking (the
+/// byte order does not matter: key, mask and value are converted alike).
+pub(crate) type MatchWords = [u64; MATCH_SET_BYTES / 8];
+
+/// `b` as [`MatchWords`].
+pub(crate) fn match_words(b: &[u8; MATCH_SET_BYTES]) -> MatchWords {
+    let mut w = [0u64; MATCH_SET_BYTES / 8];
+    for (w, c) in w.iter_mut().zip(b.chunks_exact(8)) {
+        *w = u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+    }
+    w
+}
+
 /// A flow table entry.
 #[derive(Debug, Clone)]
 pub(crate) struct Fte {
     pub group: u32,
-    pub value: [u8; MATCH_SET_BYTES],
+    /// Its group's mask (groups never change, and a group with entries
+    /// cannot be destroyed), as words.
+    mask: MatchWords,
+    /// `value & mask`, as words: a key matches when `key & mask == masked`.
+    masked: MatchWords,
     /// `flow_context.action` bits (0x2 drop, 0x4 forward).
     pub action: u16,
     pub flow_tag: u32,
@@ -54,6 +72,42 @@ pub(crate) struct FlowTable {
     pub miss_table: u32,
     pub groups: BTreeMap<u32, FlowGroup>,
     pub entries: BTreeMap<u32, Fte>,
+}
+
+impl Fte {
+    /// An entry of `group` (whose mask is `mask`).
+    pub(crate) fn new(
+        group: u32,
+        mask: &[u8; MATCH_SET_BYTES],
+        value: [u8; MATCH_SET_BYTES],
+        action: u16,
+        flow_tag: u32,
+        dests: Vec<Dest>,
+    ) -> Fte {
+        let mask = match_words(mask);
+        let mut masked = match_words(&value);
+        for (v, m) in masked.iter_mut().zip(&mask) {
+            *v &= m;
+        }
+        Fte {
+            group,
+            mask,
+            masked,
+            action,
+            flow_tag,
+            dests,
+        }
+    }
+
+    /// Whether the packet with match set `key` matches (`key & group mask
+    /// == value & group mask`, word by word).
+    #[inline]
+    fn matches(&self, key: &MatchWords) -> bool {
+        key.iter()
+            .zip(self.mask.iter().zip(&self.masked))
+            .fold(0, |diff, (k, (m, v))| diff | ((k & m) ^ v))
+            == 0
+    }
 }
 
 impl FlowTable {
@@ -109,20 +163,14 @@ impl Steering {
         let Some(mut table) = self.root else {
             return Verdict::Drop(DropReason::NoSteeringRoot);
         };
+        let key = match_words(key);
         let mut out = Targets::new();
         let mut pending: SmallVec<[u32; 4]> = SmallVec::new();
         for _ in 0..MAX_TABLE_HOPS {
             let Some(t) = self.tables.get(&table) else {
                 return Verdict::Drop(DropReason::FlowMiss);
             };
-            let hit = t.entries.values().find(|e| {
-                t.groups.get(&e.group).is_some_and(|g| {
-                    g.mask
-                        .iter()
-                        .zip(key.iter().zip(e.value.iter()))
-                        .all(|(m, (k, v))| k & m == v & m)
-                })
-            });
+            let hit = t.entries.values().find(|e| e.matches(&key));
             match hit {
                 None if t.miss_action == 1 => table = t.miss_table,
                 None => {
@@ -179,16 +227,9 @@ mod tests {
         let mut entries = BTreeMap::new();
         let mut value = [0u8; MATCH_SET_BYTES];
         value[0x1e..0x20].copy_from_slice(&31850u16.to_be_bytes());
-        entries.insert(
-            0,
-            Fte {
-                group: 100,
-                value,
-                action: 0x4,
-                flow_tag: 7,
-                dests: vec![Dest::Tir(55)],
-            },
-        );
+        // Bits outside the group's mask never take part.
+        value[0x08] = 0x42;
+        entries.insert(0, Fte::new(100, &mask, value, 0x4, 7, vec![Dest::Tir(55)]));
         FlowTable {
             level: 0,
             log_size: 2,
@@ -215,6 +256,39 @@ mod tests {
         );
         assert!(s.references(Dest::Tir(55)));
         assert_eq!(s.group_of_test(), Some(100));
+    }
+
+    proptest::proptest! {
+        /// The word-wise match with its precomputed masked value decides
+        /// exactly as the byte-wise definition, for any mask, value and
+        /// key (keys drawn near the value, so matches happen).
+        #[test]
+        fn word_match_is_the_byte_match(
+            mask in proptest::collection::vec(proptest::prelude::any::<u8>(), MATCH_SET_BYTES),
+            value in proptest::collection::vec(proptest::prelude::any::<u8>(), MATCH_SET_BYTES),
+            flips in proptest::collection::vec((0..MATCH_SET_BYTES, proptest::prelude::any::<u8>()), 0..3),
+            sparse in proptest::prelude::any::<bool>(),
+        ) {
+            let mut m = [0u8; MATCH_SET_BYTES];
+            m.copy_from_slice(&mask);
+            if sparse {
+                // Mostly zero, as real group masks are.
+                for (i, b) in m.iter_mut().enumerate() {
+                    if i % 7 != 0 {
+                        *b = 0;
+                    }
+                }
+            }
+            let mut v = [0u8; MATCH_SET_BYTES];
+            v.copy_from_slice(&value);
+            let mut key = v;
+            for &(i, x) in &flips {
+                key[i] ^= x;
+            }
+            let bytewise = m.iter().zip(key.iter().zip(v.iter())).all(|(m, (k, v))| k & m == v & m);
+            let e = Fte::new(1, &m, v, 0x4, 0, vec![Dest::Tir(1)]);
+            proptest::prop_assert_eq!(e.matches(&match_words(&key)), bytewise);
+        }
     }
 
     impl Steering {

@@ -15,6 +15,7 @@ use mlx5::prm::wqe::{
 };
 use mlx5::prm::{View, ViewMut};
 
+use crate::dma::{Dma, DmaSession};
 use crate::nic::NicInner;
 use crate::objects::{Datapath, IovaPieces, MkeyError};
 use crate::packet;
@@ -62,7 +63,14 @@ pub(crate) struct Sq {
     pub last_error: Option<u8>,
     /// Injected: the next WQE fails with this syndrome.
     pub fail_next: Option<u8>,
+    /// Where the engine reads the WQE it executes (at most
+    /// SEND_WQE_MAX_WQEBBS; allocated with the SQ, so a doorbell neither
+    /// allocates nor zeroes one). Only meaningful during a doorbell.
+    pub wqe_buf: Box<[u8]>,
 }
+
+/// Bytes of [`Sq::wqe_buf`].
+pub(crate) const WQE_BUF_BYTES: usize = SEND_WQE_MAX_WQEBBS * SEND_WQE_BB;
 
 /// A WQE the engine refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,13 +136,13 @@ impl Sq {
     /// wrapping around the ring.
     fn read_wqebbs(
         &self,
-        nic: &NicInner,
+        io: &DmaSession<'_>,
         idx: u16,
         buf: &mut [u8],
     ) -> Result<(), crate::dma::DmaFault> {
         for (i, bb) in buf.chunks_exact_mut(SEND_WQE_BB).enumerate() {
             let off = self.slot_off(idx.wrapping_add(i as u16));
-            self.ring.read(&nic.iommu, off, bb)?;
+            self.ring.read(io, off, bb)?;
         }
         Ok(())
     }
@@ -157,13 +165,20 @@ impl Sq {
         }
     }
 
-    fn post_cqe(&mut self, nic: &NicInner, cqe: &[u8; 64]) {
-        if lock(&self.cq).post(nic, cqe) == CqPost::Written {
+    fn post_cqe(&mut self, nic: &NicInner, io: &DmaSession<'_>, cqe: &[u8; 64]) {
+        if lock(&self.cq).post(nic, io, cqe) == CqPost::Written {
             self.cqes += 1;
         }
     }
 
-    fn error_cqe(&mut self, nic: &NicInner, idx: u16, opcode: u8, e: &TxError) {
+    fn error_cqe(
+        &mut self,
+        nic: &NicInner,
+        io: &DmaSession<'_>,
+        idx: u16,
+        opcode: u8,
+        e: &TxError,
+    ) {
         let mut c = [0u8; 64];
         {
             let mut v = ViewMut::<ErrCqe>::new(&mut c).expect("64 bytes");
@@ -182,10 +197,19 @@ impl Sq {
         self.errors += 1;
         self.last_error = Some(e.syndrome as u8);
         nic.stats.error_cqes.fetch_add(1, Ordering::Relaxed);
-        self.post_cqe(nic, &c);
+        self.post_cqe(nic, io, &c);
     }
 
-    fn req_cqe(&mut self, nic: &NicInner, dp: &Datapath, idx: u16, opcode: u8, se: bool) {
+    #[allow(clippy::too_many_arguments)]
+    fn req_cqe(
+        &mut self,
+        nic: &NicInner,
+        io: &DmaSession<'_>,
+        dp: &Datapath,
+        idx: u16,
+        opcode: u8,
+        se: bool,
+    ) {
         let mut c = [0u8; 64];
         {
             let mut v = ViewMut::<Cqe64>::new(&mut c).expect("64 bytes");
@@ -200,8 +224,7 @@ impl Sq {
                 v.set(Cqe64::SRQN_UIDX, u64::from(self.user_index));
             }
         }
-        nic.stats.tx_cqes.fetch_add(1, Ordering::Relaxed);
-        self.post_cqe(nic, &c);
+        self.post_cqe(nic, io, &c);
     }
 
     /// Moves to ERR after an error CQE; later WQEs are flushed.
@@ -222,7 +245,10 @@ pub(crate) fn doorbell(
     out: &mut Vec<Vec<u8>>,
 ) {
     sq.doorbells += 1;
-    let pc = match nic.iommu.load_be32_acquire(sq.dbr + 4 * SND_DBR as u64) {
+    // Every access of this doorbell under one IOMMU session (taken after
+    // the SQ's lock, before any CQ's: see `Iommu::session`).
+    let io = &nic.iommu.session();
+    let pc = match io.load_be32_acquire(sq.dbr + 4 * SND_DBR as u64) {
         Ok(v) => v as u16,
         Err(f) => {
             tracing::warn!(sqn = sq.sqn, %f, "SQ doorbell record unreadable");
@@ -240,7 +266,7 @@ pub(crate) fn doorbell(
         return;
     }
     if let Some(bf) = bf {
-        check_bf(nic, sq, bf);
+        check_bf(nic, io, sq, bf);
     }
     let ring = sq.wqebbs() as u16;
     let ahead = pc.wrapping_sub(sq.cc);
@@ -255,29 +281,37 @@ pub(crate) fn doorbell(
                 ),
             );
             let idx = sq.cc;
-            sq.error_cqe(nic, idx, 0, &e);
+            sq.error_cqe(nic, io, idx, 0, &e);
             sq.enter_error(&e.reason);
         }
         sq.cc = pc;
         return;
     }
     // The WQE being executed (at most SEND_WQE_MAX_WQEBBS, checked before
-    // it is read), reused for every WQE of the doorbell.
-    let mut wqe_buf = [0u8; SEND_WQE_MAX_WQEBBS * SEND_WQE_BB];
+    // it is read), reused for every WQE of the doorbell. Its first WQEBB
+    // (the control segment) is read first; the rest only once the control
+    // segment has been checked. Only bytes just read are looked at.
+    let mut wqe_buf = std::mem::take(&mut sq.wqe_buf);
+    if wqe_buf.len() != WQE_BUF_BYTES {
+        wqe_buf = vec![0u8; WQE_BUF_BYTES].into_boxed_slice();
+    }
+    // The NIC's counters get this doorbell's WQEs, frames, bytes and
+    // completions once, at its end (the SQ's own counters as it goes).
+    let (wqes, frames, bytes) = (sq.wqes, sq.frames, sq.bytes);
+    let mut req_cqes = 0u64;
     // Bounded: every iteration advances `cc` by at least one WQEBB towards `pc`.
     while sq.cc != pc {
         let idx = sq.cc;
         let left = pc.wrapping_sub(idx);
-        let mut ctrl = [0u8; SEND_WQE_BB];
-        match sq.read_wqebbs(nic, idx, &mut ctrl) {
+        match sq.read_wqebbs(io, idx, &mut wqe_buf[..SEND_WQE_BB]) {
             Ok(()) => {}
             Err(f) => {
                 let e = err(CqeSyndrome::LocalAccess, vendor::DMA_FAULT, f.to_string());
-                fail_and_flush(nic, sq, idx, 0, 1, &e);
+                fail_and_flush(nic, io, sq, idx, 0, 1, &e);
                 continue;
             }
         };
-        let c = View::<WqeCtrlSeg>::new(&ctrl).expect("64 bytes");
+        let c = View::<WqeCtrlSeg>::new(&wqe_buf[..SEND_WQE_BB]).expect("64 bytes");
         let opmod_idx_opcode = c.get32(WqeCtrlSeg::OPMOD_IDX_OPCODE);
         let opcode = opmod_idx_opcode as u8;
         let qpn_ds = c.get32(WqeCtrlSeg::QPN_DS);
@@ -285,7 +319,6 @@ pub(crate) fn doorbell(
         let wqebbs = (ds * 16).div_ceil(SEND_WQE_BB).max(1);
         let adv = (wqebbs as u16).min(left);
         sq.wqes += 1;
-        nic.stats.wqes.fetch_add(1, Ordering::Relaxed);
         if sq.state == WqState::Err {
             if sq.flush_in_error {
                 let e = err(
@@ -293,7 +326,7 @@ pub(crate) fn doorbell(
                     vendor::FLUSHED,
                     "flushed: SQ in error".into(),
                 );
-                sq.error_cqe(nic, idx, opcode, &e);
+                sq.error_cqe(nic, io, idx, opcode, &e);
             }
             sq.cc = sq.cc.wrapping_add(adv);
             continue;
@@ -310,37 +343,58 @@ pub(crate) fn doorbell(
                     format!("injected error CQE, syndrome {s:#x}"),
                 ));
             }
-            let wqe = &mut wqe_buf[..wqebbs * SEND_WQE_BB];
-            sq.read_wqebbs(nic, idx, wqe)
-                .map_err(|f| err(CqeSyndrome::LocalAccess, vendor::DMA_FAULT, f.to_string()))?;
-            execute(nic, dp, sq, &wqe[..ds * 16], opcode)
+            sq.read_wqebbs(
+                io,
+                idx.wrapping_add(1),
+                &mut wqe_buf[SEND_WQE_BB..wqebbs * SEND_WQE_BB],
+            )
+            .map_err(|f| err(CqeSyndrome::LocalAccess, vendor::DMA_FAULT, f.to_string()))?;
+            execute(nic, io, dp, sq, &wqe_buf[..ds * 16], opcode)
         });
         match result {
             Ok(frame) => {
                 if let Some(f) = frame {
                     sq.frames += 1;
                     sq.bytes += f.len() as u64;
-                    nic.stats.tx_frames.fetch_add(1, Ordering::Relaxed);
-                    nic.stats
-                        .tx_bytes
-                        .fetch_add(f.len() as u64, Ordering::Relaxed);
                     out.push(f);
                 }
                 if signaled {
-                    sq.req_cqe(nic, dp, idx, opcode, se);
+                    sq.req_cqe(nic, io, dp, idx, opcode, se);
+                    req_cqes += 1;
                 }
                 sq.cc = sq.cc.wrapping_add(adv);
             }
             Err(e) => {
                 tracing::debug!(sqn = sq.sqn, idx, reason = %e.reason, "send WQE error");
-                fail_and_flush(nic, sq, idx, opcode, adv, &e);
+                fail_and_flush(nic, io, sq, idx, opcode, adv, &e);
             }
+        }
+    }
+    sq.wqe_buf = wqe_buf;
+    let c = &nic.stats;
+    for (counter, n) in [
+        (&c.wqes, sq.wqes - wqes),
+        (&c.tx_frames, sq.frames - frames),
+        (&c.tx_bytes, sq.bytes - bytes),
+        (&c.tx_cqes, req_cqes),
+    ] {
+        if n != 0 {
+            counter.fetch_add(n, Ordering::Relaxed);
         }
     }
 }
 
-fn fail_and_flush(nic: &NicInner, sq: &mut Sq, idx: u16, opcode: u8, adv: u16, e: &TxError) {
-    sq.error_cqe(nic, idx, opcode, e);
+#[allow(clippy::too_many_arguments)]
+fn fail_and_flush(
+    nic: &NicInner,
+    io: &DmaSession<'_>,
+    sq: &mut Sq,
+    idx: u16,
+    opcode: u8,
+    adv: u16,
+    e: &TxError,
+) {
+    sq.error_cqe(nic, io, idx, opcode, e);
     sq.enter_error(&e.reason);
     sq.cc = sq.cc.wrapping_add(adv.max(1));
 }
@@ -393,6 +447,7 @@ fn check_ctrl(
 /// Executes one well-framed WQE (`wqe` is exactly DS × 16 bytes).
 fn execute(
     nic: &NicInner,
+    io: &DmaSession<'_>,
     dp: &Datapath,
     sq: &Sq,
     wqe: &[u8],
@@ -400,7 +455,7 @@ fn execute(
 ) -> Result<Option<Vec<u8>>, TxError> {
     match WqeOpcode::from_raw(opcode) {
         Some(WqeOpcode::Nop) => Ok(None),
-        Some(WqeOpcode::Send) => send(nic, dp, sq, wqe).map(Some),
+        Some(WqeOpcode::Send) => send(nic, io, dp, sq, wqe).map(Some),
         _ => Err(err(
             CqeSyndrome::LocalQpOperation,
             vendor::BAD_OPCODE,
@@ -409,7 +464,13 @@ fn execute(
     }
 }
 
-fn send(nic: &NicInner, dp: &Datapath, sq: &Sq, wqe: &[u8]) -> Result<Vec<u8>, TxError> {
+fn send(
+    nic: &NicInner,
+    io: &DmaSession<'_>,
+    dp: &Datapath,
+    sq: &Sq,
+    wqe: &[u8],
+) -> Result<Vec<u8>, TxError> {
     if wqe.len() < 32 {
         return Err(err(
             CqeSyndrome::LocalLength,
@@ -483,10 +544,7 @@ fn send(nic: &NicInner, dp: &Datapath, sq: &Sq, wqe: &[u8]) -> Result<Vec<u8>, T
         key.translate(addr, len, false, &mut pieces)
             .map_err(|e| mkey_err(e, lkey, addr, len))?;
         for &(iova, n) in &pieces {
-            let start = frame.len();
-            frame.resize(start + n as usize, 0);
-            nic.iommu
-                .read(iova, &mut frame[start..])
+            io.read_append(iova, n as usize, &mut frame)
                 .map_err(|f| err(CqeSyndrome::LocalAccess, vendor::DMA_FAULT, f.to_string()))?;
         }
         at += 16;
@@ -571,7 +629,7 @@ pub(crate) fn required_inline(mode: u8, frame: &[u8]) -> usize {
 
 /// Compares a BlueFlame copy with the WQE in memory (the model always
 /// executes what is in memory).
-fn check_bf(nic: &NicInner, sq: &Sq, bf: &[u8]) {
+fn check_bf(nic: &NicInner, io: &DmaSession<'_>, sq: &Sq, bf: &[u8]) {
     if bf.len() < 16 {
         return;
     }
@@ -581,7 +639,7 @@ fn check_bf(nic: &NicInner, sq: &Sq, bf: &[u8]) {
     let n = bf.len().div_ceil(SEND_WQE_BB).min(SEND_WQE_MAX_WQEBBS);
     let mut buf = [0u8; SEND_WQE_MAX_WQEBBS * SEND_WQE_BB];
     let mem = &mut buf[..n * SEND_WQE_BB];
-    if sq.read_wqebbs(nic, idx, mem).is_err() {
+    if sq.read_wqebbs(io, idx, mem).is_err() {
         return;
     }
     let ds = (be32(bf, 4) & 0x3f) as usize;

@@ -301,6 +301,96 @@ fn full_normal_cq_raises_the_cq_error_path() {
 }
 
 #[test]
+fn a_cq_whose_memory_is_unmapped_fails_at_the_first_cqe_byte() {
+    let (fab, mut h, mut p) = rx_host(17, PathCfg::default());
+    let f = frame_to(MAC_A, MAC_B, &[1; 100]);
+    fab.inject(h.nic.port(), &f);
+    assert_eq!(h.nic.stats().rx_delivered, 1);
+    // The driver frees the CQ's ring behind the device's back.
+    let cqe1 = p.rx_cq.mem.iova_at(64);
+    drop(std::mem::replace(&mut p.rx_cq.mem, h.alloc(4096)));
+    let faults = h.nic.stats().dma.faults;
+    fab.inject(h.nic.port(), &f);
+    assert_eq!(h.nic.drops(DropReason::CqError), 1);
+    assert_eq!(
+        h.nic.stats().dma.faults,
+        faults + 1,
+        "one fault, then nothing"
+    );
+    let fault = h.nic.last_dma_fault().expect("a DMA fault");
+    assert_eq!(
+        (fault.iova, fault.write),
+        (cqe1, true),
+        "at the CQE's first byte"
+    );
+    let out = h.ok(&simple(Opcode::QueryCq, 0, p.rx_cq.cqn), 0x110);
+    assert_eq!(out[0x10] >> 4, 0xa, "CQ status write failure");
+    assert_eq!(be32(&out, 0x10 + 0x2c) & 0xffffff, 1, "producer counter");
+    h.service_eq();
+    let e = h
+        .events
+        .iter()
+        .find_map(|e| e.cq_error())
+        .expect("CQ error EQE");
+    assert_eq!(e, (p.rx_cq.cqn, 2));
+}
+
+/// One doorbell's frames reach B as one run that alternates between two
+/// RQs sharing one CQ: the RX engine keeps an RQ and its CQ locked while a
+/// run stays on that RQ and must let both go before it takes the other
+/// (the same CQ again). Every frame lands, and the CQEs come in the order
+/// the frames were sent.
+#[test]
+fn a_run_alternating_between_two_rqs_on_one_cq_keeps_its_order() {
+    let fab = det_fabric(18);
+    let mut a = Host::with_mac(&fab, MAC_A);
+    let mut b = Host::with_mac(&fab, MAC_B);
+    a.bring_up();
+    b.bring_up();
+    let mut pa = a.build_path(PathCfg::default());
+    let mut pb = b.build_path(PathCfg {
+        rx_cq_log: 6,
+        rx_oi: false,
+        ..Default::default()
+    });
+    // A second RQ on B's RX CQ, for UDP port + 1.
+    let qc = b.alloc_q_counter();
+    let mut rq2 = b.create_rq(pb.rx_cq.cqn, 3, 6, 6, qc);
+    b.post_rq(&mut rq2, 8);
+    assert!(b.modify_rq(rq2.rqn, 0, 1).ok());
+    let tir2 = b.create_tir(rq2.rqn);
+    let fte = b.fte_input(pb.table, pb.group, 1, MAC_B, UDP_PORT + 1, tir2);
+    b.ok(&fte, 0x10);
+    let bufs = a.alloc(16 * 256);
+    let mut lens = Vec::new();
+    for i in 0..16usize {
+        let port = UDP_PORT + (i % 2) as u16;
+        let payload = vec![i as u8; 60 + 7 * i];
+        let f = mlx5_sim::packet::udp_frame(MAC_B, MAC_A, IP_A, IP_B, 999, port, &payload);
+        bufs.write(i * 256, &f);
+        a.post_send(
+            &mut pa.sq,
+            &[],
+            &[(bufs.iova_at(i * 256), f.len() as u32)],
+            i == 15,
+        );
+        lens.push(f.len() as u32);
+    }
+    a.ring_sq(&mut pa.sq);
+    assert!(a.poll_cq(&mut pa.tx_cq).is_some());
+    assert_eq!(b.nic.stats().rx_delivered, 16);
+    let got: Vec<u32> = std::iter::from_fn(|| b.poll_cq(&mut pb.rx_cq))
+        .filter(|c| c.byte_cnt & mlx5::prm::cqe::MPWRQ_FILLER == 0)
+        .map(|c| c.byte_cnt & 0xffff)
+        .collect();
+    assert_eq!(got, lens, "one CQE per frame, in the order sent");
+    let rqs = b.nic.queues().rqs;
+    let packets: Vec<u64> = rqs.iter().map(|r| r.packets).collect();
+    assert_eq!(packets, vec![8, 8]);
+    assert_eq!(b.nic.stats().rx_cqes, 16);
+}
+
+#[test]
 fn malformed_wqes_give_error_cqes_and_flush_until_reset() {
     let fab = det_fabric(16);
     let mut h = Host::with_mac(&fab, MAC_A);

@@ -73,4 +73,4 @@ pub use net::{LinkEvent, LinkEventKind, NetConfig, NetStats, Network, PortStats}
 pub use pcap::{PcapBuffer, PcapWriter};
 pub use queue::{QueueSample, QueueStats};
 pub use rng::Rng;
-pub use shared::{Attachment, PortSink, SharedNetwork, Tap};
+pub use shared::{Attachment, Frames, PortSink, SharedNetwork, Tap};

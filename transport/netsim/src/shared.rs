@@ -33,6 +33,46 @@ use crate::net::{NetConfig, Network};
 pub trait PortSink: Send + Sync {
     /// A frame arrives from the switch.
     fn receive(&self, frame: &[u8]);
+
+    /// Several frames arrive from the switch, in order, with nothing
+    /// delivered to any other device between them (the deliveries of one
+    /// hand-over that go to this device one after the other). The same as
+    /// [`receive`](Self::receive) for each, in order, which is what the
+    /// default does; a device may take its locks once for all of them.
+    fn receive_many(&self, frames: Frames<'_>) {
+        for f in frames.iter() {
+            self.receive(f);
+        }
+    }
+}
+
+/// Frames handed to one device at once ([`PortSink::receive_many`]).
+#[derive(Clone, Copy)]
+pub struct Frames<'a> {
+    items: &'a [Delivery],
+}
+
+impl fmt::Debug for Frames<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Frames({})", self.items.len())
+    }
+}
+
+impl<'a> Frames<'a> {
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// None at all.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// The frames, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &'a [u8]> + use<'a> {
+        self.items.iter().map(|d| d.frame.as_slice())
+    }
 }
 
 /// What a port of a [`SharedNetwork`] holds: its device, if one is
@@ -77,7 +117,16 @@ impl Drop for Inner {
     }
 }
 
-type Pending = Vec<(Arc<dyn PortSink>, Vec<u8>)>;
+/// One delivery taken under the lock: the port, its device (`None`: the
+/// same as the entry before, which is for the same port — a run of frames
+/// to one device takes its reference once), the frame.
+struct Delivery {
+    port: u32,
+    sink: Option<Arc<dyn PortSink>>,
+    frame: Vec<u8>,
+}
+
+type Pending = Vec<Delivery>;
 
 /// Delivered frame buffers kept per thread for [`SharedNetwork::frame_buf`].
 const SPARE_MAX: usize = 512;
@@ -111,19 +160,50 @@ fn keep_spare(mut frame: Vec<u8>) {
 
 /// Collects deliveries into `out` (under the lock).
 fn collect(out: &mut Pending) -> impl FnMut(PortId, &mut Attachment, &mut Vec<u8>) -> bool + '_ {
-    |_, dev, frame| match dev.as_ref().and_then(Weak::upgrade) {
-        Some(sink) => {
-            out.push((sink, std::mem::take(frame)));
-            true
+    |port, dev, frame| {
+        // The entry before holds this port's device (alive: referenced),
+        // and the attachment cannot change while the lock is held.
+        if out.last().is_some_and(|d| d.port == port.0) {
+            out.push(Delivery {
+                port: port.0,
+                sink: None,
+                frame: std::mem::take(frame),
+            });
+            return true;
         }
-        None => false,
+        match dev.as_ref().and_then(Weak::upgrade) {
+            Some(sink) => {
+                out.push(Delivery {
+                    port: port.0,
+                    sink: Some(sink),
+                    frame: std::mem::take(frame),
+                });
+                true
+            }
+            None => false,
+        }
     }
 }
 
+/// Hands the collected deliveries to their devices, in order: each run of
+/// frames for one device in one call.
 fn hand_over(out: &mut Pending) {
-    for (sink, frame) in out.drain(..) {
-        sink.receive(&frame);
-        keep_spare(frame);
+    let mut i = 0;
+    while i < out.len() {
+        let n = 1 + out[i + 1..].iter().take_while(|d| d.sink.is_none()).count();
+        let items = &out[i..i + n];
+        // Every run starts with the device's reference (see `collect`).
+        if let Some(sink) = &items[0].sink {
+            if n == 1 {
+                sink.receive(&items[0].frame);
+            } else {
+                sink.receive_many(Frames { items });
+            }
+        }
+        i += n;
+    }
+    for d in out.drain(..) {
+        keep_spare(d.frame);
     }
 }
 
@@ -296,6 +376,45 @@ impl SharedNetwork {
         self.check_thread();
         self.moved(|net, now, out| {
             net.transmit(now, port, frame, &mut collect(out));
+        });
+    }
+
+    /// `port`'s device sends `frames`, in order: the same as one
+    /// [`transmit`](Self::transmit) per frame (each frame is put on the
+    /// network at the clock's time when it is taken, and in deterministic
+    /// mode followed by every hop due by then), with the network locked
+    /// once for all of them; the deliveries are handed to their devices
+    /// after the last frame, in the order they were made. Devices never
+    /// send from `receive`, so handing over later changes nothing they
+    /// see but the time (in threaded mode). The caller must hold no lock
+    /// that a device's `receive` takes, and `frames` must not call into
+    /// this network.
+    pub fn transmit_many(&self, port: PortId, frames: impl IntoIterator<Item = Vec<u8>>) {
+        self.check_thread();
+        let core = &self.inner.core;
+        SCRATCH.with(|s| {
+            let mut out = s.take();
+            let wake = {
+                let mut net = lock(&core.net);
+                let mut wake = false;
+                for frame in frames {
+                    let now = core.now_ns();
+                    let before = net.next_event_ns();
+                    net.transmit(now, port, frame, &mut collect(&mut out));
+                    if core.deterministic {
+                        net.run_until(now, &mut collect(&mut out));
+                    } else {
+                        let after = net.next_event_ns();
+                        wake |= after.is_some() && after != before;
+                    }
+                }
+                wake
+            };
+            if wake {
+                core.cv.notify_one();
+            }
+            hand_over(&mut out);
+            s.replace(out);
         });
     }
 
@@ -499,6 +618,100 @@ mod tests {
         let h = net.frame_buf();
         assert_eq!(h.as_ptr(), buf);
         assert_eq!(net.frame_buf().capacity(), 0);
+    }
+
+    /// Frames sent together arrive, are captured and are dropped exactly
+    /// as when sent one by one, for a seed's faults and with links that
+    /// delay, duplicate and reorder.
+    #[test]
+    fn transmit_many_is_transmit_per_frame() {
+        use crate::pcap::PcapBuffer;
+        let run = |many: bool| {
+            let net = SharedNetwork::new(
+                NetConfig {
+                    seed: 9,
+                    ..Default::default()
+                },
+                true,
+            );
+            let a = net.add_tap(Some(A));
+            let b = net.add_tap(Some(B));
+            let cap = PcapBuffer::new();
+            net.with(|n| {
+                n.set_pcap(b.port(), Box::new(cap.clone())).unwrap();
+                n.set_faults(
+                    a.port(),
+                    None,
+                    LinkFaults {
+                        loss: 0.2,
+                        duplicate: 0.1,
+                        reorder: 0.1,
+                        corrupt: 0.05,
+                        ..Default::default()
+                    },
+                );
+            });
+            for round in 0..40u8 {
+                let frames: Vec<Vec<u8>> = (0..5u8)
+                    .map(|i| {
+                        let mut f = frame(B, A);
+                        f[14] = round;
+                        f[15] = i;
+                        f
+                    })
+                    .collect();
+                if many {
+                    net.transmit_many(a.port(), frames);
+                } else {
+                    for f in frames {
+                        net.transmit(a.port(), f);
+                    }
+                }
+                net.advance(Duration::from_micros(3));
+            }
+            net.advance(Duration::from_millis(1));
+            net.with(|n| n.flush_pcaps()).unwrap();
+            (
+                b.take(),
+                cap.bytes(),
+                net.with(|n| n.link_events().to_vec()),
+            )
+        };
+        let (one, many) = (run(false), run(true));
+        assert!(!one.2.is_empty(), "faults happened");
+        assert_eq!(one, many);
+    }
+
+    /// A hand-over gives each run of consecutive frames for one device in
+    /// one call, in order.
+    #[test]
+    fn runs_of_frames_for_one_device_come_in_one_call() {
+        #[derive(Default)]
+        struct Calls(Mutex<Vec<Vec<u8>>>);
+        impl PortSink for Calls {
+            fn receive(&self, frame: &[u8]) {
+                lock(&self.0).push(vec![frame[14]]);
+            }
+            fn receive_many(&self, frames: Frames<'_>) {
+                lock(&self.0).push(frames.iter().map(|f| f[14]).collect());
+            }
+        }
+        const C: [u8; 6] = [2, 0, 0, 0, 0, 0xc];
+        let net = SharedNetwork::new(NetConfig::default(), true);
+        let a = net.add_tap(Some(A));
+        let (b, c) = (Arc::new(Calls::default()), Arc::new(Calls::default()));
+        for (mac, sink) in [(B, &b), (C, &c)] {
+            let sink: Arc<dyn PortSink> = sink.clone();
+            net.add_port(Some(mac), Some(Arc::downgrade(&sink)));
+        }
+        let frames = [(B, 1), (B, 2), (C, 3), (B, 4), (C, 5), (C, 6), (B, 7)].map(|(to, n)| {
+            let mut f = frame(to, A);
+            f[14] = n;
+            f
+        });
+        net.transmit_many(a.port(), frames);
+        assert_eq!(*lock(&b.0), vec![vec![1, 2], vec![4], vec![7]]);
+        assert_eq!(*lock(&c.0), vec![vec![3], vec![5, 6]]);
     }
 
     #[test]

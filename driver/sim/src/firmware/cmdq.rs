@@ -193,12 +193,14 @@ fn complete(nic: &NicInner, entry_iova: u64, out: &[u8], out_blocks: &[u64], d: 
 }
 
 fn cmd_event(nic: &NicInner, dp: &Datapath, slot: u8) {
+    // The IOMMU session before any EQ's lock (see `Iommu::session`).
+    let io = &nic.iommu.session();
     for eq in dp.eqs.values() {
         let mut eq = lock(eq);
         if eq.subscribed(EventType::Command) {
             let mut data = [0u8; 28];
             data[0..4].copy_from_slice(&(1u32 << slot).to_be_bytes());
-            let _ = eq.post(nic, EventType::Command, 0, &data);
+            let _ = eq.post(nic, io, EventType::Command, 0, &data);
             return;
         }
     }

@@ -66,6 +66,11 @@ impl Pages {
 
 /// Writes queued page-request EQEs to the first EQ that takes them.
 pub(crate) fn flush_page_events(nic: &NicInner, fw: &mut Firmware, dp: &Datapath) {
+    if fw.page_events.is_empty() {
+        return;
+    }
+    // The IOMMU session before any EQ's lock (see `Iommu::session`).
+    let io = &nic.iommu.session();
     while let Some(&n) = fw.page_events.front() {
         let eq = dp
             .eqs
@@ -77,7 +82,7 @@ pub(crate) fn flush_page_events(nic: &NicInner, fw: &mut Firmware, dp: &Datapath
         // ec_function 0, the function's id, num_pages (signed).
         data[2..4].copy_from_slice(&nic.cfg.function_id.to_be_bytes());
         data[4..8].copy_from_slice(&n.to_be_bytes());
-        match crate::util::lock(&eq).post(nic, EventType::PageRequest, 0, &data) {
+        match crate::util::lock(&eq).post(nic, io, EventType::PageRequest, 0, &data) {
             Ok(()) => {
                 fw.page_events.pop_front();
             }

@@ -391,6 +391,7 @@ impl Ctx<'_> {
             errors: 0,
             last_error: None,
             fail_next: None,
+            wqe_buf: vec![0u8; crate::tx::WQE_BUF_BYTES].into_boxed_slice(),
         };
         self.dp.sqs.insert(sqn, Arc::new(Mutex::new(sq)));
         self.ov::<CreateSqOut>()?

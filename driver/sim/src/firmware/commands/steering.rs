@@ -317,17 +317,11 @@ impl Ctx<'_> {
         let off = SetFteIn::FLOW_CONTEXT.byte() + FlowContext::MATCH_VALUE.byte();
         let mut value = [0u8; MATCH_SET_BYTES];
         value.copy_from_slice(&self.inp[off..off + MATCH_SET_BYTES]);
-        if let Some(t) = self.dp.steering.tables.get_mut(&id) {
-            t.entries.insert(
-                index,
-                Fte {
-                    group,
-                    value,
-                    action,
-                    flow_tag,
-                    dests,
-                },
-            );
+        if let Some(t) = self.dp.steering.tables.get_mut(&id)
+            && let Some(g) = t.groups.get(&group)
+        {
+            let fte = Fte::new(group, &g.mask, value, action, flow_tag, dests);
+            t.entries.insert(index, fte);
         }
         Ok(())
     }
