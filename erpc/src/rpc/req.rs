@@ -144,6 +144,31 @@ impl<T: Transport, C> Rpc<T, C> {
         c.req_bytes = msg_size as u32;
         c.wheel_count = 0;
         slot.tx_msgbuf = Some(req);
+        // The common case, decided here without `kick`'s general loop: a
+        // one-packet request with a credit and room in the TX batch, not
+        // paced (congestion control off, or the wheel bypass: an
+        // uncongested session; `wheel_count` is 0 for a new request).
+        // Exactly what `kick` would do for it.
+        let cc = &self.config.cc;
+        let paced = self.wheel.is_some()
+            && (cc.wheel_bypass_first_only
+                || !(cc.wheel_bypass && s.cc.as_ref().is_none_or(|cc| cc.ctl.uncongested())));
+        if num_pkts == 1 && s.credits != 0 && self.tx.room() != 0 && !paced {
+            c.num_tx = 1;
+            c.in_flight_ns = now;
+            s.credits -= 1;
+            if self.wheel.is_some() {
+                self.stats.wheel_bypassed += 1;
+            }
+            self.tx.push(super::tx::TxEntry {
+                session,
+                slot: i as u8,
+                kind: super::tx::TxKind::Msg,
+                pkt_idx: 0,
+                req_num,
+            });
+            return;
+        }
         self.kick_inline(session, i as u8);
     }
 
