@@ -1259,6 +1259,17 @@ mod tests {
         );
     }
 
+    /// `n` pages of host memory mapped back to back from `iova`.
+    fn adjacent_raw(iommu: &Iommu, m: &Arc<dyn DmaMapper>, iova: u64, n: usize) -> Vec<HostMem> {
+        let mems: Vec<HostMem> = (0..n)
+            .map(|_| HostMem::new(m.clone(), 4096).unwrap())
+            .collect();
+        for (i, mem) in mems.iter().enumerate() {
+            add_raw(iommu, iova + 4096 * i as u64, mem);
+        }
+        mems
+    }
+
     fn remove_raw(iommu: &Iommu, iova: u64) {
         let mut t = write_table(&iommu.table);
         let i = t.position(iova).expect("raw mapping present");
@@ -1268,14 +1279,9 @@ mod tests {
     #[test]
     fn access_across_adjacent_mappings_and_into_a_hole() {
         let (iommu, m) = setup();
-        let mems: Vec<HostMem> = (0..3)
-            .map(|_| HostMem::new(m.clone(), 4096).unwrap())
-            .collect();
         // Three back-to-back mappings at X, then a hole at X + 3 pages.
         let x = 0x80_0000_0000u64;
-        for (i, mem) in mems.iter().enumerate() {
-            add_raw(&iommu, x + 4096 * i as u64, mem);
-        }
+        let mems = adjacent_raw(&iommu, &m, x, 3);
         // Across the first boundary: split between the two mappings.
         iommu.write(x + 4090, b"0123456789").unwrap();
         assert_eq!(mems[0].read_vec(4090, 6), b"012345");
@@ -1327,13 +1333,8 @@ mod tests {
     #[test]
     fn a_span_is_lent_only_inside_one_mapping_and_counts_like_a_write() {
         let (iommu, m) = setup();
-        let mems: Vec<HostMem> = (0..2)
-            .map(|_| HostMem::new(m.clone(), 4096).unwrap())
-            .collect();
         let x = 0x90_0000_0000u64;
-        for (i, mem) in mems.iter().enumerate() {
-            add_raw(&iommu, x + 4096 * i as u64, mem);
-        }
+        let mems = adjacent_raw(&iommu, &m, x, 2);
         let before = iommu.stats();
         iommu
             .with_span(x + 64, 64, true, |s| {

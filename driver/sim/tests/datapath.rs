@@ -285,16 +285,11 @@ fn full_normal_cq_raises_the_cq_error_path() {
     }
     assert_eq!(h.nic.stats().cq_overruns, 1);
     assert_eq!(h.nic.drops(DropReason::CqError), 1);
-    let out = h.ok(&simple(Opcode::QueryCq, 0, p.rx_cq.cqn), 0x110);
-    assert_eq!(out[0x10] >> 4, 0x9, "CQ status overflow");
-    assert_eq!(be32(&out, 0x10 + 0x2c) & 0xffffff, 2, "producer counter");
-    h.service_eq();
-    let e = h
-        .events
-        .iter()
-        .find_map(|e| e.cq_error())
-        .expect("CQ error EQE");
-    assert_eq!(e, (p.rx_cq.cqn, 1));
+    assert_eq!(
+        cq_error_state(&mut h, p.rx_cq.cqn),
+        (0x9, 2, 1),
+        "status overflow, producer counter, CQ-error syndrome"
+    );
     // Later packets are dropped as CQ errors too.
     fab.inject(h.nic.port(), &f);
     assert_eq!(h.nic.drops(DropReason::CqError), 2);
@@ -323,16 +318,11 @@ fn a_cq_whose_memory_is_unmapped_fails_at_the_first_cqe_byte() {
         (cqe1, true),
         "at the CQE's first byte"
     );
-    let out = h.ok(&simple(Opcode::QueryCq, 0, p.rx_cq.cqn), 0x110);
-    assert_eq!(out[0x10] >> 4, 0xa, "CQ status write failure");
-    assert_eq!(be32(&out, 0x10 + 0x2c) & 0xffffff, 1, "producer counter");
-    h.service_eq();
-    let e = h
-        .events
-        .iter()
-        .find_map(|e| e.cq_error())
-        .expect("CQ error EQE");
-    assert_eq!(e, (p.rx_cq.cqn, 2));
+    assert_eq!(
+        cq_error_state(&mut h, p.rx_cq.cqn),
+        (0xa, 1, 2),
+        "status write failure, producer counter, CQ-error syndrome"
+    );
 }
 
 /// One doorbell's frames reach B as one run that alternates between two
@@ -628,4 +618,18 @@ fn steering_misses_and_loopback() {
         "not on the wire"
     );
     let _ = Duration::ZERO;
+}
+
+/// A CQ in error as the driver sees it: its status and producer counter
+/// (QUERY_CQ) and the syndrome of the CQ-error EQE reported for it.
+fn cq_error_state(h: &mut Host, cqn: u32) -> (u8, u32, u8) {
+    let out = h.ok(&simple(Opcode::QueryCq, 0, cqn), 0x110);
+    h.service_eq();
+    let (eq_cqn, syndrome) = h
+        .events
+        .iter()
+        .find_map(|e| e.cq_error())
+        .expect("CQ error EQE");
+    assert_eq!(eq_cqn, cqn, "the EQE names the CQ");
+    (out[0x10] >> 4, be32(&out, 0x10 + 0x2c) & 0xffffff, syndrome)
 }

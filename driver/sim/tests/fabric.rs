@@ -167,14 +167,7 @@ fn threaded_senders_into_one_receiver() {
     let rp = r.build_path(PathCfg::default());
     const SENDERS: usize = 3;
     const PER: u32 = 1024;
-    let mut senders: Vec<(Host, Path)> = (0..SENDERS)
-        .map(|i| {
-            let mut h = Host::with_mac(&fab, [2, 0, 0, 0, 1, i as u8]);
-            h.bring_up();
-            let p = h.build_path(PathCfg::default());
-            (h, p)
-        })
-        .collect();
+    let mut senders = sender_hosts(&fab, SENDERS, 1);
     // eRPC's start-up state, written before any packet can arrive: the 8
     // CQEs look like the last 8 positions of the cycle, so the first
     // packet counts as one whenever the receiver gets to look.
@@ -217,27 +210,7 @@ fn threaded_senders_into_one_receiver() {
         });
         let mut handles = Vec::new();
         for (k, (h, p)) in senders.iter_mut().enumerate() {
-            handles.push(s.spawn(move || {
-                let bufs = h.alloc(16 * 128);
-                let mut sent = 0;
-                while sent < PER {
-                    for j in 0..16 {
-                        let f = frame_to(MAC_A, h.nic.mac(), &[k as u8; 60]);
-                        bufs.write(j * 128, &f);
-                        h.post_send(
-                            &mut p.sq,
-                            &[],
-                            &[(bufs.iova_at(j * 128), f.len() as u32)],
-                            j == 15,
-                        );
-                        sent += 1;
-                    }
-                    h.ring_sq(&mut p.sq);
-                    while h.poll_cq(&mut p.tx_cq).is_none() {
-                        std::thread::yield_now();
-                    }
-                }
-            }));
+            handles.push(s.spawn(move || send_to_a(h, p, k as u8, PER)));
         }
         for hd in handles {
             hd.join().unwrap();
@@ -343,14 +316,7 @@ fn sessions_with_concurrent_unmaps_and_cq_arms() {
     let rp = r.build_path(PathCfg::default());
     const SENDERS: usize = 2;
     const PER: u32 = 1024;
-    let mut senders: Vec<(Host, Path)> = (0..SENDERS)
-        .map(|i| {
-            let mut h = Host::with_mac(&fab, [2, 0, 0, 0, 2, i as u8]);
-            h.bring_up();
-            let p = h.build_path(PathCfg::default());
-            (h, p)
-        })
-        .collect();
+    let mut senders = sender_hosts(&fab, SENDERS, 2);
     let eqn = r.eq.as_ref().expect("an EQ").eqn;
     let uar = r.uar_eq as usize;
     let cqn = rp.rx_cq.cqn;
@@ -390,27 +356,7 @@ fn sessions_with_concurrent_unmaps_and_cq_arms() {
         });
         let mut handles = Vec::new();
         for (k, (h, p)) in senders.iter_mut().enumerate() {
-            handles.push(s.spawn(move || {
-                let bufs = h.alloc(16 * 128);
-                let mut sent = 0;
-                while sent < PER {
-                    for j in 0..16 {
-                        let f = frame_to(MAC_A, h.nic.mac(), &[k as u8; 60]);
-                        bufs.write(j * 128, &f);
-                        h.post_send(
-                            &mut p.sq,
-                            &[],
-                            &[(bufs.iova_at(j * 128), f.len() as u32)],
-                            j == 15,
-                        );
-                        sent += 1;
-                    }
-                    h.ring_sq(&mut p.sq);
-                    while h.poll_cq(&mut p.tx_cq).is_none() {
-                        std::thread::yield_now();
-                    }
-                }
-            }));
+            handles.push(s.spawn(move || send_to_a(h, p, k as u8, PER)));
         }
         for hd in handles {
             hd.join().unwrap();
@@ -426,4 +372,41 @@ fn sessions_with_concurrent_unmaps_and_cq_arms() {
     assert_eq!(r.nic.stats().rx_delivered, total);
     assert_eq!(r.nic.stats().dma.faults, 0);
     assert!(r.nic.stats().eqes > 0, "completion EQEs were written");
+}
+
+/// `n` hosts on `fab` with MACs 02:00:00:00:`tag`:i, each brought up with
+/// a default path.
+fn sender_hosts(fab: &Fabric, n: usize, tag: u8) -> Vec<(Host, Path)> {
+    (0..n)
+        .map(|i| {
+            let mut h = Host::with_mac(fab, [2, 0, 0, 0, tag, i as u8]);
+            h.bring_up();
+            let p = h.build_path(PathCfg::default());
+            (h, p)
+        })
+        .collect()
+}
+
+/// Sends `count` (a multiple of 16) 60-byte frames filled with `fill` to
+/// `MAC_A`, 16 per doorbell, waiting for each burst's completion.
+fn send_to_a(h: &mut Host, p: &mut Path, fill: u8, count: u32) {
+    let bufs = h.alloc(16 * 128);
+    let mut sent = 0;
+    while sent < count {
+        for j in 0..16 {
+            let f = frame_to(MAC_A, h.nic.mac(), &[fill; 60]);
+            bufs.write(j * 128, &f);
+            h.post_send(
+                &mut p.sq,
+                &[],
+                &[(bufs.iova_at(j * 128), f.len() as u32)],
+                j == 15,
+            );
+            sent += 1;
+        }
+        h.ring_sq(&mut p.sq);
+        while h.poll_cq(&mut p.tx_cq).is_none() {
+            std::thread::yield_now();
+        }
+    }
 }
