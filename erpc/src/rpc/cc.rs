@@ -41,6 +41,24 @@ pub(crate) fn pace_room(wheel_count: u16, window: u16) -> u32 {
     u32::from(window.saturating_sub(wheel_count))
 }
 
+/// Whether a client slot's burst goes through the timing wheel (decided
+/// once per burst, see `kick`): with congestion control on (`wheel_on`),
+/// unless the wheel bypass holds for the whole burst — an uncongested
+/// session with none of the slot's packets in the wheel (`wheel_count`).
+/// With `wheel_bypass_first_only` the burst counts as paced and `cc_pace`
+/// decides packet by packet.
+#[inline(always)]
+pub(crate) fn burst_paced(
+    wheel_on: bool,
+    cfg: &crate::cc::CcConfig,
+    wheel_count: u16,
+    cc: Option<&SessionCc>,
+) -> bool {
+    let (bypass, first_only) = (cfg.wheel_bypass, cfg.wheel_bypass_first_only);
+    wheel_on
+        && (first_only || !(bypass && wheel_count == 0 && cc.is_none_or(|cc| cc.ctl.uncongested())))
+}
+
 impl<T: Transport, C> Rpc<T, C> {
     /// Puts packet `pkt` of client slot `i` into the timing wheel unless
     /// the session may send it now (CC off, or the wheel bypass). Returns

@@ -149,11 +149,11 @@ impl<T: Transport, C> Rpc<T, C> {
         // paced (congestion control off, or the wheel bypass: an
         // uncongested session; `wheel_count` is 0 for a new request).
         // Exactly what `kick` would do for it.
-        let cc = &self.config.cc;
-        let paced = self.wheel.is_some()
-            && (cc.wheel_bypass_first_only
-                || !(cc.wheel_bypass && s.cc.as_ref().is_none_or(|cc| cc.ctl.uncongested())));
-        if num_pkts == 1 && s.credits != 0 && self.tx.room() != 0 && !paced {
+        if num_pkts == 1
+            && s.credits != 0
+            && self.tx.room() != 0
+            && !super::cc::burst_paced(self.wheel.is_some(), &self.config.cc, 0, s.cc.as_ref())
+        {
             c.num_tx = 1;
             c.in_flight_ns = now;
             s.credits -= 1;
@@ -216,8 +216,6 @@ impl<T: Transport, C> Rpc<T, C> {
             self.tx_make_room();
             let room = self.tx.room();
             let wheel_on = self.wheel.is_some();
-            let wheel_bypass = self.config.cc.wheel_bypass;
-            let first_only = self.config.cc.wheel_bypass_first_only;
             let now = self.now_ns;
             let pace_window = self.config.cc.pace_window;
             let Some(s) = self
@@ -272,11 +270,8 @@ impl<T: Transport, C> Rpc<T, C> {
             // not change either), so it is decided once — unless only a
             // slot's first unacknowledged packet may bypass, which
             // `cc_pace` decides packet by packet.
-            let paced = wheel_on
-                && (first_only
-                    || !(wheel_bypass
-                        && c.wheel_count == 0
-                        && s.cc.as_ref().is_none_or(|cc| cc.ctl.uncongested())));
+            let paced =
+                super::cc::burst_paced(wheel_on, &self.config.cc, c.wheel_count, s.cc.as_ref());
             if wheel_on && !paced {
                 self.stats.wheel_bypassed += u64::from(n);
             }
