@@ -45,7 +45,13 @@ impl<T: Transport, C> Rpc<T, C> {
                 resp,
             })
         };
-        let Some(s) = self.session_mut(session) else {
+        // The table field itself, not `session_mut`: the backlog push below
+        // keeps this borrow across the stats update (one lookup, not two).
+        let Some(s) = self
+            .sessions
+            .get_mut(usize::from(session))
+            .and_then(|s| s.as_deref_mut())
+        else {
             return err(EnqueueErrorKind::NoSuchSession, req, resp);
         };
         if s.role != Role::Client {
@@ -64,7 +70,6 @@ impl<T: Transport, C> Rpc<T, C> {
             Some(i) => self.start_request(session, i, req_type, req, resp, cont, tag),
             None => {
                 self.stats.reqs_backlogged += 1;
-                let s = self.session_mut(session).expect("checked above");
                 s.backlog.push_back(PendingReq {
                     req_type,
                     req,
