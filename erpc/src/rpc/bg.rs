@@ -64,6 +64,8 @@ impl<T: Transport, C> Rpc<T, C> {
             large: self.bg.scratch.pop().unwrap_or_default(),
         };
         self.stats.bg_jobs += 1;
+        // Queued here or on a worker: either way the event loop has work.
+        self.pending |= super::ev_loop::PENDING_BG;
         if self.nexus.worker_threads() == 0 || !self.bg.backlog.is_empty() {
             self.bg.backlog.push_back(job);
             return;

@@ -106,6 +106,7 @@ impl<T: Transport, C> Rpc<T, C> {
         match wheel.insert(ent, now, at) {
             Ok(()) => {
                 slot.client.wheel_count += 1;
+                self.pending |= super::ev_loop::PENDING_WHEEL;
                 true
             }
             Err(_) => false,

@@ -12,6 +12,13 @@ use super::Rpc;
 /// Stall-queue entries examined per iteration (bounded work).
 const STALLQ_PER_LOOP_MAX: usize = 1024;
 
+/// [`Rpc`]'s `pending` bit: the credit-stall queue may be non-empty.
+pub(crate) const PENDING_STALLQ: u8 = 1;
+/// `pending` bit: background jobs may be queued or running.
+pub(crate) const PENDING_BG: u8 = 2;
+/// `pending` bit: the timing wheel may hold packets.
+pub(crate) const PENDING_WHEEL: u8 = 4;
+
 impl<T: Transport, C> Rpc<T, C> {
     /// One iteration of the event loop. Handlers and continuations run in
     /// it and receive `ctx`.
@@ -28,6 +35,11 @@ impl<T: Transport, C> Rpc<T, C> {
             "run_event_loop_once must not be called from a handler or continuation"
         );
         self.in_event_loop = true;
+        debug_assert_eq!(
+            self.pending_now() & !self.pending,
+            0,
+            "work queued without its `pending` bit"
+        );
         self.now_ns = self.clock.now_ns();
         if !self.owed.is_empty() {
             self.pay_owed(ctx);
@@ -36,23 +48,13 @@ impl<T: Transport, C> Rpc<T, C> {
         if n != 0 {
             self.process_rx(ctx, n);
         }
-        if !self.stallq.is_empty() {
-            self.process_stallq();
-        }
-        if !self.bg.backlog.is_empty() || self.bg.outstanding != 0 {
-            self.process_bg();
-        }
-        // SM packets and failure notices, and the periodic work (the loss
-        // scan, with the SM retry timers): what they owe the application
-        // (failed requests, session events) is paid before returning.
-        // What the RX path, the stall queue, background completions or a
-        // continuation owe is paid at the next iteration's start (as the
-        // docs promise: "in the next event-loop iteration").
-        if !self.sm_queue.is_empty() || self.pkt_loss_scan_due() {
+        // The stall queue, background jobs, SM packets and timers, the
+        // wheel, in that order (`process_pending`); with none of the
+        // queues marked, only the SM queue and the timers are looked at.
+        if self.pending != 0 {
+            self.process_pending(ctx);
+        } else if self.sm_or_timers_due() {
             self.process_sm_and_timers(ctx);
-        }
-        if self.wheel.as_ref().is_some_and(|w| !w.is_empty()) {
-            self.process_wheel();
         }
         self.flush_tx();
         // The debug endpoint: one relaxed load while nobody is attached.
@@ -71,6 +73,51 @@ impl<T: Transport, C> Rpc<T, C> {
         while self.clock.now_ns() < deadline {
             self.run_event_loop_once(ctx);
         }
+    }
+
+    /// The queues `pending` marks, the SM queue and the timers, in the
+    /// event loop's order; then `pending` is recomputed from the queues.
+    #[inline(never)]
+    fn process_pending(&mut self, ctx: &mut C) {
+        if !self.stallq.is_empty() {
+            self.process_stallq();
+        }
+        if !self.bg.backlog.is_empty() || self.bg.outstanding != 0 {
+            self.process_bg();
+        }
+        if self.sm_or_timers_due() {
+            self.process_sm_and_timers(ctx);
+        }
+        if self.wheel.as_ref().is_some_and(|w| !w.is_empty()) {
+            self.process_wheel();
+        }
+        self.pending = self.pending_now();
+    }
+
+    /// The `pending` bits of the queues as they are.
+    fn pending_now(&self) -> u8 {
+        let mut p = 0;
+        if !self.stallq.is_empty() {
+            p |= PENDING_STALLQ;
+        }
+        if !self.bg.backlog.is_empty() || self.bg.outstanding != 0 {
+            p |= PENDING_BG;
+        }
+        if self.wheel.as_ref().is_some_and(|w| !w.is_empty()) {
+            p |= PENDING_WHEEL;
+        }
+        p
+    }
+
+    /// SM packets and failure notices, and the periodic work (the loss
+    /// scan, with the SM retry timers): what they owe the application
+    /// (failed requests, session events) is paid before the iteration
+    /// returns. What the RX path, the stall queue, background
+    /// completions or a continuation owe is paid at the next iteration's
+    /// start (as the docs promise: "in the next event-loop iteration").
+    #[inline]
+    fn sm_or_timers_due(&self) -> bool {
+        !self.sm_queue.is_empty() || self.pkt_loss_scan_due()
     }
 
     /// SM packets, the periodic loss scan, and what they owe.

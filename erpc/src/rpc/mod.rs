@@ -602,6 +602,14 @@ pub struct Rpc<T: Transport, C> {
     /// TX timestamps per client slot (a power of two ≥ the credits).
     tx_ts_cap: usize,
     bg: BgState,
+    /// Which of the credit-stall queue, background jobs and the timing
+    /// wheel may have work ([`ev_loop::PENDING_STALLQ`] and co.): set
+    /// where work is queued, recomputed from the queues after the event
+    /// loop has looked at them, so that an idle iteration tests one byte
+    /// instead of each queue. A bit may be set with nothing to do (one
+    /// wasted call), never clear with something to do (debug builds
+    /// check it at every iteration).
+    pending: u8,
     in_event_loop: bool,
     stats: RpcStats,
     /// Debug-endpoint publication (`crate::inspect`), if the Nexus is exposed.
@@ -758,6 +766,7 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
                 backlog: VecDeque::new(),
                 scratch: Vec::new(),
             },
+            pending: 0,
             in_event_loop: false,
             stats: RpcStats::default(),
             inspect: nexus.inspect_publisher(rpc_id),

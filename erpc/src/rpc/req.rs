@@ -253,6 +253,7 @@ impl<T: Transport, C> Rpc<T, C> {
                 if !c.in_stallq {
                     c.in_stallq = true;
                     self.stallq.push((session, i));
+                    self.pending |= super::ev_loop::PENDING_STALLQ;
                 }
                 return true;
             }
