@@ -512,18 +512,20 @@ impl<T: Transport, C> Rpc<T, C> {
         req: Result<MsgBuf, &[u8]>,
     ) {
         self.stats.reqs_handled += 1;
-        let req_num = self.session(sn).expect("exists").slots[i].cur_req_num;
-        let handle = ReqHandle {
-            session: sn,
-            slot: i as u8,
-            req_num,
-        };
         let func = match self.handlers[usize::from(req_type)] {
             HandlerSlot::Dispatch(f) => f,
             HandlerSlot::Background => return self.submit_bg(sn, i, req_type, req),
             HandlerSlot::None => unreachable!("checked before"),
         };
-        self.session_mut(sn).expect("exists").slots[i].server.state = SrvState::InHandler;
+        // One lookup for the request number and the state change.
+        let slot = &mut self.session_mut(sn).expect("exists").slots[i];
+        slot.server.state = SrvState::InHandler;
+        let handle = ReqHandle {
+            session: sn,
+            slot: i as u8,
+            req_num: slot.cur_req_num,
+        };
+        let req_num = handle.req_num;
         let data: &[u8] = match &req {
             Ok(m) => m.data(),
             Err(d) => d,
