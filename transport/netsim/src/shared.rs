@@ -374,7 +374,7 @@ impl SharedNetwork {
     /// device's `receive` takes.
     pub fn transmit(&self, port: PortId, frame: Vec<u8>) {
         self.check_thread();
-        self.moved(|net, now, out| {
+        self.moved([frame], |net, now, frame, out| {
             net.transmit(now, port, frame, &mut collect(out));
         });
     }
@@ -391,16 +391,40 @@ impl SharedNetwork {
     /// this network.
     pub fn transmit_many(&self, port: PortId, frames: impl IntoIterator<Item = Vec<u8>>) {
         self.check_thread();
+        self.moved(frames, |net, now, frame, out| {
+            net.transmit(now, port, frame, &mut collect(out));
+        });
+    }
+
+    /// Delivers `frame` to `port`'s device as if it came from the switch
+    /// (through the output queue and the switch → device link).
+    pub fn inject(&self, port: PortId, frame: Vec<u8>) {
+        self.check_thread();
+        self.moved([frame], |net, now, frame, out| {
+            net.inject(now, port, frame, &mut collect(out));
+        });
+    }
+
+    /// Applies `f` to each of `items` in order with the network locked
+    /// once: each at the clock's time when it is taken and, in
+    /// deterministic mode, followed by every hop due by then; in threaded
+    /// mode the network thread is woken if its next event moved. The
+    /// deliveries are handed to their devices after the last item.
+    fn moved<I>(
+        &self,
+        items: impl IntoIterator<Item = I>,
+        mut f: impl FnMut(&mut Network<Attachment>, u64, I, &mut Pending),
+    ) {
         let core = &self.inner.core;
         SCRATCH.with(|s| {
             let mut out = s.take();
             let wake = {
                 let mut net = lock(&core.net);
                 let mut wake = false;
-                for frame in frames {
+                for item in items {
                     let now = core.now_ns();
                     let before = net.next_event_ns();
-                    net.transmit(now, port, frame, &mut collect(&mut out));
+                    f(&mut net, now, item, &mut out);
                     if core.deterministic {
                         net.run_until(now, &mut collect(&mut out));
                     } else {
@@ -409,40 +433,6 @@ impl SharedNetwork {
                     }
                 }
                 wake
-            };
-            if wake {
-                core.cv.notify_one();
-            }
-            hand_over(&mut out);
-            s.replace(out);
-        });
-    }
-
-    /// Delivers `frame` to `port`'s device as if it came from the switch
-    /// (through the output queue and the switch → device link).
-    pub fn inject(&self, port: PortId, frame: Vec<u8>) {
-        self.check_thread();
-        self.moved(|net, now, out| {
-            net.inject(now, port, frame, &mut collect(out));
-        });
-    }
-
-    fn moved(&self, f: impl FnOnce(&mut Network<Attachment>, u64, &mut Pending)) {
-        let core = &self.inner.core;
-        SCRATCH.with(|s| {
-            let mut out = s.take();
-            let wake = {
-                let mut net = lock(&core.net);
-                let now = core.now_ns();
-                let before = net.next_event_ns();
-                f(&mut net, now, &mut out);
-                if core.deterministic {
-                    net.run_until(now, &mut collect(&mut out));
-                    false
-                } else {
-                    let after = net.next_event_ns();
-                    after.is_some() && after != before
-                }
             };
             if wake {
                 core.cv.notify_one();
