@@ -456,7 +456,7 @@ impl Iommu {
     }
 
     /// Runs `f` on the host pieces of `[iova, iova + len)` with the table
-    /// locked, or reports the fault.
+    /// locked (a session of one access), or reports the fault.
     fn with_pieces<R>(
         &self,
         iova: u64,
@@ -464,28 +464,7 @@ impl Iommu {
         write: bool,
         f: impl FnOnce(&[Piece]) -> R,
     ) -> Result<R, DmaFault> {
-        let t = read_table(&self.table);
-        let r = self.pieces_in(&t, iova, len, write, f);
-        drop(t);
-        if r.is_ok() {
-            self.count(write, len as u64);
-        }
-        r
-    }
-
-    /// [`Iommu::with_span`] in the locked table `t`; counts nothing.
-    fn span_in<R>(
-        &self,
-        t: &Table,
-        iova: u64,
-        len: usize,
-        f: impl FnOnce(&DmaSpan) -> R,
-    ) -> Option<R> {
-        if !self.bus_master() {
-            return None;
-        }
-        let va = t.within(&self.hints, iova, len)?;
-        Some(f(&DmaSpan { va, len }))
+        self.session().pieces(iova, len, write, f)
     }
 
     /// Runs `f` on `[iova, iova + len)` as one [`DmaSpan`], under one
@@ -502,28 +481,17 @@ impl Iommu {
         write: bool,
         f: impl FnOnce(&DmaSpan) -> R,
     ) -> Option<R> {
-        let t = read_table(&self.table);
-        let r = self.span_in(&t, iova, len, f);
-        drop(t);
-        if r.is_some() {
-            self.count(write, len as u64);
-        }
-        r
+        self.session().with_span(iova, len, write, f)
     }
 
     /// Copies `buf.len()` bytes from device address `iova` into `buf`.
     pub fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
-        let len = buf.len();
-        // SAFETY: the pieces come from the table, locked until `f` returns.
-        self.with_pieces(iova, len, false, |pieces| unsafe { copy_out(pieces, buf) })
+        self.session().read(iova, buf)
     }
 
     /// Copies `data` to device address `iova`.
     pub fn write(&self, iova: u64, data: &[u8]) -> Result<(), DmaFault> {
-        // SAFETY: as in `read`.
-        self.with_pieces(iova, data.len(), true, |pieces| unsafe {
-            copy_in(pieces, data)
-        })
+        self.session().write(iova, data)
     }
 
     /// Fills `len` bytes at `iova` with `byte`.
@@ -546,24 +514,19 @@ impl Iommu {
 
     /// Stores one byte with release ordering (ownership bytes: written last).
     pub fn store_u8_release(&self, iova: u64, v: u8) -> Result<(), DmaFault> {
-        // SAFETY: as in `read`; one piece of one byte.
-        self.with_pieces(iova, 1, true, |p| unsafe { store_u8(p, v) })
+        self.session().store_u8_release(iova, v)
     }
 
     /// Stores a big-endian u16 atomically with release ordering (the
     /// overrun CQ's `wqe_counter`/`wqe_id`, which a reader snapshots).
     pub fn store_be16_release(&self, iova: u64, v: u16) -> Result<(), DmaFault> {
-        self.atomic_ptr(iova, 2, true)?;
-        // SAFETY: as in `read`; the IOVA is 2-byte aligned (checked).
-        self.with_pieces(iova, 2, true, |p| unsafe { store_be16(p, v) })
+        self.session().store_be16_release(iova, v)
     }
 
     /// Loads a big-endian u32 atomically with acquire ordering (doorbell
     /// records).
     pub fn load_be32_acquire(&self, iova: u64) -> Result<u32, DmaFault> {
-        self.atomic_ptr(iova, 4, false)?;
-        // SAFETY: as in `read`; the IOVA is 4-byte aligned (checked).
-        self.with_pieces(iova, 4, false, |p| unsafe { load_be32(p) })
+        self.session().load_be32_acquire(iova)
     }
 
     /// Loads one byte with acquire ordering.
@@ -759,12 +722,7 @@ impl DmaSession<'_> {
         // SAFETY: the pieces come from the table, locked for the session,
         // and sum to `len`; `dst` has room for `len` bytes (reserved above)
         // and is the vector's own memory.
-        let r = self
-            .io
-            .pieces_in(&self.table, iova, len, false, |p| unsafe {
-                copy_out_raw(p, dst)
-            });
-        let r = self.counted(false, len, r);
+        let r = self.pieces(iova, len, false, |p| unsafe { copy_out_raw(p, dst) });
         if r.is_ok() {
             // SAFETY: the `len` bytes after `start` were just written and
             // are within the capacity reserved above.
@@ -773,57 +731,50 @@ impl DmaSession<'_> {
         r
     }
 
-    fn counted<R>(&self, write: bool, len: usize, r: Result<R, DmaFault>) -> Result<R, DmaFault> {
+    /// Runs `f` on the host pieces of `[iova, iova + len)`, or reports
+    /// the fault; counts the bytes if it ran.
+    fn pieces<R>(
+        &self,
+        iova: u64,
+        len: usize,
+        write: bool,
+        f: impl FnOnce(&[Piece]) -> R,
+    ) -> Result<R, DmaFault> {
+        let r = self.io.pieces_in(&self.table, iova, len, write, f);
         if r.is_ok() {
-            let c = if write { &self.written } else { &self.read };
-            c.set(c.get() + len as u64);
+            self.count(write, len);
         }
         r
+    }
+
+    fn count(&self, write: bool, len: usize) {
+        let c = if write { &self.written } else { &self.read };
+        c.set(c.get() + len as u64);
     }
 }
 
 impl Dma for DmaSession<'_> {
     fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), DmaFault> {
-        let len = buf.len();
         // SAFETY: the pieces come from the table, locked for the session.
-        let r = self
-            .io
-            .pieces_in(&self.table, iova, len, false, |p| unsafe {
-                copy_out(p, buf)
-            });
-        self.counted(false, len, r)
+        self.pieces(iova, buf.len(), false, |p| unsafe { copy_out(p, buf) })
     }
     fn write(&self, iova: u64, data: &[u8]) -> Result<(), DmaFault> {
         // SAFETY: as in `read`.
-        let r = self
-            .io
-            .pieces_in(&self.table, iova, data.len(), true, |p| unsafe {
-                copy_in(p, data)
-            });
-        self.counted(true, data.len(), r)
+        self.pieces(iova, data.len(), true, |p| unsafe { copy_in(p, data) })
     }
     fn store_u8_release(&self, iova: u64, v: u8) -> Result<(), DmaFault> {
         // SAFETY: as in `read`; one piece of one byte.
-        let r = self
-            .io
-            .pieces_in(&self.table, iova, 1, true, |p| unsafe { store_u8(p, v) });
-        self.counted(true, 1, r)
+        self.pieces(iova, 1, true, |p| unsafe { store_u8(p, v) })
     }
     fn store_be16_release(&self, iova: u64, v: u16) -> Result<(), DmaFault> {
         self.io.atomic_ptr(iova, 2, true)?;
         // SAFETY: as in `read`; the IOVA is 2-byte aligned (checked).
-        let r = self
-            .io
-            .pieces_in(&self.table, iova, 2, true, |p| unsafe { store_be16(p, v) });
-        self.counted(true, 2, r)
+        self.pieces(iova, 2, true, |p| unsafe { store_be16(p, v) })
     }
     fn load_be32_acquire(&self, iova: u64) -> Result<u32, DmaFault> {
         self.io.atomic_ptr(iova, 4, false)?;
         // SAFETY: as in `read`; the IOVA is 4-byte aligned (checked).
-        let r = self
-            .io
-            .pieces_in(&self.table, iova, 4, false, |p| unsafe { load_be32(p) });
-        self.counted(false, 4, r)
+        self.pieces(iova, 4, false, |p| unsafe { load_be32(p) })
     }
     fn with_span<R>(
         &self,
@@ -832,9 +783,12 @@ impl Dma for DmaSession<'_> {
         write: bool,
         f: impl FnOnce(&DmaSpan) -> R,
     ) -> Option<R> {
-        let r = self.io.span_in(&self.table, iova, len, f)?;
-        let c = if write { &self.written } else { &self.read };
-        c.set(c.get() + len as u64);
+        if !self.io.bus_master() {
+            return None;
+        }
+        let va = self.table.within(&self.io.hints, iova, len)?;
+        let r = f(&DmaSpan { va, len });
+        self.count(write, len);
         Some(r)
     }
 }
