@@ -670,22 +670,16 @@ impl NicInner {
         // Frames that only go to the wire (no loopback inside the NIC) are
         // handed to the fabric a run at a time, in order; the others one
         // by one between them, as before.
+        let wire_only = |f: &[u8], own: bool| TxOrigin { own, ..origin }.wire_only(f);
         let mut frames = out.frames.drain(..).zip(out.own.drain(..)).peekable();
         while let Some((f, own)) = frames.next() {
-            let o = TxOrigin { own, ..origin };
-            if !o.wire_only(&f) {
-                self.transmit(f, o);
+            if !wire_only(&f, own) {
+                self.transmit(f, TxOrigin { own, ..origin });
                 continue;
             }
             let run = std::iter::from_fn(|| {
                 frames
-                    .next_if(|(f, own)| {
-                        TxOrigin {
-                            own: *own,
-                            ..origin
-                        }
-                        .wire_only(f)
-                    })
+                    .next_if(|(f, own)| wire_only(f, *own))
                     .map(|(f, _)| f)
             });
             self.fabric
@@ -985,15 +979,11 @@ struct RxTally {
 
 impl RxTally {
     fn add_to(&self, c: &Counters) {
-        for (counter, n) in [
+        crate::stats::add_counts([
             (&c.rx_delivered, self.delivered),
             (&c.rx_bytes, self.bytes),
             (&c.rx_cqes, self.cqes),
-        ] {
-            if n != 0 {
-                counter.fetch_add(n, Ordering::Relaxed);
-            }
-        }
+        ]);
     }
 }
 

@@ -100,6 +100,11 @@ impl Ring {
 /// Mask of 24-bit counters.
 pub(crate) const MASK24: u32 = 0x00ff_ffff;
 
+/// Byte offsets in a CQE of the two 16-bit fields a reader snapshots
+/// (written with release stores, after the body).
+const CQE_WQE_ID_OFF: usize = (Cqe64::WQE_ID.bit() / 8) as usize;
+const CQE_WQE_COUNTER_OFF: usize = (Cqe64::WQE_COUNTER.bit() / 8) as usize;
+
 /// An event queue.
 #[derive(Debug)]
 pub(crate) struct Eq {
@@ -272,8 +277,7 @@ impl Cq {
         let slot = u64::from(self.pc & (n - 1));
         let off = slot * u64::from(self.cqe_bytes) + u64::from(self.cqe_bytes - 64);
         let owner = ((self.pc >> self.log_size) & 1) as u8;
-        let wqe_id = (Cqe64::WQE_ID.bit() / 8) as usize;
-        let counter = (Cqe64::WQE_COUNTER.bit() / 8) as usize;
+        let (wqe_id, counter) = (CQE_WQE_ID_OFF, CQE_WQE_COUNTER_OFF);
         let v = View::<Cqe64>::new(cqe).expect("64 bytes");
         let wqe_counter = v.get32(Cqe64::WQE_COUNTER) as u16;
         let wqe_id_v = v.get32(Cqe64::WQE_ID) as u16;
@@ -326,8 +330,7 @@ impl Cq {
         wqe_id_v: u16,
         op_own: u8,
     ) -> Result<(), DmaFault> {
-        let wqe_id = (Cqe64::WQE_ID.bit() / 8) as usize;
-        let counter = (Cqe64::WQE_COUNTER.bit() / 8) as usize;
+        let (wqe_id, counter) = (CQE_WQE_ID_OFF, CQE_WQE_COUNTER_OFF);
         self.ring
             .write(io, off, &cqe[..wqe_id])
             .and_then(|_| self.ring.write(io, off + 4, &cqe[4..counter]))

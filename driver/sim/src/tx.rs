@@ -372,16 +372,12 @@ pub(crate) fn doorbell(
     }
     sq.wqe_buf = wqe_buf;
     let c = &nic.stats;
-    for (counter, n) in [
+    crate::stats::add_counts([
         (&c.wqes, sq.wqes - wqes),
         (&c.tx_frames, sq.frames - frames),
         (&c.tx_bytes, sq.bytes - bytes),
         (&c.tx_cqes, req_cqes),
-    ] {
-        if n != 0 {
-            counter.fetch_add(n, Ordering::Relaxed);
-        }
-    }
+    ]);
 }
 
 #[allow(clippy::too_many_arguments)]
