@@ -82,13 +82,13 @@ impl<T: Transport, C> Rpc<T, C> {
         if !self.stallq.is_empty() {
             self.process_stallq();
         }
-        if !self.bg.backlog.is_empty() || self.bg.outstanding != 0 {
+        if self.bg_busy() {
             self.process_bg();
         }
         if self.sm_or_timers_due() {
             self.process_sm_and_timers(ctx);
         }
-        if self.wheel.as_ref().is_some_and(|w| !w.is_empty()) {
+        if self.wheel_busy() {
             self.process_wheel();
         }
         self.pending = self.pending_now();
@@ -96,17 +96,22 @@ impl<T: Transport, C> Rpc<T, C> {
 
     /// The `pending` bits of the queues as they are.
     fn pending_now(&self) -> u8 {
-        let mut p = 0;
-        if !self.stallq.is_empty() {
-            p |= PENDING_STALLQ;
-        }
-        if !self.bg.backlog.is_empty() || self.bg.outstanding != 0 {
-            p |= PENDING_BG;
-        }
-        if self.wheel.as_ref().is_some_and(|w| !w.is_empty()) {
-            p |= PENDING_WHEEL;
-        }
-        p
+        let bit = |on: bool, b: u8| if on { b } else { 0 };
+        bit(!self.stallq.is_empty(), PENDING_STALLQ)
+            | bit(self.bg_busy(), PENDING_BG)
+            | bit(self.wheel_busy(), PENDING_WHEEL)
+    }
+
+    /// Background jobs queued here or running on a worker.
+    #[inline]
+    fn bg_busy(&self) -> bool {
+        !self.bg.backlog.is_empty() || self.bg.outstanding != 0
+    }
+
+    /// Packets in the timing wheel (scheduled or ready).
+    #[inline]
+    fn wheel_busy(&self) -> bool {
+        self.wheel.as_ref().is_some_and(|w| !w.is_empty())
     }
 
     /// SM packets and failure notices, and the periodic work (the loss

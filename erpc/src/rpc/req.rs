@@ -520,12 +520,12 @@ impl<T: Transport, C> Rpc<T, C> {
         // One lookup for the request number and the state change.
         let slot = &mut self.session_mut(sn).expect("exists").slots[i];
         slot.server.state = SrvState::InHandler;
+        let req_num = slot.cur_req_num;
         let handle = ReqHandle {
             session: sn,
             slot: i as u8,
-            req_num: slot.cur_req_num,
+            req_num,
         };
-        let req_num = handle.req_num;
         let data: &[u8] = match &req {
             Ok(m) => m.data(),
             Err(d) => d,
