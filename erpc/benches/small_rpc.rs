@@ -176,15 +176,7 @@ fn raw_echo<T: Transport>(a: &mut T, b: &mut T, mut between: impl FnMut(), dur: 
     b.fill_headroom(&rb, &mut frame_b[..42], flen);
     let mut ring_a = a.take_rx_ring().expect("the RX ring");
     let mut ring_b = b.take_rx_ring().expect("the RX ring");
-    let item = |route, pkt| TxItem {
-        route,
-        pkt,
-        pkt_iova: 0,
-        data: &[],
-        data_iova: 0,
-        lkey: 0,
-        drop: false,
-    };
+    let item = |route, pkt| TxItem::unregistered(route, pkt, &[]);
     let burst_a: Vec<_> = (0..16).map(|_| item(&ra, &frame_a[..])).collect();
     let burst_b: Vec<_> = (0..16).map(|_| item(&rb, &frame_b[..])).collect();
     let (mut in_flight, mut done) = (0usize, 0u64);
@@ -362,15 +354,7 @@ fn udp_raw_echo_threads(dur: Duration) -> f64 {
                 let req = [0u8; PKTHDR_BYTES + MSG];
                 let mut rsp = [0u8; PKTHDR_BYTES + MSG];
                 rsp[42] = 1;
-                let item = |pkt| TxItem {
-                    route: &peer,
-                    pkt,
-                    pkt_iova: 0,
-                    data: &[],
-                    data_iova: 0,
-                    lkey: 0,
-                    drop: false,
-                };
+                let item = |pkt| TxItem::unregistered(&peer, pkt, &[]);
                 let reqs: Vec<_> = (0..16).map(|_| item(&req[..])).collect();
                 let rsps: Vec<_> = (0..16).map(|_| item(&rsp[..])).collect();
                 let (mut in_flight, mut done, mut head) = (0usize, 0u64, 0usize);

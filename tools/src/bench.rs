@@ -1153,15 +1153,7 @@ impl<T: Transport> EchoNode<'_, T> {
             let items: ArrayVec<TxItem<'_, T::Route>, 16> = (0..k)
                 .map(|j| {
                     let buf = if j < nreq { req } else { resp };
-                    TxItem {
-                        route,
-                        pkt: &buf.as_slice()[..len],
-                        pkt_iova: buf.iova(),
-                        data: &[],
-                        data_iova: 0,
-                        lkey: buf.lkey(),
-                        drop: false,
-                    }
+                    TxItem::contiguous(route, &buf.as_slice()[..len], buf.iova(), buf.lkey())
                 })
                 .collect();
             let sent = self.t.tx_burst(&items).min(k);

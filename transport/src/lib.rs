@@ -94,7 +94,38 @@ pub struct TxItem<'a, R> {
     pub drop: bool,
 }
 
-impl<R> TxItem<'_, R> {
+impl<'a, R> TxItem<'a, R> {
+    /// One contiguous frame (headroom, eRPC header and data) at IOVA
+    /// `pkt_iova` in memory registered under `lkey`.
+    #[inline]
+    pub fn contiguous(route: &'a R, pkt: &'a [u8], pkt_iova: u64, lkey: u32) -> Self {
+        TxItem {
+            route,
+            pkt,
+            pkt_iova,
+            data: &[],
+            data_iova: 0,
+            lkey,
+            drop: false,
+        }
+    }
+
+    /// A frame in memory no NIC reads (for transports that copy it, such as
+    /// kernel sockets): header slot `pkt` and the `data` that follows it on
+    /// the wire (empty if `pkt` holds everything), without IOVAs or key.
+    #[inline]
+    pub fn unregistered(route: &'a R, pkt: &'a [u8], data: &'a [u8]) -> Self {
+        TxItem {
+            route,
+            pkt,
+            pkt_iova: 0,
+            data,
+            data_iova: 0,
+            lkey: 0,
+            drop: false,
+        }
+    }
+
     /// Bytes on the wire after the Ethernet/IP/UDP headers (eRPC header + data).
     #[inline]
     pub fn payload_len(&self) -> usize {

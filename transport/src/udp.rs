@@ -919,15 +919,7 @@ mod tests {
             .collect();
         let items: Vec<_> = pkts
             .iter()
-            .map(|pkt| TxItem {
-                route: &route,
-                pkt,
-                pkt_iova: 0,
-                data: &[],
-                data_iova: 0,
-                lkey: 0,
-                drop: false,
-            })
+            .map(|pkt| TxItem::unregistered(&route, pkt, &[]))
             .collect();
         assert_eq!(a.tx_burst(&items), 8);
         assert!(!a.gso, "GSO off after the refusal");

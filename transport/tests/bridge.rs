@@ -265,15 +265,7 @@ fn run_udp_server() {
             let seq = u32::from_le_bytes(p[..4].try_into().unwrap());
             let len = HEADROOM_BYTES + p.len();
             pkt[HEADROOM_BYTES..len].copy_from_slice(p);
-            let item = TxItem {
-                route: &to_client,
-                pkt: &pkt[..len],
-                pkt_iova: 0,
-                data: &[],
-                data_iova: 0,
-                lkey: 0,
-                drop: false,
-            };
+            let item = TxItem::unregistered(&to_client, &pkt[..len], &[]);
             while t.tx_burst(std::slice::from_ref(&item)) == 0 {}
             echoed += 1;
             if seq == STOP {
@@ -376,15 +368,7 @@ fn bridge_peer() {
         }
     };
     let send = |t: &mut Mlx5Transport<SimBackend>, b: &Buffer, len: usize| {
-        let item = TxItem {
-            route: &route,
-            pkt: &b.as_slice()[..len],
-            pkt_iova: b.iova(),
-            data: &[],
-            data_iova: 0,
-            lkey: b.lkey(),
-            drop: false,
-        };
+        let item = TxItem::contiguous(&route, &b.as_slice()[..len], b.iova(), b.lkey());
         while t.tx_burst(&[item]) == 0 {}
     };
     let deadline = Instant::now() + Duration::from_secs(45);

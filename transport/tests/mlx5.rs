@@ -304,15 +304,8 @@ fn two_nics_over_a_lossy_link() {
         let b = buf.as_mut_slice();
         ta.fill_headroom(&route, &mut b[..HEADROOM_BYTES], len);
         b[42..46].copy_from_slice(&seq.to_le_bytes());
-        let item = transport::TxItem {
-            route: &route,
-            pkt: &buf.as_slice()[..len],
-            pkt_iova: buf.iova(),
-            data: &[],
-            data_iova: 0,
-            lkey: buf.lkey(),
-            drop: false,
-        };
+        let item =
+            transport::TxItem::contiguous(&route, &buf.as_slice()[..len], buf.iova(), buf.lkey());
         assert_eq!(ta.tx_burst(&[item]), 1);
         ta.tx_flush();
         fabric.advance(Duration::from_micros(1));

@@ -203,7 +203,7 @@ fn run_queue_full() {
         (0..16)
             .map(|i| TxItem {
                 drop: i == 3 || (first_drop && i == 0),
-                ..item(&to, &pkt, &[])
+                ..TxItem::unregistered(&to, &pkt, &[])
             })
             .collect()
     };
@@ -264,18 +264,6 @@ fn unhex(s: &str) -> [u8; ROUTING_INFO_BYTES] {
     out
 }
 
-fn item<'a, R>(route: &'a R, pkt: &'a [u8], data: &'a [u8]) -> TxItem<'a, R> {
-    TxItem {
-        route,
-        pkt,
-        pkt_iova: 0,
-        data,
-        data_iova: 0,
-        lkey: 0,
-        drop: false,
-    }
-}
-
 /// Echoes every packet back to the client, zero copy: the reply's data is
 /// the request's bytes in the RX ring. Stops at a STOP probe.
 fn run_server() {
@@ -312,7 +300,7 @@ fn run_server() {
             .iter()
             .filter(|&&i| probe::check(ring.packet(i).unwrap()).unwrap().stream != STREAM_STOP)
             .map(|&i| {
-                item(
+                TxItem::unregistered(
                     &to_client,
                     &hdrs[i],
                     &ring.packet(i).unwrap()[ERPC_HDR_BYTES..],
@@ -383,7 +371,7 @@ fn run_client() {
             t.stats()
         );
         if last_hello.elapsed() > Duration::from_millis(20) {
-            t.tx_burst(&[item(&to_server, &hello, &[])]);
+            t.tx_burst(&[TxItem::unregistered(&to_server, &hello, &[])]);
             last_hello = Instant::now();
         }
         let n = t.rx_burst();
@@ -424,9 +412,9 @@ fn run_client() {
                 .zip(next..)
                 .map(|(b, s)| {
                     if s % 2 == 0 {
-                        item(&to_server, &b[..], &[])
+                        TxItem::unregistered(&to_server, &b[..], &[])
                     } else {
-                        item(&to_server, &b[..PKTHDR_BYTES], &b[PKTHDR_BYTES..])
+                        TxItem::unregistered(&to_server, &b[..PKTHDR_BYTES], &b[PKTHDR_BYTES..])
                     }
                 })
                 .collect();
@@ -467,7 +455,10 @@ fn run_client() {
         0,
     );
     let before = t.stats();
-    let sent = t.tx_burst(&[item(&nowhere, &stop, &[]), item(&to_server, &stop, &[])]);
+    let sent = t.tx_burst(&[
+        TxItem::unregistered(&nowhere, &stop, &[]),
+        TxItem::unregistered(&to_server, &stop, &[]),
+    ]);
     let s = t.stats();
     assert_eq!(sent, 2);
     assert_eq!(s.tx_errors - before.tx_errors, 1, "{s:?}");

@@ -136,7 +136,7 @@ fn wildcard_bind_needs_an_advertised_address() {
     );
     let mut t = t;
     let pkt = header_slot(42, 0);
-    assert_eq!(peer.tx_burst(&[item(&route, &pkt, &[])]), 1);
+    assert_eq!(peer.tx_burst(&[TxItem::unregistered(&route, &pkt, &[])]), 1);
     assert_eq!(receive(&mut t, 1).len(), 1);
 }
 
@@ -232,18 +232,6 @@ fn header_slot(seq: u32, data_len: usize) -> Vec<u8> {
         data_len,
     );
     pkt
-}
-
-fn item<'a, R>(route: &'a R, pkt: &'a [u8], data: &'a [u8]) -> TxItem<'a, R> {
-    TxItem {
-        route,
-        pkt,
-        pkt_iova: 0,
-        data,
-        data_iova: 0,
-        lkey: 0,
-        drop: false,
-    }
 }
 
 /// Polls until `n` datagrams arrived; returns their slots' contents
@@ -361,7 +349,10 @@ fn echo_straight_from_the_rx_ring() {
             buf
         })
         .collect();
-    let items: Vec<_> = requests.iter().map(|r| item(&to_server, r, &[])).collect();
+    let items: Vec<_> = requests
+        .iter()
+        .map(|r| TxItem::unregistered(&to_server, r, &[]))
+        .collect();
     assert_eq!(client.tx_burst(&items), 16);
 
     let mut head = 0;
@@ -375,7 +366,9 @@ fn echo_straight_from_the_rx_ring() {
         let echo: Vec<_> = idx
             .iter()
             .zip(&hdrs)
-            .map(|(&i, h)| item(&to_client, h, &ring.packet(i).unwrap()[ERPC_HDR_BYTES..]))
+            .map(|(&i, h)| {
+                TxItem::unregistered(&to_client, h, &ring.packet(i).unwrap()[ERPC_HDR_BYTES..])
+            })
             .collect();
         // `ring` is borrowed by `echo` while `server` is borrowed mutably.
         assert_eq!(server.tx_burst(&echo), n);
@@ -410,7 +403,7 @@ fn datagrams_the_kernel_refuses_are_lost_and_counted_not_retried() {
     let items: Vec<_> = pkts
         .iter()
         .zip(routes)
-        .map(|(p, r)| item(r, p, &[]))
+        .map(|(p, r)| TxItem::unregistered(r, p, &[]))
         .collect();
     assert_eq!(a.tx_burst(&items), 5);
     let s = a.stats();
@@ -434,7 +427,10 @@ fn bursts_over_tx_burst_max_are_split_into_batches() {
     let mut b = UdpTransport::new(&UdpConfig::loopback()).unwrap();
     let route = a.resolve(&b.local_routing_info()).unwrap();
     let pkts: Vec<Vec<u8>> = (0..10).map(|s| header_slot(s, 0)).collect();
-    let mut items: Vec<_> = pkts.iter().map(|p| item(&route, p, &[])).collect();
+    let mut items: Vec<_> = pkts
+        .iter()
+        .map(|p| TxItem::unregistered(&route, p, &[]))
+        .collect();
     items[5].drop = true;
     assert_eq!(a.tx_burst(&items), 10);
     let s = a.stats();
@@ -582,7 +578,7 @@ fn datagrams_to_an_rss_peer_leave_from_the_port_its_rss_needs() {
     let items: Vec<_> = pkts
         .iter()
         .zip(&order)
-        .map(|(p, r)| item(*r, p, &[]))
+        .map(|(p, r)| TxItem::unregistered(*r, p, &[]))
         .collect();
     assert_eq!(t.tx_burst(&items), 7);
     let got = recv_sources(&peer, 7);
@@ -665,7 +661,10 @@ fn pcap_capture_writes_the_framing_datagrams_would_have_had() {
     };
     let p1_hdr = header_slot(1, 500);
     let p1_data: Vec<u8> = (0..500u32).map(|i| i as u8).collect();
-    let items = [item(&to_b, &p0, &[]), item(&to_b, &p1_hdr, &p1_data)];
+    let items = [
+        TxItem::unregistered(&to_b, &p0, &[]),
+        TxItem::unregistered(&to_b, &p1_hdr, &p1_data),
+    ];
     assert_eq!(a.tx_burst(&items), 2);
     // And a datagram from a plain socket that the ring rejects (too short).
     let plain = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -772,7 +771,9 @@ fn runs_to_one_peer_with_one_size_go_as_one_send_and_arrive_one_by_one() {
     let items: Vec<_> = plan
         .iter()
         .zip(&pkts)
-        .map(|(&(b, _, _), (pkt, data))| item(if b { &to_b } else { &to_c }, pkt, data))
+        .map(|(&(b, _, _), (pkt, data))| {
+            TxItem::unregistered(if b { &to_b } else { &to_c }, pkt, data)
+        })
         .collect();
     assert_eq!(a.tx_burst(&items), 16);
     // Sends: 0..5 (GSO), 5 alone, 6..10 (GSO), 10..13 (GSO), 13..16 (one

@@ -904,15 +904,7 @@ mod tests {
         let len = frame.len();
         t.fill_headroom(route, &mut frame[..HEADROOM_BYTES], len);
         frame[HEADROOM_BYTES..].copy_from_slice(payload);
-        let item = TxItem {
-            route,
-            pkt: &frame,
-            pkt_iova: 0,
-            data: &[],
-            data_iova: 0,
-            lkey: 0,
-            drop: false,
-        };
+        let item = TxItem::unregistered(route, &frame, &[]);
         for _ in 0..n {
             assert_eq!(t.tx_burst(std::slice::from_ref(&item)), 1);
         }

@@ -98,18 +98,6 @@ struct Row {
     lost: u64,
 }
 
-fn item<'a>(route: &'a UdpRoute, pkt: &'a [u8], data: &'a [u8]) -> TxItem<'a, UdpRoute> {
-    TxItem {
-        route,
-        pkt,
-        pkt_iova: 0,
-        data,
-        data_iova: 0,
-        lkey: 0,
-        drop: false,
-    }
-}
-
 fn seq_of(p: &[u8]) -> u64 {
     u64::from_le_bytes(p[..8].try_into().unwrap())
 }
@@ -164,7 +152,7 @@ impl TransportEcho {
             let m = (n - sent).min(UDP_BURST).min(self.t.tx_burst_max());
             let burst: [TxItem<'_, UdpRoute>; UDP_BURST] = std::array::from_fn(|k| {
                 let i = (self.head + sent + k.min(m - 1)) % entries;
-                item(route, &hdrs[i], &ring.packet(i).unwrap()[ERPC_HDR_BYTES..])
+                TxItem::unregistered(route, &hdrs[i], &ring.packet(i).unwrap()[ERPC_HDR_BYTES..])
             });
             sent += self.t.tx_burst(&burst[..m]);
         }
@@ -205,14 +193,19 @@ impl TransportClient {
 
     fn send_seq(&mut self, seq: u64) {
         self.pkts[0][HEADROOM_BYTES..HEADROOM_BYTES + 8].copy_from_slice(&seq.to_le_bytes());
-        while self.t.tx_burst(&[item(&self.route, &self.pkts[0], &[])]) == 0 {}
+        while self
+            .t
+            .tx_burst(&[TxItem::unregistered(&self.route, &self.pkts[0], &[])])
+            == 0
+        {}
     }
 
     /// Sends up to `n` packets as one burst; returns how many went.
     fn send_burst(&mut self, n: usize) -> usize {
         let n = n.min(self.pkts.len());
-        let burst: [TxItem<'_, UdpRoute>; UDP_BURST] =
-            std::array::from_fn(|k| item(&self.route, &self.pkts[k.min(n - 1)], &[]));
+        let burst: [TxItem<'_, UdpRoute>; UDP_BURST] = std::array::from_fn(|k| {
+            TxItem::unregistered(&self.route, &self.pkts[k.min(n - 1)], &[])
+        });
         self.t.tx_burst(&burst[..n])
     }
 

@@ -111,15 +111,12 @@ impl Node {
     ) -> [TxItem<'a, Mlx5Route>; MAX_BURST] {
         std::array::from_fn(|k| {
             let b = &bufs[k.min(n.max(1) - 1)];
-            TxItem {
+            TxItem::contiguous(
                 route,
-                pkt: &b.as_slice()[..PKTHDR_BYTES + DATA_BYTES],
-                pkt_iova: b.iova(),
-                data: &[],
-                data_iova: 0,
-                lkey: b.lkey(),
-                drop: false,
-            }
+                &b.as_slice()[..PKTHDR_BYTES + DATA_BYTES],
+                b.iova(),
+                b.lkey(),
+            )
         })
     }
 }
