@@ -1061,3 +1061,431 @@ fn a_cpp_raw_client_reaches_the_mlx5_transport_with_zero_checksums() {
     assert_eq!(node.ctx.handled, 1);
     assert_eq!(node.rpc.stats().total_drops(), 0, "{}", node.rpc.stats());
 }
+
+/// Our server Rpc with a C++ DPDK client connected; returns our session
+/// number (the one the C++ client addresses).
+fn cpp_client_connected(seed: u64) -> (Bench<Ctx>, u16) {
+    let mut b = server_bench(seed);
+    let req = cpp_connect_req(&b, cpp::DPDK);
+    b.net.sm_hub().inject(&b.our_uri, &req);
+    let resp = b.sm_pkt();
+    assert_eq!(
+        (cpp::sm_type(&resp), cpp::sm_err(&resp)),
+        (cpp::CONNECT_RESP, 0)
+    );
+    let sn = cpp::ep_session(cpp::ep(&resp, cpp::SERVER));
+    (b, sn)
+}
+
+/// One C++ request packet: header and the packet's share of `body`.
+fn cpp_req_pkt(req_type: u8, sn: u16, pkt_num: u16, req_num: u64, body: &[u8]) -> Vec<u8> {
+    let at = usize::from(pkt_num) * 968;
+    let mut p = cpp::hdr(req_type, body.len() as u32, sn, cpp::REQ, pkt_num, req_num).to_vec();
+    p.extend_from_slice(&body[at..(at + 968).min(body.len())]);
+    p
+}
+
+/// What a C++ client does after its retransmission timeout (go-back-N:
+/// `num_tx` rolled back to `num_rx`, then request packets or RFRs resent
+/// from there), and what a C++ server answers each resent packet with,
+/// which is what ours must answer: the credit return again for a request
+/// packet but the last, response packet 0 again for the last one once the
+/// response exists, the asked response packet again for an RFR; never the
+/// handler again. Stale and future packets get nothing.
+#[test]
+fn a_cpp_client_going_back_n_gets_what_a_cpp_server_resends() {
+    let (mut b, sn) = cpp_client_connected(11);
+    let mut body = vec![0u8; 2036];
+    fill_pattern(&mut body, 31);
+
+    // Request 8 (slot 0): three packets, a three-packet ECHO response.
+    b.send(&cpp_req_pkt(ECHO, sn, 0, 8, &body));
+    let cr0 = b.frames(1);
+    assert_eq!(cr0.len(), 1);
+    let (_, h, d) = b.ours(&cr0[0]);
+    assert_eq!(
+        (h.pkt_type, h.pkt_num, h.req_num, h.msg_size),
+        (cpp::CR, 0, 8, 0)
+    );
+    assert!(d.is_empty());
+    // The credit return was lost: C++ resends packet 0.
+    b.send(&cpp_req_pkt(ECHO, sn, 0, 8, &body));
+    assert_eq!(b.frames(1), cr0, "the same credit return again");
+    b.send(&cpp_req_pkt(ECHO, sn, 1, 8, &body));
+    let cr1 = b.frames(1);
+    let (_, h, _) = b.ours(&cr1[0]);
+    assert_eq!((h.pkt_type, h.pkt_num), (cpp::CR, 1));
+    b.send(&cpp_req_pkt(ECHO, sn, 2, 8, &body));
+    let r2 = b.frames(1);
+    assert_eq!(r2.len(), 1);
+    let (_, h, d) = b.ours(&r2[0]);
+    assert_eq!(
+        h,
+        cpp::Hdr {
+            req_type: ECHO,
+            msg_size: 2036,
+            dsn: CPP_CLIENT_SESSION,
+            pkt_type: cpp::RESP,
+            pkt_num: 2,
+            req_num: 8,
+        }
+    );
+    assert_eq!(d.len(), 968);
+    assert_eq!(b.ctx.handled, 1);
+    // The first response packet was lost: C++ (num_rx 2 after both
+    // credit returns) resends request packet 2; a lost CR 1 as well makes
+    // it resend packets 1 and 2.
+    b.send(&cpp_req_pkt(ECHO, sn, 2, 8, &body));
+    assert_eq!(b.frames(1), r2, "response packet 0 again, byte for byte");
+    b.send(&cpp_req_pkt(ECHO, sn, 1, 8, &body));
+    b.send(&cpp_req_pkt(ECHO, sn, 2, 8, &body));
+    let f = b.frames(2);
+    assert_eq!(f, [cr1[0].clone(), r2[0].clone()]);
+    // RFRs: C++ has sent 3 packets, so they are numbered 3 and 4; the
+    // answer to 3 was lost and C++ resends both.
+    b.send(&cpp::ctrl(ECHO, sn, cpp::RFR, 3, 8));
+    b.send(&cpp::ctrl(ECHO, sn, cpp::RFR, 4, 8));
+    let r34 = b.frames(2);
+    assert_eq!(r34.len(), 2);
+    for (f, n) in r34.iter().zip([3u16, 4]) {
+        let (_, h, _) = b.ours(f);
+        assert_eq!(
+            (h.pkt_type, h.pkt_num, h.req_num, h.msg_size),
+            (cpp::RESP, n, 8, 2036)
+        );
+    }
+    b.send(&cpp::ctrl(ECHO, sn, cpp::RFR, 3, 8));
+    b.send(&cpp::ctrl(ECHO, sn, cpp::RFR, 4, 8));
+    assert_eq!(b.frames(2), r34, "the same response packets again");
+    let echoed: Vec<u8> = [&r2[0], &r34[0], &r34[1]]
+        .iter()
+        .flat_map(|f| b.ours(f).2.to_vec())
+        .collect();
+    assert!(echoed.iter().zip(&body).all(|(e, o)| *e == o ^ 0x5a));
+    assert_eq!(echoed.len(), 2036);
+    // Past the response: nothing.
+    b.send(&cpp::ctrl(ECHO, sn, cpp::RFR, 5, 8));
+    b.run(50);
+    assert!(b.net.take_captured(b.cpp_ep).is_empty());
+    assert_eq!(b.ctx.handled, 1, "the handler ran once");
+
+    // The next request on slot 0 (16), then a massively delayed copy of
+    // request 8: dropped, as C++ drops it.
+    b.send(&cpp_req_pkt(ECHO, sn, 0, 16, b"next"));
+    let f = b.frames(1);
+    let (_, h, d) = b.ours(&f[0]);
+    assert_eq!(
+        (h.pkt_type, h.pkt_num, h.req_num, h.msg_size),
+        (cpp::RESP, 0, 16, 4)
+    );
+    assert_eq!(d, b"next".map(|c| c ^ 0x5a));
+    let stale = b.rpc.stats().drops(DropReason::StaleReqNum);
+    b.send(&cpp_req_pkt(ECHO, sn, 2, 8, &body));
+    b.run(50);
+    assert!(b.net.take_captured(b.cpp_ep).is_empty());
+    assert_eq!(b.rpc.stats().drops(DropReason::StaleReqNum), stale + 1);
+
+    // Request 9 (slot 1) whose packet 0 was lost: packet 1 is out of
+    // order and gets nothing; C++ resends from packet 0.
+    b.send(&cpp_req_pkt(ECHO, sn, 1, 9, &body));
+    b.run(50);
+    assert!(b.net.take_captured(b.cpp_ep).is_empty());
+    b.send(&cpp_req_pkt(ECHO, sn, 0, 9, &body));
+    let f = b.frames(1);
+    let (_, h, _) = b.ours(&f[0]);
+    assert_eq!((h.pkt_type, h.pkt_num, h.req_num), (cpp::CR, 0, 9));
+    assert_eq!(b.ctx.handled, 2);
+    assert!(b.ctx.errors.is_empty(), "{:?}", b.ctx.errors);
+}
+
+fn client_bench(seed: u64) -> Bench<Client> {
+    let cfg = RpcConfig {
+        transport_type: TransportType::Dpdk,
+        ..RpcConfig::default()
+    };
+    Bench::new(
+        seed,
+        "client:31850",
+        0,
+        cfg,
+        |n| n,
+        Client::default(),
+        Some(client_event),
+    )
+}
+
+/// The answer of a C++ server to connect request `req`: the request
+/// copied with the response type and `err` (C++ `sm_construct_resp`), and
+/// for a success the server's session number and DPDK routing info.
+fn cpp_connect_answer(b: &Bench<Client>, req: &[u8; 392], err: i32) -> [u8; 392] {
+    let mut p = *req;
+    p[0..4].copy_from_slice(&cpp::CONNECT_RESP.to_le_bytes());
+    p[4..8].copy_from_slice(&err.to_le_bytes());
+    if err == 0 {
+        let s = cpp::SERVER;
+        p[s + 136..s + 138].copy_from_slice(&CPP_SERVER_SESSION.to_le_bytes());
+        p[s + 138..s + 186].copy_from_slice(&cpp_routing(b, 3));
+    }
+    p
+}
+
+/// Our client connected to a C++ server; returns the session number.
+fn connected_to_cpp(b: &mut Bench<Client>) -> u16 {
+    let sn = b
+        .rpc
+        .create_session("cpp-peer:31850", CPP_SERVER_RPC)
+        .unwrap();
+    let req = b.sm_pkt();
+    let resp = cpp_connect_answer(b, &req, 0);
+    b.net.sm_hub().inject(&b.our_uri, &resp);
+    b.run(10);
+    assert!(b.rpc.is_connected(sn));
+    sn
+}
+
+/// Our client's loss recovery, as a C++ server sees it: after the
+/// retransmission timeout (5 ms) the client resends, byte for byte, the
+/// packets after the last one the server acknowledged (go-back-N), so a C++
+/// server finds each in order: request packets it has not returned a
+/// credit for, or RFRs numbered as before.
+#[test]
+fn our_client_goes_back_n_as_a_cpp_server_expects() {
+    let mut b = client_bench(12);
+    let sn = connected_to_cpp(&mut b);
+
+    // A lost single-packet request: the same frame again after the RTO.
+    enqueue(&mut b, sn, 9, b"lost once", 64);
+    let first = b.frames(1);
+    assert_eq!(first.len(), 1);
+    let t0 = b.rpc.now_ns();
+    let again = b.frames(1);
+    let waited = b.rpc.now_ns() - t0;
+    assert_eq!(again, first, "the same request packet");
+    assert!(
+        (4_900_000..6_000_000).contains(&waited),
+        "resent after {waited} ns"
+    );
+    let (_, h, _) = b.ours(&first[0]);
+    assert_eq!((h.pkt_type, h.pkt_num, h.req_num), (cpp::REQ, 0, 8));
+    let mut p = cpp::hdr(9, 2, sn, cpp::RESP, 0, 8).to_vec();
+    p.extend_from_slice(b"ok");
+    b.send(&p);
+    b.run(10);
+    assert_eq!(b.ctx.done, vec![(Ok(()), b"ok".to_vec())]);
+
+    // A three-packet request whose credit return for packet 1 is lost:
+    // packets 1 and 2 again, as they were.
+    let mut body = vec![0u8; 2036];
+    fill_pattern(&mut body, 8);
+    enqueue(&mut b, sn, 9, &body, 64);
+    let sent = b.frames(3);
+    assert_eq!(sent.len(), 3);
+    let rn = b.ours(&sent[0]).1.req_num;
+    assert_eq!(rn, 16, "slot 0's second request");
+    for (k, f) in sent.iter().enumerate() {
+        let (_, h, d) = b.ours(f);
+        assert_eq!(
+            (h.pkt_type, h.pkt_num, h.msg_size),
+            (cpp::REQ, k as u16, 2036)
+        );
+        assert_eq!(d, &body[k * 968..(k * 968 + 968).min(2036)]);
+    }
+    b.send(&cpp::ctrl(9, sn, cpp::CR, 0, rn));
+    let resent = b.frames(2);
+    assert_eq!(resent, sent[1..], "go-back-N from the first unacknowledged");
+    b.send(&cpp::ctrl(9, sn, cpp::CR, 1, rn));
+    b.send(&cpp::hdr(9, 0, sn, cpp::RESP, 2, rn));
+    b.run(10);
+    assert_eq!(b.ctx.done.len(), 2);
+    assert_eq!(b.ctx.done[1], (Ok(()), Vec::new()));
+
+    // A four-packet response whose packets 2 and 3 are lost: the RFRs
+    // for them (numbered 2 and 3, as C++ expects them) again.
+    let mut big = vec![0u8; 3000];
+    fill_pattern(&mut big, 9);
+    enqueue(&mut b, sn, 9, b"big", 4000);
+    let f = b.frames(1);
+    let rn = b.ours(&f[0]).1.req_num;
+    let resp_pkt = |k: u16| {
+        let at = usize::from(k) * 968;
+        let mut p = cpp::hdr(9, 3000, sn, cpp::RESP, k, rn).to_vec();
+        p.extend_from_slice(&big[at..(at + 968).min(3000)]);
+        p
+    };
+    b.send(&resp_pkt(0));
+    let rfrs = b.frames(3);
+    assert_eq!(rfrs.len(), 3);
+    for (f, k) in rfrs.iter().zip(1u16..) {
+        let (_, h, d) = b.ours(f);
+        assert_eq!(
+            (h.pkt_type, h.pkt_num, h.req_num, h.msg_size),
+            (cpp::RFR, k, rn, 0)
+        );
+        assert!(d.is_empty());
+    }
+    b.send(&resp_pkt(1));
+    let again = b.frames(2);
+    assert_eq!(again, rfrs[1..], "RFRs 2 and 3 again");
+    b.send(&resp_pkt(2));
+    b.send(&resp_pkt(3));
+    b.run(10);
+    assert_eq!(b.ctx.done.len(), 3);
+    assert_eq!(b.ctx.done[2], (Ok(()), big.clone()));
+    // A late copy of a response packet changes nothing.
+    b.send(&resp_pkt(3));
+    b.run(10);
+    assert!(b.net.take_captured(b.cpp_ep).is_empty());
+    assert_eq!(b.ctx.done.len(), 3);
+    assert_eq!(b.rpc.session_retransmits(sn), Some(3));
+    assert_eq!(b.rpc.session_credits(sn), Some(32), "every credit home");
+    b.rpc.check_credit_invariant().unwrap();
+}
+
+/// A C++ server's response larger than our response buffer fails that
+/// request with `ResponseTooLarge` (C++ itself would overrun its buffer);
+/// no RFR is sent for the rest, and the next request on the slot is the
+/// next number, which a C++ server takes.
+#[test]
+fn a_cpp_response_larger_than_the_buffer_fails_only_its_request() {
+    let mut b = client_bench(13);
+    let sn = connected_to_cpp(&mut b);
+    enqueue(&mut b, sn, 9, b"small buffer", 64);
+    let f = b.frames(1);
+    assert_eq!(b.ours(&f[0]).1.req_num, 8);
+    let mut p = cpp::hdr(9, 5000, sn, cpp::RESP, 0, 8).to_vec();
+    p.extend_from_slice(&[7; 968]);
+    b.send(&p);
+    b.run(50);
+    assert!(b.net.take_captured(b.cpp_ep).is_empty(), "no RFR");
+    assert_eq!(b.ctx.done.len(), 1);
+    assert_eq!(
+        b.ctx.done[0].0,
+        Err(erpc::RpcError::ResponseTooLarge {
+            size: 5000,
+            capacity: 64
+        })
+    );
+    assert_eq!(b.rpc.session_credits(sn), Some(32));
+    enqueue(&mut b, sn, 9, b"again", 64);
+    let f = b.frames(1);
+    let (_, h, _) = b.ours(&f[0]);
+    assert_eq!((h.pkt_type, h.req_num), (cpp::REQ, 16));
+    let mut p = cpp::hdr(9, 3, sn, cpp::RESP, 0, 16).to_vec();
+    p.extend_from_slice(b"yes");
+    b.send(&p);
+    b.run(10);
+    assert_eq!(b.ctx.done[1], (Ok(()), b"yes".to_vec()));
+}
+
+/// The errors a C++ server (or its SM thread) answers a connect request
+/// with end our connect with that error; until answered, the request goes
+/// out again every 100 ms, unchanged, so the C++ server can recognise it
+/// by its token. A late duplicate of an answer changes nothing.
+#[test]
+fn our_client_takes_a_cpp_servers_connect_errors() {
+    let mut b = client_bench(14);
+    let cases = [
+        (5, erpc::SmErr::InvalidRemoteRpcId),
+        (2, erpc::SmErr::RingExhausted),
+        (6, erpc::SmErr::InvalidTransport),
+        (4, erpc::SmErr::RoutingResolutionFailure),
+        (3, erpc::SmErr::OutOfMemory),
+    ];
+    for (k, (code, err)) in cases.into_iter().enumerate() {
+        let sn = b
+            .rpc
+            .create_session("cpp-peer:31850", CPP_SERVER_RPC)
+            .unwrap();
+        let req = b.sm_pkt();
+        assert_eq!(cpp::sm_type(&req), cpp::CONNECT_REQ);
+        if k == 0 {
+            let t0 = b.rpc.now_ns();
+            b.run(90_000);
+            assert!(
+                b.net.sm_hub().take_tapped(&b.cpp_uri).is_empty(),
+                "no retry within 90 ms"
+            );
+            let retry = b.sm_pkt();
+            let waited = b.rpc.now_ns() - t0;
+            assert_eq!(retry, req, "the same request again");
+            assert!(
+                (99_000_000..101_000_000).contains(&waited),
+                "retried after {waited} ns"
+            );
+        }
+        let resp = cpp_connect_answer(&b, &req, code);
+        b.net.sm_hub().inject(&b.our_uri, &resp);
+        b.run(10);
+        assert_eq!(
+            b.rpc.session_state(sn),
+            None,
+            "{err:?}: the session is gone"
+        );
+        assert_eq!(
+            b.ctx.events.last().map(|e| (e.session, e.kind)),
+            Some((sn, SessionEventKind::ConnectFailed(err)))
+        );
+        assert_eq!(b.rpc.rx_ring_unreserved().0, 4096);
+        let stale = b.rpc.stats().drops(DropReason::SmStale);
+        let events = b.ctx.events.len();
+        b.net.sm_hub().inject(&b.our_uri, &resp);
+        b.run(10);
+        assert_eq!(b.rpc.stats().drops(DropReason::SmStale), stale + 1);
+        assert_eq!(b.ctx.events.len(), events);
+    }
+    b.run(200_000);
+    assert!(
+        b.net.sm_hub().take_tapped(&b.cpp_uri).is_empty(),
+        "no retries after the answers"
+    );
+}
+
+/// Session management edge cases a C++ client produces: a connect request
+/// for an Rpc id nobody has (the Nexus answers "invalid remote Rpc id",
+/// the request echoed, as the C++ SM thread does), a retransmitted
+/// disconnect request after the session is gone (answered again), and a
+/// late copy of the connect request after the disconnect (ignored, never
+/// a new session).
+#[test]
+fn a_cpp_clients_session_management_edge_cases() {
+    let mut b = server_bench(15);
+    let client = cpp::endpoint(
+        cpp::DPDK,
+        "cpp-peer",
+        31850,
+        CPP_CLIENT_RPC,
+        CPP_CLIENT_SESSION,
+        &cpp_routing(&b, 0),
+    );
+    let nobody = cpp::endpoint(cpp::DPDK, "server", 31850, 9, 0xffff, &[0; 48]);
+    let req = cpp::sm(cpp::CONNECT_REQ, 0, TOKEN ^ 1, &client, &nobody);
+    b.net.sm_hub().inject(&b.our_uri, &req);
+    let resp = b.sm_pkt();
+    assert_eq!(cpp::sm_type(&resp), cpp::CONNECT_RESP);
+    assert_eq!(cpp::sm_err(&resp), 5, "invalid remote Rpc id");
+    assert_eq!(&resp[8..], &req[8..], "token and endpoints echoed");
+    assert_eq!(b.rpc.num_sessions(), 0);
+
+    // Connect, then disconnect twice (the first answer was lost).
+    let req = cpp_connect_req(&b, cpp::DPDK);
+    b.net.sm_hub().inject(&b.our_uri, &req);
+    let resp = b.sm_pkt();
+    assert_eq!(cpp::sm_err(&resp), 0);
+    let server: [u8; 188] = cpp::ep(&resp, cpp::SERVER).try_into().unwrap();
+    let disc = cpp::sm(cpp::DISCONNECT_REQ, 0, TOKEN, &client, &server);
+    for _ in 0..2 {
+        b.net.sm_hub().inject(&b.our_uri, &disc);
+        let dresp = b.sm_pkt();
+        assert_eq!(cpp::sm_type(&dresp), cpp::DISCONNECT_RESP);
+        assert_eq!(cpp::sm_err(&dresp), 0);
+        assert_eq!(&dresp[8..], &disc[8..]);
+        assert_eq!(b.rpc.num_sessions(), 0);
+    }
+    // The connect request once more, late: C++ remembers the token and
+    // ignores it; so do we.
+    b.net.sm_hub().inject(&b.our_uri, &req);
+    b.run(1_000);
+    assert!(b.net.sm_hub().take_tapped(&b.cpp_uri).is_empty());
+    assert_eq!(b.rpc.num_sessions(), 0);
+    assert_eq!(b.rpc.rx_ring_unreserved().0, 4096);
+}
