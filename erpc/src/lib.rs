@@ -168,9 +168,11 @@
 //!
 //! # Unsafe code
 //!
-//! The crate denies `unsafe_code` except in two named modules: the TSC
-//! read (`clock::tsc`) and the simulated NIC's RX ring (`sim::ring`),
-//! whose slots are read in place like DMA memory.
+//! The crate denies `unsafe_code` except in three named modules: the TSC
+//! read (`clock::tsc`), the simulated NIC's RX ring (`sim::ring`), whose
+//! slots are read in place like DMA memory, and the TX batch (`rpc::tx`),
+//! whose entries are the transport's items resolved when a packet is
+//! queued, kept valid by the batch invariant documented there.
 
 #![deny(unsafe_code)]
 

@@ -52,6 +52,19 @@ pub const fn pkt_data_bytes(data_bytes: usize, pkt_idx: usize) -> usize {
     }
 }
 
+/// Packet bytes of a msgbuf as addresses ([`MsgBuf::tx_raw_parts`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TxRawParts {
+    /// Header slot (and, for packet 0, the data after it).
+    pub pkt: std::ptr::NonNull<u8>,
+    pub pkt_iova: u64,
+    pub pkt_len: u32,
+    /// Data not contiguous with the header (empty for packet 0).
+    pub data: std::ptr::NonNull<u8>,
+    pub data_iova: u64,
+    pub data_len: u32,
+}
+
 /// Where a msgbuf's memory came from, so the Rpc knows how to recycle it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Origin {
@@ -302,24 +315,36 @@ impl MsgBuf {
         self.buf.as_mut_slice()[r].copy_from_slice(data);
     }
 
-    /// The bytes and IOVAs the transport needs for packet `i`:
-    /// `(pkt, pkt_iova, data, data_iova)` as in [`transport::TxItem`].
+    /// Where packet `i`'s bytes are, for a TX queue entry that outlives
+    /// this borrow (see `rpc::tx`): the same ranges as
+    /// [`MsgBuf::tx_parts`], as addresses. Computing them reads nothing
+    /// through them. An empty data range has a dangling, non-null address.
     #[inline]
-    pub(crate) fn tx_parts(&self, i: usize) -> (&[u8], u64, &[u8], u64) {
-        let all = self.buf.as_slice();
+    pub(crate) fn tx_raw_parts(&self, i: usize) -> TxRawParts {
         if i == 0 {
-            let end = PKTHDR_BYTES + pkt_data_bytes(self.data_bytes as usize, 0);
-            (&all[..end], self.buf.iova(), &[], 0)
+            let len = PKTHDR_BYTES + pkt_data_bytes(self.data_bytes as usize, 0);
+            // The frame lies within the buffer (capacity ≥ msgbuf_bytes).
+            debug_assert!(len <= self.buf.capacity());
+            TxRawParts {
+                pkt: self.buf.ptr_at(0),
+                pkt_iova: self.buf.iova(),
+                pkt_len: len as u32,
+                data: std::ptr::NonNull::dangling(),
+                data_iova: 0,
+                data_len: 0,
+            }
         } else {
             let h = self.pkthdr_offset(i);
             let d = self.pkt_data_range(i);
-            let data_iova = self.buf.iova_at(d.start);
-            (
-                &all[h..h + PKTHDR_BYTES],
-                self.buf.iova_at(h),
-                &all[d],
-                data_iova,
-            )
+            debug_assert!(h + PKTHDR_BYTES <= self.buf.capacity());
+            TxRawParts {
+                pkt: self.buf.ptr_at(h),
+                pkt_iova: self.buf.iova_at(h),
+                pkt_len: PKTHDR_BYTES as u32,
+                data: self.buf.ptr_at(d.start),
+                data_iova: self.buf.iova_at(d.start),
+                data_len: d.len() as u32,
+            }
         }
     }
 
@@ -381,14 +406,23 @@ mod tests {
                 m.pkthdr_mut(i).fill(0x55);
             }
             assert!(m.data().iter().all(|&b| b == 0xaa));
-            // Packet 0 is one contiguous frame; later packets are header + data.
-            let (p0, _, d0, _) = m.tx_parts(0);
-            assert_eq!(p0.len(), PKTHDR_BYTES + pkt_data_bytes(max, 0));
-            assert!(d0.is_empty());
-            if n > 1 {
-                let (p, _, d, _) = m.tx_parts(n - 1);
-                assert_eq!(p.len(), PKTHDR_BYTES);
-                assert_eq!(d.len(), pkt_data_bytes(max, n - 1));
+            // Packet 0 is one contiguous frame; later packets are header +
+            // data, at the addresses (and IOVAs) of the layout.
+            let iova_of = |va: usize| m.buf.iova() + (va - m.buffer_va()) as u64;
+            let p0 = m.tx_raw_parts(0);
+            assert_eq!(p0.pkt.as_ptr() as usize, m.buffer_va());
+            assert_eq!(p0.pkt_iova, iova_of(m.buffer_va()));
+            assert_eq!(p0.pkt_len as usize, PKTHDR_BYTES + pkt_data_bytes(max, 0));
+            assert_eq!(p0.data_len, 0);
+            for i in 1..n.min(50) {
+                let p = m.tx_raw_parts(i);
+                assert_eq!(p.pkt.as_ptr() as usize, m.pkthdr_va(i));
+                assert_eq!(p.pkt_iova, iova_of(m.pkthdr_va(i)));
+                assert_eq!(p.pkt_len as usize, PKTHDR_BYTES);
+                let data_va = m.data_va() + i * MAX_DATA_PER_PKT;
+                assert_eq!(p.data.as_ptr() as usize, data_va);
+                assert_eq!(p.data_iova, iova_of(data_va));
+                assert_eq!(p.data_len as usize, pkt_data_bytes(max, i));
             }
             // Resizing keeps the headers where they were.
             let h = m.pkthdr_va(n - 1);

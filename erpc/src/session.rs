@@ -186,6 +186,9 @@ pub(crate) struct SSlot<T: Transport, C> {
     pub cur_req_num: u64,
     /// Client: the request being sent. Server: the response.
     pub tx_msgbuf: Option<MsgBuf>,
+    /// The TX batch epoch in which the slot last queued a packet of
+    /// `tx_msgbuf` (see `rpc::tx`).
+    pub tx_epoch: u64,
     pub client: ClientInfo<T, C>,
     pub server: ServerInfo,
 }
@@ -200,7 +203,10 @@ pub(crate) struct Session<T: Transport, C> {
     pub remote_uri: Uri,
     pub client_ep: SmEndpoint,
     pub server_ep: SmEndpoint,
-    pub route: Option<T::Route>,
+    /// Where packets go. In an `Rc`: queued TX entries point at it (see
+    /// `rpc::tx`), so it is never moved or written while the session is
+    /// connected.
+    pub route: Option<std::rc::Rc<T::Route>>,
     /// Client: packets we may still send before credits come back.
     pub credits: u32,
     /// The session's credits: RX ring entries it reserves at this Rpc and,
@@ -229,8 +235,10 @@ pub(crate) struct Session<T: Transport, C> {
     /// Client: Timely and pacing state (congestion control on).
     pub cc: Option<crate::cc::SessionCc>,
     /// Client: TX timestamps of each slot's packets in flight (`Rpc::tx_ts_cap`
-    /// per slot), for RTT samples; empty with congestion control off.
-    pub tx_ts: Box<[std::cell::Cell<u64>]>,
+    /// per slot), for RTT samples; empty with congestion control off. In
+    /// an `Rc` so that queued TX entries can point at their cells (see
+    /// `rpc::tx`).
+    pub tx_ts: std::rc::Rc<[std::cell::Cell<u64>]>,
     /// Server: when the session was created.
     pub created_ns: u64,
     /// Server: a request arrived on the session (it is never reclaimed;
@@ -265,6 +273,7 @@ impl<T: Transport, C> Session<T, C> {
             slots: std::array::from_fn(|i| SSlot {
                 cur_req_num: i as u64,
                 tx_msgbuf: None,
+                tx_epoch: 0,
                 client: ClientInfo::new(),
                 server: ServerInfo::new(),
             }),
@@ -277,7 +286,7 @@ impl<T: Transport, C> Session<T, C> {
             fault_drop_tx: std::cell::Cell::new(0),
             retransmits: 0,
             cc: None,
-            tx_ts: Box::new([]),
+            tx_ts: std::rc::Rc::new([]),
             created_ns: 0,
             served_any: false,
         }

@@ -1377,6 +1377,54 @@ fn a_cpp_response_larger_than_the_buffer_fails_only_its_request() {
     assert_eq!(b.ctx.done[1], (Ok(()), b"yes".to_vec()));
 }
 
+/// A server that answers before it has our whole request (a misbehaving
+/// or hostile peer) completes the request while its last packets are
+/// still in our TX batch, here because the transport refuses them. The
+/// request buffer goes back to the application at once, so those packets
+/// must never leave: they are forgotten (counted as stale), and what goes
+/// out once the transport takes packets again is only the next request,
+/// intact, even though its buffer is very likely the same memory.
+#[test]
+fn packets_still_queued_when_their_request_completes_never_leave() {
+    let mut b = client_bench(14);
+    let sn = connected_to_cpp(&mut b);
+    b.net.refuse_tx(b.our_ep, 1_000_000);
+    let mut body = vec![0u8; 2036];
+    fill_pattern(&mut body, 3);
+    enqueue(&mut b, sn, 9, &body, 64);
+    b.run(3);
+    assert!(b.rpc.stats().tx_refused >= 3, "{}", b.rpc.stats());
+    assert!(b.net.take_captured(b.cpp_ep).is_empty());
+    // Credit returns for packets 0 and 1, then the "response" to request
+    // 8, as if all three packets had arrived.
+    b.send(&cpp::ctrl(9, sn, cpp::CR, 0, 8));
+    b.send(&cpp::ctrl(9, sn, cpp::CR, 1, 8));
+    let mut p = cpp::hdr(9, 2, sn, cpp::RESP, 2, 8).to_vec();
+    p.extend_from_slice(b"ok");
+    b.send(&p);
+    b.run(3);
+    assert_eq!(
+        b.ctx.done,
+        vec![(Ok(()), b"ok".to_vec())],
+        "{}",
+        b.rpc.stats()
+    );
+    assert_eq!(b.rpc.stats().tx_stale, 3, "{}", b.rpc.stats());
+    // The next request, on the freed memory; then the transport recovers.
+    let mut next = vec![0u8; 2036];
+    fill_pattern(&mut next, 4);
+    enqueue(&mut b, sn, 9, &next, 64);
+    b.net.refuse_tx(b.our_ep, 0);
+    let sent = b.frames(3);
+    assert_eq!(sent.len(), 3, "only the new request's packets");
+    for (k, f) in sent.iter().enumerate() {
+        let (_, h, d) = b.ours(f);
+        assert_eq!((h.pkt_type, h.pkt_num, h.req_num), (cpp::REQ, k as u16, 16));
+        assert_eq!(d, &next[k * 968..(k * 968 + 968).min(2036)]);
+    }
+    b.rpc.check_credit_invariant().unwrap();
+}
+
 /// The errors a C++ server (or its SM thread) answers a connect request
 /// with end our connect with that error; until answered, the request goes
 /// out again every 100 ms, unchanged, so the C++ server can recognise it

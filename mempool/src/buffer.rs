@@ -42,6 +42,20 @@ impl Buffer {
         self.ptr.as_ptr()
     }
 
+    /// Byte `offset` (at most the capacity: one past the end is allowed),
+    /// for the CPU, e.g. for a TX queue entry that outlives a borrow of
+    /// the buffer.
+    ///
+    /// # Panics
+    /// If `offset` is beyond the capacity.
+    #[inline]
+    pub fn ptr_at(&self, offset: usize) -> NonNull<u8> {
+        assert!(offset <= self.capacity(), "offset beyond the buffer");
+        // SAFETY: within the block (or one past its end), which is one
+        // allocation, so the offset pointer is in bounds and not null.
+        unsafe { self.ptr.add(offset) }
+    }
+
     /// First byte as an integer virtual address.
     #[inline]
     pub fn va(&self) -> usize {

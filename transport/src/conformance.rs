@@ -294,15 +294,15 @@ fn item<'a, R, M: TxMemory>(route: &'a R, mem: &'a M, spec: &Spec) -> TxItem<'a,
     } else {
         (&buf[h..h + hdr_len + spec.data_len], &buf[..0])
     };
-    TxItem {
+    TxItem::new(
         route,
         pkt,
-        pkt_iova: mem.iova() + h as u64,
+        mem.iova() + h as u64,
         data,
-        data_iova: mem.iova() + d as u64,
-        lkey: mem.lkey(),
-        drop: spec.drop,
-    }
+        mem.iova() + d as u64,
+        mem.lkey(),
+        spec.drop,
+    )
 }
 
 /// TX buffers, one per sequence number modulo their count, so a buffer is

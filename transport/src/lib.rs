@@ -57,87 +57,16 @@ pub mod conformance;
 pub mod mlx5;
 pub mod pcap;
 pub mod rss;
+mod txitem;
 pub mod udp;
 pub mod wire;
+
+pub use txitem::TxItem;
 
 pub use wire::{
     ERPC_HDR_BYTES, FrameError, HEADROOM_BYTES, MAX_DATA_PER_PKT, MTU, PKTHDR_BYTES,
     ROUTING_INFO_BYTES, RoutingInfo,
 };
-
-/// One packet to send: where its bytes are, and to whom.
-///
-/// `pkt` starts at the packet header slot (headroom + eRPC header, already
-/// filled) and either covers the data too (packet 0 of a message, whose
-/// header sits right before the data; `data` is then empty) or covers only
-/// the [`PKTHDR_BYTES`] header (later packets, whose headers sit after the
-/// message data; `data` is the packet's slice of the message).
-///
-/// The memory must stay unchanged until the transport has sent it: until a
-/// later [`Transport::tx_flush`], or until the response to a request
-/// arrives (which implies the request left the NIC).
-#[derive(Debug, Clone, Copy)]
-pub struct TxItem<'a, R> {
-    /// Resolved destination.
-    pub route: &'a R,
-    /// Header slot (and, for packet 0, the data that follows it).
-    pub pkt: &'a [u8],
-    /// IOVA of `pkt[0]` (for DMA-based transports).
-    pub pkt_iova: u64,
-    /// Data that is not contiguous with the header (empty otherwise).
-    pub data: &'a [u8],
-    /// IOVA of `data[0]`.
-    pub data_iova: u64,
-    /// Memory key covering both ranges.
-    pub lkey: u32,
-    /// Fault injection: account for the packet as sent but do not send it.
-    pub drop: bool,
-}
-
-impl<'a, R> TxItem<'a, R> {
-    /// One contiguous frame (headroom, eRPC header and data) at IOVA
-    /// `pkt_iova` in memory registered under `lkey`.
-    #[inline]
-    pub fn contiguous(route: &'a R, pkt: &'a [u8], pkt_iova: u64, lkey: u32) -> Self {
-        TxItem {
-            route,
-            pkt,
-            pkt_iova,
-            data: &[],
-            data_iova: 0,
-            lkey,
-            drop: false,
-        }
-    }
-
-    /// A frame in memory no NIC reads (for transports that copy it, such as
-    /// kernel sockets): header slot `pkt` and the `data` that follows it on
-    /// the wire (empty if `pkt` holds everything), without IOVAs or key.
-    #[inline]
-    pub fn unregistered(route: &'a R, pkt: &'a [u8], data: &'a [u8]) -> Self {
-        TxItem {
-            route,
-            pkt,
-            pkt_iova: 0,
-            data,
-            data_iova: 0,
-            lkey: 0,
-            drop: false,
-        }
-    }
-
-    /// Bytes on the wire after the Ethernet/IP/UDP headers (eRPC header + data).
-    #[inline]
-    pub fn payload_len(&self) -> usize {
-        self.pkt.len() - HEADROOM_BYTES + self.data.len()
-    }
-
-    /// Whole frame length (headroom + eRPC header + data).
-    #[inline]
-    pub fn frame_len(&self) -> usize {
-        self.pkt.len() + self.data.len()
-    }
-}
 
 /// Read access to a transport's RX ring, independent of the transport's
 /// borrow. There is one handle per transport ([`Transport::take_rx_ring`]),

@@ -347,22 +347,22 @@ impl<B: HwBackend> Transport for Mlx5Transport<B> {
         let mut n = 0;
         let considered = items.len().min(self.postlist);
         for (i, item) in items[..considered].iter().enumerate() {
-            if item.drop {
+            if item.drop() {
                 self.stats.tx_dropped_on_purpose += 1;
                 continue;
             }
-            if item.frame_len() > MTU || item.pkt.len() < PKTHDR_BYTES {
+            if item.frame_len() > MTU || item.pkt().len() < PKTHDR_BYTES {
                 self.stats.tx_errors += 1;
                 continue;
             }
             frames[n] = TxFrame {
-                first: item.pkt,
-                first_iova: item.pkt_iova,
-                first_lkey: item.lkey,
+                first: item.pkt(),
+                first_iova: item.pkt_iova(),
+                first_lkey: item.lkey(),
                 rest: Gather {
-                    iova: item.data_iova,
-                    len: item.data.len() as u32,
-                    lkey: item.lkey,
+                    iova: item.data_iova(),
+                    len: item.data().len() as u32,
+                    lkey: item.lkey(),
                 },
             };
             item_of[n] = i as u8;
@@ -480,7 +480,7 @@ fn capture_tx(cap: &mut Capture, items: &[TxItem<'_, Mlx5Route>], posted: &[u8])
     let ts = Capture::now();
     for &i in posted {
         let item = &items[usize::from(i)];
-        cap.write_parts(ts, &[item.pkt, item.data]);
+        cap.write_parts(ts, &[item.pkt(), item.data()]);
     }
 }
 

@@ -496,15 +496,19 @@ impl UdpTransport {
         debug_assert!(items.len() <= self.tx_burst_max);
         let mut batch = self.tx.batch();
         for (i, item) in items.iter().enumerate() {
-            if item.drop || !well_formed(item) {
+            if item.drop() || !well_formed(item) {
                 continue;
             }
             self.tx_item_of[batch.len()] = i;
-            batch.push(&item.route.raw, &item.pkt[HEADROOM_BYTES..], item.data);
+            batch.push(
+                &item.route().raw,
+                &item.pkt()[HEADROOM_BYTES..],
+                item.data(),
+            );
         }
         let msgs = batch.len();
         let own = &self.socket;
-        let source_of = |item_of: &[usize], k: usize| match &items[item_of[k]].route.source {
+        let source_of = |item_of: &[usize], k: usize| match &items[item_of[k]].route().source {
             Some(s) => &s.socket,
             None => own,
         };
@@ -580,7 +584,7 @@ impl UdpTransport {
         };
         let mut sent_bytes = 0u64;
         for item in &items[..accepted] {
-            if item.drop {
+            if item.drop() {
                 self.stats.tx_dropped_on_purpose += 1;
             } else if !well_formed(item) {
                 self.stats.tx_errors += 1;
@@ -608,10 +612,10 @@ fn capture_tx(cap: &mut Capture, items: &[TxItem<'_, UdpRoute>], sent: &[usize])
         let item = &items[i];
         let len = item.frame_len();
         let scratch = cap.scratch();
-        wire::build_headroom(&item.route.template, scratch, len);
-        let head = &item.pkt[HEADROOM_BYTES..];
+        wire::build_headroom(&item.route().template, scratch, len);
+        let head = &item.pkt()[HEADROOM_BYTES..];
         scratch[HEADROOM_BYTES..HEADROOM_BYTES + head.len()].copy_from_slice(head);
-        scratch[HEADROOM_BYTES + head.len()..len].copy_from_slice(item.data);
+        scratch[HEADROOM_BYTES + head.len()..len].copy_from_slice(item.data());
         cap.commit(ts, len, len);
     }
 }
@@ -656,7 +660,7 @@ fn bind_send_socket(addr: SocketAddrV4, buffer_bytes: usize) -> io::Result<UdpSo
 /// True if the kernel can take the item: a whole packet header slot, and a
 /// frame no larger than the MTU.
 fn well_formed(item: &TxItem<'_, UdpRoute>) -> bool {
-    item.pkt.len() >= PKTHDR_BYTES && item.frame_len() <= MTU
+    item.pkt().len() >= PKTHDR_BYTES && item.frame_len() <= MTU
 }
 
 /// Errors after which a later `sendmmsg` may succeed: the socket queue is
@@ -753,7 +757,7 @@ impl Transport for UdpTransport {
             if consumed < end {
                 // The socket queue is full: the later chunks are turned
                 // back as well.
-                let later = items[end..].iter().filter(|i| !i.drop && well_formed(i));
+                let later = items[end..].iter().filter(|i| !i.drop() && well_formed(i));
                 self.stats.tx_refused += later.count() as u64;
                 break;
             }

@@ -569,15 +569,15 @@ fn pcap_capture_writes_frames_as_sent_and_received() {
         .enumerate()
         .map(|(i, (m, &len))| {
             let split = if i == 1 { PKTHDR_BYTES } else { len };
-            transport::TxItem {
-                route: &route,
-                pkt: &m.bytes()[..split],
-                pkt_iova: m.iova(),
-                data: &m.bytes()[split..len],
-                data_iova: m.iova() + split as u64,
-                lkey: m.lkey(),
-                drop: false,
-            }
+            transport::TxItem::new(
+                &route,
+                &m.bytes()[..split],
+                m.iova(),
+                &m.bytes()[split..len],
+                m.iova() + split as u64,
+                m.lkey(),
+                false,
+            )
         })
         .collect();
     assert_eq!(a.tx_burst(&items), 3);

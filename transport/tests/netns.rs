@@ -201,15 +201,14 @@ fn run_queue_full() {
     let pkt = vec![0u8; PKTHDR_BYTES + 100];
     let burst = |first_drop: bool| -> Vec<TxItem<'_, _>> {
         (0..16)
-            .map(|i| TxItem {
-                drop: i == 3 || (first_drop && i == 0),
-                ..TxItem::unregistered(&to, &pkt, &[])
+            .map(|i| {
+                TxItem::unregistered(&to, &pkt, &[]).with_drop(i == 3 || (first_drop && i == 0))
             })
             .collect()
     };
     let full = burst(false);
-    let is_sent = |items: &[TxItem<'_, _>]| items.iter().filter(|i| !i.drop).count() as u64;
-    let is_drop = |items: &[TxItem<'_, _>]| items.iter().filter(|i| i.drop).count() as u64;
+    let is_sent = |items: &[TxItem<'_, _>]| items.iter().filter(|i| !i.drop()).count() as u64;
+    let is_drop = |items: &[TxItem<'_, _>]| items.iter().filter(|i| i.drop()).count() as u64;
     let mut bursts = 0;
     let accepted = loop {
         assert!(

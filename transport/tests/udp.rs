@@ -431,7 +431,7 @@ fn bursts_over_tx_burst_max_are_split_into_batches() {
         .iter()
         .map(|p| TxItem::unregistered(&route, p, &[]))
         .collect();
-    items[5].drop = true;
+    items[5] = items[5].with_drop(true);
     assert_eq!(a.tx_burst(&items), 10);
     let s = a.stats();
     assert_eq!(s.tx_doorbells, 3, "{s:?}");

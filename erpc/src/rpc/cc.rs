@@ -19,9 +19,9 @@ pub(crate) fn new_client_cc(
     cfg: &crate::cc::CcConfig,
     now_ns: u64,
     cap: usize,
-) -> (Option<SessionCc>, Box<[Cell<u64>]>) {
+) -> (Option<SessionCc>, std::rc::Rc<[Cell<u64>]>) {
     if !cfg.enabled {
-        return (None, Box::new([]));
+        return (None, std::rc::Rc::new([]));
     }
     let ts = (0..cap * crate::consts::SESSION_REQ_WINDOW)
         .map(|_| Cell::new(0))

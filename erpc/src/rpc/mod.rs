@@ -573,7 +573,7 @@ pub struct Rpc<T: Transport, C> {
     /// Client connects that timed out, cleaned up at the server if it
     /// answers late.
     abandoned: Vec<sm_handlers::AbandonedConnect>,
-    tx: TxBatch,
+    tx: TxBatch<T::Route>,
     /// Header slots of control packets (always `Some` until drop).
     ctrl: Option<Buffer>,
     ctrl_next: usize,

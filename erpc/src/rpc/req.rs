@@ -162,16 +162,14 @@ impl<T: Transport, C> Rpc<T, C> {
             c.num_tx = 1;
             c.in_flight_ns = now;
             s.credits -= 1;
-            if self.wheel.is_some() {
+            // Packet 0's TX timestamp is cell 0 of the slot's.
+            let ts_at = if self.wheel.is_some() {
                 self.stats.wheel_bypassed += 1;
-            }
-            self.tx.push(super::tx::TxEntry {
-                session,
-                slot: i as u8,
-                kind: super::tx::TxKind::Msg,
-                pkt_idx: 0,
-                req_num,
-            });
+                Some(i * self.tx_ts_cap)
+            } else {
+                None
+            };
+            Self::tx_push_msg(&mut self.tx, &mut self.stats, s, i as u8, 0, ts_at);
             return;
         }
         self.kick_inline(session, i as u8);
@@ -393,6 +391,9 @@ impl<T: Transport, C> Rpc<T, C> {
         // client, which is why it sent this one.
         s.served_any = true;
         let slot = &mut s.slots[i];
+        // The previous response leaves the slot: none of its packets may
+        // stay queued (a duplicate's answer may be).
+        self.stats.tx_stale += self.tx.forget_slot(slot.tx_epoch, sn, i as u8) as u64;
         let old_resp = slot.tx_msgbuf.take();
         let old_req = slot.server.req_msgbuf.take();
         slot.cur_req_num = hdr.req_num;

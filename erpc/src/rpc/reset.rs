@@ -143,6 +143,9 @@ impl<T: Transport, C> Rpc<T, C> {
     /// and backlog) into the owed queue with `err`, returning their
     /// credits. The caller drains TX before the continuations can run.
     fn take_outstanding(&mut self, sn: SessionNum, err: RpcError) -> usize {
+        // The requests leave their slots: none of their packets (nor the
+        // session's RFRs) may stay queued.
+        self.stats.tx_stale += self.tx.forget_session(sn) as u64;
         let Some(s) = self
             .sessions
             .get_mut(usize::from(sn))
@@ -243,7 +246,7 @@ impl<T: Transport, C> Rpc<T, C> {
         self.take_outstanding(sn, cause.error(sn));
         self.stats.sessions_reset += 1;
         self.free_session(sn);
-        // Queued packets of the session are skipped now that it is gone;
+        // Queued packets of the session were forgotten with it;
         // the transport must also let go of those already handed to it.
         self.drain_tx();
     }
@@ -271,8 +274,13 @@ impl<T: Transport, C> Rpc<T, C> {
             return self.free_session(sn);
         }
         // Release what no handler uses; keep the session number (and the
-        // slots of running handlers) until they respond.
+        // slots of running handlers) until they respond. Queued packets of
+        // the session go first (they point into those buffers).
         s.state = SessionState::Resetting;
+        self.stats.tx_stale += self.tx.forget_session(sn) as u64;
+        let Some(s) = self.sessions[usize::from(sn)].as_deref_mut() else {
+            return;
+        };
         let token = s.uniq_token;
         let mut bufs = Vec::new();
         for sl in s.slots.iter_mut() {
@@ -302,7 +310,7 @@ impl<T: Transport, C> Rpc<T, C> {
         }
         self.open_sessions -= 1;
         self.ring_entries_available += credits;
-        // Queued response packets of the session are skipped from now on.
+        // The transport lets go of the session's packets it already has.
         self.drain_tx();
         for m in bufs {
             self.recycle(m);

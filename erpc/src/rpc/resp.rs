@@ -51,6 +51,7 @@ impl<T: Transport, C> Rpc<T, C> {
             session: h.session,
             req_num: h.req_num,
         };
+        self.tx_make_room();
         let Some(s) = self
             .sessions
             .get_mut(usize::from(h.session))
@@ -91,11 +92,13 @@ impl<T: Transport, C> Rpc<T, C> {
         sv.state = SrvState::Responded;
         let req = sv.req_msgbuf.take();
         slot.tx_msgbuf = Some(resp);
+        self.stats.resps_enqueued += 1;
+        // The first response packet (it also returns the request's last
+        // credit); later ones go out when RFRs ask for them.
+        Self::tx_push_msg(&mut self.tx, &mut self.stats, s, h.slot, 0, None);
         if let Some(m) = req {
             self.recycle(m);
         }
-        self.stats.resps_enqueued += 1;
-        self.enqueue_msg_pkt(h.session, h.slot, 0, h.req_num);
         Ok(())
     }
 
@@ -201,8 +204,12 @@ impl<T: Transport, C> Rpc<T, C> {
         i: usize,
         result: Result<(), RpcError>,
     ) {
-        let s = self.session_mut(sn).expect("caller checked the session");
+        let s = self.sessions[usize::from(sn)]
+            .as_deref_mut()
+            .expect("caller checked the session");
         let slot = &mut s.slots[i];
+        // The request leaves the slot: none of its packets may stay queued.
+        self.stats.tx_stale += self.tx.forget_slot(slot.tx_epoch, sn, i as u8) as u64;
         let c = &mut slot.client;
         let cont = c.cont.take().expect("in flight");
         // Credits still out for this request (an early error) are returned.

@@ -533,7 +533,7 @@ impl<T: Transport, C> Rpc<T, C> {
         s.credits = 0;
         s.created_ns = self.clock.now_ns();
         s.remote_num = pkt.client.session_num;
-        s.route = Some(route);
+        s.route = Some(std::rc::Rc::new(route));
         s.set_req_base(req_base);
         for (slot, m) in s.slots.iter_mut().zip(pre) {
             slot.server.pre_resp = Some(m);
@@ -617,7 +617,7 @@ impl<T: Transport, C> Rpc<T, C> {
                     0
                 });
                 s.set_req_base(base);
-                s.route = Some(route);
+                s.route = Some(std::rc::Rc::new(route));
                 s.state = SessionState::Connected;
                 s.sm_pending_since_ns = None;
                 self.ring_entries_available += spare;
@@ -705,6 +705,8 @@ impl<T: Transport, C> Rpc<T, C> {
     /// Releases a session and everything it holds. A server session's
     /// running handlers must be done (see `reset_server_session`).
     pub(crate) fn free_session(&mut self, sn: SessionNum) {
+        // Queued packets point into the session (its route, its buffers).
+        self.stats.tx_stale += self.tx.forget_session(sn) as u64;
         let Some(s) = self
             .sessions
             .get_mut(usize::from(sn))

@@ -1,11 +1,46 @@
-//! The TX path. Every packet eRPC sends goes through [`TxBatch::push`]
-//! (the one place a rate limiter will intercept) and leaves through
+//! The TX path. Every packet eRPC sends is queued in the [`TxBatch`]
+//! (the one place a rate limiter intercepts) and leaves through
 //! [`Rpc::flush_tx`] (the one place that calls the transport).
 //!
-//! A batch entry names a packet rather than pointing at it (session,
-//! slot, packet index, request number), like the C++ `tx_burst_arr`;
-//! `flush_tx` resolves the names into [`TxItem`]s, skipping (and counting)
-//! any whose message is gone.
+//! # Entries are resolved when they are queued
+//! A batch entry holds what the transport needs for the packet: where its
+//! bytes are (virtual address and IOVA of the header slot and of the
+//! data), its memory key, its route and, for a client packet under
+//! congestion control, where its TX timestamp goes. So a flush only turns
+//! each entry into a [`TxItem`], stamps the timestamp and calls the
+//! transport: it never looks a session, slot or buffer up again (the C++
+//! `tx_burst_arr` holds message-buffer pointers the same way).
+//!
+//! That makes this module one of the crate's few places with `unsafe`
+//! code: an entry's addresses are raw pointers, turned back into slices
+//! and references only during a flush. They stay valid because of one
+//! rule, the **batch invariant**: *every entry refers to a live session's
+//! route (and timestamp cells) and to the control buffer or to the
+//! `tx_msgbuf` its slot holds; nothing that an entry refers to is freed,
+//! moved out of its slot or rewritten while the entry is queued.* What
+//! keeps it:
+//!
+//! * Routes and timestamp cells live behind an `Rc` in their session, only
+//!   ever read through shared references after the session is connected,
+//!   so their addresses are stable for the session's life.
+//! * Message bytes are in hugepage memory that the Rpc's allocator never
+//!   unmaps while the Rpc lives (every msgbuf fits a size class, see
+//!   `consts`), and eRPC writes a message's header slots only before its
+//!   packets are queued.
+//! * Before a message leaves its slot (a request completes, a server slot
+//!   takes its next request) the slot's entries are forgotten
+//!   ([`TxBatch::forget_slot`]). Each slot remembers the batch epoch in
+//!   which it last queued a packet, and the epoch moves on whenever the
+//!   batch is empty, so in the common case (the packets left in an
+//!   earlier iteration) this is one comparison, and the scan of the batch
+//!   runs only when an entry of the slot may still be queued.
+//! * Before a session's buffers are taken out or the session is freed
+//!   (resets, teardown), every entry of the session is forgotten
+//!   ([`TxBatch::forget_session`]); the batch is cleared before the Rpc's
+//!   sessions are dropped.
+//!
+//! Forgotten entries are counted in `RpcStats::tx_stale`; loss recovery
+//! treats them like packets lost on the wire.
 //!
 //! Packets the transport refuses (its queue is full) stay in the batch, in
 //! order, for the next flush. Only when the batch is full, the transport
@@ -15,56 +50,72 @@
 //! wire (the client's retransmission timeout; the server answers the
 //! retransmitted request again). Nothing vanishes uncounted.
 
-use arrayvec::ArrayVec;
+#![allow(unsafe_code)]
+
+use std::cell::Cell;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+
 use transport::{HEADROOM_BYTES, PKTHDR_BYTES, Transport, TxItem};
 
 use super::{CTRL_SLOT_BYTES, Rpc};
 use crate::consts::{CTRL_BUFS, TX_BATCH_MAX, TX_REFUSED_TRIES};
 use crate::msgbuf::{MsgBuf, pkt_data_bytes};
 use crate::pkthdr::PktHdr;
+use crate::session::Session;
 
-/// What a batch entry sends.
+/// Owner slot number of a control packet (its header is in the control
+/// buffer, not in a slot's message).
+const CTRL_SLOT: u8 = u8::MAX;
+
+/// Who queued an entry: the session, and the slot ([`CTRL_SLOT`] for a
+/// control packet). What [`TxBatch::forget_slot`] and
+/// [`TxBatch::forget_session`] match.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TxKind {
-    /// Packet `pkt_idx` of the slot's `tx_msgbuf` (request at a client,
-    /// response at a server).
-    Msg,
-    /// A control packet whose header is in control slot `n`.
-    Ctrl(u16),
+struct Owner {
+    session: u16,
+    slot: u8,
 }
 
-/// One queued packet.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct TxEntry {
-    pub session: u16,
-    pub slot: u8,
-    pub kind: TxKind,
-    pub pkt_idx: u32,
-    pub req_num: u64,
-}
-
-/// Packets queued for the next transport burst.
-#[derive(Debug)]
-pub(crate) struct TxBatch {
-    entries: [TxEntry; TX_BATCH_MAX],
+/// Packets queued for the next transport burst: the transport's items
+/// themselves, resolved when queued, with each one's TX timestamp cell and
+/// owner alongside (see the module doc).
+pub(crate) struct TxBatch<R> {
+    /// The first `len` are initialised. `'static` stands for "as long as
+    /// the batch invariant keeps them valid": they are handed out only for
+    /// the length of a `tx_burst` call.
+    items: [MaybeUninit<TxItem<'static, R>>; TX_BATCH_MAX],
+    /// Each item's TX timestamp cell (client packets under congestion
+    /// control), or null.
+    ts: [*const Cell<u64>; TX_BATCH_MAX],
+    owners: [Owner; TX_BATCH_MAX],
     len: usize,
+    /// Moves on whenever the batch is empty: a slot whose `tx_epoch` is
+    /// older has no entry queued (see the module doc).
+    epoch: u64,
+}
+
+impl<R> std::fmt::Debug for TxBatch<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TxBatch {{ {} queued, epoch {} }}", self.len, self.epoch)
+    }
 }
 
 /// Largest burst handed to the transport at once (the mlx5 postlist).
 const TX_CHUNK_MAX: usize = 16;
 const _: () = assert!(TX_CHUNK_MAX <= TX_BATCH_MAX);
 
-impl TxBatch {
-    pub(crate) fn new() -> TxBatch {
+impl<R> TxBatch<R> {
+    pub(crate) fn new() -> TxBatch<R> {
         TxBatch {
-            entries: [TxEntry {
+            items: [const { MaybeUninit::uninit() }; TX_BATCH_MAX],
+            ts: [std::ptr::null(); TX_BATCH_MAX],
+            owners: [Owner {
                 session: 0,
                 slot: 0,
-                kind: TxKind::Msg,
-                pkt_idx: 0,
-                req_num: 0,
             }; TX_BATCH_MAX],
             len: 0,
+            epoch: 1,
         }
     }
 
@@ -74,17 +125,88 @@ impl TxBatch {
         TX_BATCH_MAX - self.len
     }
 
-    /// Queues one packet. The caller makes room first (`flush_tx`).
+    /// Queues one packet. The caller makes room first (`tx_make_room`).
+    #[inline(always)]
+    fn push(&mut self, item: TxItem<'static, R>, ts: *const Cell<u64>, owner: Owner) {
+        let j = self.len;
+        debug_assert!(j < TX_BATCH_MAX);
+        self.items[j].write(item);
+        self.ts[j] = ts;
+        self.owners[j] = owner;
+        self.len = j + 1;
+    }
+
+    /// Items `from..from + k`, for one `tx_burst` call.
+    #[inline(always)]
+    fn items(&self, from: usize, k: usize) -> &[TxItem<'_, R>] {
+        let part = &self.items[from..from + k];
+        assert!(from + k <= self.len);
+        // SAFETY: the first `len` items are initialised, and
+        // `MaybeUninit<T>` has the layout of `T`. The items are valid for
+        // the borrow of the batch (the batch invariant: nothing they point
+        // at is freed or written while they are queued, and a caller that
+        // borrows the batch cannot change what is queued meanwhile); the
+        // shorter lifetime is all the transport sees.
+        unsafe { std::slice::from_raw_parts(part.as_ptr().cast::<TxItem<'_, R>>(), k) }
+    }
+
+    /// The batch lost its first `n` entries (sent, or given up).
+    fn consume(&mut self, n: usize) {
+        debug_assert!(n <= self.len);
+        self.items.copy_within(n..self.len, 0);
+        self.ts.copy_within(n..self.len, 0);
+        self.owners.copy_within(n..self.len, 0);
+        self.len -= n;
+        if self.len == 0 {
+            self.epoch += 1;
+        }
+    }
+
+    /// Forgets every entry whose owner matches `f`, keeping the others in
+    /// order. Returns how many were forgotten.
+    fn forget(&mut self, f: impl Fn(Owner) -> bool) -> usize {
+        let mut kept = 0;
+        for j in 0..self.len {
+            if !f(self.owners[j]) {
+                self.items[kept] = self.items[j];
+                self.ts[kept] = self.ts[j];
+                self.owners[kept] = self.owners[j];
+                kept += 1;
+            }
+        }
+        let gone = self.len - kept;
+        self.len = kept;
+        if kept == 0 {
+            self.epoch += 1;
+        }
+        gone
+    }
+
+    /// Forgets the queued packets of slot `slot` of session `session`
+    /// (its message is about to leave the slot). One comparison unless
+    /// the slot queued something in this epoch.
     #[inline]
-    pub(crate) fn push(&mut self, e: TxEntry) {
-        debug_assert!(self.len < TX_BATCH_MAX);
-        self.entries[self.len] = e;
-        self.len += 1;
+    pub(crate) fn forget_slot(&mut self, slot_epoch: u64, session: u16, slot: u8) -> usize {
+        if slot_epoch != self.epoch {
+            return 0;
+        }
+        let o = Owner { session, slot };
+        self.forget(|x| x == o)
+    }
+
+    /// Forgets every queued packet of session `session` (its buffers are
+    /// about to be taken out, or it is about to be freed).
+    pub(crate) fn forget_session(&mut self, session: u16) -> usize {
+        if self.len == 0 {
+            return 0;
+        }
+        self.forget(|x| x.session == session)
     }
 
     /// Forgets everything queued (the Rpc is going away).
     pub(crate) fn clear(&mut self) {
         self.len = 0;
+        self.epoch += 1;
     }
 }
 
@@ -121,6 +243,18 @@ pub(crate) fn write_msg_hdrs<T: Transport>(
     }
 }
 
+/// Fault injection: whether the session's next packet is dropped (and
+/// the drop counted down). One predictable branch when unused.
+#[inline(always)]
+fn fault_drop<T: Transport, C>(s: &Session<T, C>) -> bool {
+    let n = s.fault_drop_tx.get();
+    if n == 0 {
+        return false;
+    }
+    s.fault_drop_tx.set(n - 1);
+    true
+}
+
 impl<T: Transport, C> Rpc<T, C> {
     /// Makes room for at least one entry.
     #[inline]
@@ -144,10 +278,98 @@ impl<T: Transport, C> Rpc<T, C> {
         }
         if self.tx.room() == 0 {
             // Give the oldest packet up to loss recovery.
-            self.tx.entries.copy_within(1..self.tx.len, 0);
-            self.tx.len -= 1;
+            self.tx.consume(1);
             self.stats.tx_given_up += 1;
         }
+    }
+
+    /// Queues packet `pkt_idx` of slot `slot` of session `s`, whose
+    /// `tx_msgbuf` holds it (request packets at a client, response packets
+    /// at a server). The caller has made room and holds the session; the
+    /// slot records the batch epoch. `ts_at` is the index of the packet's
+    /// TX timestamp cell (a client packet under congestion control).
+    #[inline(always)]
+    pub(crate) fn tx_push_msg(
+        tx: &mut TxBatch<T::Route>,
+        stats: &mut crate::stats::RpcStats,
+        s: &mut Session<T, C>,
+        slot: u8,
+        pkt_idx: u32,
+        ts_at: Option<usize>,
+    ) {
+        let drop = fault_drop(s);
+        if drop {
+            stats.tx_fault_dropped += 1;
+        }
+        let Some(route) = s.route.as_ref() else {
+            // Only connected sessions send, and they have a route.
+            stats.tx_stale += 1;
+            return;
+        };
+        let route = NonNull::from(&**route);
+        let ts = match ts_at {
+            Some(at) => s.tx_ts.get(at).map_or(std::ptr::null(), |c| c as *const _),
+            None => std::ptr::null(),
+        };
+        let owner = Owner {
+            session: s.local_num,
+            slot,
+        };
+        let sl = &mut s.slots[usize::from(slot)];
+        let Some(m) = sl.tx_msgbuf.as_ref() else {
+            stats.tx_stale += 1;
+            return;
+        };
+        sl.tx_epoch = tx.epoch;
+        let p = m.tx_raw_parts(pkt_idx as usize);
+        // SAFETY: the route lives in the session's `Rc` and the bytes in
+        // the slot's message, in registered hugepage memory; both stay as
+        // they are while the item is queued (the batch invariant, module
+        // doc), which is as long as it is valid for.
+        let item = unsafe {
+            TxItem::from_raw(
+                route,
+                p.pkt,
+                p.pkt_len,
+                p.pkt_iova,
+                p.data,
+                p.data_len,
+                p.data_iova,
+                m.lkey(),
+                drop,
+            )
+        };
+        tx.push(item, ts, owner);
+    }
+
+    /// Queues packet `pkt_idx` of the slot's `tx_msgbuf` if the slot still
+    /// carries request `req_num` (otherwise the packet is stale: counted,
+    /// not sent).
+    pub(crate) fn enqueue_msg_pkt(&mut self, session: u16, slot: u8, pkt_idx: u32, req_num: u64) {
+        self.tx_make_room();
+        let cc = self.wheel.is_some();
+        let cap = self.tx_ts_cap;
+        let Some(s) = self
+            .sessions
+            .get_mut(usize::from(session))
+            .and_then(|s| s.as_deref_mut())
+        else {
+            self.stats.tx_stale += 1;
+            return;
+        };
+        let sl = &s.slots[usize::from(slot)];
+        let live = sl.cur_req_num == req_num
+            && sl
+                .tx_msgbuf
+                .as_ref()
+                .is_some_and(|m| m.has_pkt(pkt_idx as usize));
+        if !live {
+            self.stats.tx_stale += 1;
+            return;
+        }
+        let ts_at = (cc && s.role == crate::session::Role::Client)
+            .then(|| usize::from(slot) * cap + (pkt_idx as usize & (cap - 1)));
+        Self::tx_push_msg(&mut self.tx, &mut self.stats, s, slot, pkt_idx, ts_at);
     }
 
     /// Writes a control packet (CR or RFR) header into the next control
@@ -167,31 +389,49 @@ impl<T: Transport, C> Rpc<T, C> {
             return;
         };
         let buf = self.ctrl.as_mut().expect("control buffer lives until drop");
-        let h = &mut buf.as_mut_slice()[n * CTRL_SLOT_BYTES..n * CTRL_SLOT_BYTES + PKTHDR_BYTES];
+        let o = n * CTRL_SLOT_BYTES;
+        let h = &mut buf.as_mut_slice()[o..o + PKTHDR_BYTES];
         hdr.write_to(&mut h[HEADROOM_BYTES..])
             .expect("control headers carry numbers taken from valid headers");
         self.transport
             .fill_headroom(route, &mut h[..HEADROOM_BYTES], PKTHDR_BYTES);
-        self.tx.push(TxEntry {
+        // An RFR is a client packet: it gets a TX timestamp (its RTT
+        // sample comes with the response packet it asks for).
+        let ts = if self.wheel.is_some() && s.role == crate::session::Role::Client {
+            let cap = self.tx_ts_cap;
+            let at = usize::from(slot) * cap + (usize::from(hdr.pkt_num) & (cap - 1));
+            s.tx_ts.get(at).map_or(std::ptr::null(), |c| c as *const _)
+        } else {
+            std::ptr::null()
+        };
+        let drop = fault_drop(s);
+        if drop {
+            self.stats.tx_fault_dropped += 1;
+        }
+        let pkt = NonNull::new(buf.as_ptr().wrapping_add(o)).expect("inside the control buffer");
+        // SAFETY: the route lives in the session's `Rc`; the header is in
+        // the control buffer, which lives as long as the Rpc. Control
+        // slots are reused only after CTRL_BUFS more control packets, and
+        // the batch holds fewer (`consts`), so a queued control header is
+        // never rewritten.
+        let item = unsafe {
+            TxItem::from_raw(
+                NonNull::from(&**route),
+                pkt,
+                PKTHDR_BYTES as u32,
+                buf.iova_at(o),
+                NonNull::dangling(),
+                0,
+                0,
+                buf.lkey(),
+                drop,
+            )
+        };
+        let owner = Owner {
             session,
-            slot,
-            kind: TxKind::Ctrl(n as u16),
-            pkt_idx: u32::from(hdr.pkt_num),
-            req_num: hdr.req_num,
-        });
-    }
-
-    /// Queues packet `pkt_idx` of the slot's `tx_msgbuf`.
-    #[inline]
-    pub(crate) fn enqueue_msg_pkt(&mut self, session: u16, slot: u8, pkt_idx: u32, req_num: u64) {
-        self.tx_make_room();
-        self.tx.push(TxEntry {
-            session,
-            slot,
-            kind: TxKind::Msg,
-            pkt_idx,
-            req_num,
-        });
+            slot: CTRL_SLOT,
+        };
+        self.tx.push(item, ts, owner);
     }
 
     /// Sends everything queued, in bursts of at most `tx_burst_max`.
@@ -209,116 +449,89 @@ impl<T: Transport, C> Rpc<T, C> {
     fn flush_tx_queued(&mut self) {
         let n = self.tx.len;
         let chunk = self.tx_burst_max.min(TX_CHUNK_MAX);
+        // Congestion control: the TX timestamps of client packets, one
+        // clock read per flush with batched timestamps.
+        if self.wheel.is_some() {
+            let batch_ts = self.config.cc.batch_timestamps;
+            let now = self.clock.now_ns();
+            for &ts in &self.tx.ts[..n] {
+                if !ts.is_null() {
+                    let at = if batch_ts { now } else { self.clock.now_ns() };
+                    // SAFETY: a non-null cell pointer points into its
+                    // session's `Rc`'d timestamp slice, alive while the
+                    // entry is queued (batch invariant); the cells are
+                    // only ever reached through shared references.
+                    unsafe { (*ts).set(at) };
+                }
+            }
+        }
         let mut done = 0;
         while done < n {
-            let end = (done + chunk).min(n);
-            let consumed = self.flush_range(done, end);
-            done += consumed;
-            if done < end {
+            let k = chunk.min(n - done);
+            let sent = self.transport.tx_burst(self.tx.items(done, k)).min(k);
+            self.stats.tx_bursts += 1;
+            self.stats.tx_pkts += sent as u64;
+            done += sent;
+            if sent < k {
                 break;
             }
         }
         if done < n {
             self.stats.tx_refused += (n - done) as u64;
-            self.tx.entries.copy_within(done..n, 0);
         }
-        self.tx.len = n - done;
+        self.tx.consume(done);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static ROUTE: u32 = 7;
+    static BYTES: [u8; 64] = [0; 64];
+
+    /// An item whose length names it (so order can be checked).
+    fn item(n: usize) -> TxItem<'static, u32> {
+        TxItem::contiguous(&ROUTE, &BYTES[..n], 0, 0)
     }
 
-    /// Hands entries `start..end` to the transport. Returns how many
-    /// entries, from `start`, were consumed (sent or skipped as stale); the
-    /// rest were refused.
-    fn flush_range(&mut self, start: usize, end: usize) -> usize {
-        debug_assert!(end - start <= TX_CHUNK_MAX);
-        let ctrl = self.ctrl.as_ref().expect("control buffer lives until drop");
-        let ctrl_bytes = ctrl.as_slice();
-        let mut burst: ArrayVec<TxItem<'_, T::Route>, TX_CHUNK_MAX> = ArrayVec::new();
-        // Entry index of each item, to know what a partial burst consumed.
-        let mut entry_of = [0u8; TX_CHUNK_MAX];
-        // Congestion control: TX timestamps of client packets, one clock
-        // read per burst with batched timestamps.
-        let cc = self.wheel.is_some();
-        let batch_ts = self.config.cc.batch_timestamps;
-        let ts = if cc && batch_ts {
-            self.clock.now_ns()
-        } else {
-            0
-        };
-        let ts_mask = self.tx_ts_cap - 1;
-        for (j, e) in self.tx.entries[start..end].iter().enumerate() {
-            let Some(s) = self
-                .sessions
-                .get(usize::from(e.session))
-                .and_then(|s| s.as_deref())
-            else {
-                self.stats.tx_stale += 1;
-                continue;
-            };
-            let Some(route) = s.route.as_ref() else {
-                self.stats.tx_stale += 1;
-                continue;
-            };
-            if cc && s.role == crate::session::Role::Client {
-                let at = usize::from(e.slot) * self.tx_ts_cap + (e.pkt_idx as usize & ts_mask);
-                if let Some(c) = s.tx_ts.get(at) {
-                    c.set(if batch_ts { ts } else { self.clock.now_ns() });
-                }
-            }
-            // Fault injection: one predictable branch when unused.
-            let drop = s.fault_drop_tx.get() != 0;
-            if drop {
-                s.fault_drop_tx.set(s.fault_drop_tx.get() - 1);
-                self.stats.tx_fault_dropped += 1;
-            }
-            let item = match e.kind {
-                TxKind::Ctrl(c) => {
-                    let o = usize::from(c) * CTRL_SLOT_BYTES;
-                    TxItem {
-                        route,
-                        pkt: &ctrl_bytes[o..o + PKTHDR_BYTES],
-                        pkt_iova: ctrl.iova_at(o),
-                        data: &[],
-                        data_iova: 0,
-                        lkey: ctrl.lkey(),
-                        drop,
-                    }
-                }
-                TxKind::Msg => {
-                    let slot = &s.slots[usize::from(e.slot)];
-                    let Some(m) = slot.tx_msgbuf.as_ref() else {
-                        self.stats.tx_stale += 1;
-                        continue;
-                    };
-                    if slot.cur_req_num != e.req_num || !m.has_pkt(e.pkt_idx as usize) {
-                        self.stats.tx_stale += 1;
-                        continue;
-                    }
-                    let (pkt, pkt_iova, data, data_iova) = m.tx_parts(e.pkt_idx as usize);
-                    TxItem {
-                        route,
-                        pkt,
-                        pkt_iova,
-                        data,
-                        data_iova,
-                        lkey: m.lkey(),
-                        drop,
-                    }
-                }
-            };
-            entry_of[burst.len()] = j as u8;
-            burst.push(item);
-        }
-        let k = burst.len();
-        if k == 0 {
-            return end - start;
-        }
-        let sent = self.transport.tx_burst(&burst).min(k);
-        self.stats.tx_bursts += 1;
-        self.stats.tx_pkts += sent as u64;
-        if sent == k {
-            end - start
-        } else {
-            usize::from(entry_of[sent])
-        }
+    fn push(b: &mut TxBatch<u32>, n: usize, session: u16, slot: u8) {
+        b.push(item(n), std::ptr::null(), Owner { session, slot });
+    }
+
+    fn lens(b: &TxBatch<u32>) -> Vec<usize> {
+        b.items(0, b.len).iter().map(|i| i.pkt_len()).collect()
+    }
+
+    #[test]
+    fn forgetting_keeps_the_others_in_order_and_the_epoch_moves_when_empty() {
+        let mut b = TxBatch::new();
+        let e0 = b.epoch;
+        push(&mut b, 1, 3, 0);
+        push(&mut b, 2, 3, CTRL_SLOT);
+        push(&mut b, 3, 4, 0);
+        push(&mut b, 4, 3, 0);
+        push(&mut b, 5, 3, 1);
+        // A slot that queued nothing in this epoch: nothing to scan.
+        assert_eq!(b.forget_slot(e0 - 1, 3, 0), 0);
+        assert_eq!(lens(&b), [1, 2, 3, 4, 5]);
+        assert_eq!(b.forget_slot(e0, 3, 0), 2);
+        assert_eq!(lens(&b), [2, 3, 5]);
+        assert_eq!(b.epoch, e0, "not empty yet");
+        b.consume(1);
+        assert_eq!(lens(&b), [3, 5]);
+        assert_eq!(b.forget_session(3), 1);
+        assert_eq!(lens(&b), [3]);
+        assert_eq!(b.forget_session(4), 1);
+        assert_eq!(b.room(), TX_BATCH_MAX);
+        assert_eq!(b.epoch, e0 + 1, "emptied: a new epoch");
+        // Whatever a slot recorded before, it has nothing queued now.
+        assert_eq!(b.forget_slot(e0, 3, 1), 0);
+        push(&mut b, 6, 1, 1);
+        b.consume(1);
+        assert_eq!(b.epoch, e0 + 2);
+        b.clear();
+        assert_eq!(b.epoch, e0 + 3);
+        assert_eq!(b.forget_session(1), 0);
     }
 }

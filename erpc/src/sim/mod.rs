@@ -767,7 +767,7 @@ impl Transport for SimTransport {
         }
         for it in items {
             let ep = net.device_mut(me);
-            if it.drop {
+            if it.drop() {
                 ep.stats.tx_dropped_on_purpose += 1;
                 continue;
             }
@@ -785,9 +785,9 @@ impl Transport for SimTransport {
             }
             let mut f = net.frame_buf();
             f.reserve(len);
-            f.extend_from_slice(it.pkt);
-            f.extend_from_slice(it.data);
-            if it.route.ep == self.ep {
+            f.extend_from_slice(it.pkt());
+            f.extend_from_slice(it.data());
+            if it.route().ep == self.ep {
                 // To itself: the NIC loops the frame back without the wire.
                 deliver(extra, net.device_mut(me), &f);
                 continue;
