@@ -233,7 +233,16 @@ impl RateCtl {
 /// Congestion-control state of a client session.
 #[derive(Debug, Clone)]
 pub(crate) struct SessionCc {
-    pub ctl: RateCtl,
+    ctl: RateCtl,
+    /// `ctl.uncongested()`, kept current by [`SessionCc::update`] and
+    /// [`SessionCc::on_timeout`] (the only ways the rate changes), so the
+    /// per-packet wheel bypass reads a byte instead of asking the
+    /// controller.
+    uncongested: bool,
+    /// Timely with its bypass on: one more than `t_low`, ns. At the link
+    /// rate a sample below it is Timely's bypass, decided here without a
+    /// call. 0 otherwise (no sample is below it).
+    quick_bypass_below_ns: u64,
     /// Departure time of the session's last paced packet.
     pub prev_desired_tx_ns: u64,
     /// The last RTT sample, ns (bypassed and ignored samples included),
@@ -243,11 +252,52 @@ pub(crate) struct SessionCc {
 
 impl SessionCc {
     pub(crate) fn new(cfg: &CcConfig, now_ns: u64) -> SessionCc {
+        let ctl = RateCtl::new(cfg, now_ns);
+        let quick_bypass_below_ns = match &ctl {
+            RateCtl::Timely(t) if cfg.timely_bypass => t.t_low_ns() + 1,
+            _ => 0,
+        };
         SessionCc {
-            ctl: RateCtl::new(cfg, now_ns),
+            uncongested: ctl.uncongested(),
+            ctl,
+            quick_bypass_below_ns,
             prev_desired_tx_ns: now_ns,
             last_rtt_ns: None,
         }
+    }
+
+    /// The rate controller.
+    #[inline]
+    pub(crate) fn ctl(&self) -> &RateCtl {
+        &self.ctl
+    }
+
+    /// At the link rate (not rate limited).
+    #[inline(always)]
+    pub(crate) fn uncongested(&self) -> bool {
+        self.uncongested
+    }
+
+    /// An RTT sample for the controller (see [`RateCtl::update`]); Timely's
+    /// bypass is decided here, exactly as Timely decides it, without the
+    /// call.
+    #[inline(always)]
+    pub(crate) fn update(&mut self, now_ns: u64, rtt_ns: u64, bypass: bool) -> Update {
+        self.last_rtt_ns = Some(rtt_ns);
+        if self.uncongested && rtt_ns < self.quick_bypass_below_ns {
+            debug_assert!(bypass, "set only with the bypass on");
+            return Update::Bypassed;
+        }
+        let u = self.ctl.update(now_ns, rtt_ns, bypass);
+        self.uncongested = self.ctl.uncongested();
+        u
+    }
+
+    /// A retransmission timeout (see [`RateCtl::on_timeout`]).
+    #[inline]
+    pub(crate) fn on_timeout(&mut self, now_ns: u64) {
+        self.ctl.on_timeout(now_ns);
+        self.uncongested = self.ctl.uncongested();
     }
 
     /// The departure time of a `bytes`-long packet: `bytes / rate` after

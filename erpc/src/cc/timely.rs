@@ -111,6 +111,12 @@ impl Timely {
         self.link_rate
     }
 
+    /// `t_low`, ns: at the link rate, a sample at most this is bypassed.
+    #[inline]
+    pub fn t_low_ns(&self) -> u64 {
+        self.t_low_ns
+    }
+
     /// True at the link rate (the session is not rate limited).
     #[inline]
     pub fn uncongested(&self) -> bool {

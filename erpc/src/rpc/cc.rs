@@ -56,7 +56,7 @@ pub(crate) fn burst_paced(
 ) -> bool {
     let (bypass, first_only) = (cfg.wheel_bypass, cfg.wheel_bypass_first_only);
     wheel_on
-        && (first_only || !(bypass && wheel_count == 0 && cc.is_none_or(|cc| cc.ctl.uncongested())))
+        && (first_only || !(bypass && wheel_count == 0 && cc.is_none_or(|cc| cc.uncongested())))
 }
 
 impl<T: Transport, C> Rpc<T, C> {
@@ -84,7 +84,7 @@ impl<T: Transport, C> Rpc<T, C> {
         let slot = &mut s.slots[usize::from(i)];
         if bypass
             && slot.client.wheel_count == 0
-            && cc.ctl.uncongested()
+            && cc.uncongested()
             && (!first_only || pkt == slot.client.num_rx)
         {
             self.stats.wheel_bypassed += 1;
@@ -190,8 +190,7 @@ impl<T: Transport, C> Rpc<T, C> {
             return;
         };
         let rtt = rx_ns.saturating_sub(ts.get());
-        cc.last_rtt_ns = Some(rtt);
-        match cc.ctl.update(rx_ns, rtt, bypass) {
+        match cc.update(rx_ns, rtt, bypass) {
             Update::Updated => self.stats.timely_updates += 1,
             Update::Bypassed => self.stats.timely_bypassed += 1,
             Update::Ignored => {}

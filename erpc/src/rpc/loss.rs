@@ -165,7 +165,7 @@ impl<T: Transport, C> Rpc<T, C> {
             return;
         };
         if let Some(cc) = s.cc.as_mut() {
-            cc.ctl.on_timeout(now);
+            cc.on_timeout(now);
         }
         let max_credits = s.credits_max;
         let slot = &mut s.slots[i];

@@ -860,7 +860,7 @@ impl<T: Transport, C> Rpc<T, C> {
             backlog: s.backlog.len(),
             req_nums: std::array::from_fn(|i| s.slots[i].cur_req_num),
             retransmits: s.retransmits,
-            timely_gbps: s.cc.as_ref().map(|c| c.ctl.rate() * 8.0 / 1e9),
+            timely_gbps: s.cc.as_ref().map(|c| c.ctl().rate() * 8.0 / 1e9),
             rtt_us: s
                 .cc
                 .as_ref()

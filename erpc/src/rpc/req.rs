@@ -504,6 +504,7 @@ impl<T: Transport, C> Rpc<T, C> {
 
     /// Runs the handler for the complete request on slot `i`: `req` is the
     /// reassembled msgbuf, or (`Err`) the data in the RX ring.
+    #[inline(always)]
     fn invoke_handler(
         &mut self,
         ctx: &mut C,

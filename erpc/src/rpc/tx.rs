@@ -151,8 +151,15 @@ impl<R> TxBatch<R> {
     }
 
     /// The batch lost its first `n` entries (sent, or given up).
+    #[inline(always)]
     fn consume(&mut self, n: usize) {
         debug_assert!(n <= self.len);
+        if n == self.len {
+            // Everything went (the usual case): nothing to move.
+            self.len = 0;
+            self.epoch += 1;
+            return;
+        }
         self.items.copy_within(n..self.len, 0);
         self.ts.copy_within(n..self.len, 0);
         self.owners.copy_within(n..self.len, 0);
