@@ -344,7 +344,7 @@ impl<T: Transport, C> Rpc<T, C> {
     }
 
     /// A request packet at a server session.
-    pub(crate) fn process_req_pkt(&mut self, ctx: &mut C, hdr: &PktHdr, data: &[u8]) {
+    pub(crate) fn process_req_pkt(&mut self, ctx: &mut C, hdr: PktHdr, data: &[u8]) {
         let msg_size = hdr.msg_size as usize;
         if msg_size > MAX_MSG_BYTES {
             return self.stats.drop(DropReason::MsgTooLarge);
@@ -370,7 +370,7 @@ impl<T: Transport, C> Rpc<T, C> {
         // Request numbers wrap at 2^44: compare on the circle.
         let ahead = match req_num_delta(hdr.req_num, slot.cur_req_num) {
             Err(_) => return self.stats.drop(DropReason::StaleReqNum),
-            Ok(0) => return self.process_req_same_num(ctx, *hdr, data, i),
+            Ok(0) => return self.process_req_same_num(ctx, hdr, data, i),
             Ok(d) => d,
         };
         // A new request on this slot.
@@ -447,7 +447,7 @@ impl<T: Transport, C> Rpc<T, C> {
         let slot = &mut s.slots[i];
         slot.server.req_msgbuf = Some(m);
         slot.server.state = SrvState::Receiving;
-        self.enqueue_cr(sn, i as u8, *hdr);
+        self.enqueue_cr(sn, i as u8, hdr);
     }
 
     /// A request packet whose request number is the slot's current one:

@@ -103,7 +103,7 @@ impl<T: Transport, C> Rpc<T, C> {
     }
 
     /// Client: a response packet arrived.
-    pub(crate) fn process_resp_pkt(&mut self, ctx: &mut C, hdr: &PktHdr, data: &[u8]) {
+    pub(crate) fn process_resp_pkt(&mut self, ctx: &mut C, hdr: PktHdr, data: &[u8]) {
         let sn = hdr.dest_session_num;
         let i = (hdr.req_num % SESSION_REQ_WINDOW as u64) as usize;
         let now = self.now_ns;

@@ -58,10 +58,10 @@ impl<T: Transport, C> Rpc<T, C> {
             return self.stats.drop(DropReason::SessionNotConnected);
         }
         match (hdr.pkt_type, s.role) {
-            (PktType::Req, Role::Server) => self.process_req_pkt(ctx, &hdr, data),
+            (PktType::Req, Role::Server) => self.process_req_pkt(ctx, hdr, data),
             (PktType::Rfr, Role::Server) => self.process_rfr(hdr, data),
             (PktType::ExplCr, Role::Client) => self.process_expl_cr(hdr, data),
-            (PktType::Resp, Role::Client) => self.process_resp_pkt(ctx, &hdr, data),
+            (PktType::Resp, Role::Client) => self.process_resp_pkt(ctx, hdr, data),
             _ => self.stats.drop(DropReason::WrongDirection),
         }
     }
