@@ -229,6 +229,27 @@ impl PktHdr {
     /// Decodes the first 14 bytes of `b`; checks length and magic only.
     #[inline]
     pub fn decode(b: &[u8]) -> Result<PktHdr, HdrError> {
+        RxHdr::decode(b).map(RxHdr::fields)
+    }
+}
+
+/// A received header as its two wire words, each field read on demand:
+/// 16 bytes, so the RX path passes it in two registers where a
+/// [`PktHdr`] would go through memory. Same checks as [`PktHdr::decode`]
+/// (length and magic); the accessors give what its fields would hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RxHdr {
+    /// Bytes 0..8: request type, message size, session number (and the
+    /// word's first two bytes).
+    lo: u64,
+    /// Bytes 6..14: packet type, packet number, request number, magic.
+    word: u64,
+}
+
+impl RxHdr {
+    /// Decodes the first 14 bytes of `b`; checks length and magic only.
+    #[inline(always)]
+    pub(crate) fn decode(b: &[u8]) -> Result<RxHdr, HdrError> {
         let Some(h) = b.first_chunk::<ERPC_HDR_BYTES>() else {
             return Err(HdrError::Short { len: b.len() });
         };
@@ -242,14 +263,56 @@ impl PktHdr {
         if magic != PKT_MAGIC {
             return Err(HdrError::BadMagic { magic });
         }
-        Ok(PktHdr {
-            req_type: lo as u8,
-            msg_size: ((lo >> 8) & u64::from(MAX_HDR_MSG_SIZE)) as u32,
-            dest_session_num: (lo >> 32) as u16,
-            pkt_type: PktType::from_bits(word >> PKT_TYPE_SHIFT),
-            pkt_num: ((word >> PKT_NUM_SHIFT) & u64::from(MAX_PKT_NUM)) as u16,
-            req_num: (word >> REQ_NUM_SHIFT) & MAX_REQ_NUM,
-        })
+        Ok(RxHdr { lo, word })
+    }
+
+    /// Request type.
+    #[inline(always)]
+    pub(crate) fn req_type(self) -> u8 {
+        self.lo as u8
+    }
+
+    /// Message size in bytes.
+    #[inline(always)]
+    pub(crate) fn msg_size(self) -> u32 {
+        ((self.lo >> 8) & u64::from(MAX_HDR_MSG_SIZE)) as u32
+    }
+
+    /// Session number at the receiver.
+    #[inline(always)]
+    pub(crate) fn dest_session_num(self) -> u16 {
+        (self.lo >> 32) as u16
+    }
+
+    /// Packet type.
+    #[inline(always)]
+    pub(crate) fn pkt_type(self) -> PktType {
+        PktType::from_bits(self.word >> PKT_TYPE_SHIFT)
+    }
+
+    /// Packet number.
+    #[inline(always)]
+    pub(crate) fn pkt_num(self) -> u16 {
+        ((self.word >> PKT_NUM_SHIFT) & u64::from(MAX_PKT_NUM)) as u16
+    }
+
+    /// Request number.
+    #[inline(always)]
+    pub(crate) fn req_num(self) -> u64 {
+        (self.word >> REQ_NUM_SHIFT) & MAX_REQ_NUM
+    }
+
+    /// All fields.
+    #[inline]
+    pub(crate) fn fields(self) -> PktHdr {
+        PktHdr {
+            req_type: self.req_type(),
+            msg_size: self.msg_size(),
+            dest_session_num: self.dest_session_num(),
+            pkt_type: self.pkt_type(),
+            pkt_num: self.pkt_num(),
+            req_num: self.req_num(),
+        }
     }
 }
 

@@ -6,12 +6,12 @@ use transport::Transport;
 
 use super::Rpc;
 use crate::consts::SESSION_REQ_WINDOW;
-use crate::pkthdr::{PktHdr, PktType};
+use crate::pkthdr::{PktHdr, PktType, RxHdr};
 use crate::stats::DropReason;
 
 impl<T: Transport, C> Rpc<T, C> {
     /// Server: queues a credit return for request packet `req_hdr`.
-    pub(crate) fn enqueue_cr(&mut self, sn: u16, slot: u8, req_hdr: PktHdr) {
+    pub(crate) fn enqueue_cr(&mut self, sn: u16, slot: u8, req_hdr: RxHdr) {
         let Some(remote) = self.session(sn).map(|s| s.remote_num) else {
             return;
         };
@@ -19,12 +19,12 @@ impl<T: Transport, C> Rpc<T, C> {
             sn,
             slot,
             PktHdr {
-                req_type: req_hdr.req_type,
+                req_type: req_hdr.req_type(),
                 msg_size: 0,
                 dest_session_num: remote,
                 pkt_type: PktType::ExplCr,
-                pkt_num: req_hdr.pkt_num,
-                req_num: req_hdr.req_num,
+                pkt_num: req_hdr.pkt_num(),
+                req_num: req_hdr.req_num(),
             },
         );
     }
@@ -33,12 +33,12 @@ impl<T: Transport, C> Rpc<T, C> {
     /// ignored: the C++ eRPC sends 8 (its control buffers have 8 data
     /// bytes), and a NIC may pad a short frame. A non-zero message size
     /// is refused.
-    pub(crate) fn process_expl_cr(&mut self, hdr: PktHdr, _trailing: &[u8]) {
-        if hdr.msg_size != 0 {
+    pub(crate) fn process_expl_cr(&mut self, hdr: RxHdr, _trailing: &[u8]) {
+        if hdr.msg_size() != 0 {
             return self.stats.drop(DropReason::CtrlHasData);
         }
-        let sn = hdr.dest_session_num;
-        let i = (hdr.req_num % SESSION_REQ_WINDOW as u64) as usize;
+        let sn = hdr.dest_session_num();
+        let i = (hdr.req_num() % SESSION_REQ_WINDOW as u64) as usize;
         let now = self.now_ns;
         let s = self.sessions[usize::from(sn)]
             .as_deref_mut()
@@ -48,17 +48,17 @@ impl<T: Transport, C> Rpc<T, C> {
         if slot.tx_msgbuf.is_none() {
             return self
                 .stats
-                .drop(if hdr.req_num == slot.client.abandoned_req_num {
+                .drop(if hdr.req_num() == slot.client.abandoned_req_num {
                     DropReason::AbandonedRequest
                 } else {
                     DropReason::NoRequestInFlight
                 });
         }
-        if hdr.req_num != slot.cur_req_num {
+        if hdr.req_num() != slot.cur_req_num {
             return self.stats.drop(DropReason::StaleReqNum);
         }
         let c = &mut slot.client;
-        let pkt_num = u32::from(hdr.pkt_num);
+        let pkt_num = u32::from(hdr.pkt_num());
         if pkt_num + 1 >= c.req_pkts || pkt_num >= c.num_tx {
             return self.stats.drop(DropReason::PktNumOutOfRange);
         }

@@ -15,7 +15,7 @@ use super::{
 };
 use crate::consts::{MAX_MSG_BYTES, SESSION_REQ_WINDOW};
 use crate::msgbuf::{MsgBuf, Origin, data_size_to_num_pkts, pkt_data_bytes};
-use crate::pkthdr::{PktHdr, PktType, next_req_num, prev_req_num, req_num_delta};
+use crate::pkthdr::{PktHdr, PktType, RxHdr, next_req_num, prev_req_num, req_num_delta};
 use crate::session::{PendingReq, Role, SessionState, SrvState};
 use crate::stats::DropReason;
 
@@ -344,31 +344,34 @@ impl<T: Transport, C> Rpc<T, C> {
     }
 
     /// A request packet at a server session.
-    pub(crate) fn process_req_pkt(&mut self, ctx: &mut C, hdr: PktHdr, data: &[u8]) {
-        let msg_size = hdr.msg_size as usize;
+    pub(crate) fn process_req_pkt(&mut self, ctx: &mut C, hdr: RxHdr, data: &[u8]) {
+        let msg_size = hdr.msg_size() as usize;
         if msg_size > MAX_MSG_BYTES {
             return self.stats.drop(DropReason::MsgTooLarge);
         }
         let req_pkts = data_size_to_num_pkts(msg_size);
-        let pkt_num = usize::from(hdr.pkt_num);
+        let pkt_num = usize::from(hdr.pkt_num());
         if pkt_num >= req_pkts {
             return self.stats.drop(DropReason::PktNumOutOfRange);
         }
         if data.len() != pkt_data_bytes(msg_size, pkt_num) {
             return self.stats.drop(DropReason::SizeMismatch);
         }
-        if matches!(self.handlers[usize::from(hdr.req_type)], HandlerSlot::None) {
+        if matches!(
+            self.handlers[usize::from(hdr.req_type())],
+            HandlerSlot::None
+        ) {
             return self.stats.drop(DropReason::NoHandler);
         }
-        let sn = hdr.dest_session_num;
-        let i = (hdr.req_num % SESSION_REQ_WINDOW as u64) as usize;
+        let sn = hdr.dest_session_num();
+        let i = (hdr.req_num() % SESSION_REQ_WINDOW as u64) as usize;
         let now = self.now_ns;
         let s = self.sessions[usize::from(sn)]
             .as_deref_mut()
             .expect("dispatch checked the session");
         let slot = &mut s.slots[i];
         // Request numbers wrap at 2^44: compare on the circle.
-        let ahead = match req_num_delta(hdr.req_num, slot.cur_req_num) {
+        let ahead = match req_num_delta(hdr.req_num(), slot.cur_req_num) {
             Err(_) => return self.stats.drop(DropReason::StaleReqNum),
             Ok(0) => return self.process_req_same_num(ctx, hdr, data, i),
             Ok(d) => d,
@@ -396,10 +399,10 @@ impl<T: Transport, C> Rpc<T, C> {
         self.stats.tx_stale += self.tx.forget_slot(slot.tx_epoch, sn, i as u8) as u64;
         let old_resp = slot.tx_msgbuf.take();
         let old_req = slot.server.req_msgbuf.take();
-        slot.cur_req_num = hdr.req_num;
+        slot.cur_req_num = hdr.req_num();
         let sv = &mut slot.server;
-        sv.req_type = hdr.req_type;
-        sv.req_bytes = hdr.msg_size;
+        sv.req_type = hdr.req_type();
+        sv.req_bytes = hdr.msg_size();
         sv.req_pkts = req_pkts as u32;
         sv.num_rx = 1;
         sv.next_rfr = req_pkts as u32;
@@ -425,7 +428,7 @@ impl<T: Transport, C> Rpc<T, C> {
         }
         if req_pkts == 1 && self.config.zero_copy_rx {
             self.stats.rx_accepted += 1;
-            return self.invoke_handler(ctx, sn, i, hdr.req_type, Err(data));
+            return self.invoke_handler(ctx, sn, i, hdr.req_type(), Err(data));
         }
         let mut m = match MsgBuf::alloc(&mut self.alloc, msg_size, Origin::Dynamic) {
             Ok(m) => m,
@@ -441,7 +444,7 @@ impl<T: Transport, C> Rpc<T, C> {
         if req_pkts == 1 {
             // Zero-copy RX off: the handler reads the copy.
             self.stats.rx_copied += 1;
-            return self.invoke_handler(ctx, sn, i, hdr.req_type, Ok(m));
+            return self.invoke_handler(ctx, sn, i, hdr.req_type(), Ok(m));
         }
         let s = self.session_mut(sn).expect("exists");
         let slot = &mut s.slots[i];
@@ -452,18 +455,18 @@ impl<T: Transport, C> Rpc<T, C> {
 
     /// A request packet whose request number is the slot's current one:
     /// the next packet of a multi-packet request, or a duplicate.
-    fn process_req_same_num(&mut self, ctx: &mut C, hdr: PktHdr, data: &[u8], i: usize) {
-        let sn = hdr.dest_session_num;
+    fn process_req_same_num(&mut self, ctx: &mut C, hdr: RxHdr, data: &[u8], i: usize) {
+        let sn = hdr.dest_session_num();
         let now = self.now_ns;
         let s = self.sessions[usize::from(sn)]
             .as_deref_mut()
             .expect("dispatch checked the session");
         let slot = &mut s.slots[i];
         let sv = &mut slot.server;
-        if hdr.msg_size != sv.req_bytes || hdr.req_type != sv.req_type {
+        if hdr.msg_size() != sv.req_bytes || hdr.req_type() != sv.req_type {
             return self.stats.drop(DropReason::SizeMismatch);
         }
-        let pkt_num = u32::from(hdr.pkt_num);
+        let pkt_num = u32::from(hdr.pkt_num());
         let last = sv.req_pkts - 1;
         if pkt_num < sv.num_rx {
             // Duplicate (or a go-back-N retransmission). Never run the
@@ -476,7 +479,7 @@ impl<T: Transport, C> Rpc<T, C> {
             if sv.state == SrvState::Responded {
                 self.stats.rx_accepted += 1;
                 self.stats.dup_req_resp_resent += 1;
-                self.enqueue_msg_pkt(sn, i as u8, 0, hdr.req_num);
+                self.enqueue_msg_pkt(sn, i as u8, 0, hdr.req_num());
                 // The response buffer is recycled when the client's next
                 // request shows it arrived: by then the NIC must not still
                 // hold this extra copy.
@@ -499,7 +502,7 @@ impl<T: Transport, C> Rpc<T, C> {
             return self.enqueue_cr(sn, i as u8, hdr);
         }
         let m = sv.req_msgbuf.take().expect("checked above");
-        self.invoke_handler(ctx, sn, i, hdr.req_type, Ok(m));
+        self.invoke_handler(ctx, sn, i, hdr.req_type(), Ok(m));
     }
 
     /// Runs the handler for the complete request on slot `i`: `req` is the

@@ -11,7 +11,7 @@ use super::tx::write_msg_hdrs;
 use super::{Completion, ReqHandle, RespondError, Rpc, RpcError, SessionNum};
 use crate::consts::{MAX_MSG_BYTES, SESSION_REQ_WINDOW};
 use crate::msgbuf::{MsgBuf, MsgBufError, Origin, data_size_to_num_pkts, pkt_data_bytes};
-use crate::pkthdr::{PktHdr, PktType};
+use crate::pkthdr::{PktHdr, PktType, RxHdr};
 use crate::session::{Role, SrvState};
 use crate::stats::DropReason;
 
@@ -103,17 +103,17 @@ impl<T: Transport, C> Rpc<T, C> {
     }
 
     /// Client: a response packet arrived.
-    pub(crate) fn process_resp_pkt(&mut self, ctx: &mut C, hdr: PktHdr, data: &[u8]) {
-        let sn = hdr.dest_session_num;
-        let i = (hdr.req_num % SESSION_REQ_WINDOW as u64) as usize;
+    pub(crate) fn process_resp_pkt(&mut self, ctx: &mut C, hdr: RxHdr, data: &[u8]) {
+        let sn = hdr.dest_session_num();
+        let i = (hdr.req_num() % SESSION_REQ_WINDOW as u64) as usize;
         let now = self.now_ns;
-        let msg_size = hdr.msg_size as usize;
+        let msg_size = hdr.msg_size() as usize;
         let s = self.sessions[usize::from(sn)]
             .as_deref_mut()
             .expect("dispatch checked the session");
         let max_credits = s.credits_max;
         let slot = &mut s.slots[i];
-        if hdr.req_num == slot.client.abandoned_req_num {
+        if hdr.req_num() == slot.client.abandoned_req_num {
             // The request completed with an error; its slot may carry
             // another request by now.
             return self.stats.drop(DropReason::AbandonedRequest);
@@ -121,11 +121,11 @@ impl<T: Transport, C> Rpc<T, C> {
         if slot.tx_msgbuf.is_none() {
             return self.stats.drop(DropReason::NoRequestInFlight);
         }
-        if hdr.req_num != slot.cur_req_num {
+        if hdr.req_num() != slot.cur_req_num {
             return self.stats.drop(DropReason::StaleReqNum);
         }
         let c = &mut slot.client;
-        let pkt_num = u32::from(hdr.pkt_num);
+        let pkt_num = u32::from(hdr.pkt_num());
         if pkt_num + 1 < c.req_pkts || pkt_num >= c.num_tx {
             return self.stats.drop(DropReason::PktNumOutOfRange);
         }

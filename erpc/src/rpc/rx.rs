@@ -10,7 +10,7 @@
 use transport::{ERPC_HDR_BYTES, RxRing, Transport};
 
 use super::Rpc;
-use crate::pkthdr::{HdrError, PktHdr, PktType};
+use crate::pkthdr::{HdrError, PktType, RxHdr};
 use crate::session::{Role, SessionState};
 use crate::stats::DropReason;
 
@@ -42,22 +42,22 @@ impl<T: Transport, C> Rpc<T, C> {
 
     /// Validates and dispatches one packet (eRPC header + data).
     pub(crate) fn process_pkt(&mut self, ctx: &mut C, pkt: &[u8]) {
-        let hdr = match PktHdr::decode(pkt) {
+        let hdr = match RxHdr::decode(pkt) {
             Ok(h) => h,
             Err(HdrError::Short { .. }) => return self.stats.drop(DropReason::TooShort),
             Err(HdrError::BadMagic { .. }) => return self.stats.drop(DropReason::BadMagic),
         };
         let data = &pkt[ERPC_HDR_BYTES..];
-        let Some(s) = self.session(hdr.dest_session_num) else {
+        let Some(s) = self.session(hdr.dest_session_num()) else {
             if !self.reclaimed.is_empty() {
-                self.renotify_reclaimed(hdr.dest_session_num);
+                self.renotify_reclaimed(hdr.dest_session_num());
             }
             return self.stats.drop(DropReason::UnknownSession);
         };
         if s.state != SessionState::Connected {
             return self.stats.drop(DropReason::SessionNotConnected);
         }
-        match (hdr.pkt_type, s.role) {
+        match (hdr.pkt_type(), s.role) {
             (PktType::Req, Role::Server) => self.process_req_pkt(ctx, hdr, data),
             (PktType::Rfr, Role::Server) => self.process_rfr(hdr, data),
             (PktType::ExplCr, Role::Client) => self.process_expl_cr(hdr, data),
