@@ -295,9 +295,11 @@ impl MsgBuf {
 
     /// Packet `i`'s header slot, writable.
     #[inline]
-    pub(crate) fn pkthdr_mut(&mut self, i: usize) -> &mut [u8] {
+    pub(crate) fn pkthdr_mut(&mut self, i: usize) -> &mut [u8; PKTHDR_BYTES] {
         let o = self.pkthdr_offset(i);
-        &mut self.buf.as_mut_slice()[o..o + PKTHDR_BYTES]
+        self.buf.as_mut_slice()[o..]
+            .first_chunk_mut::<PKTHDR_BYTES>()
+            .expect("a header slot lies within its msgbuf")
     }
 
     /// Data range of packet `i` (offsets into the buffer).

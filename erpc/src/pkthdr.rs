@@ -226,6 +226,19 @@ impl PktHdr {
         Ok(())
     }
 
+    /// Writes a header whose fields are within their wire widths by
+    /// construction: the headers eRPC writes into its own messages (sizes
+    /// of msgbufs, at most `MAX_MSG_BYTES`; request numbers, kept in 44
+    /// bits by every assignment; packet numbers below
+    /// `2 * MAX_MSG_PKTS - 1`, which `consts` asserts fits 14 bits). Debug
+    /// builds check it as [`PktHdr::write_to`] does; release builds, on
+    /// the per-packet path, do not repeat the proof.
+    #[inline(always)]
+    pub(crate) fn write_in_range(&self, out: &mut [u8; ERPC_HDR_BYTES]) {
+        debug_assert_eq!(self.check(), Ok(()), "an eRPC header field out of range");
+        *out = self.encode_checked();
+    }
+
     /// Decodes the first 14 bytes of `b`; checks length and magic only.
     #[inline]
     pub fn decode(b: &[u8]) -> Result<PktHdr, HdrError> {

@@ -56,7 +56,7 @@ use std::cell::Cell;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 
-use transport::{HEADROOM_BYTES, PKTHDR_BYTES, Transport, TxItem};
+use transport::{ERPC_HDR_BYTES, HEADROOM_BYTES, PKTHDR_BYTES, Transport, TxItem};
 
 use super::{CTRL_SLOT_BYTES, Rpc};
 use crate::consts::{CTRL_BUFS, TX_BATCH_MAX, TX_REFUSED_TRIES};
@@ -232,16 +232,12 @@ pub(crate) fn write_msg_hdrs<T: Transport>(
     hdr.msg_size = msg_size as u32;
     let first = hdr.pkt_num;
     let write = |m: &mut MsgBuf, k: usize, hdr: &PktHdr| {
-        let b = m.pkthdr_mut(k);
+        let (head, erpc) = m.pkthdr_mut(k).split_first_chunk_mut::<HEADROOM_BYTES>().expect("56 >= 42");
+        let erpc: &mut [u8; ERPC_HDR_BYTES] = erpc.try_into().expect("56 - 42 = 14");
         // Sizes of at most MAX_MSG_BYTES, request numbers kept in 44 bits
         // and request plus response packets within 14 bits always fit.
-        hdr.write_to(&mut b[HEADROOM_BYTES..])
-            .expect("message headers fit their wire widths");
-        transport.fill_headroom(
-            route,
-            &mut b[..HEADROOM_BYTES],
-            PKTHDR_BYTES + pkt_data_bytes(msg_size, k),
-        );
+        hdr.write_in_range(erpc);
+        transport.fill_headroom(route, head, PKTHDR_BYTES + pkt_data_bytes(msg_size, k));
     };
     write(m, 0, &hdr);
     for k in 1..m.num_pkts() {
