@@ -119,20 +119,9 @@ impl<T: Transport, C> Rpc<T, C> {
         slot.cur_req_num = req_num;
         let msg_size = req.len();
         let num_pkts = req.num_pkts();
-        write_msg_hdrs(
-            &self.transport,
-            route,
-            &mut req,
-            PktHdr {
-                req_type,
-                msg_size: 0,
-                dest_session_num: s.remote_num,
-                pkt_type: PktType::Req,
-                pkt_num: 0,
-                req_num,
-            },
-        );
         let c = &mut slot.client;
+        // The slot first, the headers after: fewer values live across the
+        // transport's `fill_headroom` call.
         c.resp_msgbuf = Some(resp);
         c.cont = Some(cont);
         c.tag = tag;
@@ -148,6 +137,19 @@ impl<T: Transport, C> Rpc<T, C> {
         c.retransmits = 0;
         c.req_bytes = msg_size as u32;
         c.wheel_count = 0;
+        write_msg_hdrs(
+            &self.transport,
+            route,
+            &mut req,
+            PktHdr {
+                req_type,
+                msg_size: 0,
+                dest_session_num: s.remote_num,
+                pkt_type: PktType::Req,
+                pkt_num: 0,
+                req_num,
+            },
+        );
         slot.tx_msgbuf = Some(req);
         // The common case, decided here without `kick`'s general loop: a
         // one-packet request with a credit and room in the TX batch, not
