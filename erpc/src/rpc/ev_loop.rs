@@ -25,6 +25,7 @@ impl<T: Transport, C> Rpc<T, C> {
     ///
     /// # Panics
     /// If called from a handler or continuation (re-entrance).
+    #[inline]
     pub fn run_event_loop_once(&mut self, ctx: &mut C) {
         // The common iteration finds nothing to do: every step below is an
         // inline check, and the work itself is out of line, so an idle

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Instructions per RPC in eRPC's own code, from two callgrind runs.
+
+Usage: callgrind_count.py BINARY SHORT.out LONG.out RPCS [--top N] [--max N] [--total]
+
+SHORT.out and LONG.out are callgrind outputs (``--dump-instr=yes``) of the
+same program doing a different number of RPCs; RPCS is the difference. The
+per-instruction difference, divided by RPCS, cancels setup.
+
+Which instructions are eRPC's is decided per instruction address from its
+inline chain (``addr2line -i``), so the count does not depend on what the
+compiler inlined into what: the innermost source location on the chain that
+is not library code (the Rust standard library, crates.io crates, the
+`mempool` crate) decides. eRPC's files (``erpc/src/``, except the simulated
+transport ``erpc/src/sim/``) count; the transport, the simulated network
+and the benchmark itself do not. A standard-library `Option` check or a
+buffer accessor inlined into eRPC code counts for eRPC, wherever that eRPC
+code was itself inlined (the event loop inlined into the benchmark's loop
+still counts); transport code inlined into eRPC does not.
+"""
+
+import collections
+import re
+import subprocess
+import sys
+
+
+def load(path):
+    """Self cost per instruction address, the function of each, and the
+    number of calls to each function."""
+    cost = collections.Counter()
+    fn_of = {}
+    names = {}
+    calls = collections.Counter()
+    cur = None
+    callee = None
+    addr = 0
+    skip = False
+    for line in open(path):
+        c = line[:1]
+        if c.isdigit() or c in "+-*":
+            parts = line.split()
+            a = parts[0]
+            if a.startswith("0x"):
+                addr = int(a, 16)
+            elif a[0] == "+":
+                addr += int(a[1:])
+            elif a[0] == "-":
+                addr -= int(a[1:])
+            elif a != "*":
+                addr = int(a)
+            if skip:
+                # The inclusive cost of a call, not this instruction's.
+                skip = False
+            elif len(parts) >= 3:
+                cost[addr] += int(parts[-1])
+                fn_of[addr] = cur
+            continue
+        if line.startswith("calls="):
+            calls[callee] += int(line[6:].split()[0])
+            skip = True
+            continue
+        m = re.match(r"(c?fn)=\((\d+)\)(?: (.*))?", line.rstrip("\n"))
+        if m:
+            if m.group(3):
+                names[m.group(2)] = m.group(3)
+            if m.group(1) == "fn":
+                cur = names.get(m.group(2))
+            else:
+                callee = names.get(m.group(2))
+    return cost, fn_of, calls
+
+
+LIBRARY = ("/rustc/", "/.cargo/registry/", "/mempool/src/")
+
+
+def owner(locations):
+    """The innermost non-library source file of an inline chain."""
+    for loc in locations:
+        if not any(p in loc for p in LIBRARY):
+            return loc
+    return locations[-1] if locations else "?"
+
+
+def is_erpc(path):
+    return "erpc/src/" in path and "erpc/src/sim/" not in path
+
+
+def chains(binary, addrs):
+    """addr -> [source location, innermost first] (addr2line -i)."""
+    out = subprocess.run(
+        ["addr2line", "-i", "-a", "-e", binary],
+        input="".join(f"0x{a:x}\n" for a in addrs),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    res, cur = {}, None
+    for line in out.splitlines():
+        if line.startswith("0x"):
+            cur = int(line, 16)
+            res[cur] = []
+        elif cur is not None:
+            res[cur].append(line.strip())
+    return res
+
+
+def main():
+    args = sys.argv[1:]
+    opts = {"--top": 15, "--max": None, "--total": False}
+    pos = []
+    i = 0
+    while i < len(args):
+        if args[i] in ("--top", "--max"):
+            opts[args[i]] = int(args[i + 1])
+            i += 2
+        elif args[i] == "--total":
+            opts["--total"] = True
+            i += 1
+        else:
+            pos.append(args[i])
+            i += 1
+    binary, short, long_, rpcs = pos[0], pos[1], pos[2], int(pos[3])
+    a, _, calls_a = load(short)
+    b, fn_of, calls_b = load(long_)
+    diff = {k: (v - a.get(k, 0)) / rpcs for k, v in b.items()}
+    diff = {k: d for k, d in diff.items() if d != 0}
+    ch = chains(binary, sorted(diff))
+    mine = 0.0
+    rows = collections.Counter()
+    for addr, d in diff.items():
+        loc = owner(ch.get(addr, []))
+        ours = is_erpc(loc)
+        if ours:
+            mine += d
+        fn = re.sub(r"::h[0-9a-f]{16}$", "", fn_of.get(addr) or "?")
+        rows[(ours, fn)] += d
+    total = sum(diff.values())
+    if opts["--total"]:
+        print(round(mine))
+        return 0
+    print(f"eRPC instructions per RPC (client + server): {round(mine)}")
+    print(f"whole program (eRPC + simulated network + benchmark loop) per RPC: {round(total)}")
+    print(f"top {opts['--top']} functions by instructions per RPC "
+          "(eRPC's part of each function marked *, the rest unmarked):")
+    for (ours, name), d in sorted(rows.items(), key=lambda kv: -kv[1])[: opts["--top"]]:
+        if len(name) > 90:
+            name = name[:87] + "..."
+        print(f"  {d:7.1f} {'*' if ours else ' '} {name}")
+    # Event-loop iterations per RPC: one RX poll each; and how many found
+    # packets (the rest are empty polls, whose cost the total includes: the
+    # harness steps the simulated network 100 ns at a time).
+    def per_rpc(pat):
+        n = sum(v for k, v in calls_b.items() if k and re.search(pat, k))
+        n -= sum(v for k, v in calls_a.items() if k and re.search(pat, k))
+        return n / rpcs
+    iters = per_rpc(r"as transport::Transport>::rx_burst")
+    busy = per_rpc(r"::process_rx(::h[0-9a-f]+)?$")
+    if iters > 0:
+        print(f"event-loop iterations per RPC: {iters:.2f} ({busy:.2f} with received packets, "
+              f"{iters - busy:.2f} empty)")
+    if opts["--max"] is not None and mine > opts["--max"]:
+        print(f"FAIL: {round(mine)} instructions per RPC is above the limit of {opts['--max']}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
