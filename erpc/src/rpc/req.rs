@@ -398,7 +398,7 @@ impl<T: Transport, C> Rpc<T, C> {
         let slot = &mut s.slots[i];
         // The previous response leaves the slot: none of its packets may
         // stay queued (a duplicate's answer may be).
-        self.stats.tx_stale += self.tx.forget_slot(slot.tx_epoch, sn, i as u8) as u64;
+        self.tx.forget_slot(slot.tx_epoch, sn, i as u8, &mut self.stats.tx_stale);
         let old_resp = slot.tx_msgbuf.take();
         let old_req = slot.server.req_msgbuf.take();
         slot.cur_req_num = hdr.req_num();

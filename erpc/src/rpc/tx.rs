@@ -190,15 +190,20 @@ impl<R> TxBatch<R> {
     }
 
     /// Forgets the queued packets of slot `slot` of session `session`
-    /// (its message is about to leave the slot). One comparison unless
-    /// the slot queued something in this epoch.
-    #[inline]
-    pub(crate) fn forget_slot(&mut self, slot_epoch: u64, session: u16, slot: u8) -> usize {
-        if slot_epoch != self.epoch {
-            return 0;
+    /// (its message is about to leave the slot), adding them to `stale`.
+    /// One comparison unless the slot queued something in this epoch.
+    #[inline(always)]
+    pub(crate) fn forget_slot(&mut self, slot_epoch: u64, session: u16, slot: u8, stale: &mut u64) {
+        if slot_epoch == self.epoch {
+            self.forget_slot_now(session, slot, stale);
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn forget_slot_now(&mut self, session: u16, slot: u8, stale: &mut u64) {
         let o = Owner { session, slot };
-        self.forget(|x| x == o)
+        *stale += self.forget(|x| x == o) as u64;
     }
 
     /// Forgets every queued packet of session `session` (its buffers are
@@ -516,9 +521,12 @@ mod tests {
         push(&mut b, 4, 3, 0);
         push(&mut b, 5, 3, 1);
         // A slot that queued nothing in this epoch: nothing to scan.
-        assert_eq!(b.forget_slot(e0 - 1, 3, 0), 0);
+        let mut stale = 0;
+        b.forget_slot(e0 - 1, 3, 0, &mut stale);
+        assert_eq!(stale, 0);
         assert_eq!(lens(&b), [1, 2, 3, 4, 5]);
-        assert_eq!(b.forget_slot(e0, 3, 0), 2);
+        b.forget_slot(e0, 3, 0, &mut stale);
+        assert_eq!(stale, 2);
         assert_eq!(lens(&b), [2, 3, 5]);
         assert_eq!(b.epoch, e0, "not empty yet");
         b.consume(1);
@@ -529,7 +537,8 @@ mod tests {
         assert_eq!(b.room(), TX_BATCH_MAX);
         assert_eq!(b.epoch, e0 + 1, "emptied: a new epoch");
         // Whatever a slot recorded before, it has nothing queued now.
-        assert_eq!(b.forget_slot(e0, 3, 1), 0);
+        b.forget_slot(e0, 3, 1, &mut stale);
+        assert_eq!(stale, 2);
         push(&mut b, 6, 1, 1);
         b.consume(1);
         assert_eq!(b.epoch, e0 + 2);
