@@ -662,6 +662,7 @@ impl RxRing for SimRing {
         self.0.entries()
     }
 
+    #[inline]
     fn packet(&self, idx: usize) -> Option<&[u8]> {
         self.0.packet(idx)
     }
@@ -744,6 +745,7 @@ impl Transport for SimTransport {
         })
     }
 
+    #[inline]
     fn fill_headroom(&self, route: &SimRoute, headroom: &mut [u8], frame_len: usize) {
         route.headroom.write(headroom, frame_len);
     }
@@ -804,6 +806,7 @@ impl Transport for SimTransport {
 
     fn tx_flush(&mut self) {}
 
+    #[inline]
     fn rx_burst(&mut self) -> usize {
         let mut n = self.net.borrow_mut();
         if !self.current(&n) {

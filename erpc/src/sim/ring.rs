@@ -84,6 +84,7 @@ impl RingMem {
         s.sw_owned.set(false);
     }
 
+    #[inline]
     pub(crate) fn packet(&self, idx: usize) -> Option<&[u8]> {
         let s = self.slots.get(idx)?;
         assert!(
