@@ -400,7 +400,13 @@ impl<T: Transport, C> Rpc<T, C> {
         // stay queued (a duplicate's answer may be).
         self.tx.forget_slot(slot.tx_epoch, sn, i as u8, &mut self.stats.tx_stale);
         let old_resp = slot.tx_msgbuf.take();
-        let old_req = slot.server.req_msgbuf.take();
+        // Usually none (single-packet requests are handled in the RX ring):
+        // test before taking, which would copy the empty value.
+        let old_req = if slot.server.req_msgbuf.is_some() {
+            slot.server.req_msgbuf.take()
+        } else {
+            None
+        };
         slot.cur_req_num = hdr.req_num();
         let sv = &mut slot.server;
         sv.req_type = hdr.req_type();

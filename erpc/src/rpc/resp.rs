@@ -90,7 +90,12 @@ impl<T: Transport, C> Rpc<T, C> {
             },
         );
         sv.state = SrvState::Responded;
-        let req = sv.req_msgbuf.take();
+        // Usually none: single-packet requests are handled in the RX ring.
+        let req = if sv.req_msgbuf.is_some() {
+            sv.req_msgbuf.take()
+        } else {
+            None
+        };
         slot.tx_msgbuf = Some(resp);
         self.stats.resps_enqueued += 1;
         // The first response packet (it also returns the request's last
