@@ -59,6 +59,30 @@ pub(crate) fn burst_paced(
         && (first_only || !(bypass && wheel_count == 0 && cc.is_none_or(|cc| cc.uncongested())))
 }
 
+/// An RTT sample for client session `s`: the acknowledgement of the packet
+/// whose TX timestamp is cell `ts_at` arrived at `rx_ns`. Out of line, and
+/// given the session its caller holds: no second lookup, and the response
+/// path keeps its registers.
+#[inline(never)]
+pub(crate) fn rtt_sample<T: Transport, C>(
+    s: &mut crate::session::Session<T, C>,
+    ts_at: usize,
+    rx_ns: u64,
+    bypass: bool,
+    stats: &mut crate::stats::RpcStats,
+) {
+    let Some(cc) = s.cc.as_mut() else { return };
+    let Some(ts) = s.tx_ts.get(ts_at) else {
+        return;
+    };
+    let rtt = rx_ns.saturating_sub(ts.get());
+    match cc.update(rx_ns, rtt, bypass) {
+        Update::Updated => stats.timely_updates += 1,
+        Update::Bypassed => stats.timely_bypassed += 1,
+        Update::Ignored => {}
+    }
+}
+
 impl<T: Transport, C> Rpc<T, C> {
     /// Puts packet `pkt` of client slot `i` into the timing wheel unless
     /// the session may send it now (CC off, or the wheel bypass). Returns
@@ -177,23 +201,13 @@ impl<T: Transport, C> Rpc<T, C> {
     #[inline]
     pub(crate) fn cc_rtt_sample(&mut self, sn: u16, i: usize, pkt: u32, rx_ns: u64) {
         let bypass = self.config.cc.timely_bypass;
-        let mask = self.tx_ts_cap - 1;
-        let Some(s) = self
+        let at = i * self.tx_ts_cap + (pkt as usize & (self.tx_ts_cap - 1));
+        if let Some(s) = self
             .sessions
             .get_mut(usize::from(sn))
             .and_then(|s| s.as_deref_mut())
-        else {
-            return;
-        };
-        let Some(cc) = s.cc.as_mut() else { return };
-        let Some(ts) = s.tx_ts.get(i * self.tx_ts_cap + (pkt as usize & mask)) else {
-            return;
-        };
-        let rtt = rx_ns.saturating_sub(ts.get());
-        match cc.update(rx_ns, rtt, bypass) {
-            Update::Updated => self.stats.timely_updates += 1,
-            Update::Bypassed => self.stats.timely_bypassed += 1,
-            Update::Ignored => {}
+        {
+            rtt_sample(s, at, rx_ns, bypass, &mut self.stats);
         }
     }
 }

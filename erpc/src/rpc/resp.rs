@@ -187,8 +187,20 @@ impl<T: Transport, C> Rpc<T, C> {
         let c = &s.slots[i].client;
         let done = c.num_rx == c.wire_pkts();
         if self.wheel.is_some() {
-            let rx = self.cc_rx_now();
-            self.cc_rtt_sample(sn, i, pkt_num, rx);
+            // The RTT sample, with the session in hand.
+            let rx = if self.config.cc.batch_timestamps {
+                now
+            } else {
+                self.clock.now_ns()
+            };
+            let cap = self.tx_ts_cap;
+            super::cc::rtt_sample(
+                s,
+                i * cap + (pkt_num as usize & (cap - 1)),
+                rx,
+                self.config.cc.timely_bypass,
+                &mut self.stats,
+            );
         }
         if let Some(e) = too_large {
             return self.complete(ctx, sn, i, Err(e));
