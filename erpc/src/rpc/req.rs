@@ -67,7 +67,7 @@ impl<T: Transport, C> Rpc<T, C> {
         };
         self.stats.reqs_enqueued += 1;
         match slot {
-            Some(i) => self.start_request(session, i, req_type, req, resp, cont, tag),
+            Some(i) => self.start_request_now(session, i, req_type, req, resp, cont, tag),
             None => {
                 self.stats.reqs_backlogged += 1;
                 s.backlog.push_back(PendingReq {
@@ -80,6 +80,23 @@ impl<T: Transport, C> Rpc<T, C> {
             }
         }
         Ok(())
+    }
+
+    /// [`Rpc::start_request`] out of line, for `enqueue_request`: with the
+    /// backlog path alone inline it needs fewer registers saved.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn start_request_now(
+        &mut self,
+        session: SessionNum,
+        i: usize,
+        req_type: u8,
+        req: MsgBuf,
+        resp: MsgBuf,
+        cont: Continuation<T, C>,
+        tag: usize,
+    ) {
+        self.start_request(session, i, req_type, req, resp, cont, tag);
     }
 
     /// Puts a request into free slot `i` of a connected client session and
