@@ -415,7 +415,8 @@ impl<T: Transport, C> Rpc<T, C> {
         let slot = &mut s.slots[i];
         // The previous response leaves the slot: none of its packets may
         // stay queued (a duplicate's answer may be).
-        self.tx.forget_slot(slot.tx_epoch, sn, i as u8, &mut self.stats.tx_stale);
+        self.tx
+            .forget_slot(slot.tx_epoch, sn, i as u8, &mut self.stats.tx_stale);
         let old_resp = slot.tx_msgbuf.take();
         // Usually none (single-packet requests are handled in the RX ring):
         // test before taking, which would copy the empty value.

@@ -226,7 +226,8 @@ impl<T: Transport, C> Rpc<T, C> {
             .expect("caller checked the session");
         let slot = &mut s.slots[i];
         // The request leaves the slot: none of its packets may stay queued.
-        self.tx.forget_slot(slot.tx_epoch, sn, i as u8, &mut self.stats.tx_stale);
+        self.tx
+            .forget_slot(slot.tx_epoch, sn, i as u8, &mut self.stats.tx_stale);
         let c = &mut slot.client;
         let cont = c.cont.take().expect("in flight");
         // Credits still out for this request (an early error) are returned.

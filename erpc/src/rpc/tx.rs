@@ -3,18 +3,20 @@
 //! [`Rpc::flush_tx`] (the one place that calls the transport).
 //!
 //! # Entries are resolved when they are queued
-//! A batch entry holds what the transport needs for the packet: where its
-//! bytes are (virtual address and IOVA of the header slot and of the
-//! data), its memory key, its route and, for a client packet under
-//! congestion control, where its TX timestamp goes. So a flush only turns
-//! each entry into a [`TxItem`], stamps the timestamp and calls the
-//! transport: it never looks a session, slot or buffer up again (the C++
-//! `tx_burst_arr` holds message-buffer pointers the same way).
+//! A batch entry is the transport's [`TxItem`] itself, built when the
+//! packet is queued: where its bytes are (virtual address and IOVA of the
+//! header slot and of the data), its memory key and its route; beside it,
+//! for a client packet under congestion control, where its TX timestamp
+//! goes. So a flush only stamps the timestamps and hands a slice of the
+//! items to the transport: it never looks a session, slot or buffer up
+//! again (the C++ `tx_burst_arr` holds message-buffer pointers the same
+//! way).
 //!
 //! That makes this module one of the crate's few places with `unsafe`
-//! code: an entry's addresses are raw pointers, turned back into slices
-//! and references only during a flush. They stay valid because of one
-//! rule, the **batch invariant**: *every entry refers to a live session's
+//! code: a queued item holds addresses ([`TxItem::from_raw`]), which the
+//! transport turns back into slices and references only during a
+//! `tx_burst` call. They stay valid because of one rule, the **batch
+//! invariant**: *every entry refers to a live session's
 //! route (and timestamp cells) and to the control buffer or to the
 //! `tx_msgbuf` its slot holds; nothing that an entry refers to is freed,
 //! moved out of its slot or rewritten while the entry is queued.* What
@@ -237,7 +239,10 @@ pub(crate) fn write_msg_hdrs<T: Transport>(
     hdr.msg_size = msg_size as u32;
     let first = hdr.pkt_num;
     let write = |m: &mut MsgBuf, k: usize, hdr: &PktHdr| {
-        let (head, erpc) = m.pkthdr_mut(k).split_first_chunk_mut::<HEADROOM_BYTES>().expect("56 >= 42");
+        let (head, erpc) = m
+            .pkthdr_mut(k)
+            .split_first_chunk_mut::<HEADROOM_BYTES>()
+            .expect("56 >= 42");
         let erpc: &mut [u8; ERPC_HDR_BYTES] = erpc.try_into().expect("56 - 42 = 14");
         // Sizes of at most MAX_MSG_BYTES, request numbers kept in 44 bits
         // and request plus response packets within 14 bits always fit.
