@@ -46,6 +46,7 @@ impl<T: Transport, C> Rpc<T, C> {
     /// Sends `resp` as the response to the request `h`. The request
     /// buffer of `h` is released. The Rpc keeps `resp` until the client's
     /// next request on the slot proves it arrived, then recycles it.
+    #[inline]
     pub fn enqueue_response(&mut self, h: ReqHandle, mut resp: MsgBuf) -> Result<(), RespondError> {
         let stale = RespondError::Stale {
             session: h.session,
