@@ -111,8 +111,8 @@ impl TscClock {
     }
 }
 
-/// The time-stamp counter read: the crate's only `unsafe` outside the
-/// simulated RX ring.
+/// The time-stamp counter read: one of the crate's three `unsafe` modules
+/// (with the simulated RX ring and the TX batch, `rpc::tx`).
 #[allow(unsafe_code)]
 mod tsc {
     #[cfg(target_arch = "x86_64")]

@@ -1,7 +1,8 @@
 //! The simulated NIC's RX ring: slots the "NIC" (the simulated network)
 //! writes and the Rpc reads in place, like DMA memory.
 //!
-//! This is the only `unsafe` in the crate besides the TSC read. A ring
+//! One of the crate's three `unsafe` modules (with the TSC read and the TX
+//! batch, `rpc::tx`). A ring
 //! slot is owned either by the NIC (free, may be written) or by software
 //! (holds a received packet, may be read). `write` requires NIC ownership
 //! and `packet` software ownership, both checked at run time, so the two
