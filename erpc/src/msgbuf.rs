@@ -318,8 +318,9 @@ impl MsgBuf {
     }
 
     /// Where packet `i`'s bytes are, for a TX queue entry that outlives
-    /// this borrow (see `rpc::tx`): the same ranges as
-    /// [`MsgBuf::tx_parts`], as addresses. Computing them reads nothing
+    /// this borrow (see `rpc::tx`): the header slot (for packet 0 with the
+    /// data that follows it) and, for later packets, the packet's slice of
+    /// the data, as addresses and IOVAs. Computing them reads nothing
     /// through them. An empty data range has a dangling, non-null address.
     #[inline]
     pub(crate) fn tx_raw_parts(&self, i: usize) -> TxRawParts {

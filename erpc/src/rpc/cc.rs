@@ -59,6 +59,26 @@ pub(crate) fn burst_paced(
         && (first_only || !(bypass && wheel_count == 0 && cc.is_none_or(|cc| cc.uncongested())))
 }
 
+/// Where the TX timestamp of packet `pkt` of client slot `slot` is kept in
+/// its session's `tx_ts`: `cap` cells per slot (`Rpc::tx_ts_cap`, a power
+/// of two at least the credits), by packet number modulo `cap`.
+#[inline(always)]
+pub(crate) fn ts_index(cap: usize, slot: usize, pkt: u32) -> usize {
+    slot * cap + (pkt as usize & (cap - 1))
+}
+
+/// The receive time of an acknowledgement: the event-loop iteration's
+/// clock reading `now_ns` with batched timestamps, a fresh read otherwise
+/// (for code that holds a session and cannot call `Rpc::cc_rx_now`).
+#[inline(always)]
+pub(crate) fn rx_time(cfg: &crate::cc::CcConfig, now_ns: u64, clock: &crate::clock::Clock) -> u64 {
+    if cfg.batch_timestamps {
+        now_ns
+    } else {
+        clock.now_ns()
+    }
+}
+
 /// An RTT sample for client session `s`: the acknowledgement of the packet
 /// whose TX timestamp is cell `ts_at` arrived at `rx_ns`. Out of line, and
 /// given the session its caller holds: no second lookup, and the response
@@ -189,11 +209,7 @@ impl<T: Transport, C> Rpc<T, C> {
     /// event-loop iteration with batched timestamps).
     #[inline]
     pub(crate) fn cc_rx_now(&self) -> u64 {
-        if self.config.cc.batch_timestamps {
-            self.now_ns
-        } else {
-            self.clock.now_ns()
-        }
+        rx_time(&self.config.cc, self.now_ns, &self.clock)
     }
 
     /// An acknowledgement of client packet `pkt` of slot `i` arrived at
@@ -201,7 +217,7 @@ impl<T: Transport, C> Rpc<T, C> {
     #[inline]
     pub(crate) fn cc_rtt_sample(&mut self, sn: u16, i: usize, pkt: u32, rx_ns: u64) {
         let bypass = self.config.cc.timely_bypass;
-        let at = i * self.tx_ts_cap + (pkt as usize & (self.tx_ts_cap - 1));
+        let at = ts_index(self.tx_ts_cap, i, pkt);
         if let Some(s) = self
             .sessions
             .get_mut(usize::from(sn))

@@ -29,10 +29,9 @@ impl<T: Transport, C> Rpc<T, C> {
     pub fn run_event_loop_once(&mut self, ctx: &mut C) {
         // Always inlined into the caller's loop (it is called in one): no
         // call and no frame per iteration. The common iteration finds
-        // nothing to do: every step below is an
-        // inline check, and the work itself is out of line, so an idle
-        // iteration costs a few dozen instructions and no stack frame of
-        // the receive or transmit paths.
+        // nothing to do: every step below is an inline check, and the work
+        // itself is out of line, so an idle iteration costs a few dozen
+        // instructions and no stack frame of the receive or transmit paths.
         assert!(
             !self.in_event_loop,
             "run_event_loop_once must not be called from a handler or continuation"

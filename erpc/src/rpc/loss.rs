@@ -80,7 +80,6 @@ impl<T: Transport, C> Rpc<T, C> {
         let now = self.now_ns;
         let rto = self.rto_ns;
         let failure_ns = self.config.failure_timeout_ms * 1_000_000;
-        let ts_mask = self.tx_ts_cap - 1;
         // Slots due for a rollback, as (session, slot bitmask); sessions of
         // unpingable peers that went silent.
         let mut due: Vec<(u16, u8)> = Vec::new();
@@ -122,7 +121,7 @@ impl<T: Transport, C> Rpc<T, C> {
                     if c.num_tx - u32::from(c.wheel_count) <= c.num_rx {
                         continue;
                     }
-                    let sent = &s.tx_ts[i * self.tx_ts_cap + (c.num_rx as usize & ts_mask)];
+                    let sent = &s.tx_ts[super::cc::ts_index(self.tx_ts_cap, i, c.num_rx)];
                     since = since.max(sent.get());
                 }
                 if now.saturating_sub(since) >= rto {

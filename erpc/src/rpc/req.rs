@@ -181,10 +181,9 @@ impl<T: Transport, C> Rpc<T, C> {
             c.num_tx = 1;
             c.in_flight_ns = now;
             s.credits -= 1;
-            // Packet 0's TX timestamp is cell 0 of the slot's.
             let ts_at = if self.wheel.is_some() {
                 self.stats.wheel_bypassed += 1;
-                Some(i * self.tx_ts_cap)
+                Some(super::cc::ts_index(self.tx_ts_cap, i, 0))
             } else {
                 None
             };

@@ -145,7 +145,7 @@ impl<T: Transport, C> Rpc<T, C> {
     fn take_outstanding(&mut self, sn: SessionNum, err: RpcError) -> usize {
         // The requests leave their slots: none of their packets (nor the
         // session's RFRs) may stay queued.
-        self.stats.tx_stale += self.tx.forget_session(sn) as u64;
+        self.tx.forget_session(sn, &mut self.stats.tx_stale);
         let Some(s) = self
             .sessions
             .get_mut(usize::from(sn))
@@ -277,10 +277,10 @@ impl<T: Transport, C> Rpc<T, C> {
         // slots of running handlers) until they respond. Queued packets of
         // the session go first (they point into those buffers).
         s.state = SessionState::Resetting;
-        self.stats.tx_stale += self.tx.forget_session(sn) as u64;
-        let Some(s) = self.sessions[usize::from(sn)].as_deref_mut() else {
-            return;
-        };
+        self.tx.forget_session(sn, &mut self.stats.tx_stale);
+        let s = self.sessions[usize::from(sn)]
+            .as_deref_mut()
+            .expect("looked up above");
         let token = s.uniq_token;
         let mut bufs = Vec::new();
         for sl in s.slots.iter_mut() {

@@ -189,15 +189,10 @@ impl<T: Transport, C> Rpc<T, C> {
         let done = c.num_rx == c.wire_pkts();
         if self.wheel.is_some() {
             // The RTT sample, with the session in hand.
-            let rx = if self.config.cc.batch_timestamps {
-                now
-            } else {
-                self.clock.now_ns()
-            };
-            let cap = self.tx_ts_cap;
+            let rx = super::cc::rx_time(&self.config.cc, now, &self.clock);
             super::cc::rtt_sample(
                 s,
-                i * cap + (pkt_num as usize & (cap - 1)),
+                super::cc::ts_index(self.tx_ts_cap, i, pkt_num),
                 rx,
                 self.config.cc.timely_bypass,
                 &mut self.stats,

@@ -706,7 +706,7 @@ impl<T: Transport, C> Rpc<T, C> {
     /// running handlers must be done (see `reset_server_session`).
     pub(crate) fn free_session(&mut self, sn: SessionNum) {
         // Queued packets point into the session (its route, its buffers).
-        self.stats.tx_stale += self.tx.forget_session(sn) as u64;
+        self.tx.forget_session(sn, &mut self.stats.tx_stale);
         let Some(s) = self
             .sessions
             .get_mut(usize::from(sn))

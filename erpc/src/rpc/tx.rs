@@ -209,12 +209,12 @@ impl<R> TxBatch<R> {
     }
 
     /// Forgets every queued packet of session `session` (its buffers are
-    /// about to be taken out, or it is about to be freed).
-    pub(crate) fn forget_session(&mut self, session: u16) -> usize {
-        if self.len == 0 {
-            return 0;
+    /// about to be taken out, or it is about to be freed), adding them to
+    /// `stale`.
+    pub(crate) fn forget_session(&mut self, session: u16, stale: &mut u64) {
+        if self.len != 0 {
+            *stale += self.forget(|x| x.session == session) as u64;
         }
-        self.forget(|x| x.session == session)
     }
 
     /// Forgets everything queued (the Rpc is going away).
@@ -381,7 +381,7 @@ impl<T: Transport, C> Rpc<T, C> {
             return;
         }
         let ts_at = (cc && s.role == crate::session::Role::Client)
-            .then(|| usize::from(slot) * cap + (pkt_idx as usize & (cap - 1)));
+            .then(|| super::cc::ts_index(cap, usize::from(slot), pkt_idx));
         Self::tx_push_msg(&mut self.tx, &mut self.stats, s, slot, pkt_idx, ts_at);
     }
 
@@ -411,8 +411,7 @@ impl<T: Transport, C> Rpc<T, C> {
         // An RFR is a client packet: it gets a TX timestamp (its RTT
         // sample comes with the response packet it asks for).
         let ts = if self.wheel.is_some() && s.role == crate::session::Role::Client {
-            let cap = self.tx_ts_cap;
-            let at = usize::from(slot) * cap + (usize::from(hdr.pkt_num) & (cap - 1));
+            let at = super::cc::ts_index(self.tx_ts_cap, usize::from(slot), u32::from(hdr.pkt_num));
             s.tx_ts.get(at).map_or(std::ptr::null(), |c| c as *const _)
         } else {
             std::ptr::null()
@@ -536,19 +535,22 @@ mod tests {
         assert_eq!(b.epoch, e0, "not empty yet");
         b.consume(1);
         assert_eq!(lens(&b), [3, 5]);
-        assert_eq!(b.forget_session(3), 1);
+        b.forget_session(3, &mut stale);
+        assert_eq!(stale, 3);
         assert_eq!(lens(&b), [3]);
-        assert_eq!(b.forget_session(4), 1);
+        b.forget_session(4, &mut stale);
+        assert_eq!(stale, 4);
         assert_eq!(b.room(), TX_BATCH_MAX);
         assert_eq!(b.epoch, e0 + 1, "emptied: a new epoch");
         // Whatever a slot recorded before, it has nothing queued now.
         b.forget_slot(e0, 3, 1, &mut stale);
-        assert_eq!(stale, 2);
+        assert_eq!(stale, 4);
         push(&mut b, 6, 1, 1);
         b.consume(1);
         assert_eq!(b.epoch, e0 + 2);
         b.clear();
         assert_eq!(b.epoch, e0 + 3);
-        assert_eq!(b.forget_session(1), 0);
+        b.forget_session(1, &mut stale);
+        assert_eq!(stale, 4);
     }
 }
