@@ -7,7 +7,9 @@ SHORT.out and LONG.out are callgrind outputs (``--dump-instr=yes``) of the
 same program doing a different number of RPCs; RPCS is the difference. The
 per-instruction difference, divided by RPCS, cancels setup.
 
-Which instructions are eRPC's is decided per instruction address from its
+Which instructions are eRPC's is decided per instruction address of the
+binary (addresses are offsets within their object: a libc address is
+never looked up in the binary) from its
 inline chain (``addr2line -i``), so the count does not depend on what the
 compiler inlined into what: the innermost source location on the chain that
 is not library code (the Rust standard library, crates.io crates, the
@@ -25,17 +27,32 @@ import subprocess
 import sys
 
 
-def load(path):
-    """Self cost per instruction address, the function of each, and the
-    number of calls to each function."""
+def load(path, main_object=None):
+    """Self cost per instruction address of `main_object` (the benchmark
+    binary; its base name), the function of each, the number of calls to
+    each function, and per call site in the binary the inclusive cost of
+    calls into other objects (libc's memcpy, ...).
+
+    Addresses are offsets within their object, so an address in libc can
+    equal one in the binary: only the binary's own instructions are keyed
+    by address; the cost of every other object is kept per function name
+    (in `fn_of`'s key space as ``("ob", name)``)."""
     cost = collections.Counter()
     fn_of = {}
     names = {}
+    objs = {}
     calls = collections.Counter()
+    out_calls = collections.Counter()
     cur = None
+    cur_ob = None
     callee = None
+    callee_ob = None
     addr = 0
     skip = False
+
+    def ours(ob):
+        return main_object is None or (ob or "").rsplit("/", 1)[-1] == main_object
+
     for line in open(path):
         c = line[:1]
         if c.isdigit() or c in "+-*":
@@ -50,15 +67,34 @@ def load(path):
             elif a != "*":
                 addr = int(a)
             if skip:
-                # The inclusive cost of a call, not this instruction's.
+                # The inclusive cost of a call, not this instruction's:
+                # kept only for a call from the binary into another object.
                 skip = False
+                target = callee_ob if callee_ob is not None else cur_ob
+                if ours(cur_ob) and not ours(target) and len(parts) >= 3:
+                    out_calls[addr] += int(parts[-1])
+                callee_ob = None
             elif len(parts) >= 3:
-                cost[addr] += int(parts[-1])
-                fn_of[addr] = cur
+                if ours(cur_ob):
+                    cost[addr] += int(parts[-1])
+                    fn_of[addr] = cur
+                else:
+                    key = ("ob", cur)
+                    cost[key] += int(parts[-1])
+                    fn_of[key] = cur
             continue
         if line.startswith("calls="):
             calls[callee] += int(line[6:].split()[0])
             skip = True
+            continue
+        m = re.match(r"(c?ob)=\((\d+)\)(?: (.*))?", line.rstrip("\n"))
+        if m:
+            if m.group(3):
+                objs[m.group(2)] = m.group(3)
+            if m.group(1) == "ob":
+                cur_ob = objs.get(m.group(2))
+            else:
+                callee_ob = objs.get(m.group(2))
             continue
         m = re.match(r"(c?fn)=\((\d+)\)(?: (.*))?", line.rstrip("\n"))
         if m:
@@ -68,7 +104,7 @@ def load(path):
                 cur = names.get(m.group(2))
             else:
                 callee = names.get(m.group(2))
-    return cost, fn_of, calls
+    return cost, fn_of, calls, out_calls
 
 
 LIBRARY = ("/rustc/", "/.cargo/registry/", "/mempool/src/")
@@ -121,20 +157,32 @@ def main():
             pos.append(args[i])
             i += 1
     binary, short, long_, rpcs = pos[0], pos[1], pos[2], int(pos[3])
-    a, _, calls_a = load(short)
-    b, fn_of, calls_b = load(long_)
+    main_object = binary.rsplit("/", 1)[-1]
+    a, _, calls_a, out_a = load(short, main_object)
+    b, fn_of, calls_b, out_b = load(long_, main_object)
     diff = {k: (v - a.get(k, 0)) / rpcs for k, v in b.items()}
     diff = {k: d for k, d in diff.items() if d != 0}
-    ch = chains(binary, sorted(diff))
+    out = {k: (v - out_a.get(k, 0)) / rpcs for k, v in out_b.items()}
+    out = {k: d for k, d in out.items() if d != 0}
+    ch = chains(binary, sorted({k for k in diff if isinstance(k, int)} | set(out)))
     mine = 0.0
     rows = collections.Counter()
     for addr, d in diff.items():
-        loc = owner(ch.get(addr, []))
-        ours = is_erpc(loc)
+        # Another object's instructions (libc, the loader) are nobody's
+        # source here: they count for eRPC only through a call from eRPC
+        # code, below.
+        ours = isinstance(addr, int) and is_erpc(owner(ch.get(addr, [])))
         if ours:
             mine += d
         fn = re.sub(r"::h[0-9a-f]{16}$", "", fn_of.get(addr) or "?")
         rows[(ours, fn)] += d
+    # A call from eRPC code into another object (a memcpy the compiler did
+    # not inline, say) is eRPC's, like library code inlined into it.
+    for addr, d in out.items():
+        if is_erpc(owner(ch.get(addr, []))):
+            mine += d
+            fn = re.sub(r"::h[0-9a-f]{16}$", "", fn_of.get(addr) or "?")
+            rows[(True, fn + " (calls out)")] += d
     total = sum(diff.values())
     if opts["--total"]:
         print(round(mine))
