@@ -5,8 +5,10 @@
 //! [`NexusBuilder::inspect`](crate::NexusBuilder::inspect) (or with
 //! `ERPC_INSPECT=1`) registers itself with the process's endpoint, and
 //! each of its Rpcs gets a publisher. The event loop checks it once per
-//! iteration — one relaxed atomic load while nobody is attached — and when
-//! a client asks, copies its counters and sessions as they are (`RpcRaw`)
+//! packet-loss scan interval (`RpcConfig::pkt_loss_scan_us`, 500 µs by
+//! default; with a virtual clock, once per interval of simulated time) —
+//! one relaxed atomic load while nobody is attached — and when a client
+//! asks, copies its counters and sessions as they are (`RpcRaw`)
 //! and hands them over without waiting; the endpoint thread turns them
 //! into an [`RpcView`] (names, maps), so the datapath pays only for the
 //! copy. The Nexus's own counters (session management, keep-alive) are

@@ -19,6 +19,13 @@ pub(crate) const PENDING_BG: u8 = 2;
 /// `pending` bit: the timing wheel may hold packets.
 pub(crate) const PENDING_WHEEL: u8 = 4;
 
+/// [`Rpc`]'s `gate` bit: an event-loop iteration is running (handlers and
+/// continuations must not start another).
+pub(crate) const GATE_IN_LOOP: u8 = 1;
+/// `gate` bit: the owed queue may hold events or failed requests (set
+/// where they are queued, cleared by `pay_owed` when it empties the queue).
+pub(crate) const GATE_OWED: u8 = 2;
+
 impl<T: Transport, C> Rpc<T, C> {
     /// One iteration of the event loop. Handlers and continuations run in
     /// it and receive `ctx`.
@@ -32,19 +39,22 @@ impl<T: Transport, C> Rpc<T, C> {
         // nothing to do: every step below is an inline check, and the work
         // itself is out of line, so an idle iteration costs a few dozen
         // instructions and no stack frame of the receive or transmit paths.
-        assert!(
-            !self.in_event_loop,
-            "run_event_loop_once must not be called from a handler or continuation"
-        );
-        self.in_event_loop = true;
+        // One byte says both "not re-entered" and "nothing owed": the
+        // common iteration tests it once (`gated_entry` is the rest).
         debug_assert_eq!(
             self.pending_now() & !self.pending,
             0,
             "work queued without its `pending` bit"
         );
+        debug_assert!(
+            self.owed.is_empty() || self.gate & GATE_OWED != 0,
+            "owed without the gate's bit"
+        );
         self.now_ns = self.clock.now_ns();
-        if !self.owed.is_empty() {
-            self.pay_owed(ctx);
+        if self.gate == 0 {
+            self.gate = GATE_IN_LOOP;
+        } else {
+            self.gated_entry(ctx);
         }
         let n = self.transport.rx_burst();
         if n != 0 {
@@ -59,13 +69,23 @@ impl<T: Transport, C> Rpc<T, C> {
             self.process_sm_and_timers(ctx);
         }
         self.flush_tx();
-        // The debug endpoint: one relaxed load while nobody is attached.
-        if let Some(p) = &self.inspect
-            && p.wanted()
-        {
-            self.publish_inspect();
+        self.gate &= !GATE_IN_LOOP;
+    }
+
+    /// The start of an iteration whose gate byte was not clear: a
+    /// re-entrance (a panic), or what earlier iterations owe the
+    /// application (paid now, before RX).
+    #[cold]
+    #[inline(never)]
+    fn gated_entry(&mut self, ctx: &mut C) {
+        assert!(
+            self.gate & GATE_IN_LOOP == 0,
+            "run_event_loop_once must not be called from a handler or continuation"
+        );
+        self.gate |= GATE_IN_LOOP;
+        if self.gate & GATE_OWED != 0 {
+            self.pay_owed(ctx);
         }
-        self.in_event_loop = false;
     }
 
     /// Runs the event loop for `dur` on this Rpc's clock. With a virtual

@@ -41,8 +41,8 @@ use crate::consts::SESSION_REQ_WINDOW;
 use crate::session::SessionState;
 
 impl<T: Transport, C> Rpc<T, C> {
-    /// Runs the loss scan, and the SM timers, if a scan interval has
-    /// passed. Called once per event-loop iteration: one subtraction and a
+    /// Runs the loss scan, the SM timers and the debug endpoint's check,
+    /// if a scan interval has passed. Called once per event-loop iteration: one subtraction and a
     /// branch otherwise.
     #[inline]
     pub(crate) fn maybe_pkt_loss_scan(&mut self) {
@@ -57,6 +57,14 @@ impl<T: Transport, C> Rpc<T, C> {
         // idle path.
         if !self.sm_pending.is_empty() || !self.abandoned.is_empty() {
             self.process_sm();
+        }
+        // The debug endpoint, at the same cadence: a snapshot asked for
+        // is published within a scan interval (500 µs by default), and
+        // the iterations between scans do not look.
+        if let Some(p) = &self.inspect
+            && p.wanted()
+        {
+            self.publish_inspect();
         }
     }
 

@@ -610,7 +610,9 @@ pub struct Rpc<T: Transport, C> {
     /// wasted call), never clear with something to do (debug builds
     /// check it at every iteration).
     pending: u8,
-    in_event_loop: bool,
+    /// [`ev_loop::GATE_IN_LOOP`] and [`ev_loop::GATE_OWED`]: what an
+    /// iteration's start must look at besides RX (one byte tested).
+    gate: u8,
     stats: RpcStats,
     /// Debug-endpoint publication (`crate::inspect`), if the Nexus is exposed.
     pub(crate) inspect: Option<debug_endpoint::Publisher<crate::inspect::RpcRaw>>,
@@ -767,7 +769,7 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
                 scratch: Vec::new(),
             },
             pending: 0,
-            in_event_loop: false,
+            gate: 0,
             stats: RpcStats::default(),
             inspect: nexus.inspect_publisher(rpc_id),
             _not_send: PhantomData,

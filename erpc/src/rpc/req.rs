@@ -219,6 +219,7 @@ impl<T: Transport, C> Rpc<T, C> {
             tag,
             err: RpcError::ReqNumsExhausted { session },
         }));
+        self.gate |= super::ev_loop::GATE_OWED;
         self.reset_client_session(session, ResetCause::ReqNumsExhausted);
     }
 

@@ -188,6 +188,7 @@ impl<T: Transport, C> Rpc<T, C> {
             }));
         }
         self.stallq.retain(|&(s, _)| s != sn);
+        self.gate |= super::ev_loop::GATE_OWED;
         self.owed.len() - before
     }
 
@@ -223,12 +224,16 @@ impl<T: Transport, C> Rpc<T, C> {
                 }
             }
         }
+        if self.owed.is_empty() {
+            self.gate &= !super::ev_loop::GATE_OWED;
+        }
     }
 
     /// Owes the application a session event.
     pub(crate) fn owe_event(&mut self, session: SessionNum, kind: SessionEventKind) {
         self.owed
             .push_back(Owed::Event(super::SessionEvent { session, kind }));
+        self.gate |= super::ev_loop::GATE_OWED;
     }
 
     /// Fails every outstanding request of client session `sn` with `err`,
