@@ -417,7 +417,20 @@ impl<T: Transport, C> Rpc<T, C> {
         // stay queued (a duplicate's answer may be).
         self.tx
             .forget_slot(slot.tx_epoch, sn, i as u8, &mut self.stats.tx_stale);
-        let old_resp = slot.tx_msgbuf.take();
+        // Usually the slot's own preallocated response: it is swapped
+        // into the empty `pre_resp` (what `recycle` would do, without
+        // looking the session up or copying it through the stack).
+        let own = Origin::PreallocResp {
+            session: sn,
+            slot: i as u8,
+        };
+        let old_resp = match &slot.tx_msgbuf {
+            Some(m) if slot.server.pre_resp.is_none() && m.origin() == own => {
+                std::mem::swap(&mut slot.server.pre_resp, &mut slot.tx_msgbuf);
+                None
+            }
+            _ => slot.tx_msgbuf.take(),
+        };
         // Usually none (single-packet requests are handled in the RX ring):
         // test before taking, which would copy the empty value.
         let old_req = if slot.server.req_msgbuf.is_some() {
@@ -435,19 +448,7 @@ impl<T: Transport, C> Rpc<T, C> {
         sv.progress_ns = now;
         sv.state = SrvState::Idle;
         if let Some(m) = old_resp {
-            // Usually the slot's own preallocated response: straight back
-            // (what `recycle` would do, without looking the session up).
-            if sv.pre_resp.is_none()
-                && m.origin()
-                    == (Origin::PreallocResp {
-                        session: sn,
-                        slot: i as u8,
-                    })
-            {
-                sv.pre_resp = Some(m);
-            } else {
-                self.recycle(m);
-            }
+            self.recycle(m);
         }
         if let Some(m) = old_req {
             self.recycle(m);
