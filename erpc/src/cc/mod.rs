@@ -288,6 +288,13 @@ impl SessionCc {
             debug_assert!(bypass, "set only with the bypass on");
             return Update::Bypassed;
         }
+        self.update_ctl(now_ns, rtt_ns, bypass)
+    }
+
+    /// The controller's own update, out of line: the bypass above then
+    /// needs no stack frame in its caller.
+    #[inline(never)]
+    fn update_ctl(&mut self, now_ns: u64, rtt_ns: u64, bypass: bool) -> Update {
         let u = self.ctl.update(now_ns, rtt_ns, bypass);
         self.uncongested = self.ctl.uncongested();
         u
