@@ -41,22 +41,52 @@ pub(crate) fn pace_room(wheel_count: u16, window: u16) -> u32 {
     u32::from(window.saturating_sub(wheel_count))
 }
 
+/// How a client slot's burst is paced, decided once per Rpc from the
+/// configuration (the wheel exists exactly when congestion control is on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pacing {
+    /// Congestion control off: no wheel, nothing paced.
+    Off,
+    /// Every burst goes through the wheel (the wheel bypass off, or only a
+    /// slot's first unacknowledged packet may bypass it: `cc_pace` decides
+    /// that packet by packet).
+    Always,
+    /// A burst bypasses the wheel when its session is uncongested and none
+    /// of the slot's packets are in the wheel (the wheel bypass).
+    UnlessUncongested,
+}
+
+impl Pacing {
+    pub(crate) fn new(cfg: &crate::cc::CcConfig) -> Pacing {
+        if !cfg.enabled {
+            Pacing::Off
+        } else if cfg.wheel_bypass && !cfg.wheel_bypass_first_only {
+            Pacing::UnlessUncongested
+        } else {
+            Pacing::Always
+        }
+    }
+
+    /// Congestion control is on (the Rpc has a timing wheel).
+    #[inline(always)]
+    pub(crate) fn cc_on(self) -> bool {
+        self != Pacing::Off
+    }
+}
+
 /// Whether a client slot's burst goes through the timing wheel (decided
-/// once per burst, see `kick`): with congestion control on (`wheel_on`),
-/// unless the wheel bypass holds for the whole burst — an uncongested
-/// session with none of the slot's packets in the wheel (`wheel_count`).
-/// With `wheel_bypass_first_only` the burst counts as paced and `cc_pace`
+/// once per burst, see `kick`): with congestion control on, unless the
+/// wheel bypass holds for the whole burst — an uncongested session with
+/// none of the slot's packets in the wheel (`wheel_count`). With
+/// `wheel_bypass_first_only` the burst counts as paced and `cc_pace`
 /// decides packet by packet.
 #[inline(always)]
-pub(crate) fn burst_paced(
-    wheel_on: bool,
-    cfg: &crate::cc::CcConfig,
-    wheel_count: u16,
-    cc: Option<&SessionCc>,
-) -> bool {
-    let (bypass, first_only) = (cfg.wheel_bypass, cfg.wheel_bypass_first_only);
-    wheel_on
-        && (first_only || !(bypass && wheel_count == 0 && cc.is_none_or(|cc| cc.uncongested())))
+pub(crate) fn burst_paced(pacing: Pacing, wheel_count: u16, cc: Option<&SessionCc>) -> bool {
+    match pacing {
+        Pacing::Off => false,
+        Pacing::Always => true,
+        Pacing::UnlessUncongested => !(wheel_count == 0 && cc.is_none_or(|cc| cc.uncongested())),
+    }
 }
 
 /// Where the TX timestamp of packet `pkt` of client slot `slot` is kept in
@@ -246,5 +276,52 @@ impl<T: Transport, C> Rpc<T, C> {
             wheel_clamped: st.clamped,
             wheel_overflow: st.overflow,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cc::CcConfig;
+
+    /// `Pacing` decides exactly what the configuration's three switches
+    /// and the session's state decided when they were read per burst.
+    #[test]
+    fn pacing_mode_matches_the_configuration_for_every_burst() {
+        let uncongested = SessionCc::new(&CcConfig::default(), 0);
+        let mut congested = SessionCc::new(&CcConfig::default(), 0);
+        // RTT samples far above Timely's high threshold lower the rate.
+        for k in 1..=100u64 {
+            if !congested.uncongested() {
+                break;
+            }
+            congested.update(k * 1_000_000, 5_000_000, true);
+        }
+        assert!(uncongested.uncongested() && !congested.uncongested());
+        for bits in 0..8u8 {
+            let cfg = CcConfig {
+                enabled: bits & 1 != 0,
+                wheel_bypass: bits & 2 != 0,
+                wheel_bypass_first_only: bits & 4 != 0,
+                ..CcConfig::default()
+            };
+            let pacing = Pacing::new(&cfg);
+            assert_eq!(pacing.cc_on(), cfg.enabled);
+            for wheel_count in [0u16, 1, 5] {
+                for cc in [None, Some(&uncongested), Some(&congested)] {
+                    let per_burst = cfg.enabled
+                        && (cfg.wheel_bypass_first_only
+                            || !(cfg.wheel_bypass
+                                && wheel_count == 0
+                                && cc.is_none_or(|c| c.uncongested())));
+                    assert_eq!(
+                        burst_paced(pacing, wheel_count, cc),
+                        per_burst,
+                        "{cfg:?} wheel_count {wheel_count} cc {:?}",
+                        cc.map(|c| c.uncongested())
+                    );
+                }
+            }
+        }
     }
 }

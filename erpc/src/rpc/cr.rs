@@ -75,7 +75,7 @@ impl<T: Transport, C> Rpc<T, C> {
         debug_assert!(s.credits < max_credits);
         s.credits = (s.credits + 1).min(max_credits);
         let more = slot_has_more(&s.slots[i].client);
-        if self.wheel.is_some() {
+        if self.pacing.cc_on() {
             let rx = self.cc_rx_now();
             self.cc_rtt_sample(sn, i, pkt_num, rx);
         }

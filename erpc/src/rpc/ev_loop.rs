@@ -50,6 +50,7 @@ impl<T: Transport, C> Rpc<T, C> {
             self.owed.is_empty() || self.gate & GATE_OWED != 0,
             "owed without the gate's bit"
         );
+        debug_assert_eq!(self.pacing.cc_on(), self.wheel.is_some());
         self.now_ns = self.clock.now_ns();
         if self.gate == 0 {
             self.gate = GATE_IN_LOOP;

@@ -599,6 +599,9 @@ pub struct Rpc<T: Transport, C> {
     loss_scan_ns: u64,
     /// The timing wheel (congestion control on).
     wheel: Option<crate::cc::TimingWheel>,
+    /// How bursts are paced (from the configuration; `cc_on` exactly when
+    /// `wheel` is `Some`): one byte for the hot paths to test.
+    pacing: cc::Pacing,
     /// TX timestamps per client slot (a power of two ≥ the credits).
     tx_ts_cap: usize,
     bg: BgState,
@@ -760,6 +763,7 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
                 .cc
                 .enabled
                 .then(|| crate::cc::TimingWheel::new(config.cc.wheel(), now_ns)),
+            pacing: cc::Pacing::new(&config.cc),
             tx_ts_cap: config.session_credits.next_power_of_two(),
             bg: BgState {
                 reply_tx,

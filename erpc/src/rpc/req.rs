@@ -176,12 +176,12 @@ impl<T: Transport, C> Rpc<T, C> {
         if num_pkts == 1
             && s.credits != 0
             && self.tx.room() != 0
-            && !super::cc::burst_paced(self.wheel.is_some(), &self.config.cc, 0, s.cc.as_ref())
+            && !super::cc::burst_paced(self.pacing, 0, s.cc.as_ref())
         {
             c.num_tx = 1;
             c.in_flight_ns = now;
             s.credits -= 1;
-            let ts_at = if self.wheel.is_some() {
+            let ts_at = if self.pacing.cc_on() {
                 self.stats.wheel_bypassed += 1;
                 Some(super::cc::ts_index(self.tx_ts_cap, i, 0))
             } else {
@@ -237,7 +237,7 @@ impl<T: Transport, C> Rpc<T, C> {
         loop {
             self.tx_make_room();
             let room = self.tx.room();
-            let wheel_on = self.wheel.is_some();
+            let pacing = self.pacing;
             let now = self.now_ns;
             let pace_window = self.config.cc.pace_window;
             let Some(s) = self
@@ -293,9 +293,8 @@ impl<T: Transport, C> Rpc<T, C> {
             // not change either), so it is decided once — unless only a
             // slot's first unacknowledged packet may bypass, which
             // `cc_pace` decides packet by packet.
-            let paced =
-                super::cc::burst_paced(wheel_on, &self.config.cc, c.wheel_count, s.cc.as_ref());
-            if wheel_on && !paced {
+            let paced = super::cc::burst_paced(pacing, c.wheel_count, s.cc.as_ref());
+            if pacing.cc_on() && !paced {
                 self.stats.wheel_bypassed += u64::from(n);
             }
             for pkt in first..first + n {

@@ -187,7 +187,7 @@ impl<T: Transport, C> Rpc<T, C> {
         s.credits = (s.credits + 1).min(max_credits);
         let c = &s.slots[i].client;
         let done = c.num_rx == c.wire_pkts();
-        if self.wheel.is_some() {
+        if self.pacing.cc_on() {
             // The RTT sample, with the session in hand.
             let rx = super::cc::rx_time(&self.config.cc, now, &self.clock);
             super::cc::rtt_sample(

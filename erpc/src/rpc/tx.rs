@@ -360,7 +360,7 @@ impl<T: Transport, C> Rpc<T, C> {
     /// not sent).
     pub(crate) fn enqueue_msg_pkt(&mut self, session: u16, slot: u8, pkt_idx: u32, req_num: u64) {
         self.tx_make_room();
-        let cc = self.wheel.is_some();
+        let cc = self.pacing.cc_on();
         let cap = self.tx_ts_cap;
         let Some(s) = self
             .sessions
@@ -410,7 +410,7 @@ impl<T: Transport, C> Rpc<T, C> {
             .fill_headroom(route, &mut h[..HEADROOM_BYTES], PKTHDR_BYTES);
         // An RFR is a client packet: it gets a TX timestamp (its RTT
         // sample comes with the response packet it asks for).
-        let ts = if self.wheel.is_some() && s.role == crate::session::Role::Client {
+        let ts = if self.pacing.cc_on() && s.role == crate::session::Role::Client {
             let at = super::cc::ts_index(self.tx_ts_cap, usize::from(slot), u32::from(hdr.pkt_num));
             s.tx_ts.get(at).map_or(std::ptr::null(), |c| c as *const _)
         } else {
@@ -463,7 +463,7 @@ impl<T: Transport, C> Rpc<T, C> {
         let chunk = self.tx_burst_max.min(TX_CHUNK_MAX);
         // Congestion control: the TX timestamps of client packets, one
         // clock read per flush with batched timestamps.
-        if self.wheel.is_some() {
+        if self.pacing.cc_on() {
             let batch_ts = self.config.cc.batch_timestamps;
             let now = self.clock.now_ns();
             for &ts in &self.tx.ts[..n] {
