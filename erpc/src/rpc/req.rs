@@ -19,6 +19,16 @@ use crate::pkthdr::{PktHdr, PktType, RxHdr, next_req_num, prev_req_num, req_num_
 use crate::session::{PendingReq, Role, SessionState, SrvState};
 use crate::stats::DropReason;
 
+/// Pushes `p` onto a full backlog (which grows).
+#[cold]
+#[inline(never)]
+fn grow_and_push<T: Transport, C>(
+    backlog: &mut std::collections::VecDeque<PendingReq<T, C>>,
+    p: PendingReq<T, C>,
+) {
+    backlog.push_back(p);
+}
+
 impl<T: Transport, C> Rpc<T, C> {
     /// Sends `req` on client session `session` with request type
     /// `req_type`; the response goes into `resp`. When the request
@@ -70,13 +80,20 @@ impl<T: Transport, C> Rpc<T, C> {
             Some(i) => self.start_request_now(session, i, req_type, req, resp, cont, tag),
             None => {
                 self.stats.reqs_backlogged += 1;
-                s.backlog.push_back(PendingReq {
+                let p = || PendingReq {
                     req_type,
                     req,
                     resp,
                     cont,
                     tag,
-                });
+                };
+                if s.backlog.len() == s.backlog.capacity() {
+                    // Growing the backlog is the one call on this path: out
+                    // of line, so the common push needs no stack frame.
+                    grow_and_push(&mut s.backlog, p());
+                } else {
+                    s.backlog.push_back(p());
+                }
             }
         }
         Ok(())
