@@ -42,14 +42,14 @@ use crate::session::SessionState;
 
 impl<T: Transport, C> Rpc<T, C> {
     /// Runs the loss scan, the SM timers and the debug endpoint's check,
-    /// if a scan interval has passed. Called once per event-loop iteration: one subtraction and a
-    /// branch otherwise.
+    /// if a scan interval has passed. Called once per event-loop
+    /// iteration: one compare and a branch otherwise.
     #[inline]
     pub(crate) fn maybe_pkt_loss_scan(&mut self) {
         if !self.pkt_loss_scan_due() {
             return;
         }
-        self.last_loss_scan_ns = self.now_ns;
+        self.next_loss_scan_ns = self.now_ns + self.loss_scan_ns;
         self.pkt_loss_scan();
         // The SM timers (request retries, connect timeouts, expiry of
         // abandoned connects) count in units of 100 ms: checking them at
@@ -71,7 +71,7 @@ impl<T: Transport, C> Rpc<T, C> {
     /// Whether the loss-scan interval has passed.
     #[inline]
     pub(crate) fn pkt_loss_scan_due(&self) -> bool {
-        self.now_ns.wrapping_sub(self.last_loss_scan_ns) >= self.loss_scan_ns
+        self.now_ns >= self.next_loss_scan_ns
     }
 
     /// Sends everything queued and waits until the transport holds no

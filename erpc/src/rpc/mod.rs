@@ -593,8 +593,9 @@ pub struct Rpc<T: Transport, C> {
     /// Test hook: request-number base of sessions made from now on
     /// (`Rpc::fault_set_req_base`).
     req_base_override: Option<u64>,
-    /// When the loss scan last ran.
-    last_loss_scan_ns: u64,
+    /// When the loss scan runs next (a scan interval after the last one:
+    /// a deadline is one compare per iteration).
+    next_loss_scan_ns: u64,
     rto_ns: u64,
     loss_scan_ns: u64,
     /// The timing wheel (congestion control on).
@@ -756,7 +757,7 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             req_base_override: None,
             connect_limiter: admission::ConnectLimiter::default(),
             reclaimed: VecDeque::new(),
-            last_loss_scan_ns: now_ns,
+            next_loss_scan_ns: now_ns + config.pkt_loss_scan_us * 1000,
             rto_ns: config.rto_us * 1000,
             loss_scan_ns: config.pkt_loss_scan_us * 1000,
             wheel: config
