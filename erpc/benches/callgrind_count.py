@@ -19,10 +19,17 @@ and the benchmark itself do not. A standard-library `Option` check or a
 buffer accessor inlined into eRPC code counts for eRPC, wherever that eRPC
 code was itself inlined (the event loop inlined into the benchmark's loop
 still counts); transport code inlined into eRPC does not.
+
+Two tables follow the totals: the binary's functions (what callgrind
+sees, eRPC's part of each marked), and eRPC's source functions with the
+inlining undone (each instruction goes to the eRPC function whose line it
+is, as llvm-symbolizer names the inline levels; GNU addr2line, the
+fallback, cannot name the innermost level).
 """
 
 import collections
 import re
+import shutil
 import subprocess
 import sys
 
@@ -124,21 +131,87 @@ def is_erpc(path):
 
 def chains(binary, addrs):
     """addr -> [source location, innermost first] (addr2line -i)."""
+    return {a: [loc for _, loc in levels] for a, levels in inline_levels(binary, addrs).items()}
+
+
+def inline_levels(binary, addrs):
+    """addr -> [(function, source location in it), innermost first].
+
+    llvm-symbolizer names every level right; GNU addr2line (the fallback)
+    prints the symbol's name for the innermost level, so there the
+    innermost function is unknown ("?"); the locations agree."""
+    addrs = list(addrs)
+    stdin = "".join(f"0x{a:x}\n" for a in addrs)
+    if shutil.which("llvm-symbolizer"):
+        out = subprocess.run(
+            ["llvm-symbolizer", f"--obj={binary}", "-i", "-f", "-C", "--output-style=LLVM"],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        res = {}
+        for a, block in zip(addrs, out.split("\n\n")):
+            lines = block.strip("\n").splitlines()
+            levels = []
+            for fn, loc in zip(lines[0::2], lines[1::2]):
+                # file:line:column -> file:line, as addr2line prints it.
+                levels.append((fn.strip(), re.sub(r":\d+$", "", loc.strip())))
+            res[a] = levels
+        return res
     out = subprocess.run(
-        ["addr2line", "-i", "-a", "-e", binary],
-        input="".join(f"0x{a:x}\n" for a in addrs),
+        ["addr2line", "-i", "-f", "-C", "-a", "-e", binary],
+        input=stdin,
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    res, cur = {}, None
+    res, cur, fn = {}, None, None
     for line in out.splitlines():
         if line.startswith("0x"):
             cur = int(line, 16)
             res[cur] = []
+            fn = None
         elif cur is not None:
-            res[cur].append(line.strip())
+            if fn is None:
+                fn = line.strip() if res[cur] else "?"
+            else:
+                res[cur].append((fn, line.strip()))
+                fn = None
     return res
+
+
+def source_fn(levels):
+    """The eRPC function an instruction belongs to, inlining undone: the
+    function of the owner's level, without module path or generics (a
+    closure named with the function it is in)."""
+
+    def short(fn):
+        fn = re.sub(r"::h[0-9a-f]{16}$", "", fn)
+        depth, name = 0, ""
+        for ch in fn:  # drop every <...>, nested ones included
+            depth += (ch == "<") - (ch == ">")
+            if depth == 0 and ch != ">":
+                name += ch
+        return [part for part in name.split("::") if part] or ["?"]
+
+    for k, (fn, loc) in enumerate(levels):
+        if not any(p in loc for p in LIBRARY):
+            parts = short(fn)
+            name = parts[-1]
+            # A closure: an outlined one carries its function in its path,
+            # an inlined one is named alone (its function is a level up).
+            if name.startswith("{"):
+                if len(parts) > 1:
+                    name = parts[-2] + "::" + name
+                else:
+                    # The first eRPC level up: a closure given to a library
+                    # adapter (`Option::and_then`) is called from there.
+                    up = [f for f, l in levels[k + 1 :] if not any(p in l for p in LIBRARY)]
+                    if up:
+                        name = short(up[0])[-1] + "::" + name
+            return name
+    return "?"
 
 
 def main():
@@ -164,9 +237,11 @@ def main():
     diff = {k: d for k, d in diff.items() if d != 0}
     out = {k: (v - out_a.get(k, 0)) / rpcs for k, v in out_b.items()}
     out = {k: d for k, d in out.items() if d != 0}
-    ch = chains(binary, sorted({k for k in diff if isinstance(k, int)} | set(out)))
+    lv = inline_levels(binary, sorted({k for k in diff if isinstance(k, int)} | set(out)))
+    ch = {a: [loc for _, loc in levels] for a, levels in lv.items()}
     mine = 0.0
     rows = collections.Counter()
+    by_source = collections.Counter()
     for addr, d in diff.items():
         # Another object's instructions (libc, the loader) are nobody's
         # source here: they count for eRPC only through a call from eRPC
@@ -174,6 +249,7 @@ def main():
         ours = isinstance(addr, int) and is_erpc(owner(ch.get(addr, [])))
         if ours:
             mine += d
+            by_source[source_fn(lv.get(addr, []))] += d
         fn = re.sub(r"::h[0-9a-f]{16}$", "", fn_of.get(addr) or "?")
         rows[(ours, fn)] += d
     # A call from eRPC code into another object (a memcpy the compiler did
@@ -183,6 +259,7 @@ def main():
             mine += d
             fn = re.sub(r"::h[0-9a-f]{16}$", "", fn_of.get(addr) or "?")
             rows[(True, fn + " (calls out)")] += d
+            by_source[source_fn(lv.get(addr, [])) + " (calls out)"] += d
     total = sum(diff.values())
     if opts["--total"]:
         print(round(mine))
@@ -195,6 +272,10 @@ def main():
         if len(name) > 90:
             name = name[:87] + "..."
         print(f"  {d:7.1f} {'*' if ours else ' '} {name}")
+    print(f"top {opts['--top']} eRPC source functions (inlining undone: each instruction "
+          "goes to the eRPC function whose line it is):")
+    for name, d in sorted(by_source.items(), key=lambda kv: -kv[1])[: opts["--top"]]:
+        print(f"  {d:7.1f}   {name}")
     # Event-loop iterations per RPC: one RX poll each; and how many found
     # packets (the rest are empty polls, whose cost the total includes: the
     # harness steps the simulated network 100 ns at a time).
