@@ -184,7 +184,7 @@ def inline_levels(binary, addrs):
 def source_fn(levels):
     """The eRPC function an instruction belongs to, inlining undone: the
     function of the owner's level, without module path or generics (a
-    closure named with the function it is in)."""
+    closure counts for the function it is in)."""
 
     def short(fn):
         fn = re.sub(r"::h[0-9a-f]{16}$", "", fn)
@@ -199,17 +199,16 @@ def source_fn(levels):
         if not any(p in loc for p in LIBRARY):
             parts = short(fn)
             name = parts[-1]
-            # A closure: an outlined one carries its function in its path,
-            # an inlined one is named alone (its function is a level up).
+            # A closure counts for the function it is in: an outlined one
+            # carries that function in its path, an inlined one is named
+            # alone (its function is the first eRPC level up: a closure
+            # given to `Option::and_then` is called from the library).
             if name.startswith("{"):
                 if len(parts) > 1:
-                    name = parts[-2] + "::" + name
+                    name = parts[-2]
                 else:
-                    # The first eRPC level up: a closure given to a library
-                    # adapter (`Option::and_then`) is called from there.
                     up = [f for f, l in levels[k + 1 :] if not any(p in l for p in LIBRARY)]
-                    if up:
-                        name = short(up[0])[-1] + "::" + name
+                    name = short(up[0])[-1] if up else name
             return name
     return "?"
 
