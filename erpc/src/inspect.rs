@@ -4,11 +4,11 @@
 //! A [`Nexus`](crate::Nexus) built with
 //! [`NexusBuilder::inspect`](crate::NexusBuilder::inspect) (or with
 //! `ERPC_INSPECT=1`) registers itself with the process's endpoint, and
-//! each of its Rpcs gets a publisher. The event loop checks it once per
-//! packet-loss scan interval (`RpcConfig::pkt_loss_scan_us`, 500 µs by
-//! default; with a virtual clock, once per interval of simulated time) —
-//! one relaxed atomic load while nobody is attached — and when a client
-//! asks, copies its counters and sessions as they are (`RpcRaw`)
+//! each of its Rpcs gets a publisher. The event loop looks at it when the
+//! endpoint wakes the Rpc for a request (an `SmItem::Inspect` in its SM
+//! queue, which the loop polls anyway) and once per packet-loss scan
+//! interval — one relaxed atomic load; nothing per iteration — and when a
+//! client asks, copies its counters and sessions as they are (`RpcRaw`)
 //! and hands them over without waiting; the endpoint thread turns them
 //! into an [`RpcView`] (names, maps), so the datapath pays only for the
 //! copy. The Nexus's own counters (session management, keep-alive) are
@@ -529,6 +529,10 @@ impl Source for NexusSource {
         self.entries().iter().any(|(_, s)| s.pending(generation))
     }
 
+    fn requested(&self, _generation: u64) {
+        self.router.wake_for_inspect();
+    }
+
     fn render(&self, q: &Query) -> Value {
         let rpcs = self
             .entries()
@@ -641,6 +645,17 @@ impl<T: Transport, C> Rpc<T, C> {
                 .into_iter()
                 .filter_map(|sn| self.session_info(sn))
                 .collect(),
+        }
+    }
+
+    /// Publishes a snapshot if a client asked for one this Rpc has not
+    /// answered: one relaxed load while nobody is attached.
+    #[inline]
+    pub(crate) fn maybe_publish_inspect(&mut self) {
+        if let Some(p) = &self.inspect
+            && p.wanted()
+        {
+            self.publish_inspect();
         }
     }
 

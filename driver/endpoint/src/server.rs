@@ -58,6 +58,13 @@ pub trait Source: Send + Sync + 'static {
     /// True while one of this source's publishers has not answered
     /// `generation`.
     fn pending(&self, generation: u64) -> bool;
+    /// A snapshot of `generation` was just requested (once per request,
+    /// before the endpoint waits for the publishers): a source whose
+    /// datapath threads look at the request flag only now and then can
+    /// wake them here. Does nothing by default.
+    fn requested(&self, generation: u64) {
+        let _ = generation;
+    }
     /// This source's section of a snapshot (`Value::Null`: nothing to
     /// show, e.g. the object is being torn down).
     fn render(&self, query: &Query) -> Value;
@@ -430,6 +437,9 @@ fn snapshot(rings: bool, timeout: Duration) -> Value {
         *last = Some(Instant::now());
         g
     };
+    for s in sources() {
+        s.requested(generation);
+    }
     let start = Instant::now();
     let complete = loop {
         if !sources().iter().any(|s| s.pending(generation)) {

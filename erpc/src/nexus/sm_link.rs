@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::liveness::{self, Liveness, LivenessStats, PeerFailure};
@@ -36,6 +36,10 @@ pub(crate) enum SmItem {
     Pkt(SmPkt),
     /// A remote Nexus (or one of its Rpcs) failed: reset the sessions to it.
     PeerFailed(PeerFailure),
+    /// `erpc-inspect` asked for a snapshot: publish one if still wanted.
+    /// (The event loop reads the request flag itself only once per
+    /// loss-scan interval, which a virtual clock may never reach.)
+    Inspect,
 }
 
 /// An Rpc's inbox of SM packets. The event loop checks [`SmQueue::len`]
@@ -44,6 +48,8 @@ pub(crate) enum SmItem {
 pub struct SmQueue {
     pending: AtomicUsize,
     q: Mutex<VecDeque<SmItem>>,
+    /// An [`SmItem::Inspect`] is queued (at most one is).
+    inspect_queued: AtomicBool,
 }
 
 impl SmQueue {
@@ -76,7 +82,22 @@ impl SmQueue {
         let mut q = self.q.lock().unwrap_or_else(|e| e.into_inner());
         let p = q.pop_front();
         self.pending.store(q.len(), Ordering::Release);
+        if matches!(p, Some(SmItem::Inspect)) {
+            self.inspect_queued.store(false, Ordering::Relaxed);
+        }
         p
+    }
+
+    /// Queues an [`SmItem::Inspect`] unless one is already queued (an
+    /// Rpc that does not run its event loop collects one, not one per
+    /// request).
+    fn push_inspect(&self) {
+        let mut q = self.q.lock().unwrap_or_else(|e| e.into_inner());
+        if self.inspect_queued.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        q.push_back(SmItem::Inspect);
+        self.pending.store(q.len(), Ordering::Release);
     }
 }
 
@@ -191,6 +212,15 @@ impl SmRouter {
             }
         }
         b
+    }
+
+    /// Wakes every Rpc of this Nexus for a debug-endpoint snapshot request
+    /// (each publishes at its next event-loop iteration).
+    pub(crate) fn wake_for_inspect(&self) {
+        let r = self.rpcs.lock().unwrap_or_else(|e| e.into_inner());
+        for q in r.iter().flatten() {
+            q.push_inspect();
+        }
     }
 
     /// Tells every Rpc of this Nexus about failed peers.
@@ -342,5 +372,26 @@ impl SmRouter {
             unsupported_type: l(&self.unsupported_type),
             queue_full: l(&self.queue_full),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// However many snapshot requests arrive while an Rpc does not run its
+    /// event loop, its queue holds one wake-up; the next request after it
+    /// is taken queues a new one.
+    #[test]
+    fn inspect_wakeups_do_not_pile_up() {
+        let q = SmQueue::default();
+        for _ in 0..5 {
+            q.push_inspect();
+        }
+        assert_eq!(q.len(), 1);
+        assert!(matches!(q.pop(), Some(SmItem::Inspect)));
+        assert!(q.is_empty());
+        q.push_inspect();
+        assert_eq!(q.len(), 1);
     }
 }

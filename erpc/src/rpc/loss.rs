@@ -58,14 +58,11 @@ impl<T: Transport, C> Rpc<T, C> {
         if !self.sm_pending.is_empty() || !self.abandoned.is_empty() {
             self.process_sm();
         }
-        // The debug endpoint, at the same cadence: a snapshot asked for
-        // is published within a scan interval (500 µs by default), and
-        // the iterations between scans do not look.
-        if let Some(p) = &self.inspect
-            && p.wanted()
-        {
-            self.publish_inspect();
-        }
+        // The debug endpoint, at the same cadence (a request also wakes
+        // the Rpc through its SM queue, `SmItem::Inspect`, which a
+        // virtual clock that stands still needs): the iterations between
+        // scans do not look.
+        self.maybe_publish_inspect();
     }
 
     /// Whether the loss-scan interval has passed.

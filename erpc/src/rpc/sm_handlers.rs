@@ -357,6 +357,10 @@ impl<T: Transport, C> Rpc<T, C> {
                     self.handle_peer_failed(&f);
                     continue;
                 }
+                SmItem::Inspect => {
+                    self.maybe_publish_inspect();
+                    continue;
+                }
             };
             match pkt.pkt_type {
                 SmPktType::ConnectReq => self.handle_connect_req(&pkt),
