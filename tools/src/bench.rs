@@ -55,6 +55,10 @@ const CONNECT_ROUNDS: usize = 1_000_000;
 /// Bound on event-loop rounds while the RPCs in flight at the end of a
 /// device-model point complete (about 10 s of virtual time).
 const DRAIN_ROUNDS: usize = 20_000_000;
+/// A counted run (`Stop::Count`) fails after this many event-loop rounds
+/// without one completion (device model: 10 s of virtual time), instead of
+/// hanging; no wall clock is read to decide it.
+const STALL_ROUNDS: usize = DRAIN_ROUNDS;
 /// Wall-clock bound for connecting over kernel UDP (SM retries every
 /// 100 ms; a refusal arrives within one round trip).
 const UDP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -149,6 +153,11 @@ pub struct Settings {
     /// Probability that a frame is lost on each device-model link (both
     /// directions); loss recovery must repair it.
     pub loss: f64,
+    /// Stop each point, and each raw-echo reference, after this many
+    /// completed RPCs / round trips (both nodes) instead of after `secs`,
+    /// with no warm-up (`erpc-bench --count`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
 }
 
 impl Settings {
@@ -222,6 +231,9 @@ impl Settings {
                 self.loss
             ));
         }
+        if self.count == Some(0) {
+            return usage("--count 0: must be at least 1 RPC (round trip) per point".into());
+        }
         if self.loss > 0.0 && self.transport != Which::Mlx5Sim {
             return usage(format!(
                 "--loss is injected by the device model's fabric; it means nothing with \
@@ -262,6 +274,92 @@ impl Settings {
     /// Warm-up per point (valid settings only).
     pub fn warmup(&self) -> Duration {
         Duration::try_from_secs_f64(self.warmup_secs).unwrap_or(Duration::ZERO)
+    }
+
+    /// When each point and each reference stops: after `count` completions
+    /// if set, otherwise after the warm-up and the duration.
+    pub fn stop(&self) -> Stop {
+        match self.count {
+            Some(n) => Stop::Count(n),
+            None => Stop::Time {
+                dur: self.duration(),
+                warmup: self.warmup(),
+            },
+        }
+    }
+}
+
+/// When a measured run (an eRPC point or its raw-echo reference) stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// `warmup` of wall time (counters then zeroed), then `dur` measured:
+    /// the rate benchmark.
+    Time {
+        /// The measured interval.
+        dur: Duration,
+        /// Run before the measured interval, not counted.
+        warmup: Duration,
+    },
+    /// At the first check (every 64 event-loop rounds, as in a timed run)
+    /// where at least this many RPCs / round trips have completed, both
+    /// nodes together, counted from the first round (no warm-up). No wall
+    /// clock decides anything, so on the deterministic device model the
+    /// same count always does the same work: the fixed amount of work for
+    /// an instruction count (`tools/bench-callgrind.sh`). The run reports
+    /// how many completed (at most one check's worth above the count).
+    Count(u64),
+}
+
+impl Stop {
+    /// The warm-up: none for a counted run.
+    fn warmup(self) -> Duration {
+        match self {
+            Stop::Time { warmup, .. } => warmup,
+            Stop::Count(_) => Duration::ZERO,
+        }
+    }
+
+    /// Whether a run that has measured for `measured` and completed `done`
+    /// is over (`min_rpcs`: a timed run's minimum, see [`Point`]).
+    fn reached(self, measured: Duration, done: u64, min_rpcs: u64) -> bool {
+        match self {
+            Stop::Time { dur, .. } => {
+                measured >= dur && (done >= min_rpcs || measured >= dur * MAX_STRETCH)
+            }
+            Stop::Count(n) => done >= n,
+        }
+    }
+
+    /// Draws a progress bar for a timed run (a counted one has none).
+    fn phase(self, progress: &Progress, name: &str) {
+        if let Stop::Time { dur, warmup } = self {
+            progress.phase(name, warmup + dur);
+        }
+    }
+}
+
+/// Counts event-loop rounds without a completion, for a counted run's
+/// stall bound (`STALL_ROUNDS`).
+struct Stall {
+    last: u64,
+    rounds: usize,
+}
+
+impl Stall {
+    fn new() -> Stall {
+        Stall { last: 0, rounds: 0 }
+    }
+
+    /// `rounds` more have run and `done` completed so far: true once
+    /// [`STALL_ROUNDS`] rounds in a row completed nothing.
+    fn stalled(&mut self, done: u64, rounds: usize) -> bool {
+        if done != self.last {
+            self.last = done;
+            self.rounds = 0;
+            return false;
+        }
+        self.rounds += rounds;
+        self.rounds >= STALL_ROUNDS
     }
 }
 
@@ -864,6 +962,20 @@ pub fn erpc_on<W: Testbed>(
 where
     W::B: 'static,
 {
+    erpc_until(w, knobs, p, Stop::Time { dur, warmup }, progress)
+}
+
+/// eRPC at one point on a testbed until `stop`.
+pub fn erpc_until<W: Testbed>(
+    w: &W,
+    knobs: &Knobs,
+    p: Point,
+    stop: Stop,
+    progress: &Progress,
+) -> Result<Outcome, BenchError>
+where
+    W::B: 'static,
+{
     type R<B> = Rpc<Mlx5Transport<B>, Ctx>;
     let mut nexuses = Vec::new();
     for i in 0..2 {
@@ -887,7 +999,7 @@ where
         let c = new_ctx(&mut rpc, p)?;
         nodes.push((rpc, c));
     }
-    let out = run_points(&mut nodes, &uris, p, dur, warmup, progress, || w.step());
+    let out = run_points(&mut nodes, &uris, p, stop, progress, || w.step());
     // Let requests in flight complete before the buffers go back (under
     // heavy loss a large message needs seconds of retransmissions).
     let done_before: u64 = nodes.iter().map(|(_, c)| c.completed).sum();
@@ -923,8 +1035,7 @@ fn run_points<T: Transport + 'static>(
     nodes: &mut [(Rpc<T, Ctx>, Ctx)],
     uris: &[String],
     p: Point,
-    dur: Duration,
-    warmup: Duration,
+    stop: Stop,
     progress: &Progress,
     mut step: impl FnMut(),
 ) -> Result<Outcome, BenchError> {
@@ -961,8 +1072,9 @@ fn run_points<T: Transport + 'static>(
         }
         step();
     }
-    progress.phase(&format!("B = {}", p.batch), warmup + dur);
-    let mut clock = MeasureClock::new(warmup);
+    stop.phase(progress, &format!("B = {}", p.batch));
+    let mut clock = MeasureClock::new(stop.warmup());
+    let mut stall = Stall::new();
     loop {
         if clock.tick(progress) {
             for (_, c) in nodes.iter_mut() {
@@ -970,12 +1082,20 @@ fn run_points<T: Transport + 'static>(
                 c.lat.reset();
             }
         }
-        if let Some(m) = clock.measured()
-            && m >= dur
-        {
+        if let Some(m) = clock.measured() {
             let done: u64 = nodes.iter().map(|(_, c)| c.completed).sum();
-            if done >= p.min_rpcs || m >= dur * MAX_STRETCH {
+            if stop.reached(m, done, p.min_rpcs) {
                 break;
+            }
+            if let Stop::Count(n) = stop
+                && stall.stalled(done, 64)
+            {
+                progress.clear();
+                return Err(BenchError::Run(format!(
+                    "B = {}: no RPC completed in {STALL_ROUNDS} event-loop rounds \
+                     ({done} of the {n} counted)",
+                    p.batch
+                )));
             }
         }
         for _ in 0..64 {
@@ -1039,8 +1159,7 @@ impl MeasureClock {
 pub fn raw_echo_on<W: Testbed>(
     w: &W,
     p: Point,
-    dur: Duration,
-    warmup: Duration,
+    stop: Stop,
     progress: &Progress,
 ) -> Result<RawEcho, BenchError> {
     let mut a = w.transport(0, RAW_ECHO_PORT, &Knobs::default())?;
@@ -1050,8 +1169,7 @@ pub fn raw_echo_on<W: Testbed>(
         [&mut a, &mut b],
         [&mut aa, &mut ab],
         p,
-        dur,
-        warmup,
+        stop,
         progress,
         || w.step(),
     )
@@ -1065,6 +1183,9 @@ pub struct RawEcho {
     /// Median round-trip time, µs, from the request's batch being queued
     /// to its response (as eRPC's latency is timed).
     pub median_us: f64,
+    /// Round trips completed while measuring, both nodes together (as
+    /// [`Outcome::completed`] counts RPCs).
+    pub round_trips: u64,
 }
 
 /// First payload byte of a raw-echo packet: a request (answered) or a
@@ -1172,17 +1293,16 @@ impl<T: Transport> EchoNode<'_, T> {
 /// of `p.batch` with at most `p.window` in flight and answering the other's
 /// requests, with frames of eRPC's packet size, polled and flushed the
 /// way the eRPC event loop does (one RX burst, then one TX flush, per node
-/// per iteration, `step` after both), after the same `warmup` as the eRPC
-/// point. Returns round trips completed per second of `dur` by both
-/// nodes together, counted as eRPC counts RPCs; eRPC's
-/// packet rate divided by this is at most 1 unless the measurement is
-/// wrong.
+/// per iteration, `step` after both), after the same warm-up as the eRPC
+/// point, until the same `stop`. Returns round trips completed per second
+/// of the measured interval by both nodes together, counted as eRPC
+/// counts RPCs; eRPC's packet rate divided by this is at most 1 unless
+/// the measurement is wrong.
 pub fn raw_echo<T: Transport>(
     t: [&mut T; 2],
     mut alloc: [&mut Allocator; 2],
     p: Point,
-    dur: Duration,
-    warmup: Duration,
+    stop: Stop,
     progress: &Progress,
     mut step: impl FnMut(),
 ) -> Result<RawEcho, BenchError> {
@@ -1247,9 +1367,11 @@ pub fn raw_echo<T: Transport>(
     if failed.is_none() {
         // The same warm-up as the eRPC point it is the reference of
         // (first touches of ring and buffer memory, caches, the clock
-        // speed settling), then the same measured interval.
-        progress.phase(&format!("raw echo, B = {}", p.batch), warmup + dur);
-        let mut clock = MeasureClock::new(warmup);
+        // speed settling), then the same measured interval (or, counted,
+        // no warm-up and the same count).
+        stop.phase(progress, &format!("raw echo, B = {}", p.batch));
+        let mut clock = MeasureClock::new(stop.warmup());
+        let mut stall = Stall::new();
         loop {
             if clock.tick(progress) {
                 for n in nodes.iter_mut() {
@@ -1257,8 +1379,21 @@ pub fn raw_echo<T: Transport>(
                     n.lat.reset();
                 }
             }
-            if clock.measured().is_some_and(|m| m >= dur) {
-                break;
+            if let Some(m) = clock.measured() {
+                let done: u64 = nodes.iter().map(|n| n.done).sum();
+                if stop.reached(m, done, 0) {
+                    break;
+                }
+                if let Stop::Count(n) = stop
+                    && stall.stalled(done, 64)
+                {
+                    failed = Some(BenchError::Run(format!(
+                        "raw echo, B = {}: no round trip completed in {STALL_ROUNDS} \
+                         event-loop rounds ({done} of the {n} counted)",
+                        p.batch
+                    )));
+                    break;
+                }
             }
             for _ in 0..64 {
                 for n in nodes.iter_mut() {
@@ -1285,14 +1420,18 @@ pub fn raw_echo<T: Transport>(
         return Err(e);
     }
     if done == 0 {
+        let within = match stop {
+            Stop::Time { dur, .. } => format!("{:.1} s", dur.as_secs_f64()),
+            Stop::Count(_) => "the run".into(),
+        };
         return Err(BenchError::Run(format!(
-            "raw echo: no packet of {len} bytes came back in {:.1} s",
-            dur.as_secs_f64()
+            "raw echo: no packet of {len} bytes came back in {within}"
         )));
     }
     Ok(RawEcho {
         round_trips_per_sec: done as f64 / elapsed,
         median_us: lat.value_at_quantile(0.5) as f64 / 1000.0,
+        round_trips: done,
     })
 }
 
@@ -1312,6 +1451,25 @@ pub fn udp_erpc(
     p: Point,
     dur: Duration,
     warmup: Duration,
+    progress: &Progress,
+    capture: Option<&Capture>,
+    inspect: bool,
+) -> Result<Outcome, BenchError> {
+    udp_erpc_until(
+        plan,
+        p,
+        Stop::Time { dur, warmup },
+        progress,
+        capture,
+        inspect,
+    )
+}
+
+/// [`udp_erpc`] until `stop`.
+pub fn udp_erpc_until(
+    plan: &MemoryPlan,
+    p: Point,
+    stop: Stop,
     progress: &Progress,
     capture: Option<&Capture>,
     inspect: bool,
@@ -1372,7 +1530,7 @@ pub fn udp_erpc(
         let c = new_ctx(&mut rpc, p)?;
         nodes.push((rpc, c));
     }
-    let out = run_points(&mut nodes, &uris, p, dur, warmup, progress, || {});
+    let out = run_points(&mut nodes, &uris, p, stop, progress, || {});
     // Let stragglers land before the Rpcs go away (kernel UDP on loopback
     // does not lose them; the bound only keeps a bug from hanging here).
     let t = Instant::now();
@@ -1406,8 +1564,7 @@ fn unix_ns() -> u64 {
 pub fn udp_raw_echo(
     plan: &MemoryPlan,
     p: Point,
-    dur: Duration,
-    warmup: Duration,
+    stop: Stop,
     progress: &Progress,
 ) -> Result<RawEcho, BenchError> {
     let udp = |who| {
@@ -1421,8 +1578,7 @@ pub fn udp_raw_echo(
         [&mut a, &mut b],
         [&mut aa, &mut ab],
         p,
-        dur,
-        warmup,
+        stop,
         progress,
         || {},
     )
@@ -1443,6 +1599,7 @@ mod tests {
             pci: None,
             pcap: None,
             loss: 0.0,
+            count: None,
         }
     }
 
@@ -1538,6 +1695,83 @@ mod tests {
             .validate()
             .is_ok()
         );
+    }
+
+    #[test]
+    fn count_zero_is_refused_and_count_replaces_the_clock() {
+        let m = usage(Settings {
+            count: Some(0),
+            ..settings()
+        });
+        assert!(m.contains("--count 0"), "{m}");
+        let s = Settings {
+            count: Some(500),
+            ..settings()
+        };
+        s.validate().unwrap();
+        assert_eq!(s.stop(), Stop::Count(500));
+        assert_eq!(Stop::Count(500).warmup(), Duration::ZERO);
+        assert_eq!(
+            settings().stop(),
+            Stop::Time {
+                dur: Duration::from_secs(1),
+                warmup: Duration::from_millis(200)
+            }
+        );
+        // A count stops on the count alone, whatever the time.
+        assert!(!Stop::Count(500).reached(Duration::from_secs(1000), 499, 0));
+        assert!(Stop::Count(500).reached(Duration::ZERO, 500, 0));
+        let t = settings().stop();
+        assert!(!t.reached(Duration::from_millis(999), 1 << 40, 0));
+        assert!(t.reached(Duration::from_secs(1), 0, 0));
+        // min_rpcs stretches a timed run, up to MAX_STRETCH.
+        assert!(!t.reached(Duration::from_secs(1), 9, 10));
+        assert!(t.reached(Duration::from_secs(u64::from(MAX_STRETCH)), 9, 10));
+    }
+
+    #[test]
+    fn a_stall_is_rounds_in_a_row_without_a_completion() {
+        let mut s = Stall::new();
+        assert!(!s.stalled(0, STALL_ROUNDS - 1));
+        assert!(!s.stalled(1, STALL_ROUNDS - 1), "a completion restarts it");
+        assert!(!s.stalled(1, STALL_ROUNDS - 1));
+        assert!(s.stalled(1, 1));
+    }
+
+    /// A counted run on the device model stops on its count alone, and the
+    /// same count is the same work: the same RPCs and round trips
+    /// completed every time (what tools/bench-callgrind.sh relies on).
+    #[test]
+    fn counted_runs_on_the_device_model_are_the_same_work_every_time() {
+        let p = |batch| Point {
+            batch,
+            window: 60,
+            size: 32,
+            min_rpcs: 0,
+        };
+        let plan = MemoryPlan::decide("bench unit test", crate::memory::default_bench_pages());
+        let progress = Progress::hidden();
+        let run = || -> (Vec<u64>, Vec<u64>) {
+            let dm = DeviceModel::new(plan.clone(), None, false).unwrap();
+            let mut erpc = Vec::new();
+            let mut raw = Vec::new();
+            for b in [1, 8] {
+                let r = raw_echo_on(&dm, p(b), Stop::Count(3000), &progress).unwrap();
+                raw.push(r.round_trips);
+                let o =
+                    erpc_until(&dm, &Knobs::default(), p(b), Stop::Count(3000), &progress).unwrap();
+                assert_eq!(o.unfinished, 0);
+                erpc.push(o.completed);
+            }
+            (erpc, raw)
+        };
+        let (erpc, raw) = run();
+        for n in erpc.iter().chain(&raw) {
+            // At most one check (64 rounds) past the count: with 120
+            // requests in flight, well under 64 * 120 more.
+            assert!((3000..3000 + 64 * 120).contains(n), "{erpc:?} {raw:?}");
+        }
+        assert_eq!(run(), (erpc, raw));
     }
 
     #[test]

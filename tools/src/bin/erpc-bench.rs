@@ -13,6 +13,12 @@
 //! measures a raw echo of eRPC-sized packets over the same transport and
 //! reports eRPC's packet rate as a ratio to it.
 //!
+//! `--count N` stops each point and each reference after N RPCs / round
+//! trips instead of after `--secs` (no warm-up, no wall clock deciding
+//! anything: on the device model a fixed amount of work), and `--only erpc`
+//! / `--only raw-echo` runs one half; `tools/bench-callgrind.sh` uses both
+//! to count instructions per RPC and per round trip under callgrind.
+//!
 //! Other experiments (`--experiment`): `loss` measures the goodput of the
 //! largest messages while the device model's fabric loses frames at
 //! 10⁻⁶ … 10⁻² (a ratio to lossless in the same run), then the small-RPC
@@ -40,10 +46,12 @@ use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use erpc_tools::bench::{
-    BenchError, DeviceModel, Knobs, Outcome, Point, Progress, Settings, Vfio, Which, erpc_on,
-    packets_per_direction, ratio_to_raw, raw_echo_data_bytes, raw_echo_on, udp_erpc, udp_raw_echo,
+    BenchError, DeviceModel, Knobs, Outcome, Point, Progress, RawEcho as RawEchoRun, Settings,
+    Vfio, Which, erpc_until, packets_per_direction, ratio_to_raw, raw_echo_data_bytes, raw_echo_on,
+    udp_erpc_until, udp_raw_echo,
 };
 use erpc_tools::capture::{Capture, CaptureStats};
 use erpc_tools::experiments::{self, LOSS_RATES, SMALL_RPC_LOSS};
@@ -57,6 +65,16 @@ enum CcController {
     Timely,
     /// The delay-target controller (`erpc::cc::CcConfig::swift()`).
     Swift,
+}
+
+/// Which half of each small-RPC point `--only` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum Only {
+    /// The eRPC points, without their raw-echo references.
+    Erpc,
+    /// The raw-echo references, without the eRPC points.
+    RawEcho,
 }
 
 /// What to measure.
@@ -203,6 +221,22 @@ struct Args {
     /// reference, is measured.
     #[arg(long, default_value_t = 0.2, allow_negative_numbers = true)]
     warmup: f64,
+    /// Stop each point, and each raw-echo reference, once N RPCs / round
+    /// trips have completed (both nodes, checked every 64 event-loop
+    /// rounds; the table's last columns say how many) instead of after
+    /// --secs, with no warm-up: no wall clock decides anything, so on the
+    /// device model a run is a fixed amount of work (instruction counts:
+    /// tools/bench-callgrind.sh). Small-RPC experiment only.
+    #[arg(long, value_name = "N")]
+    count: Option<u64>,
+    /// Measure only the eRPC points or only their raw-echo references
+    /// (small-RPC experiment; the other columns show `-`).
+    #[arg(long, value_enum, value_name = "SIDE")]
+    only: Option<Only>,
+    /// The timing options given on the command line (not defaults), for
+    /// refusing them with --count.
+    #[arg(skip)]
+    timing_given: Vec<&'static str>,
     /// Capture the eRPC runs (data and session-management packets) into a
     /// pcap file; decode it with tools/wireshark/erpc.lua. Device model
     /// and kernel UDP; slows the run, so keep --secs short.
@@ -251,20 +285,28 @@ struct RawEcho {
     packets_per_rpc_per_direction: usize,
 }
 
+/// One point; with `--only`, the half not measured is left out.
 #[derive(Debug, Serialize)]
 struct PointReport {
     point: Point,
-    mrps: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mrps: Option<f64>,
     /// The point's reference: a raw echo of the same shape (both nodes,
     /// the point's batch and window), round trips per second by both nodes.
-    raw_echo_round_trips_per_sec: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    raw_echo_round_trips_per_sec: Option<f64>,
     /// The raw echo's median round-trip time, µs (timed as eRPC's RPCs are).
-    raw_echo_median_us: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    raw_echo_median_us: Option<f64>,
+    /// Round trips the raw echo completed while measuring (both nodes; as
+    /// `completed` counts RPCs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    raw_echo_round_trips: Option<u64>,
     ratio_to_raw_echo: Option<f64>,
     /// The ratio is above 1.0: a measurement error (see erpc-bench's output).
     ratio_above_one: bool,
     #[serde(flatten)]
-    outcome: Outcome,
+    outcome: Option<Outcome>,
 }
 
 #[derive(Debug, Serialize)]
@@ -325,7 +367,7 @@ fn output_error(path: &Path) -> impl Fn(io::Error) -> BenchError + '_ {
 
 fn main() -> ExitCode {
     erpc_tools::init_tracing();
-    let args = Args::parse();
+    let args = parse_args(std::env::args_os());
     match run(args) {
         Ok(()) | Err(Quit::Pipe) => ExitCode::SUCCESS,
         Err(Quit::Err(e)) => {
@@ -335,7 +377,46 @@ fn main() -> ExitCode {
     }
 }
 
+/// The command line (clap's errors exit 2), with the timing options that
+/// were given rather than defaulted.
+fn parse_args<I, T>(argv: I) -> Args
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let matches = Args::command().get_matches_from(argv);
+    let mut args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    args.timing_given = [("secs", "--secs"), ("warmup", "--warmup")]
+        .into_iter()
+        .filter(|(id, _)| matches.value_source(id) == Some(ValueSource::CommandLine))
+        .map(|(_, flag)| flag)
+        .collect();
+    args
+}
+
+/// `--count` and `--only` belong to the small-RPC experiment, and a
+/// counted run has no use for the timing options.
+fn check_count_and_only(args: &Args) -> Result<(), Quit> {
+    let usage = |m: String| Err(Quit::Err(BenchError::Usage(m)));
+    if args.experiment != Experiment::SmallRpc {
+        if args.count.is_some() {
+            return usage("--count applies to --experiment small-rpc only".into());
+        }
+        if args.only.is_some() {
+            return usage("--only applies to --experiment small-rpc only".into());
+        }
+    }
+    if let (Some(n), Some(flag)) = (args.count, args.timing_given.first()) {
+        return usage(format!(
+            "--count {n} stops each point after {n} RPCs, with no warm-up: \
+             {flag} does not apply"
+        ));
+    }
+    Ok(())
+}
+
 fn run(args: Args) -> Result<(), Quit> {
+    check_count_and_only(&args)?;
     if let Some(uri) = &args.failure_peer {
         return Err(Quit::Err(
             experiments::failure_peer(uri)
@@ -400,6 +481,7 @@ fn experiment_settings(args: &Args) -> Result<Settings, Quit> {
         pci: None,
         pcap: None,
         loss: 0.0,
+        count: None,
     };
     settings.validate()?;
     Ok(settings)
@@ -937,6 +1019,7 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
         pci: args.pci.clone(),
         pcap: args.pcap.clone(),
         loss: args.loss,
+        count: args.count,
     };
     settings.validate()?;
     // Open every output before the run, so a bad path fails at once.
@@ -948,8 +1031,11 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
     };
     let progress = Progress::new();
     let mut out = Out(io::stdout());
-    let dur = settings.duration();
-    let warmup = settings.warmup();
+    let stop = settings.stop();
+    let (run_erpc, run_raw) = (
+        args.only != Some(Only::RawEcho),
+        args.only != Some(Only::Erpc),
+    );
 
     let nics = args.transport != Which::Udp;
     let plan = memory_plan(bench_pages(args.size, args.window, nics));
@@ -980,13 +1066,24 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
         (Which::Mlx5, Some(bdf)) => Some(Vfio::open(bdf, plan.clone(), inspect)?),
         _ => None,
     };
+    let per_point = match args.count {
+        None => format!("{} s per point", args.secs),
+        Some(n) => format!(
+            "each point until {n} RPCs (the reference: round trips) have completed, \
+             both nodes, no warm-up"
+        ),
+    };
+    let only = match args.only {
+        None => "",
+        Some(Only::Erpc) => " (eRPC points only)",
+        Some(Only::RawEcho) => " (raw-echo references only)",
+    };
     out.line(
         &progress,
         format!(
-            "erpc-bench: {}-byte RPCs, {}, {} s per point",
+            "erpc-bench: {}-byte RPCs, {}, {per_point}{only}",
             args.size,
             args.transport.describe(),
-            args.secs
         ),
     )?;
     let frame_bytes = transport::PKTHDR_BYTES + raw_echo_data_bytes(args.size);
@@ -994,9 +1091,20 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
     let mut line = format!(
         "reference (`raw Mrt/s`): a raw echo of {frame_bytes}-byte packets over the same \
          transport with each point's batch and window, both nodes sending and answering, \
-         measured before the points after the same warm-up, in M round trips/s, and its \
-         median round-trip time (`raw med µs`), timed as eRPC's RPCs are"
+         measured before the points {}, in M round trips/s, and its \
+         median round-trip time (`raw med µs`), timed as eRPC's RPCs are",
+        if args.count.is_some() {
+            "to the same count"
+        } else {
+            "after the same warm-up"
+        }
     );
+    if args.count.is_some() {
+        line.push_str(
+            "\n(counted: `RPCs` and `raw rts` are the RPCs and round trips completed, \
+             both nodes; rates are wall clock)",
+        );
+    }
     if per_rpc > 1 {
         line.push_str(&format!(
             "\n(a {}-byte RPC is {per_rpc} packets each way: requests and requests for \
@@ -1006,21 +1114,22 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
         ));
     }
     out.line(&progress, line)?;
-    out.line(
-        &progress,
-        format!(
-            "{:>4} {:>7} {:>10} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10}",
-            "B",
-            "window",
-            "Mrps",
-            "raw Mrt/s",
-            "/ raw echo",
-            "median µs",
-            "raw med µs",
-            "p99 µs",
-            "p99.9 µs"
-        ),
-    )?;
+    let mut header = format!(
+        "{:>4} {:>7} {:>10} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10}",
+        "B",
+        "window",
+        "Mrps",
+        "raw Mrt/s",
+        "/ raw echo",
+        "median µs",
+        "raw med µs",
+        "p99 µs",
+        "p99.9 µs"
+    );
+    if args.count.is_some() {
+        header.push_str(&format!(" {:>10} {:>10}", "RPCs", "raw rts"));
+    }
+    out.line(&progress, header)?;
     let point = |b| Point {
         batch: b,
         window: args.window,
@@ -1029,12 +1138,16 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
     };
     // Each point's reference, with its B, before anything is captured (a
     // capture holds eRPC's packets only).
-    let mut raws = Vec::with_capacity(args.batch.len());
+    let mut raws: Vec<Option<RawEchoRun>> = Vec::with_capacity(args.batch.len());
     for &b in &args.batch {
-        raws.push(match (&dm, &hw) {
-            (Some(d), _) => raw_echo_on(d, point(b), dur, warmup, &progress)?,
-            (_, Some(h)) => raw_echo_on(h, point(b), dur, warmup, &progress)?,
-            _ => udp_raw_echo(&plan, point(b), dur, warmup, &progress)?,
+        raws.push(if run_raw {
+            Some(match (&dm, &hw) {
+                (Some(d), _) => raw_echo_on(d, point(b), stop, &progress)?,
+                (_, Some(h)) => raw_echo_on(h, point(b), stop, &progress)?,
+                _ => udp_raw_echo(&plan, point(b), stop, &progress)?,
+            })
+        } else {
+            None
         });
     }
     if let Some(d) = &dm {
@@ -1043,33 +1156,47 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
     let mut points = Vec::new();
     for (&b, &raw) in args.batch.iter().zip(&raws) {
         let p = point(b);
-        let o = match (&dm, &hw) {
-            (Some(d), _) => erpc_on(d, &Knobs::default(), p, dur, warmup, &progress)?,
-            (_, Some(h)) => erpc_on(h, &Knobs::default(), p, dur, warmup, &progress)?,
-            _ => udp_erpc(&plan, p, dur, warmup, &progress, capture.as_ref(), inspect)?,
+        let o = if run_erpc {
+            Some(match (&dm, &hw) {
+                (Some(d), _) => erpc_until(d, &Knobs::default(), p, stop, &progress)?,
+                (_, Some(h)) => erpc_until(h, &Knobs::default(), p, stop, &progress)?,
+                _ => udp_erpc_until(&plan, p, stop, &progress, capture.as_ref(), inspect)?,
+            })
+        } else {
+            None
         };
-        let ratio = ratio_to_raw(o.rpcs_per_sec, args.size, raw.round_trips_per_sec);
+        let ratio = match (&o, &raw) {
+            (Some(o), Some(raw)) => {
+                ratio_to_raw(o.rpcs_per_sec, args.size, raw.round_trips_per_sec)
+            }
+            _ => None,
+        };
         // The reference does eRPC's packet work without eRPC: above 1.0,
         // the measurement is wrong, not eRPC fast.
         let suspect = ratio.is_some_and(|r| r > 1.0);
-        out.line(
-            &progress,
-            format!(
-                "{:>4} {:>7} {:>10.3} {:>10.3} {:>12} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
-                b,
-                args.window,
-                o.rpcs_per_sec / 1e6,
-                raw.round_trips_per_sec / 1e6,
-                ratio.map_or("-".to_string(), |r| format!(
-                    "{r:.2}{}",
-                    if suspect { " (!)" } else { "" }
-                )),
-                o.latency_us.median,
-                raw.median_us,
-                o.latency_us.p99,
-                o.latency_us.p99_9
-            ),
-        )?;
+        let mut row = format!(
+            "{:>4} {:>7} {:>10} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10}",
+            b,
+            args.window,
+            col(o.as_ref(), |o| format!("{:.3}", o.rpcs_per_sec / 1e6)),
+            col(raw, |r| format!("{:.3}", r.round_trips_per_sec / 1e6)),
+            col(ratio, |r| format!(
+                "{r:.2}{}",
+                if suspect { " (!)" } else { "" }
+            )),
+            col(o.as_ref(), |o| format!("{:.1}", o.latency_us.median)),
+            col(raw, |r| format!("{:.1}", r.median_us)),
+            col(o.as_ref(), |o| format!("{:.1}", o.latency_us.p99)),
+            col(o.as_ref(), |o| format!("{:.1}", o.latency_us.p99_9)),
+        );
+        if args.count.is_some() {
+            row.push_str(&format!(
+                " {:>10} {:>10}",
+                col(o.as_ref(), |o| o.completed.to_string()),
+                col(raw, |r| r.round_trips.to_string())
+            ));
+        }
+        out.line(&progress, row)?;
         if suspect {
             out.line(
                 &progress,
@@ -1083,9 +1210,10 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
         }
         points.push(PointReport {
             point: p,
-            mrps: o.rpcs_per_sec / 1e6,
-            raw_echo_round_trips_per_sec: raw.round_trips_per_sec,
-            raw_echo_median_us: raw.median_us,
+            mrps: o.as_ref().map(|o| o.rpcs_per_sec / 1e6),
+            raw_echo_round_trips_per_sec: raw.map(|r| r.round_trips_per_sec),
+            raw_echo_median_us: raw.map(|r| r.median_us),
+            raw_echo_round_trips: raw.map(|r| r.round_trips),
             ratio_to_raw_echo: ratio,
             ratio_above_one: suspect,
             outcome: o,
@@ -1170,13 +1298,19 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
     Ok(())
 }
 
+/// A column's value, or `-` for the half `--only` left out.
+fn col<T>(v: Option<T>, f: impl FnOnce(T) -> String) -> String {
+    v.map_or("-".to_string(), f)
+}
+
 /// One row per step of each point's latency distribution (hdrhistogram's
 /// quantile iteration, 1 tick per half-distance), ready for a plot of
 /// latency against percentile.
 fn write_latency_csv(w: &mut impl Write, points: &[PointReport]) -> io::Result<()> {
     writeln!(w, "batch,window,size,percentile,latency_us,count")?;
     for p in points {
-        for v in p.outcome.hist.iter_quantiles(1) {
+        let Some(outcome) = &p.outcome else { continue };
+        for v in outcome.hist.iter_quantiles(1) {
             writeln!(
                 w,
                 "{},{},{},{:.6},{:.3},{}",
@@ -1258,4 +1392,61 @@ fn run_large(args: Args) -> Result<(), Quit> {
             rows: &rows,
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(argv: &[&str]) -> String {
+        let args = parse_args(std::iter::once("erpc-bench").chain(argv.iter().copied()));
+        match check_count_and_only(&args) {
+            Err(Quit::Err(e @ BenchError::Usage(_))) => e.to_string(),
+            Err(Quit::Err(e)) => panic!("{argv:?}: not a usage error: {e}"),
+            Err(Quit::Pipe) => panic!("{argv:?}: a pipe error"),
+            Ok(()) => panic!("{argv:?}: accepted"),
+        }
+    }
+
+    fn accepted(argv: &[&str]) -> Args {
+        let args = parse_args(std::iter::once("erpc-bench").chain(argv.iter().copied()));
+        if let Err(Quit::Err(e)) = check_count_and_only(&args) {
+            panic!("{argv:?}: refused: {e}");
+        }
+        args
+    }
+
+    #[test]
+    fn count_and_only_are_small_rpc_options_without_timing() {
+        let a = accepted(&["--batch", "1,8", "--count", "20000", "--only", "raw-echo"]);
+        assert_eq!(a.count, Some(20000));
+        assert_eq!(a.only, Some(Only::RawEcho));
+        assert!(a.timing_given.is_empty());
+        // The defaults of --secs and --warmup are not "given".
+        let a = accepted(&["--secs", "0.5", "--warmup", "0"]);
+        assert_eq!(a.timing_given, ["--secs", "--warmup"]);
+        assert_eq!(a.count, None);
+        accepted(&["--only", "erpc"]);
+        for (argv, want) in [
+            (
+                &["--count", "5", "--secs", "1"][..],
+                "--secs does not apply",
+            ),
+            (
+                &["--count", "5", "--warmup", "0"],
+                "--warmup does not apply",
+            ),
+            (
+                &["--experiment", "factors", "--count", "5"],
+                "--count applies to --experiment small-rpc only",
+            ),
+            (
+                &["--experiment", "large", "--only", "erpc"],
+                "--only applies to --experiment small-rpc only",
+            ),
+        ] {
+            let m = refused(argv);
+            assert!(m.contains(want), "{argv:?}: {m}");
+        }
+    }
 }
