@@ -94,23 +94,23 @@ def load(path, main_object=None):
             calls[callee] += int(line[6:].split()[0])
             skip = True
             continue
-        m = re.match(r"(c?ob)=\((\d+)\)(?: (.*))?", line.rstrip("\n"))
+        # ob= / fn= (the current object and function), cob= / cfn= (a
+        # call's target); "(id) name" the first time, "(id)" after.
+        m = re.match(r"(c?)(ob|fn)=\((\d+)\)(?: (.*))?", line.rstrip("\n"))
         if m:
-            if m.group(3):
-                objs[m.group(2)] = m.group(3)
-            if m.group(1) == "ob":
-                cur_ob = objs.get(m.group(2))
+            is_call, kind, ident, name = m.groups()
+            table = objs if kind == "ob" else names
+            if name:
+                table[ident] = name
+            value = table.get(ident)
+            if kind == "ob" and is_call:
+                callee_ob = value
+            elif kind == "ob":
+                cur_ob = value
+            elif is_call:
+                callee = value
             else:
-                callee_ob = objs.get(m.group(2))
-            continue
-        m = re.match(r"(c?fn)=\((\d+)\)(?: (.*))?", line.rstrip("\n"))
-        if m:
-            if m.group(3):
-                names[m.group(2)] = m.group(3)
-            if m.group(1) == "fn":
-                cur = names.get(m.group(2))
-            else:
-                callee = names.get(m.group(2))
+                cur = value
     return cost, fn_of, calls, out_calls
 
 
