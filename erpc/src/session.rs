@@ -348,18 +348,26 @@ impl<S> SessionTable<S> {
         }
     }
 
-    /// The entry of session number `i`: `None` for a number not handed
-    /// out or out of the 16-bit range. Entries of numbers never handed out
+    /// The entry of session number `i` (to take or replace the session):
+    /// `None` out of the 16-bit range. Entries of numbers never handed out
     /// stay empty, so no check against the count is needed.
-    #[inline]
-    pub(crate) fn get(&self, i: usize) -> Option<&Option<Box<S>>> {
-        self.slots.get(i)
-    }
-
-    /// See [`SessionTable::get`].
     #[inline]
     pub(crate) fn get_mut(&mut self, i: usize) -> Option<&mut Option<Box<S>>> {
         self.slots.get_mut(i)
+    }
+
+    /// Session number `sn`, if it exists (a table entry per 16-bit number:
+    /// no bounds check). A method of the table, not of the Rpc, so a caller
+    /// can hold the session and borrow the Rpc's other fields beside it.
+    #[inline]
+    pub(crate) fn session(&self, sn: u16) -> Option<&S> {
+        self.slots[usize::from(sn)].as_deref()
+    }
+
+    /// See [`SessionTable::session`].
+    #[inline]
+    pub(crate) fn session_mut(&mut self, sn: u16) -> Option<&mut S> {
+        self.slots[usize::from(sn)].as_deref_mut()
     }
 
     /// Numbers handed out so far.
@@ -444,12 +452,13 @@ mod tests {
     fn session_table_hands_out_numbers_from_the_bottom() {
         let mut t: SessionTable<u32> = SessionTable::new();
         assert_eq!(t.len(), 0);
-        assert!(t.get(5).is_some_and(Option::is_none));
-        assert!(t.get(1 << 16).is_none());
+        assert!(t.session(5).is_none());
+        assert!(t.get_mut(1 << 16).is_none());
         assert_eq!(t.push_none(), 0);
         assert_eq!(t.push_none(), 1);
         t[1] = Some(Box::new(7));
-        assert_eq!(t.get(1).and_then(|s| s.as_deref()), Some(&7));
+        assert_eq!(t.session(1), Some(&7));
+        assert_eq!(t.session_mut(0), None);
         assert_eq!(t.iter().flatten().count(), 1);
         assert_eq!(t.take_all().len(), 1);
         assert_eq!(t.len(), 0);

@@ -145,11 +145,7 @@ impl<T: Transport, C> Rpc<T, C> {
         let bypass = self.config.cc.wheel_bypass;
         let first_only = self.config.cc.wheel_bypass_first_only;
         let now = self.now_ns;
-        let Some(s) = self
-            .sessions
-            .get_mut(usize::from(session))
-            .and_then(|s| s.as_deref_mut())
-        else {
+        let Some(s) = self.sessions.session_mut(session) else {
             return false;
         };
         let Some(cc) = s.cc.as_mut() else {
@@ -200,8 +196,7 @@ impl<T: Transport, C> Rpc<T, C> {
         while let Some(e) = self.wheel.as_mut().and_then(|w| w.pop_ready()) {
             let live = self
                 .sessions
-                .get_mut(usize::from(e.session))
-                .and_then(|s| s.as_deref_mut())
+                .session_mut(e.session)
                 .filter(|s| s.role == Role::Client && s.state == SessionState::Connected)
                 .map(|s| (s.remote_num, &mut s.slots[usize::from(e.slot)]))
                 .filter(|(_, sl)| {
@@ -248,11 +243,7 @@ impl<T: Transport, C> Rpc<T, C> {
     pub(crate) fn cc_rtt_sample(&mut self, sn: u16, i: usize, pkt: u32, rx_ns: u64) {
         let bypass = self.config.cc.timely_bypass;
         let at = ts_index(self.tx_ts_cap, i, pkt);
-        if let Some(s) = self
-            .sessions
-            .get_mut(usize::from(sn))
-            .and_then(|s| s.as_deref_mut())
-        {
+        if let Some(s) = self.sessions.session_mut(sn) {
             rtt_sample(s, at, rx_ns, bypass, &mut self.stats);
         }
     }

@@ -90,11 +90,7 @@ impl<T: Transport, C> Rpc<T, C> {
         let mut due: Vec<(u16, u8)> = Vec::new();
         let mut silent: Vec<u16> = Vec::new();
         for &sn in &self.client_sessions {
-            let Some(s) = self
-                .sessions
-                .get(usize::from(sn))
-                .and_then(|s| s.as_deref())
-            else {
+            let Some(s) = self.sessions.session(sn) else {
                 continue;
             };
             // With every credit home, no slot has unacknowledged packets

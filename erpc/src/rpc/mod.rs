@@ -1002,16 +1002,12 @@ impl<T: Transport, C> Rpc<T, C> {
 
     #[inline]
     pub(crate) fn session(&self, sn: SessionNum) -> Option<&Session<T, C>> {
-        self.sessions
-            .get(usize::from(sn))
-            .and_then(|s| s.as_deref())
+        self.sessions.session(sn)
     }
 
     #[inline]
     pub(crate) fn session_mut(&mut self, sn: SessionNum) -> Option<&mut Session<T, C>> {
-        self.sessions
-            .get_mut(usize::from(sn))
-            .and_then(|s| s.as_deref_mut())
+        self.sessions.session_mut(sn)
     }
 }
 

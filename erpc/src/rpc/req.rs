@@ -57,11 +57,7 @@ impl<T: Transport, C> Rpc<T, C> {
         };
         // The table field itself, not `session_mut`: the backlog push below
         // keeps this borrow across the stats update (one lookup, not two).
-        let Some(s) = self
-            .sessions
-            .get_mut(usize::from(session))
-            .and_then(|s| s.as_deref_mut())
-        else {
+        let Some(s) = self.sessions.session_mut(session) else {
             return err(EnqueueErrorKind::NoSuchSession, req, resp);
         };
         if s.role != Role::Client {
@@ -131,11 +127,7 @@ impl<T: Transport, C> Rpc<T, C> {
         tag: usize,
     ) {
         let now = self.now_ns;
-        let Some(s) = self
-            .sessions
-            .get_mut(usize::from(session))
-            .and_then(|s| s.as_deref_mut())
-        else {
+        let Some(s) = self.sessions.session_mut(session) else {
             unreachable!("caller checked the session");
         };
         let route = s.route.as_ref().expect("connected session has a route");
@@ -257,11 +249,7 @@ impl<T: Transport, C> Rpc<T, C> {
             let pacing = self.pacing;
             let now = self.now_ns;
             let pace_window = self.config.cc.pace_window;
-            let Some(s) = self
-                .sessions
-                .get_mut(usize::from(session))
-                .and_then(|s| s.as_deref_mut())
-            else {
+            let Some(s) = self.sessions.session_mut(session) else {
                 return false;
             };
             let remote = s.remote_num;
@@ -401,8 +389,9 @@ impl<T: Transport, C> Rpc<T, C> {
         let sn = hdr.dest_session_num();
         let i = (hdr.req_num() % SESSION_REQ_WINDOW as u64) as usize;
         let now = self.now_ns;
-        let s = self.sessions[usize::from(sn)]
-            .as_deref_mut()
+        let s = self
+            .sessions
+            .session_mut(sn)
             .expect("dispatch checked the session");
         let slot = &mut s.slots[i];
         // Request numbers wrap at 2^44: compare on the circle.
@@ -501,8 +490,9 @@ impl<T: Transport, C> Rpc<T, C> {
     fn process_req_same_num(&mut self, ctx: &mut C, hdr: RxHdr, data: &[u8], i: usize) {
         let sn = hdr.dest_session_num();
         let now = self.now_ns;
-        let s = self.sessions[usize::from(sn)]
-            .as_deref_mut()
+        let s = self
+            .sessions
+            .session_mut(sn)
             .expect("dispatch checked the session");
         let slot = &mut s.slots[i];
         let sv = &mut slot.server;

@@ -146,11 +146,7 @@ impl<T: Transport, C> Rpc<T, C> {
         // The requests leave their slots: none of their packets (nor the
         // session's RFRs) may stay queued.
         self.tx.forget_session(sn, &mut self.stats.tx_stale);
-        let Some(s) = self
-            .sessions
-            .get_mut(usize::from(sn))
-            .and_then(|s| s.as_deref_mut())
-        else {
+        let Some(s) = self.sessions.session_mut(sn) else {
             return 0;
         };
         let out = &mut self.owed;
@@ -283,9 +279,7 @@ impl<T: Transport, C> Rpc<T, C> {
         // the session go first (they point into those buffers).
         s.state = SessionState::Resetting;
         self.tx.forget_session(sn, &mut self.stats.tx_stale);
-        let s = self.sessions[usize::from(sn)]
-            .as_deref_mut()
-            .expect("looked up above");
+        let s = self.sessions.session_mut(sn).expect("looked up above");
         let token = s.uniq_token;
         let mut bufs = Vec::new();
         for sl in s.slots.iter_mut() {

@@ -53,11 +53,7 @@ impl<T: Transport, C> Rpc<T, C> {
             req_num: h.req_num,
         };
         self.tx_make_room();
-        let Some(s) = self
-            .sessions
-            .get_mut(usize::from(h.session))
-            .and_then(|s| s.as_deref_mut())
-        else {
+        let Some(s) = self.sessions.session_mut(h.session) else {
             self.recycle(resp);
             return Err(stale);
         };
@@ -114,8 +110,9 @@ impl<T: Transport, C> Rpc<T, C> {
         let i = (hdr.req_num() % SESSION_REQ_WINDOW as u64) as usize;
         let now = self.now_ns;
         let msg_size = hdr.msg_size() as usize;
-        let s = self.sessions[usize::from(sn)]
-            .as_deref_mut()
+        let s = self
+            .sessions
+            .session_mut(sn)
             .expect("dispatch checked the session");
         let max_credits = s.credits_max;
         let slot = &mut s.slots[i];
@@ -217,8 +214,9 @@ impl<T: Transport, C> Rpc<T, C> {
         i: usize,
         result: Result<(), RpcError>,
     ) {
-        let s = self.sessions[usize::from(sn)]
-            .as_deref_mut()
+        let s = self
+            .sessions
+            .session_mut(sn)
             .expect("caller checked the session");
         let slot = &mut s.slots[i];
         // The request leaves the slot: none of its packets may stay queued.

@@ -21,8 +21,9 @@ impl<T: Transport, C> Rpc<T, C> {
         let sn = hdr.dest_session_num();
         let i = (hdr.req_num() % SESSION_REQ_WINDOW as u64) as usize;
         let now = self.now_ns;
-        let s = self.sessions[usize::from(sn)]
-            .as_deref_mut()
+        let s = self
+            .sessions
+            .session_mut(sn)
             .expect("dispatch checked the session");
         let slot = &mut s.slots[i];
         if hdr.req_num() != slot.cur_req_num {

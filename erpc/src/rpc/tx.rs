@@ -362,11 +362,7 @@ impl<T: Transport, C> Rpc<T, C> {
         self.tx_make_room();
         let cc = self.pacing.cc_on();
         let cap = self.tx_ts_cap;
-        let Some(s) = self
-            .sessions
-            .get_mut(usize::from(session))
-            .and_then(|s| s.as_deref_mut())
-        else {
+        let Some(s) = self.sessions.session_mut(session) else {
             self.stats.tx_stale += 1;
             return;
         };
@@ -391,11 +387,7 @@ impl<T: Transport, C> Rpc<T, C> {
         self.tx_make_room();
         let n = self.ctrl_next;
         self.ctrl_next = (n + 1) % CTRL_BUFS;
-        let Some(s) = self
-            .sessions
-            .get(usize::from(session))
-            .and_then(|s| s.as_deref())
-        else {
+        let Some(s) = self.sessions.session(session) else {
             return;
         };
         let Some(route) = s.route.as_ref() else {
