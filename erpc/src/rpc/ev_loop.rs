@@ -163,18 +163,44 @@ impl<T: Transport, C> Rpc<T, C> {
     /// Gives stalled slots the credits that came back.
     #[inline(never)]
     fn process_stallq(&mut self) {
-        let n = self.stallq.len().min(STALLQ_PER_LOOP_MAX);
-        let mut kept = 0;
+        let len = self.stallq.len();
+        // The common pass while a large message waits (its session's
+        // credits all out, another slot taking each one that returns):
+        // no stalled slot can send, and the queue stays as it is.
+        if len <= STALLQ_PER_LOOP_MAX
+            && self
+                .stallq
+                .iter()
+                .all(|&(sn, i)| self.stalled_without_credit(sn, i))
+        {
+            return;
+        }
+        let n = len.min(STALLQ_PER_LOOP_MAX);
         for idx in 0..n {
             let (sn, i) = self.stallq[idx];
+            if self.stalled_without_credit(sn, i) {
+                // Exactly what `kick` would do (the slot stays stalled,
+                // at the back), without the call.
+                self.stallq.push((sn, i));
+                continue;
+            }
             if let Some(s) = self.session_mut(sn) {
                 s.slots[usize::from(i)].client.in_stallq = false;
             }
             // `kick` re-queues the slot at the back if it still stalls;
             // those re-queued entries are past `n` and wait for next time.
             let _ = self.kick(sn, i);
-            kept += 1;
         }
-        self.stallq.drain(..kept);
+        self.stallq.drain(..n);
+    }
+
+    /// Client slot `i` of session `sn` has packets to send and its session
+    /// no credit: `kick` would send nothing and leave it stalled.
+    #[inline]
+    fn stalled_without_credit(&self, sn: u16, i: u8) -> bool {
+        self.session(sn).is_some_and(|s| {
+            let slot = &s.slots[usize::from(i)];
+            s.credits == 0 && slot.tx_msgbuf.is_some() && super::cr::slot_has_more(&slot.client)
+        })
     }
 }
