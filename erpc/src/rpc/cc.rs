@@ -99,7 +99,7 @@ pub(crate) fn ts_index(cap: usize, slot: usize, pkt: u32) -> usize {
 
 /// The receive time of an acknowledgement: the event-loop iteration's
 /// clock reading `now_ns` with batched timestamps, a fresh read otherwise
-/// (for code that holds a session and cannot call `Rpc::cc_rx_now`).
+/// (the acknowledgement paths hold their session while they take it).
 #[inline(always)]
 pub(crate) fn rx_time(cfg: &crate::cc::CcConfig, now_ns: u64, clock: &crate::clock::Clock) -> u64 {
     if cfg.batch_timestamps {
@@ -227,24 +227,6 @@ impl<T: Transport, C> Rpc<T, C> {
                     },
                 );
             }
-        }
-    }
-
-    /// The receive time of an acknowledgement (one clock read per
-    /// event-loop iteration with batched timestamps).
-    #[inline]
-    pub(crate) fn cc_rx_now(&self) -> u64 {
-        rx_time(&self.config.cc, self.now_ns, &self.clock)
-    }
-
-    /// An acknowledgement of client packet `pkt` of slot `i` arrived at
-    /// `rx_ns`: an RTT sample for the session's Timely.
-    #[inline]
-    pub(crate) fn cc_rtt_sample(&mut self, sn: u16, i: usize, pkt: u32, rx_ns: u64) {
-        let bypass = self.config.cc.timely_bypass;
-        let at = ts_index(self.tx_ts_cap, i, pkt);
-        if let Some(s) = self.sessions.session_mut(sn) {
-            rtt_sample(s, at, rx_ns, bypass, &mut self.stats);
         }
     }
 }

@@ -75,14 +75,43 @@ impl<T: Transport, C> Rpc<T, C> {
         self.stats.rx_accepted += 1;
         debug_assert!(s.credits < max_credits);
         s.credits = (s.credits + 1).min(max_credits);
-        let more = slot_has_more(&s.slots[i].client);
         if self.pacing.cc_on() {
-            let rx = self.cc_rx_now();
-            self.cc_rtt_sample(sn, i, pkt_num, rx);
+            // The RTT sample, with the session in hand.
+            let rx = super::cc::rx_time(&self.config.cc, now, &self.clock);
+            super::cc::rtt_sample(
+                s,
+                super::cc::ts_index(self.tx_ts_cap, i, pkt_num),
+                rx,
+                self.config.cc.timely_bypass,
+                &mut self.stats,
+            );
         }
-        if more {
-            self.kick(sn, i as u8);
+        if !slot_has_more(&s.slots[i].client) {
+            return;
         }
+        // The steady state of a large request: this credit is the
+        // session's only one, and the slot's next request packet takes it.
+        if let Some(pkt) = Self::take_only_credit(
+            s,
+            sn,
+            i,
+            false,
+            self.tx.room(),
+            self.pacing,
+            self.config.cc.pace_window,
+            now,
+            &mut self.stallq,
+            &mut self.pending,
+        ) {
+            let ts_at = if self.pacing.cc_on() {
+                self.stats.wheel_bypassed += 1;
+                Some(super::cc::ts_index(self.tx_ts_cap, i, pkt))
+            } else {
+                None
+            };
+            return Self::tx_push_msg(&mut self.tx, &mut self.stats, s, i as u8, pkt, ts_at);
+        }
+        self.kick(sn, i as u8);
     }
 }
 

@@ -199,7 +199,7 @@ impl<T: Transport, C> Rpc<T, C> {
             Self::tx_push_msg(&mut self.tx, &mut self.stats, s, i as u8, 0, ts_at);
             return;
         }
-        self.kick_inline(session, i as u8);
+        self.kick(session, i as u8);
     }
 
     /// A request cannot be numbered on a session to a C++ eRPC server (see
@@ -232,17 +232,67 @@ impl<T: Transport, C> Rpc<T, C> {
         self.reset_client_session(session, ResetCause::ReqNumsExhausted);
     }
 
-    /// Sends what the slot may send now (request packets, then RFRs) and
-    /// parks it in the credit-stall queue if more remains. Returns true if
-    /// the slot still has packets to send.
-    #[inline(never)]
-    pub(crate) fn kick(&mut self, session: SessionNum, i: u8) -> bool {
-        self.kick_inline(session, i)
+    /// [`Rpc::kick`] for the steady state of a large message, decided with
+    /// the session in hand: an acknowledgement just returned the session's
+    /// only credit, and client slot `i`'s next packet (a request packet, or
+    /// with `rfr` an RFR) takes it, not paced. Then this does to the slot,
+    /// the session and the stall queue exactly what `kick` would (one
+    /// packet granted; the slot stalled if more remains) and returns the
+    /// packet's number for the caller to queue; otherwise it changes
+    /// nothing and returns `None` (the caller kicks).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub(crate) fn take_only_credit(
+        s: &mut crate::session::Session<T, C>,
+        sn: SessionNum,
+        i: usize,
+        rfr: bool,
+        room: usize,
+        pacing: super::cc::Pacing,
+        pace_window: u16,
+        now: u64,
+        stallq: &mut Vec<(SessionNum, u8)>,
+        pending: &mut u8,
+    ) -> Option<u32> {
+        let c = &mut s.slots[i].client;
+        let wire = if c.resp_pkts == 0 {
+            c.req_pkts
+        } else {
+            c.wire_pkts()
+        };
+        let pkt = c.num_tx;
+        let grant = s.credits == 1
+            && pkt < wire
+            && (pkt >= c.req_pkts) == rfr
+            && room != 0
+            && !super::cc::burst_paced(pacing, c.wheel_count, s.cc.as_ref())
+            && (pace_window == 0
+                || s.cc.is_none()
+                || super::cc::pace_room(c.wheel_count, pace_window) != 0);
+        if !grant {
+            return None;
+        }
+        if pkt == c.num_rx {
+            // As in `kick`: nothing was in flight.
+            c.in_flight_ns = now;
+        }
+        c.num_tx = pkt + 1;
+        s.credits = 0;
+        if pkt + 1 < wire && !c.in_stallq {
+            c.in_stallq = true;
+            stallq.push((sn, i as u8));
+            *pending |= super::ev_loop::PENDING_STALLQ;
+        }
+        Some(pkt)
     }
 
-    /// [`Rpc::kick`], inlined into `start_request` (once per request).
-    #[inline(always)]
-    fn kick_inline(&mut self, session: SessionNum, i: u8) -> bool {
+    /// Sends what the slot may send now (request packets, then RFRs) and
+    /// parks it in the credit-stall queue if more remains. Returns true if
+    /// the slot still has packets to send. Out of line: a one-packet
+    /// request never needs it (`start_request` decides that case itself),
+    /// nor does the steady state of a large one (`take_only_credit`).
+    #[inline(never)]
+    pub(crate) fn kick(&mut self, session: SessionNum, i: u8) -> bool {
         loop {
             self.tx_make_room();
             let room = self.tx.room();
@@ -290,6 +340,16 @@ impl<T: Transport, C> Rpc<T, C> {
             // Everything the slot may send is queued now (the usual case):
             // no second look at the session after the loop below.
             let all_sent = c.num_tx == wire;
+            // Or the credits ran out first (a large message): the next
+            // pass would find none and stall the slot, so it stalls now.
+            // Queuing the packets below returns no credit and leaves the
+            // stall queue alone, so this is the same, without that pass.
+            let stalls = !all_sent && s.credits == 0;
+            if stalls && !c.in_stallq {
+                c.in_stallq = true;
+                self.stallq.push((session, i));
+                self.pending |= super::ev_loop::PENDING_STALLQ;
+            }
             let req_pkts = c.req_pkts;
             let req_type = c.req_type;
             // Congestion control: a paced packet waits in the wheel. The
@@ -325,6 +385,9 @@ impl<T: Transport, C> Rpc<T, C> {
             }
             if all_sent {
                 return false;
+            }
+            if stalls {
+                return true;
             }
         }
     }

@@ -201,6 +201,34 @@ impl<T: Transport, C> Rpc<T, C> {
         if done {
             return self.complete(ctx, sn, i, Ok(()));
         }
+        // The steady state of a large response: this credit is the
+        // session's only one, and the RFR for the next response packet
+        // takes it.
+        if let Some(pkt) = Self::take_only_credit(
+            s,
+            sn,
+            i,
+            true,
+            self.tx.room(),
+            self.pacing,
+            self.config.cc.pace_window,
+            now,
+            &mut self.stallq,
+            &mut self.pending,
+        ) {
+            if self.pacing.cc_on() {
+                self.stats.wheel_bypassed += 1;
+            }
+            let hdr = PktHdr {
+                req_type: s.slots[i].client.req_type,
+                msg_size: 0,
+                dest_session_num: s.remote_num,
+                pkt_type: PktType::Rfr,
+                pkt_num: pkt as u16,
+                req_num: hdr.req_num(),
+            };
+            return self.enqueue_ctrl(sn, i as u8, hdr);
+        }
         self.kick(sn, i as u8);
     }
 
