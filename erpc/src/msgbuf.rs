@@ -309,12 +309,16 @@ impl MsgBuf {
         start..start + pkt_data_bytes(self.data_bytes as usize, i)
     }
 
-    /// Writes `data` as packet `i`'s payload (reassembly).
+    /// Writes `data` as packet `i`'s payload (reassembly). Callers have
+    /// checked that `data` is exactly packet `i`'s share of the message
+    /// (`pkt_data_bytes` of the current size), so its length is not
+    /// recomputed here; the copy is bounds-checked against the buffer
+    /// either way.
     #[inline]
     pub(crate) fn write_pkt_data(&mut self, i: usize, data: &[u8]) {
-        let r = self.pkt_data_range(i);
-        debug_assert_eq!(r.len(), data.len());
-        self.buf.as_mut_slice()[r].copy_from_slice(data);
+        debug_assert_eq!(self.pkt_data_range(i).len(), data.len());
+        let start = PKTHDR_BYTES + i * MAX_DATA_PER_PKT;
+        self.buf.as_mut_slice()[start..start + data.len()].copy_from_slice(data);
     }
 
     /// Where packet `i`'s bytes are, for a TX queue entry that outlives

@@ -393,13 +393,30 @@ impl<T: Transport, C> Rpc<T, C> {
         let Some(route) = s.route.as_ref() else {
             return;
         };
-        let buf = self.ctrl.as_mut().expect("control buffer lives until drop");
+        let buf = self.ctrl.as_ref().expect("control buffer lives until drop");
         let o = n * CTRL_SLOT_BYTES;
-        let h = &mut buf.as_mut_slice()[o..o + PKTHDR_BYTES];
-        hdr.write_to(&mut h[HEADROOM_BYTES..])
-            .expect("control headers carry numbers taken from valid headers");
-        self.transport
-            .fill_headroom(route, &mut h[..HEADROOM_BYTES], PKTHDR_BYTES);
+        assert!(
+            o + CTRL_SLOT_BYTES <= buf.capacity(),
+            "the control buffer holds CTRL_BUFS slots"
+        );
+        let pkt = buf.ptr_at(o);
+        // SAFETY: the slot's bytes lie within the control buffer (checked
+        // above), which lives as long as the Rpc. Nothing else refers to
+        // them: queued entries hold raw addresses of other slots (a slot is
+        // reused only after CTRL_BUFS more control packets, and the batch
+        // holds fewer), and no reference to the buffer's bytes is kept. So
+        // the header is written through a reference to this slot alone,
+        // never one to the whole buffer under the queued entries.
+        let h: &mut [u8; PKTHDR_BYTES] = unsafe { &mut *pkt.as_ptr().cast() };
+        let (head, erpc) = h
+            .split_first_chunk_mut::<HEADROOM_BYTES>()
+            .expect("56 >= 42");
+        let erpc: &mut [u8; ERPC_HDR_BYTES] = erpc.try_into().expect("56 - 42 = 14");
+        // A CR repeats a received header's type and numbers (decoded
+        // within their wire widths); an RFR's packet number is below
+        // `2 * MAX_MSG_PKTS - 1`, which fits (`consts`).
+        hdr.write_in_range(erpc);
+        self.transport.fill_headroom(route, head, PKTHDR_BYTES);
         // An RFR is a client packet: it gets a TX timestamp (its RTT
         // sample comes with the response packet it asks for).
         let ts = if self.pacing.cc_on() && s.role == crate::session::Role::Client {
@@ -412,7 +429,6 @@ impl<T: Transport, C> Rpc<T, C> {
         if drop {
             self.stats.tx_fault_dropped += 1;
         }
-        let pkt = NonNull::new(buf.as_ptr().wrapping_add(o)).expect("inside the control buffer");
         // SAFETY: the route lives in the session's `Rc`; the header is in
         // the control buffer, which lives as long as the Rpc. Control
         // slots are reused only after CTRL_BUFS more control packets, and
