@@ -9,12 +9,15 @@
 #
 # Usage (from any directory):
 #   erpc/benches/callgrind_large.sh            # 1 MiB requests and responses
+#   erpc/benches/callgrind_large.sh --max 900  # also fail (exit 1) above 900
 #   SIZE=8192 erpc/benches/callgrind_large.sh  # another size
 #   TOP=40 erpc/benches/callgrind_large.sh     # a longer table
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 : "${CARGO_TARGET_DIR:=target}"
 size=${SIZE:-1048576}
+max=()
+if [ "${1:-}" = "--max" ]; then max=(--max "$2"); fi
 cargo bench -p erpc --bench large_msg --no-run >/dev/null 2>&1
 bin=$(ls -t "$CARGO_TARGET_DIR"/release/deps/large_msg-* | grep -v '\.d$' | head -1)
 tmp=$(mktemp -d)
@@ -30,5 +33,10 @@ done
 max_data=968
 pkts=$(( 2 * ((size + max_data - 1) / max_data) ))
 echo "size $size bytes: $pkts data packets per RPC; the figures below are per data packet"
+set +e
 python3 erpc/benches/callgrind_count.py "$bin" "$tmp/cg.$short" "$tmp/cg.$long" \
-  $(( (long - short) * pkts )) --top "${TOP:-15}" | sed 's/per RPC/per data packet/g'
+  $(( (long - short) * pkts )) --top "${TOP:-15}" "${max[@]}" > "$tmp/out"
+rc=$?
+set -e
+sed 's/per RPC/per data packet/g' "$tmp/out"
+exit $rc
