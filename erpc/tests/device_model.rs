@@ -141,6 +141,16 @@ fn few_credits_stall_and_resume() {
     });
 }
 
+#[test]
+fn packets_sent_exactly_once_lossless() {
+    for credits in [1, 2, 32] {
+        with_seeds("packets_sent_exactly_once_lossless", FILE, &[131], |seed| {
+            let mut w = DevWorld::new(seed);
+            common::scenarios::packets_sent_exactly_once(&mut w, seed, credits);
+        });
+    }
+}
+
 /// The same seed gives the same run, down to the packet counts.
 #[test]
 fn replays_exactly_from_a_seed() {

@@ -692,6 +692,18 @@ fn few_credits_stall_and_resume() {
 }
 
 #[test]
+fn packets_sent_exactly_once_lossless() {
+    // One credit: every acknowledgement hands its credit to the slot's
+    // next packet; two and 32: the stall queue and the general path too.
+    for credits in [1, 2, 32] {
+        with_seeds("packets_sent_exactly_once_lossless", FILE, &[131], |seed| {
+            let mut w = SimWorld::new(seed);
+            common::scenarios::packets_sent_exactly_once(&mut w, seed, credits);
+        });
+    }
+}
+
+#[test]
 fn without_zero_copy_rx_and_preallocated_responses() {
     // The two server-side optimisations switched off (as the factor
     // analysis does) change nothing a client sees.

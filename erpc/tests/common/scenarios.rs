@@ -217,6 +217,65 @@ pub fn few_credits_stall_and_resume<W: World>(w: &mut W, seed: u64) {
     }
 }
 
+/// Multi-packet requests and responses on a lossless network with
+/// `credits` per session: every RPC sends each of its packets exactly
+/// once — the client its request packets and one RFR per response packet
+/// after the first, the server a credit return per request packet but the
+/// last and its response packets — whichever path grants the credits (the
+/// general `kick`, the stall queue, or an acknowledgement handing its
+/// credit straight to the next packet). Nothing is dropped, stale or
+/// retransmitted.
+pub fn packets_sent_exactly_once<W: World>(w: &mut W, seed: u64, credits: usize) {
+    assert!(w.lossless(), "the packet counts hold on a lossless network");
+    let cfg = RpcConfig {
+        session_credits: credits,
+        ..RpcConfig::default()
+    };
+    let mut ns = nodes_with(w, 2, seed, cfg);
+    connect(w, &mut ns, 0, 1, 1);
+    let mut rng = Rng::new(seed);
+    let ops = app::random_ops(
+        &mut rng,
+        60,
+        &[SIZED, ECHO],
+        &[12, 968, 969, 5000, 40_000, 200_000],
+    );
+    let pkts = |len: usize| len.div_ceil(transport::MAX_DATA_PER_PKT).max(1) as u64;
+    let client_pkts: u64 = ops
+        .iter()
+        .map(|op| pkts(op.req_len) + pkts(op.resp_len) - 1)
+        .sum();
+    let server_pkts: u64 = ops
+        .iter()
+        .map(|op| pkts(op.req_len) - 1 + pkts(op.resp_len))
+        .sum();
+    let total = ops.len() as u64;
+    ns[0].ctx.todo = ops;
+    {
+        let n = &mut ns[0];
+        // Two of the slots busy at a time: they share the credits.
+        app::start(&mut n.rpc, &mut n.ctx, 2);
+    }
+    run_until(w, &mut ns, 2_000_000, "packets sent once", |ns| {
+        ns[0].ctx.completed == total
+    });
+    check_done::<W>(&ns);
+    let (c, s) = (ns[0].rpc.stats(), ns[1].rpc.stats());
+    assert_eq!(
+        c.total_drops() + s.total_drops(),
+        0,
+        "client {c}\nserver {s}"
+    );
+    assert_eq!(c.retransmissions, 0, "{c}");
+    assert_eq!(c.tx_stale + s.tx_stale, 0, "client {c}\nserver {s}");
+    assert_eq!(c.tx_pkts, client_pkts, "client {c}");
+    assert_eq!(s.tx_pkts, server_pkts, "server {s}");
+    assert_eq!(
+        ns[0].rpc.session_credits(ns[0].ctx.sessions[0]),
+        Some(credits)
+    );
+}
+
 /// An N-to-1 incast: what to run.
 #[derive(Debug, Clone, Copy)]
 pub struct Incast {
