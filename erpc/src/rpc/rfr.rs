@@ -48,6 +48,20 @@ impl<T: Transport, C> Rpc<T, C> {
         if pkt_num == sv.next_rfr {
             sv.next_rfr += 1;
             sv.progress_ns = now;
+            if self.tx.room() != 0 {
+                // What `enqueue_msg_pkt` would do, with the session in
+                // hand: the checks above found the slot on this request
+                // with the response holding packet `resp_idx`, and a
+                // server packet carries no TX timestamp.
+                return Self::tx_push_msg(
+                    &mut self.tx,
+                    &mut self.stats,
+                    s,
+                    i as u8,
+                    resp_idx,
+                    None,
+                );
+            }
             self.enqueue_msg_pkt(sn, i as u8, resp_idx, hdr.req_num());
         } else {
             // A retransmitted RFR: send the packet again, and let the NIC
