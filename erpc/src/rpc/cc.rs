@@ -9,7 +9,7 @@ use transport::{PKTHDR_BYTES, Transport};
 use super::Rpc;
 use crate::cc::{SessionCc, Update, WheelEnt};
 use crate::msgbuf::pkt_data_bytes;
-use crate::pkthdr::{PktHdr, PktType};
+use crate::pkthdr::PktType;
 use crate::session::{Role, SessionState};
 
 /// Per-session CC buffers of a new client session: Timely state, and the
@@ -198,13 +198,13 @@ impl<T: Transport, C> Rpc<T, C> {
                 .sessions
                 .session_mut(e.session)
                 .filter(|s| s.role == Role::Client && s.state == SessionState::Connected)
-                .map(|s| (s.remote_num, &mut s.slots[usize::from(e.slot)]))
-                .filter(|(_, sl)| {
+                .map(|s| &mut s.slots[usize::from(e.slot)])
+                .filter(|sl| {
                     sl.tx_msgbuf.is_some()
                         && sl.cur_req_num == e.req_num
                         && sl.client.wheel_gen == e.generation
                 });
-            let Some((remote, slot)) = live else {
+            let Some(slot) = live else {
                 self.stats.wheel_stale += 1;
                 continue;
             };
@@ -217,14 +217,10 @@ impl<T: Transport, C> Rpc<T, C> {
                 self.enqueue_ctrl(
                     e.session,
                     e.slot,
-                    PktHdr {
-                        req_type,
-                        msg_size: 0,
-                        dest_session_num: remote,
-                        pkt_type: PktType::Rfr,
-                        pkt_num: e.pkt_num,
-                        req_num: e.req_num,
-                    },
+                    PktType::Rfr,
+                    req_type,
+                    e.pkt_num,
+                    e.req_num,
                 );
             }
         }

@@ -6,26 +6,19 @@ use transport::Transport;
 
 use super::Rpc;
 use crate::consts::SESSION_REQ_WINDOW;
-use crate::pkthdr::{PktHdr, PktType, RxHdr};
+use crate::pkthdr::{PktType, RxHdr};
 use crate::stats::DropReason;
 
 impl<T: Transport, C> Rpc<T, C> {
     /// Server: queues a credit return for request packet `req_hdr`.
     pub(crate) fn enqueue_cr(&mut self, sn: u16, slot: u8, req_hdr: RxHdr) {
-        let Some(remote) = self.session(sn).map(|s| s.remote_num) else {
-            return;
-        };
         self.enqueue_ctrl(
             sn,
             slot,
-            PktHdr {
-                req_type: req_hdr.req_type(),
-                msg_size: 0,
-                dest_session_num: remote,
-                pkt_type: PktType::ExplCr,
-                pkt_num: req_hdr.pkt_num(),
-                req_num: req_hdr.req_num(),
-            },
+            PktType::ExplCr,
+            req_hdr.req_type(),
+            req_hdr.pkt_num(),
+            req_hdr.req_num(),
         );
     }
 

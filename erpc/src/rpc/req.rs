@@ -302,7 +302,6 @@ impl<T: Transport, C> Rpc<T, C> {
             let Some(s) = self.sessions.session_mut(session) else {
                 return false;
             };
-            let remote = s.remote_num;
             let slot = &mut s.slots[usize::from(i)];
             if slot.tx_msgbuf.is_none() {
                 return false;
@@ -369,18 +368,7 @@ impl<T: Transport, C> Rpc<T, C> {
                 if pkt < req_pkts {
                     self.enqueue_msg_pkt(session, i, pkt, req_num);
                 } else {
-                    self.enqueue_ctrl(
-                        session,
-                        i,
-                        PktHdr {
-                            req_type,
-                            msg_size: 0,
-                            dest_session_num: remote,
-                            pkt_type: PktType::Rfr,
-                            pkt_num: pkt as u16,
-                            req_num,
-                        },
-                    );
+                    self.enqueue_ctrl(session, i, PktType::Rfr, req_type, pkt as u16, req_num);
                 }
             }
             if all_sent {

@@ -219,15 +219,15 @@ impl<T: Transport, C> Rpc<T, C> {
             if self.pacing.cc_on() {
                 self.stats.wheel_bypassed += 1;
             }
-            let hdr = PktHdr {
-                req_type: s.slots[i].client.req_type,
-                msg_size: 0,
-                dest_session_num: s.remote_num,
-                pkt_type: PktType::Rfr,
-                pkt_num: pkt as u16,
-                req_num: hdr.req_num(),
-            };
-            return self.enqueue_ctrl(sn, i as u8, hdr);
+            let req_type = s.slots[i].client.req_type;
+            return self.enqueue_ctrl(
+                sn,
+                i as u8,
+                PktType::Rfr,
+                req_type,
+                pkt as u16,
+                hdr.req_num(),
+            );
         }
         self.kick(sn, i as u8);
     }

@@ -63,7 +63,7 @@ use transport::{ERPC_HDR_BYTES, HEADROOM_BYTES, PKTHDR_BYTES, Transport, TxItem}
 use super::{CTRL_SLOT_BYTES, Rpc};
 use crate::consts::{CTRL_BUFS, TX_BATCH_MAX, TX_REFUSED_TRIES};
 use crate::msgbuf::{MsgBuf, pkt_data_bytes};
-use crate::pkthdr::PktHdr;
+use crate::pkthdr::{PktHdr, PktType};
 use crate::session::Session;
 
 /// Owner slot number of a control packet (its header is in the control
@@ -381,18 +381,36 @@ impl<T: Transport, C> Rpc<T, C> {
         Self::tx_push_msg(&mut self.tx, &mut self.stats, s, slot, pkt_idx, ts_at);
     }
 
-    /// Writes a control packet (CR or RFR) header into the next control
-    /// slot and queues it. `session` must exist and have a route.
-    pub(crate) fn enqueue_ctrl(&mut self, session: u16, slot: u8, hdr: PktHdr) {
+    /// Writes the header of a control packet (`pkt_type` CR or RFR, no
+    /// data) for slot `slot` of `session` into the next control slot and
+    /// queues it; the destination session number is the session's peer.
+    /// `session` must exist and have a route.
+    pub(crate) fn enqueue_ctrl(
+        &mut self,
+        session: u16,
+        slot: u8,
+        pkt_type: PktType,
+        req_type: u8,
+        pkt_num: u16,
+        req_num: u64,
+    ) {
         self.tx_make_room();
-        let n = self.ctrl_next;
-        self.ctrl_next = (n + 1) % CTRL_BUFS;
         let Some(s) = self.sessions.session(session) else {
             return;
         };
         let Some(route) = s.route.as_ref() else {
             return;
         };
+        let hdr = PktHdr {
+            req_type,
+            msg_size: 0,
+            dest_session_num: s.remote_num,
+            pkt_type,
+            pkt_num,
+            req_num,
+        };
+        let n = self.ctrl_next;
+        self.ctrl_next = (n + 1) % CTRL_BUFS;
         let buf = self.ctrl.as_ref().expect("control buffer lives until drop");
         let o = n * CTRL_SLOT_BYTES;
         assert!(
