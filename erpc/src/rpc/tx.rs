@@ -417,15 +417,15 @@ impl<T: Transport, C> Rpc<T, C> {
             o + CTRL_SLOT_BYTES <= buf.capacity(),
             "the control buffer holds CTRL_BUFS slots"
         );
-        let pkt = buf.ptr_at(o);
         // SAFETY: the slot's bytes lie within the control buffer (checked
-        // above), which lives as long as the Rpc. Nothing else refers to
-        // them: queued entries hold raw addresses of other slots (a slot is
-        // reused only after CTRL_BUFS more control packets, and the batch
-        // holds fewer), and no reference to the buffer's bytes is kept. So
-        // the header is written through a reference to this slot alone,
-        // never one to the whole buffer under the queued entries.
-        let h: &mut [u8; PKTHDR_BYTES] = unsafe { &mut *pkt.as_ptr().cast() };
+        // above, so the offset pointer is in bounds), which lives as long
+        // as the Rpc. Nothing else refers to them: queued entries hold raw
+        // addresses of other slots (a slot is reused only after CTRL_BUFS
+        // more control packets, and the batch holds fewer), and no
+        // reference to the buffer's bytes is kept. So the header is
+        // written through a reference to this slot alone, never one to
+        // the whole buffer under the queued entries.
+        let h: &mut [u8; PKTHDR_BYTES] = unsafe { &mut *buf.as_ptr().add(o).cast() };
         let (head, erpc) = h
             .split_first_chunk_mut::<HEADROOM_BYTES>()
             .expect("56 >= 42");
@@ -435,6 +435,7 @@ impl<T: Transport, C> Rpc<T, C> {
         // `2 * MAX_MSG_PKTS - 1`, which fits (`consts`).
         hdr.write_in_range(erpc);
         self.transport.fill_headroom(route, head, PKTHDR_BYTES);
+        let pkt = NonNull::from(h).cast::<u8>();
         // An RFR is a client packet: it gets a TX timestamp (its RTT
         // sample comes with the response packet it asks for).
         let ts = if self.pacing.cc_on() && s.role == crate::session::Role::Client {
