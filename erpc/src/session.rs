@@ -123,10 +123,15 @@ impl<T: Transport, C> ClientInfo<T, C> {
     }
 
     /// Packets on the wire for the whole exchange (request packets, plus
-    /// one RFR per response packet after the first).
+    /// one RFR per response packet after the first); before the response's
+    /// first packet arrives (`resp_pkts == 0`), the request packets alone.
     #[inline]
     pub fn wire_pkts(&self) -> u32 {
-        self.req_pkts + self.resp_pkts.max(1) - 1
+        if self.resp_pkts == 0 {
+            self.req_pkts
+        } else {
+            self.req_pkts + self.resp_pkts - 1
+        }
     }
 }
 

@@ -110,10 +110,5 @@ impl<T: Transport, C> Rpc<T, C> {
 
 #[inline]
 pub(crate) fn slot_has_more<T: Transport, C>(c: &crate::session::ClientInfo<T, C>) -> bool {
-    let wire = if c.resp_pkts == 0 {
-        c.req_pkts
-    } else {
-        c.wire_pkts()
-    };
-    c.num_tx < wire
+    c.num_tx < c.wire_pkts()
 }

@@ -255,11 +255,7 @@ impl<T: Transport, C> Rpc<T, C> {
         pending: &mut u8,
     ) -> Option<u32> {
         let c = &mut s.slots[i].client;
-        let wire = if c.resp_pkts == 0 {
-            c.req_pkts
-        } else {
-            c.wire_pkts()
-        };
+        let wire = c.wire_pkts();
         let pkt = c.num_tx;
         let grant = s.credits == 1
             && pkt < wire
@@ -308,11 +304,7 @@ impl<T: Transport, C> Rpc<T, C> {
             }
             let req_num = slot.cur_req_num;
             let c = &mut slot.client;
-            let wire = if c.resp_pkts == 0 {
-                c.req_pkts
-            } else {
-                c.wire_pkts()
-            };
+            let wire = c.wire_pkts();
             if c.num_tx >= wire {
                 return false;
             }
