@@ -200,8 +200,8 @@ pub use nexus::{
 };
 pub use rpc::{
     Completion, Continuation, CreateError, EnqueueError, EnqueueErrorKind, ReqHandle, ReqHandler,
-    Request, RespondError, Rpc, RpcConfig, RpcError, SessionError, SessionEvent, SessionEventKind,
-    SessionHandler, SessionInfo, SessionNum,
+    Request, RespondError, Rpc, RpcConfig, RpcError, ServerError, SessionError, SessionEvent,
+    SessionEventKind, SessionHandler, SessionInfo, SessionNum,
 };
 pub use session::SessionState;
 pub use sm_types::{SmErr, TransportType};

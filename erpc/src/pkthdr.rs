@@ -68,6 +68,18 @@ pub const MAX_REQ_NUM: u64 = (1 << REQ_NUM_BITS) - 1;
 /// Largest message size the header can carry.
 pub const MAX_HDR_MSG_SIZE: u32 = (1 << MSG_SIZE_BITS) - 1;
 
+/// The first of the 256 message sizes that mark a *status packet*: a
+/// response header whose size is `STATUS_SIZE_BASE + code` carries no
+/// message but the server's verdict on the request (`code`, see
+/// `ServerError` in the crate root): header only, packet number that of the
+/// first response packet. No message is ever that large (the largest is
+/// `MAX_MSG_BYTES`, below 2^23), so a receiver cannot mistake one for the
+/// other. An erpc-rs extension: sent only to erpc-rs peers (their SM
+/// endpoints carry an incarnation); a C++ eRPC client would take the size
+/// for a response's. See `rpc/status.rs`.
+pub const STATUS_SIZE_BASE: u32 = MAX_HDR_MSG_SIZE - 0xff;
+const _: () = assert!(crate::consts::MAX_MSG_BYTES < STATUS_SIZE_BASE as usize);
+
 const PKT_TYPE_SHIFT: u32 = 0;
 const PKT_NUM_SHIFT: u32 = 2;
 const REQ_NUM_SHIFT: u32 = PKT_NUM_SHIFT + PKT_NUM_BITS;

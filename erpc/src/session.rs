@@ -150,6 +150,10 @@ pub(crate) enum SrvState {
     Background,
     /// The response is in `SSlot::tx_msgbuf`.
     Responded,
+    /// The request was failed without running (or its background handler
+    /// panicked): `ServerInfo::status` is the code its status packet
+    /// carries, sent again for any duplicate (see `rpc/status.rs`).
+    Failed,
 }
 
 /// Server half of a slot.
@@ -167,6 +171,8 @@ pub(crate) struct ServerInfo {
     /// Packet number the next in-order RFR carries.
     pub next_rfr: u32,
     pub progress_ns: u64,
+    /// `SrvState::Failed`: the status code answered.
+    pub status: u8,
 }
 
 impl ServerInfo {
@@ -181,6 +187,7 @@ impl ServerInfo {
             num_rx: 0,
             next_rfr: 0,
             progress_ns: 0,
+            status: 0,
         }
     }
 }

@@ -150,6 +150,14 @@ pub struct RpcStats {
     pub reqs_handled: u64,
     /// Responses enqueued.
     pub resps_enqueued: u64,
+    /// Requests the server failed without running them (no handler, no
+    /// memory) or whose background handler panicked (`rpc/status.rs`).
+    pub reqs_failed_at_server: u64,
+    /// Status packets sent (a failed request's answer, first or again).
+    pub status_sent: u64,
+    /// Status packets received (requests completed with
+    /// `RpcError::Server`).
+    pub status_received: u64,
     /// Duplicate request packets answered with a credit return again.
     pub dup_req_cr_resent: u64,
     /// Duplicate request packets answered with the response again (the

@@ -79,6 +79,16 @@ local transport_types = {
     [3] = "Fake",
 }
 
+-- Status codes of erpc-rs status packets: a response header whose message
+-- size is STATUS_SIZE_BASE + code (no message is that large).
+local STATUS_SIZE_BASE = 0xffff00
+local statuses = {
+    [0] = "in progress",
+    [1] = "no handler",
+    [2] = "out of memory",
+    [3] = "handler panicked",
+}
+
 -- Data packet fields.
 local f = {
     req_type = ProtoField.uint8("erpc.req_type", "Request type", base.DEC),
@@ -92,6 +102,7 @@ local f = {
     magic = ProtoField.uint8("erpc.magic", "Magic", base.DEC),
     data = ProtoField.bytes("erpc.data", "Data"),
     data_len = ProtoField.uint32("erpc.data_len", "Data bytes", base.DEC),
+    status = ProtoField.uint8("erpc.status", "Status (erpc-rs: the server failed the request)", base.DEC, statuses),
     -- Session management.
     sm_type = ProtoField.int32("erpc.sm.type", "SM packet type", base.DEC, sm_types),
     sm_err = ProtoField.int32("erpc.sm.err", "SM error", base.DEC, sm_errs),
@@ -237,6 +248,16 @@ local function dissect_data(buf, pinfo, tree)
     sub:add(f.data_len, data_len):set_generated()
     if data_len > 0 then
         tree:add(f.data, buf(DATA_HDR_BYTES))
+    end
+    if ptype == 3 and size >= STATUS_SIZE_BASE then
+        local code = size - STATUS_SIZE_BASE
+        sub:add(f.status, buf(1, 3), code):set_generated()
+        local name = statuses[code] or ("status " .. code)
+        pinfo.cols.info = string.format("STATUS session %d req %s pkt %d [%s] type %d",
+            sess, tostring(reqn), pnum, name, buf(0, 1):uint())
+        sub:append_text(string.format(": status, session %d, req %s, pkt %d, %s",
+            sess, tostring(reqn), pnum, name))
+        return
     end
     pinfo.cols.info = string.format("%-4s session %d req %s pkt %d size %d type %d",
         pkt_types_short[ptype], sess, tostring(reqn), pnum, size, buf(0, 1):uint())

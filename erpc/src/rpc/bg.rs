@@ -80,12 +80,19 @@ impl<T: Transport, C> Rpc<T, C> {
     }
 
     fn bg_oom(&mut self, sn: SessionNum, i: usize) {
-        // Undo the slot's claim so that a retransmission can retry.
-        if let Some(s) = self.session_mut(sn) {
-            s.slots[i].cur_req_num = crate::pkthdr::prev_req_num(s.slots[i].cur_req_num);
-            s.slots[i].server.state = SrvState::Idle;
-        }
         self.stats.drop(DropReason::OutOfMemory);
+        let Some(s) = self.session_mut(sn) else {
+            return;
+        };
+        s.slots[i].server.state = SrvState::Idle;
+        if self.reads_status(sn) {
+            // An erpc-rs client is told (`rpc/status.rs`).
+            return self.fail_request(sn, i, super::ServerError::OutOfMemory);
+        }
+        // A C++ client: undo the slot's claim so that a retransmission
+        // can retry.
+        let s = self.session_mut(sn).expect("looked up above");
+        s.slots[i].cur_req_num = crate::pkthdr::prev_req_num(s.slots[i].cur_req_num);
     }
 
     /// Runs inline jobs, resubmits backlogged ones, and turns finished

@@ -7,7 +7,8 @@
 //! dispatch and validation), `ev_loop`, `loss` (retransmission timeout and
 //! go-back-N), `reset` (failed peers, session reset and teardown with
 //! requests outstanding), `fault` (fault injection), `sm_handlers`
-//! (session management), `bg` (worker-thread handlers).
+//! (session management), `bg` (worker-thread handlers), `status` (the
+//! server's error answers).
 
 mod admission;
 mod bg;
@@ -22,6 +23,7 @@ mod resp;
 mod rfr;
 mod rx;
 mod sm_handlers;
+mod status;
 mod tokens;
 mod tx;
 
@@ -164,6 +166,67 @@ pub enum RpcError {
         /// Session number.
         session: SessionNum,
     },
+    /// The server answered the request with an error instead of a
+    /// response (erpc-rs servers only; see [`ServerError`] for whether the
+    /// request ran).
+    #[error("the server of session {session} failed the request: {err}")]
+    Server {
+        /// Session number.
+        session: SessionNum,
+        /// What the server said.
+        err: ServerError,
+    },
+}
+
+/// Why a server failed a request, as its status packet says (see
+/// [`RpcError::Server`]). An erpc-rs server sends one where a C++ eRPC
+/// server drops the request and its client retries forever; it sends it
+/// only to erpc-rs clients (a C++ client would read the packet as a
+/// response). A duplicate of the request gets the same answer again: the
+/// handler never runs twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// No handler is registered for the request type at the server. The
+    /// request did not run.
+    #[error("no handler for the request type")]
+    NoHandler,
+    /// The server had no memory for the request (reassembly, or the copy
+    /// handed to a worker thread). The request did not run; it may succeed
+    /// if sent again later.
+    #[error("the server had no memory for the request")]
+    OutOfMemory,
+    /// The request's background handler panicked. It may have done part
+    /// of its work. The worker thread lives on.
+    #[error("the handler panicked")]
+    HandlerPanicked,
+    /// A status this version does not know (a newer server's).
+    #[error("unknown status {0}")]
+    Other(u8),
+}
+
+impl ServerError {
+    /// The status code on the wire (`pkthdr::STATUS_SIZE_BASE` + code).
+    /// Code 0 is reserved for "in progress", never an error.
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            ServerError::NoHandler => 1,
+            ServerError::OutOfMemory => 2,
+            ServerError::HandlerPanicked => 3,
+            ServerError::Other(c) => c,
+        }
+    }
+
+    /// The error a status code names (`None` for code 0, "in progress").
+    pub(crate) fn from_code(code: u8) -> Option<ServerError> {
+        Some(match code {
+            0 => return None,
+            1 => ServerError::NoHandler,
+            2 => ServerError::OutOfMemory,
+            3 => ServerError::HandlerPanicked,
+            c => ServerError::Other(c),
+        })
+    }
 }
 
 /// A finished request, handed to its continuation.

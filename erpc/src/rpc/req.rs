@@ -11,7 +11,7 @@ use super::reset::{FailedReq, Owed, ResetCause};
 use super::tx::write_msg_hdrs;
 use super::{
     Continuation, EnqueueError, EnqueueErrorKind, HandlerSlot, ReqHandle, Request, Rpc, RpcError,
-    SessionNum,
+    ServerError, SessionNum,
 };
 use crate::consts::{MAX_MSG_BYTES, SESSION_REQ_WINDOW};
 use crate::msgbuf::{MsgBuf, Origin, data_size_to_num_pkts, pkt_data_bytes};
@@ -423,12 +423,6 @@ impl<T: Transport, C> Rpc<T, C> {
         if data.len() != pkt_data_bytes(msg_size, pkt_num) {
             return self.stats.drop(DropReason::SizeMismatch);
         }
-        if matches!(
-            self.handlers[usize::from(hdr.req_type())],
-            HandlerSlot::None
-        ) {
-            return self.stats.drop(DropReason::NoHandler);
-        }
         let sn = hdr.dest_session_num();
         let i = (hdr.req_num() % SESSION_REQ_WINDOW as u64) as usize;
         let now = self.now_ns;
@@ -436,6 +430,15 @@ impl<T: Transport, C> Rpc<T, C> {
             .sessions
             .session_mut(sn)
             .expect("dispatch checked the session");
+        let no_handler = matches!(
+            self.handlers[usize::from(hdr.req_type())],
+            HandlerSlot::None
+        );
+        if no_handler && s.remote_incarnation == 0 {
+            // A C++ client cannot be told (`rpc/status.rs`): dropped, as
+            // the C++ eRPC does.
+            return self.stats.drop(DropReason::NoHandler);
+        }
         let slot = &mut s.slots[i];
         // Request numbers wrap at 2^44: compare on the circle.
         let ahead = match req_num_delta(hdr.req_num(), slot.cur_req_num) {
@@ -450,7 +453,7 @@ impl<T: Transport, C> Rpc<T, C> {
                 // the response to the previous one.
                 return self.stats.drop(DropReason::ServerSlotBusy);
             }
-            SrvState::Idle | SrvState::Receiving | SrvState::Responded => {}
+            SrvState::Idle | SrvState::Receiving | SrvState::Responded | SrvState::Failed => {}
         }
         // A client moves a slot exactly one window ahead per request; a
         // first packet of anything else is out of order (or forged).
@@ -501,6 +504,11 @@ impl<T: Transport, C> Rpc<T, C> {
         if let Some(m) = old_req {
             self.recycle(m);
         }
+        if no_handler {
+            // An erpc-rs client: it is told (`rpc/status.rs`).
+            self.stats.drop(DropReason::NoHandler);
+            return self.fail_request(sn, i, ServerError::NoHandler);
+        }
         if req_pkts == 1 && self.config.zero_copy_rx {
             self.stats.rx_accepted += 1;
             return self.invoke_handler(ctx, sn, i, hdr.req_type(), Err(data));
@@ -508,10 +516,14 @@ impl<T: Transport, C> Rpc<T, C> {
         let mut m = match MsgBuf::alloc(&mut self.alloc, msg_size, Origin::Dynamic) {
             Ok(m) => m,
             Err(_) => {
-                // Roll back so a retransmission can try again.
+                self.stats.drop(DropReason::OutOfMemory);
+                if self.reads_status(sn) {
+                    return self.fail_request(sn, i, ServerError::OutOfMemory);
+                }
+                // A C++ client: roll back so a retransmission can try again.
                 let s = self.session_mut(sn).expect("exists");
                 s.slots[i].cur_req_num = prev_req_num(s.slots[i].cur_req_num);
-                return self.stats.drop(DropReason::OutOfMemory);
+                return;
             }
         };
         m.write_pkt_data(0, data);
@@ -543,6 +555,16 @@ impl<T: Transport, C> Rpc<T, C> {
             return self.stats.drop(DropReason::SizeMismatch);
         }
         let pkt_num = u32::from(hdr.pkt_num());
+        if sv.state == SrvState::Failed {
+            // The request was failed (`rpc/status.rs`): a retransmission
+            // starts at packet 0 and gets the status again. Later packets
+            // of a multi-packet request that kept coming are dropped.
+            if pkt_num != 0 {
+                return self.stats.drop(DropReason::OutOfOrder);
+            }
+            self.stats.rx_accepted += 1;
+            return self.send_status(sn, i);
+        }
         let last = sv.req_pkts - 1;
         if pkt_num < sv.num_rx {
             // Duplicate (or a go-back-N retransmission). Never run the

@@ -127,6 +127,10 @@ impl<T: Transport, C> Rpc<T, C> {
         if hdr.req_num() != slot.cur_req_num {
             return self.stats.drop(DropReason::StaleReqNum);
         }
+        if msg_size > MAX_MSG_BYTES {
+            // A status packet (the server failed the request), or junk.
+            return self.process_status_pkt(ctx, hdr);
+        }
         let c = &mut slot.client;
         let pkt_num = u32::from(hdr.pkt_num());
         if pkt_num + 1 < c.req_pkts || pkt_num >= c.num_tx {
@@ -138,9 +142,6 @@ impl<T: Transport, C> Rpc<T, C> {
             } else {
                 DropReason::OutOfOrder
             });
-        }
-        if msg_size > MAX_MSG_BYTES {
-            return self.stats.drop(DropReason::MsgTooLarge);
         }
         let k = (pkt_num + 1 - c.req_pkts) as usize;
         let mut too_large = None;

@@ -381,10 +381,11 @@ impl<T: Transport, C> Rpc<T, C> {
         Self::tx_push_msg(&mut self.tx, &mut self.stats, s, slot, pkt_idx, ts_at);
     }
 
-    /// Writes the header of a control packet (`pkt_type` CR or RFR, no
-    /// data) for slot `slot` of `session` into the next control slot and
+    /// Writes the header of a control packet (`pkt_type` CR or RFR, or a
+    /// status packet's response header; no data) for slot `slot` of `session` into the next control slot and
     /// queues it; the destination session number is the session's peer.
     /// `session` must exist and have a route.
+    #[inline]
     pub(crate) fn enqueue_ctrl(
         &mut self,
         session: u16,
@@ -393,6 +394,22 @@ impl<T: Transport, C> Rpc<T, C> {
         req_type: u8,
         pkt_num: u16,
         req_num: u64,
+    ) {
+        self.enqueue_ctrl_sized(session, slot, pkt_type, req_type, pkt_num, req_num, 0);
+    }
+
+    /// [`Rpc::enqueue_ctrl`] with message size `msg_size` in the header:
+    /// 0, or a status packet's size (`rpc/status.rs`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn enqueue_ctrl_sized(
+        &mut self,
+        session: u16,
+        slot: u8,
+        pkt_type: PktType,
+        req_type: u8,
+        pkt_num: u16,
+        req_num: u64,
+        msg_size: u32,
     ) {
         self.tx_make_room();
         let Some(s) = self.sessions.session(session) else {
@@ -403,7 +420,7 @@ impl<T: Transport, C> Rpc<T, C> {
         };
         let hdr = PktHdr {
             req_type,
-            msg_size: 0,
+            msg_size,
             dest_session_num: s.remote_num,
             pkt_type,
             pkt_num,
@@ -432,7 +449,8 @@ impl<T: Transport, C> Rpc<T, C> {
         let erpc: &mut [u8; ERPC_HDR_BYTES] = erpc.try_into().expect("56 - 42 = 14");
         // A CR repeats a received header's type and numbers (decoded
         // within their wire widths); an RFR's packet number is below
-        // `2 * MAX_MSG_PKTS - 1`, which fits (`consts`).
+        // `2 * MAX_MSG_PKTS - 1`, which fits (`consts`); a status packet's
+        // size is below 2^24 (`pkthdr::STATUS_SIZE_BASE`).
         hdr.write_in_range(erpc);
         self.transport.fill_headroom(route, head, PKTHDR_BYTES);
         let pkt = NonNull::from(h).cast::<u8>();
