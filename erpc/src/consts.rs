@@ -60,10 +60,11 @@ pub const FAILURE_TIMEOUT_MS: u64 = 500;
 /// Keep-alive pings per failure timeout (a peer must miss this many in a
 /// row to be declared failed).
 pub const PINGS_PER_FAILURE_TIMEOUT: u64 = 10;
-/// Default burst of connect requests per source (see
-/// `RpcConfig::connect_burst_per_source`): more than the sessions one Rpc
-/// can hold with the default ring and credits, so a legitimate client
-/// opening many sessions at once is never slowed.
+/// The least default burst of connect requests per source (see
+/// `RpcConfig::connect_burst_per_source`, whose default is the sessions
+/// the RX ring holds, but never less than this): more than the sessions
+/// one Rpc can hold with the default ring and credits, so a legitimate
+/// client opening many sessions at once is never slowed.
 pub const CONNECT_BURST_PER_SOURCE: u32 = 256;
 /// Default refill of that burst, per second.
 pub const CONNECTS_PER_SEC_PER_SOURCE: u32 = 128;

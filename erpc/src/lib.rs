@@ -199,9 +199,9 @@ pub use nexus::{
     WorkerStats,
 };
 pub use rpc::{
-    Completion, Continuation, CreateError, EnqueueError, EnqueueErrorKind, ReqHandle, ReqHandler,
-    Request, RespondError, Rpc, RpcConfig, RpcError, ServerError, SessionError, SessionEvent,
-    SessionEventKind, SessionHandler, SessionInfo, SessionNum,
+    ActivePools, Completion, Continuation, CreateError, EnqueueError, EnqueueErrorKind, ReqHandle,
+    ReqHandler, Request, RespondError, Rpc, RpcConfig, RpcError, ServerError, SessionError,
+    SessionEvent, SessionEventKind, SessionHandler, SessionInfo, SessionNum,
 };
 pub use session::SessionState;
 pub use sm_types::{SmErr, TransportType};

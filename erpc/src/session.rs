@@ -21,7 +21,7 @@ use crate::consts::SESSION_REQ_WINDOW;
 use crate::msgbuf::MsgBuf;
 use crate::nexus::Uri;
 use crate::rpc::Continuation;
-use crate::sm_types::{SmEndpoint, SmErr};
+use crate::sm_types::{EndpointFields, SmEndpoint, SmErr};
 
 /// Which end of the session we are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,8 +81,6 @@ pub(crate) struct ClientInfo<T: Transport, C> {
     /// retransmission timeout runs from the later of this and
     /// `progress_ns`, so time spent waiting for credits never counts.
     pub in_flight_ns: u64,
-    /// Go-back-N rollbacks of this request.
-    pub retransmits: u32,
     /// Request number of the last request on this slot that completed with
     /// an error, so that its late response is counted as such.
     pub abandoned_req_num: u64,
@@ -92,8 +90,6 @@ pub(crate) struct ClientInfo<T: Transport, C> {
     pub wheel_count: u16,
     /// Rollback generation: wheel entries of an older one are dropped.
     pub wheel_gen: u8,
-    /// When the request was enqueued.
-    pub enqueue_ns: u64,
     /// In the Rpc's credit-stall queue.
     pub in_stallq: bool,
 }
@@ -112,12 +108,10 @@ impl<T: Transport, C> ClientInfo<T, C> {
             num_rx: 0,
             progress_ns: 0,
             in_flight_ns: 0,
-            retransmits: 0,
             abandoned_req_num: u64::MAX,
             req_bytes: 0,
             wheel_count: 0,
             wheel_gen: 0,
-            enqueue_ns: 0,
             in_stallq: false,
         }
     }
@@ -176,6 +170,15 @@ pub(crate) struct ServerInfo {
 }
 
 impl ServerInfo {
+    /// A handler has the slot's request and has not responded yet.
+    #[inline]
+    pub fn busy(&self) -> bool {
+        matches!(
+            self.state,
+            SrvState::InHandler | SrvState::Deferred | SrvState::Background
+        )
+    }
+
     fn new() -> Self {
         ServerInfo {
             state: SrvState::Idle,
@@ -192,8 +195,9 @@ impl ServerInfo {
     }
 }
 
-/// One slot of a session.
-pub(crate) struct SSlot<T: Transport, C> {
+/// What a slot holds at either end of a session. The rest of a slot's
+/// state is its end's: `Session::client[i]` or `Session::server[i]`.
+pub(crate) struct SSlot {
     /// Request number of the current (or last) request on this slot.
     pub cur_req_num: u64,
     /// Client: the request being sent. Server: the response.
@@ -201,8 +205,72 @@ pub(crate) struct SSlot<T: Transport, C> {
     /// The TX batch epoch in which the slot last queued a packet of
     /// `tx_msgbuf` (see `rpc::tx`).
     pub tx_epoch: u64,
-    pub client: ClientInfo<T, C>,
-    pub server: ServerInfo,
+}
+
+/// The role-specific half of a session's slots: a session holds only its
+/// own end's. The role is known wherever a half is used (the RX path
+/// dispatches on it), so the accessors treat the other end's as a bug.
+pub(crate) enum Half<T: Transport, C> {
+    /// A client session's.
+    Client([ClientInfo<T, C>; SESSION_REQ_WINDOW]),
+    /// A server session's.
+    Server([ServerInfo; SESSION_REQ_WINDOW]),
+}
+
+impl<T: Transport, C> Half<T, C> {
+    /// The client halves (a client session's).
+    #[inline(always)]
+    pub fn client(&self) -> &[ClientInfo<T, C>; SESSION_REQ_WINDOW] {
+        match self {
+            Half::Client(c) => c,
+            Half::Server(_) => unreachable!("a server session has no client half"),
+        }
+    }
+
+    /// See [`Half::client`].
+    #[inline(always)]
+    pub fn client_mut(&mut self) -> &mut [ClientInfo<T, C>; SESSION_REQ_WINDOW] {
+        match self {
+            Half::Client(c) => c,
+            Half::Server(_) => unreachable!("a server session has no client half"),
+        }
+    }
+
+    /// The server halves (a server session's).
+    #[inline(always)]
+    pub fn server(&self) -> &[ServerInfo; SESSION_REQ_WINDOW] {
+        match self {
+            Half::Server(s) => s,
+            Half::Client(_) => unreachable!("a client session has no server half"),
+        }
+    }
+
+    /// See [`Half::server`].
+    #[inline(always)]
+    pub fn server_mut(&mut self) -> &mut [ServerInfo; SESSION_REQ_WINDOW] {
+        match self {
+            Half::Server(s) => s,
+            Half::Client(_) => unreachable!("a client session has no server half"),
+        }
+    }
+
+    /// The server halves, if this is a server session's.
+    #[inline]
+    pub fn as_server_mut(&mut self) -> Option<&mut [ServerInfo; SESSION_REQ_WINDOW]> {
+        match self {
+            Half::Server(s) => Some(s),
+            Half::Client(_) => None,
+        }
+    }
+
+    /// See [`Half::as_server_mut`].
+    #[inline]
+    pub fn as_server(&self) -> Option<&[ServerInfo; SESSION_REQ_WINDOW]> {
+        match self {
+            Half::Server(s) => Some(s),
+            Half::Client(_) => None,
+        }
+    }
 }
 
 /// One end of a session.
@@ -213,8 +281,14 @@ pub(crate) struct Session<T: Transport, C> {
     pub remote_num: u16,
     pub uniq_token: u64,
     pub remote_uri: Uri,
-    pub client_ep: SmEndpoint,
-    pub server_ep: SmEndpoint,
+    /// The client's SM endpoint, but its hostname (`client_host`; the
+    /// whole endpoint: [`Session::client_endpoint`]).
+    pub client_ep: EndpointFields,
+    /// The server's, likewise.
+    pub server_ep: EndpointFields,
+    /// The hostnames of the two endpoints, as their packets carried them.
+    pub client_host: Box<[u8]>,
+    pub server_host: Box<[u8]>,
     /// Where packets go. In an `Rc`: queued TX entries point at it (see
     /// `rpc::tx`), so it is never moved or written while the session is
     /// connected.
@@ -226,7 +300,11 @@ pub(crate) struct Session<T: Transport, C> {
     /// credits until the server's answer, then what both ends agreed; see
     /// `sm_types::EXT_CREDITS`).
     pub credits_max: u32,
-    pub slots: [SSlot<T, C>; SESSION_REQ_WINDOW],
+    pub slots: [SSlot; SESSION_REQ_WINDOW],
+    /// The rest of each slot's state: its client half at a client
+    /// session, its server half at a server session (a session holds only
+    /// its own end's).
+    pub half: Half<T, C>,
     pub backlog: VecDeque<PendingReq<T, C>>,
     /// Client: an SM request is outstanding; when it was last sent.
     pub sm_pending_since_ns: Option<u64>,
@@ -247,10 +325,13 @@ pub(crate) struct Session<T: Transport, C> {
     /// Client: Timely and pacing state (congestion control on).
     pub cc: Option<crate::cc::SessionCc>,
     /// Client: TX timestamps of each slot's packets in flight (`Rpc::tx_ts_cap`
-    /// per slot), for RTT samples; empty with congestion control off. In
-    /// an `Rc` so that queued TX entries can point at their cells (see
-    /// `rpc::tx`).
+    /// per slot), for RTT samples, while the session is active (from the
+    /// Rpc's pool, see `rpc/active.rs`); the Rpc's shared empty array when
+    /// idle or with congestion control off. In an `Rc` so that queued TX
+    /// entries can point at their cells (see `rpc::tx`).
     pub tx_ts: std::rc::Rc<[std::cell::Cell<u64>]>,
+    /// Client: in the Rpc's list of active sessions (`rpc/active.rs`).
+    pub active: bool,
     /// Server: when the session was created.
     pub created_ns: u64,
     /// Server: a request arrived on the session (it is never reclaimed;
@@ -270,6 +351,7 @@ impl<T: Transport, C> Session<T, C> {
         server_ep: SmEndpoint,
         credits: u32,
     ) -> Self {
+        let (client, server) = (client_ep.split(), server_ep.split());
         Session {
             role,
             state,
@@ -277,8 +359,10 @@ impl<T: Transport, C> Session<T, C> {
             remote_num: crate::consts::INVALID_SESSION_NUM,
             uniq_token,
             remote_uri,
-            client_ep,
-            server_ep,
+            client_ep: client.0,
+            server_ep: server.0,
+            client_host: client.1,
+            server_host: server.1,
             route: None,
             credits,
             credits_max: credits,
@@ -286,9 +370,11 @@ impl<T: Transport, C> Session<T, C> {
                 cur_req_num: i as u64,
                 tx_msgbuf: None,
                 tx_epoch: 0,
-                client: ClientInfo::new(),
-                server: ServerInfo::new(),
             }),
+            half: match role {
+                Role::Client => Half::Client(std::array::from_fn(|_| ClientInfo::new())),
+                Role::Server => Half::Server(std::array::from_fn(|_| ServerInfo::new())),
+            },
             backlog: VecDeque::new(),
             sm_pending_since_ns: None,
             sm_first_sent_ns: 0,
@@ -299,6 +385,7 @@ impl<T: Transport, C> Session<T, C> {
             retransmits: 0,
             cc: None,
             tx_ts: std::rc::Rc::new([]),
+            active: false,
             created_ns: 0,
             served_any: false,
         }
@@ -313,6 +400,21 @@ impl<T: Transport, C> Session<T, C> {
             debug_assert!(sl.tx_msgbuf.is_none());
             sl.cur_req_num = base + i as u64;
         }
+    }
+
+    /// The client's whole SM endpoint.
+    pub fn client_endpoint(&self) -> SmEndpoint {
+        self.client_ep.with_host(&self.client_host)
+    }
+
+    /// The server's whole SM endpoint.
+    pub fn server_endpoint(&self) -> SmEndpoint {
+        self.server_ep.with_host(&self.server_host)
+    }
+
+    /// Takes the server's SM endpoint from a connect response.
+    pub fn set_server_endpoint(&mut self, ep: &SmEndpoint) {
+        (self.server_ep, self.server_host) = ep.split();
     }
 
     /// Rpc id of the remote end.
@@ -332,6 +434,40 @@ impl<T: Transport, C> Session<T, C> {
     /// Client slots with a request in flight.
     pub fn busy_slots(&self) -> usize {
         self.slots.iter().filter(|s| s.tx_msgbuf.is_some()).count()
+    }
+
+    /// Hands every buffer the session holds to `f`: each slot's message,
+    /// a client's response buffers and backlogged requests, a server's
+    /// reassembly and preallocated response buffers.
+    pub fn into_buffers(self, mut f: impl FnMut(MsgBuf)) {
+        for sl in self.slots {
+            sl.tx_msgbuf.into_iter().for_each(&mut f);
+        }
+        match self.half {
+            Half::Client(cs) => {
+                for c in cs {
+                    c.resp_msgbuf.into_iter().for_each(&mut f);
+                }
+            }
+            Half::Server(svs) => {
+                for sv in svs {
+                    debug_assert!(sv.state != SrvState::InHandler);
+                    sv.req_msgbuf.into_iter().for_each(&mut f);
+                    sv.pre_resp.into_iter().for_each(&mut f);
+                }
+            }
+        }
+        for p in self.backlog {
+            f(p.req);
+            f(p.resp);
+        }
+    }
+
+    /// Server slots whose handler has not responded yet.
+    pub fn busy_handlers(&self) -> usize {
+        self.half
+            .as_server()
+            .map_or(0, |svs| svs.iter().filter(|sv| sv.busy()).count())
     }
 }
 

@@ -241,7 +241,57 @@ impl Default for SmEndpoint {
     }
 }
 
+/// What a session keeps of one end's [`SmEndpoint`]: all but the
+/// hostname's 128 bytes (kept once, as the bytes it has; see
+/// [`SmEndpoint::split`]), so that an idle session stays small.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EndpointFields {
+    pub transport_type: TransportType,
+    pub sm_udp_port: u16,
+    pub rpc_id: u8,
+    pub session_num: u16,
+    pub routing_info: [u8; ROUTING_INFO_BYTES],
+}
+
+impl EndpointFields {
+    /// The endpoint again, with hostname `host` (its bytes up to the NUL,
+    /// as [`SmEndpoint::split`] kept them).
+    pub(crate) fn with_host(&self, host: &[u8]) -> SmEndpoint {
+        let mut hostname = [0u8; HOSTNAME_BYTES];
+        let n = host.len().min(HOSTNAME_BYTES - 1);
+        hostname[..n].copy_from_slice(&host[..n]);
+        SmEndpoint {
+            transport_type: self.transport_type,
+            hostname,
+            sm_udp_port: self.sm_udp_port,
+            rpc_id: self.rpc_id,
+            session_num: self.session_num,
+            routing_info: self.routing_info,
+        }
+    }
+}
+
 impl SmEndpoint {
+    /// The endpoint without its hostname, and the hostname's bytes up to
+    /// its NUL ([`EndpointFields::with_host`] puts them together again).
+    pub(crate) fn split(&self) -> (EndpointFields, Box<[u8]>) {
+        let end = self
+            .hostname
+            .iter()
+            .position(|&c| c == 0)
+            .unwrap_or(HOSTNAME_BYTES);
+        (
+            EndpointFields {
+                transport_type: self.transport_type,
+                sm_udp_port: self.sm_udp_port,
+                rpc_id: self.rpc_id,
+                session_num: self.session_num,
+                routing_info: self.routing_info,
+            },
+            self.hostname[..end].into(),
+        )
+    }
+
     /// Sets the hostname; `None` if it does not fit (127 bytes + NUL) or
     /// contains a NUL.
     pub fn set_hostname(&mut self, host: &str) -> Option<()> {

@@ -440,7 +440,7 @@ fn connect_requests_are_limited_per_source() {
         |seed| {
             let mut w = W::new(seed);
             let cfg = RpcConfig {
-                connect_burst_per_source: 8,
+                connect_burst_per_source: Some(8),
                 connects_per_sec_per_source: 4,
                 ..RpcConfig::default()
             };

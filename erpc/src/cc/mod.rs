@@ -182,12 +182,38 @@ pub enum RateCtl {
     Swift(Swift),
 }
 
+/// An Rpc's controller parameters, shared by its sessions' controllers
+/// (a session holds a pointer, not a copy: issue 28's small sessions).
+#[derive(Debug, Clone)]
+pub(crate) struct CcShared {
+    timely: std::sync::Arc<TimelyParams>,
+    swift: std::sync::Arc<SwiftParams>,
+}
+
+impl CcShared {
+    pub(crate) fn new(cfg: &CcConfig) -> CcShared {
+        CcShared {
+            timely: std::sync::Arc::new(cfg.timely),
+            swift: std::sync::Arc::new(cfg.swift),
+        }
+    }
+}
+
 impl RateCtl {
     /// A controller of the configured kind at the link rate.
     pub fn new(cfg: &CcConfig, now_ns: u64) -> RateCtl {
+        RateCtl::shared(cfg, &CcShared::new(cfg), now_ns)
+    }
+
+    /// [`RateCtl::new`] with the parameters of `sh` (those of `cfg`).
+    pub(crate) fn shared(cfg: &CcConfig, sh: &CcShared, now_ns: u64) -> RateCtl {
         match cfg.controller {
-            Controller::Timely => RateCtl::Timely(Timely::new(cfg.timely, cfg.link_rate(), now_ns)),
-            Controller::Swift => RateCtl::Swift(Swift::new(cfg.swift, cfg.link_rate(), now_ns)),
+            Controller::Timely => {
+                RateCtl::Timely(Timely::new(sh.timely.clone(), cfg.link_rate(), now_ns))
+            }
+            Controller::Swift => {
+                RateCtl::Swift(Swift::new(sh.swift.clone(), cfg.link_rate(), now_ns))
+            }
         }
     }
 
@@ -251,8 +277,14 @@ pub(crate) struct SessionCc {
 }
 
 impl SessionCc {
+    #[cfg(test)]
     pub(crate) fn new(cfg: &CcConfig, now_ns: u64) -> SessionCc {
-        let ctl = RateCtl::new(cfg, now_ns);
+        SessionCc::shared(cfg, &CcShared::new(cfg), now_ns)
+    }
+
+    /// A new session's state, with the Rpc's shared parameters `sh`.
+    pub(crate) fn shared(cfg: &CcConfig, sh: &CcShared, now_ns: u64) -> SessionCc {
+        let ctl = RateCtl::shared(cfg, sh, now_ns);
         let quick_bypass_below_ns = match &ctl {
             RateCtl::Timely(t) if cfg.timely_bypass => t.t_low_ns() + 1,
             _ => 0,

@@ -148,7 +148,8 @@ use super::Update;
 pub struct Swift {
     rate: f64,
     link_rate: f64,
-    p: SwiftParams,
+    /// Shared by the Rpc's sessions (one copy per Rpc, not per session).
+    p: std::sync::Arc<SwiftParams>,
     /// Smallest RTT seen, ns (`u64::MAX` before the first sample).
     base_rtt_ns: u64,
     max_base_rtt_ns: u64,
@@ -167,12 +168,13 @@ pub struct Swift {
 
 impl Swift {
     /// A session starting at the link rate (bytes/s) at time `now_ns`.
-    pub fn new(p: SwiftParams, link_rate: f64, now_ns: u64) -> Swift {
+    /// `p` may be shared (an `Arc`) by many sessions.
+    pub fn new(p: impl Into<std::sync::Arc<SwiftParams>>, link_rate: f64, now_ns: u64) -> Swift {
+        let p = p.into();
         let f_min = (p.min_rate / link_rate).clamp(f64::MIN_POSITIVE, 1.0);
         Swift {
             rate: link_rate,
             link_rate,
-            p,
             base_rtt_ns: u64::MAX,
             max_base_rtt_ns: (p.max_base_rtt_us * 1e3) as u64,
             headroom_ns: (p.headroom_us * 1e3).max(p.headroom_bytes / link_rate * 1e9),
@@ -181,6 +183,7 @@ impl Swift {
             prev_rtt_ns: 0,
             fs_norm: 1.0 / f_min.sqrt() - 1.0,
             grad_ref: None,
+            p,
         }
     }
 

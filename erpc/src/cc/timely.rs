@@ -78,14 +78,17 @@ pub struct Timely {
     avg_rtt_diff: f64,
     neg_gradient_count: u32,
     last_update_ns: u64,
-    p: TimelyParams,
+    /// Shared by the Rpc's sessions (one copy per Rpc, not per session).
+    p: std::sync::Arc<TimelyParams>,
     min_rtt_ns: u64,
     t_low_ns: u64,
 }
 
 impl Timely {
     /// A session starting at the link rate (bytes/s) at time `now_ns`.
-    pub fn new(p: TimelyParams, link_rate: f64, now_ns: u64) -> Timely {
+    /// `p` may be shared (an `Arc`) by many sessions.
+    pub fn new(p: impl Into<std::sync::Arc<TimelyParams>>, link_rate: f64, now_ns: u64) -> Timely {
+        let p = p.into();
         Timely {
             rate: link_rate,
             link_rate,

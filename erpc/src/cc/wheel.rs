@@ -156,6 +156,34 @@ impl TimingWheel {
         self.ready.reserve(entries);
     }
 
+    /// Keeps room for `reservations` [`TimingWheel::reserve`]s of
+    /// `entries` each and gives the rest of the bucket pool back, if the
+    /// wheel is empty (nothing is scheduled or ready); returns whether it
+    /// did. (The Rpc reserves per active session and shrinks the pool
+    /// when fewer sessions are active, so that the pool follows the
+    /// sessions with requests, not the most there ever were.)
+    pub fn shrink_to(&mut self, reservations: usize, entries: usize) -> bool {
+        if !self.is_empty() {
+            return false;
+        }
+        let own = self.heads.len();
+        let keep = own + reservations * (entries.div_ceil(BUCKET_CAP) + 1);
+        if self.buckets.len() > keep {
+            self.buckets.truncate(keep);
+            self.buckets.shrink_to_fit();
+            self.free.clear();
+            self.free.extend((own..keep).map(|i| i as u32));
+            self.free.shrink_to_fit();
+        }
+        self.ready.shrink_to(reservations * entries);
+        true
+    }
+
+    /// Buckets in the pool (beyond each slot's own), free or in use.
+    pub fn pool_buckets(&self) -> usize {
+        self.buckets.len() - self.heads.len()
+    }
+
     /// Counters.
     pub fn stats(&self) -> WheelStats {
         self.stats
@@ -359,6 +387,28 @@ mod tests {
         }
         let out = drain(&mut w, now + 2_000_000);
         assert_eq!(out, (10..k).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn an_empty_wheel_gives_its_spare_buckets_back() {
+        let mut w = TimingWheel::new(cfg(), 0);
+        for _ in 0..10 {
+            w.reserve(32);
+        }
+        assert_eq!(w.pool_buckets(), 10 * 8);
+        for k in 0..100 {
+            w.insert(ent(k), 0, 1_000).unwrap();
+        }
+        assert!(!w.shrink_to(1, 32), "not while packets wait");
+        assert_eq!(drain(&mut w, 10_000).len(), 100);
+        assert!(w.shrink_to(2, 32));
+        assert_eq!(w.pool_buckets(), 2 * 8);
+        // What is left still holds two reservations' worth.
+        for k in 0..64 {
+            w.insert(ent(k), 10_000, 11_000).unwrap();
+        }
+        assert_eq!(drain(&mut w, 20_000).len(), 64);
+        assert_eq!(w.stats().overflow, 0);
     }
 
     #[test]

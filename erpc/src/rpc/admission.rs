@@ -8,7 +8,9 @@
 //!
 //! * **Connect requests per source.** Each source (the client URI a
 //!   request names: host and SM port) has a token bucket of
-//!   `RpcConfig::connect_burst_per_source` requests, refilled at
+//!   `RpcConfig::connect_burst_per_source` requests (by default the
+//!   sessions the RX ring holds, at least 256, so that one client can
+//!   always fill an empty Rpc at once), refilled at
 //!   `connects_per_sec_per_source`. Only requests that would create a
 //!   session are charged (retries of a known token are answered from the
 //!   token table for free); over the limit they are dropped unanswered, and
@@ -127,7 +129,7 @@ impl<T: Transport, C> Rpc<T, C> {
         let ok = self.connect_limiter.allow(
             &src,
             now,
-            self.config.connect_burst_per_source,
+            self.connect_burst,
             self.config.connects_per_sec_per_source,
         );
         if !ok {
@@ -176,12 +178,12 @@ impl<T: Transport, C> Rpc<T, C> {
             pkt_type: SmPktType::ConnectResp,
             err: SmErr::SrvDisconnected,
             uniq_token: s.uniq_token,
-            client: s.client_ep,
-            server: s.server_ep,
+            client: s.client_endpoint(),
+            server: s.server_endpoint(),
         });
         tracing::info!(
             session = sn,
-            client = %s.client_ep,
+            client = %s.client_endpoint(),
             "RX ring short: reclaiming a server session that never received a request"
         );
         self.stats.sessions_reclaimed += 1;

@@ -35,10 +35,10 @@ impl<T: Transport, C> Rpc<T, C> {
             },
         };
         let s = self.session_mut(sn).expect("caller checked");
-        let slot = &mut s.slots[i];
-        let pre = slot.server.pre_resp.take();
-        let req_num = slot.cur_req_num;
-        slot.server.state = SrvState::Background;
+        let req_num = s.slots[i].cur_req_num;
+        let sv = &mut s.half.server_mut()[i];
+        let pre = sv.pre_resp.take();
+        sv.state = SrvState::Background;
         let resp = match pre {
             Some(m) => m,
             None => match MsgBuf::alloc(
@@ -84,7 +84,7 @@ impl<T: Transport, C> Rpc<T, C> {
         let Some(s) = self.session_mut(sn) else {
             return;
         };
-        s.slots[i].server.state = SrvState::Idle;
+        s.half.server_mut()[i].state = SrvState::Idle;
         if self.reads_status(sn) {
             // An erpc-rs client is told (`rpc/status.rs`).
             return self.fail_request(sn, i, super::ServerError::OutOfMemory);
@@ -147,8 +147,8 @@ impl<T: Transport, C> Rpc<T, C> {
         } = done;
         self.alloc.free(req.into_buffer());
         let live = self.session(session).is_some_and(|s| {
-            let sl = &s.slots[usize::from(slot)];
-            sl.cur_req_num == req_num && sl.server.state == SrvState::Background
+            let i = usize::from(slot);
+            s.slots[i].cur_req_num == req_num && s.half.server()[i].state == SrvState::Background
         });
         if live
             && self.session(session).map(|s| s.state)

@@ -12,21 +12,13 @@ use crate::msgbuf::pkt_data_bytes;
 use crate::pkthdr::PktType;
 use crate::session::{Role, SessionState};
 
-/// Per-session CC buffers of a new client session: Timely state, and the
-/// TX timestamps of each slot's packets in flight (indexed by packet
-/// number modulo `cap`, a power of two at least the credits).
-pub(crate) fn new_client_cc(
-    cfg: &crate::cc::CcConfig,
-    now_ns: u64,
-    cap: usize,
-) -> (Option<SessionCc>, std::rc::Rc<[Cell<u64>]>) {
-    if !cfg.enabled {
-        return (None, std::rc::Rc::new([]));
-    }
-    let ts = (0..cap * crate::consts::SESSION_REQ_WINDOW)
+/// The TX timestamps of an active client session's packets in flight:
+/// `cap` cells per slot (a power of two at least the credits), indexed by
+/// packet number modulo `cap` (see [`ts_index`]).
+pub(crate) fn new_ts_array(cap: usize) -> std::rc::Rc<[Cell<u64>]> {
+    (0..cap * crate::consts::SESSION_REQ_WINDOW)
         .map(|_| Cell::new(0))
-        .collect();
-    (Some(SessionCc::new(cfg, now_ns)), ts)
+        .collect()
 }
 
 /// How many more packets a client slot may hand to the timing wheel now,
@@ -151,17 +143,13 @@ impl<T: Transport, C> Rpc<T, C> {
         let Some(cc) = s.cc.as_mut() else {
             return false;
         };
-        let slot = &mut s.slots[usize::from(i)];
-        if bypass
-            && slot.client.wheel_count == 0
-            && cc.uncongested()
-            && (!first_only || pkt == slot.client.num_rx)
-        {
+        let c = &mut s.half.client_mut()[usize::from(i)];
+        if bypass && c.wheel_count == 0 && cc.uncongested() && (!first_only || pkt == c.num_rx) {
             self.stats.wheel_bypassed += 1;
             return false;
         }
-        let bytes = if pkt < slot.client.req_pkts {
-            PKTHDR_BYTES + pkt_data_bytes(slot.client.req_bytes as usize, pkt as usize)
+        let bytes = if pkt < c.req_pkts {
+            PKTHDR_BYTES + pkt_data_bytes(c.req_bytes as usize, pkt as usize)
         } else {
             PKTHDR_BYTES
         };
@@ -171,11 +159,11 @@ impl<T: Transport, C> Rpc<T, C> {
             session,
             pkt_num: pkt as u16,
             slot: i,
-            generation: slot.client.wheel_gen,
+            generation: c.wheel_gen,
         };
         match wheel.insert(ent, now, at) {
             Ok(()) => {
-                slot.client.wheel_count += 1;
+                c.wheel_count += 1;
                 self.pending |= super::ev_loop::PENDING_WHEEL;
                 true
             }
@@ -194,22 +182,24 @@ impl<T: Transport, C> Rpc<T, C> {
             _ => return,
         }
         while let Some(e) = self.wheel.as_mut().and_then(|w| w.pop_ready()) {
+            let k = usize::from(e.slot);
             let live = self
                 .sessions
                 .session_mut(e.session)
                 .filter(|s| s.role == Role::Client && s.state == SessionState::Connected)
-                .map(|s| &mut s.slots[usize::from(e.slot)])
-                .filter(|sl| {
+                .filter(|s| {
+                    let sl = &s.slots[k];
                     sl.tx_msgbuf.is_some()
                         && sl.cur_req_num == e.req_num
-                        && sl.client.wheel_gen == e.generation
-                });
-            let Some(slot) = live else {
+                        && s.half.client()[k].wheel_gen == e.generation
+                })
+                .map(|s| &mut s.half.client_mut()[k]);
+            let Some(c) = live else {
                 self.stats.wheel_stale += 1;
                 continue;
             };
-            slot.client.wheel_count -= 1;
-            let (req_pkts, req_type) = (slot.client.req_pkts, slot.client.req_type);
+            c.wheel_count -= 1;
+            let (req_pkts, req_type) = (c.req_pkts, c.req_type);
             let pkt = u32::from(e.pkt_num);
             if pkt < req_pkts {
                 self.enqueue_msg_pkt(e.session, e.slot, pkt, e.req_num);

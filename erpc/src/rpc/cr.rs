@@ -38,20 +38,18 @@ impl<T: Transport, C> Rpc<T, C> {
             .session_mut(sn)
             .expect("dispatch checked the session");
         let max_credits = s.credits_max;
-        let slot = &mut s.slots[i];
+        let slot = &s.slots[i];
+        let c = &mut s.half.client_mut()[i];
         if slot.tx_msgbuf.is_none() {
-            return self
-                .stats
-                .drop(if hdr.req_num() == slot.client.abandoned_req_num {
-                    DropReason::AbandonedRequest
-                } else {
-                    DropReason::NoRequestInFlight
-                });
+            return self.stats.drop(if hdr.req_num() == c.abandoned_req_num {
+                DropReason::AbandonedRequest
+            } else {
+                DropReason::NoRequestInFlight
+            });
         }
         if hdr.req_num() != slot.cur_req_num {
             return self.stats.drop(DropReason::StaleReqNum);
         }
-        let c = &mut slot.client;
         let pkt_num = u32::from(hdr.pkt_num());
         if pkt_num + 1 >= c.req_pkts || pkt_num >= c.num_tx {
             return self.stats.drop(DropReason::PktNumOutOfRange);
@@ -79,7 +77,7 @@ impl<T: Transport, C> Rpc<T, C> {
                 &mut self.stats,
             );
         }
-        if !slot_has_more(&s.slots[i].client) {
+        if !slot_has_more(&s.half.client()[i]) {
             return;
         }
         // The steady state of a large request: this credit is the

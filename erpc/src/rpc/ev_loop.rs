@@ -185,7 +185,7 @@ impl<T: Transport, C> Rpc<T, C> {
                 continue;
             }
             if let Some(s) = self.session_mut(sn) {
-                s.slots[usize::from(i)].client.in_stallq = false;
+                s.half.client_mut()[usize::from(i)].in_stallq = false;
             }
             // `kick` re-queues the slot at the back if it still stalls;
             // those re-queued entries are past `n` and wait for next time.
@@ -199,8 +199,10 @@ impl<T: Transport, C> Rpc<T, C> {
     #[inline]
     fn stalled_without_credit(&self, sn: u16, i: u8) -> bool {
         self.session(sn).is_some_and(|s| {
-            let slot = &s.slots[usize::from(i)];
-            s.credits == 0 && slot.tx_msgbuf.is_some() && super::cr::slot_has_more(&slot.client)
+            let i = usize::from(i);
+            s.credits == 0
+                && s.slots[i].tx_msgbuf.is_some()
+                && super::cr::slot_has_more(&s.half.client()[i])
         })
     }
 }

@@ -89,22 +89,37 @@ impl<T: Transport, C> Rpc<T, C> {
         // unpingable peers that went silent.
         let mut due: Vec<(u16, u8)> = Vec::new();
         let mut silent: Vec<u16> = Vec::new();
-        for &sn in &self.client_sessions {
-            let Some(s) = self.sessions.session(sn) else {
-                continue;
+        let cc = self.pacing.cc_on();
+        self.trim_active();
+        // The active client sessions (`active.rs`): those with requests.
+        let mut k = 0;
+        while k < self.active.len() {
+            let sn = self.active.get(k);
+            let retire = match self.sessions.session(sn) {
+                Some(s) if s.state == SessionState::Connected => {
+                    // With every credit home, no slot has unacknowledged
+                    // packets (credits + sum(num_tx - num_rx) is the
+                    // session's credits); with no request either, the
+                    // session is idle.
+                    s.credits == s.credits_max && s.slots.iter().all(|sl| sl.tx_msgbuf.is_none())
+                }
+                _ => true,
             };
-            // With every credit home, no slot has unacknowledged packets
-            // (credits + sum(num_tx - num_rx) is the session's credits).
-            if s.state != SessionState::Connected || s.credits == s.credits_max {
+            if retire {
+                self.retire_active(k);
+                continue;
+            }
+            k += 1;
+            let s = self.sessions.session(sn).expect("checked above");
+            if s.credits == s.credits_max {
                 continue;
             }
             let mut mask = 0u8;
             let mut quiet = s.remote_incarnation == 0;
-            for (i, slot) in s.slots.iter().enumerate() {
+            for (i, (slot, c)) in s.slots.iter().zip(s.half.client().iter()).enumerate() {
                 if slot.tx_msgbuf.is_none() {
                     continue;
                 }
-                let c = &slot.client;
                 if now.saturating_sub(c.progress_ns) < failure_ns {
                     quiet = false;
                 }
@@ -113,7 +128,7 @@ impl<T: Transport, C> Rpc<T, C> {
                     continue;
                 }
                 let mut since = c.progress_ns.max(c.in_flight_ns);
-                if !s.tx_ts.is_empty() {
+                if cc {
                     // Congestion control paces the slot's packets: the
                     // last `wheel_count` it queued are still in the wheel.
                     // If the oldest unacknowledged one is among them it
@@ -168,8 +183,7 @@ impl<T: Transport, C> Rpc<T, C> {
             cc.on_timeout(now);
         }
         let max_credits = s.credits_max;
-        let slot = &mut s.slots[i];
-        let c = &mut slot.client;
+        let c = &mut s.half.client_mut()[i];
         let delta = c.num_tx - c.num_rx;
         debug_assert!(delta > 0);
         debug_assert!(s.credits + delta <= max_credits);
@@ -181,7 +195,6 @@ impl<T: Transport, C> Rpc<T, C> {
         // num_rx (never twice).
         c.wheel_gen = c.wheel_gen.wrapping_add(1);
         c.wheel_count = 0;
-        c.retransmits += 1;
         s.retransmits += 1;
         self.stats.retransmissions += 1;
         self.stats.retransmitted_pkts += u64::from(delta);

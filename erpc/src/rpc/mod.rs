@@ -10,6 +10,7 @@
 //! (session management), `bg` (worker-thread handlers), `status` (the
 //! server's error answers).
 
+mod active;
 mod admission;
 mod bg;
 mod cc;
@@ -338,6 +339,23 @@ pub struct SessionInfo {
     pub slots: Vec<String>,
 }
 
+/// What an Rpc keeps for its active client sessions, those with requests
+/// ([`Rpc::active_pools`]). An idle session holds none of it; the pools
+/// grow with the most sessions active at once and shrink back (a few
+/// dozen spare arrays a scan; the wheel's buckets once it is empty).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ActivePools {
+    /// Client sessions with requests (what the loss scan visits).
+    pub active_sessions: usize,
+    /// Spare TX timestamp arrays (congestion control on), 2 KiB each at
+    /// 32 credits.
+    pub spare_ts_arrays: usize,
+    /// Active sessions the timing wheel has room for.
+    pub wheel_sessions: usize,
+    /// Buckets in the timing wheel's pool.
+    pub wheel_pool_buckets: usize,
+}
+
 /// Rpc settings.
 #[derive(Debug, Clone, Copy)]
 pub struct RpcConfig {
@@ -380,9 +398,11 @@ pub struct RpcConfig {
     /// response (for measuring what preallocation saves).
     pub prealloc_responses: bool,
     /// Connect requests that would create a session, per source (the
-    /// client URI they name): a burst of this many (default 256; 0: no
-    /// limit) ...
-    pub connect_burst_per_source: u32,
+    /// client URI they name): a burst of this many (`None`, the default:
+    /// as many sessions as the RX ring holds at `session_credits`, at
+    /// least 256, so one client may always fill an empty Rpc at once;
+    /// `Some(0)`: no limit) ...
+    pub connect_burst_per_source: Option<u32>,
     /// ... refilled at this many a second (default 128). Requests over the
     /// limit are dropped unanswered (the client retries). See
     /// `rpc/admission.rs` and the README's "Session management and
@@ -408,7 +428,7 @@ impl Default for RpcConfig {
             cc: crate::cc::CcConfig::default(),
             zero_copy_rx: true,
             prealloc_responses: true,
-            connect_burst_per_source: CONNECT_BURST_PER_SOURCE,
+            connect_burst_per_source: None,
             connects_per_sec_per_source: CONNECTS_PER_SEC_PER_SOURCE,
             unused_session_reclaim_ms: Some(UNUSED_SESSION_RECLAIM_MS),
         }
@@ -643,13 +663,17 @@ pub struct Rpc<T: Transport, C> {
     tx_burst_max: usize,
     /// Client slots waiting for credits: (session, slot).
     stallq: Vec<(u16, u8)>,
-    /// Connected client sessions (what the loss scan visits).
-    client_sessions: Vec<u16>,
+    /// Client sessions with requests (what the loss scan visits), and
+    /// what only they need (`active.rs`).
+    active: active::Active,
     /// Session events and error continuations owed to the application,
     /// paid at the next event-loop iteration.
     owed: VecDeque<reset::Owed<T, C>>,
     /// Connect requests per source (`admission.rs`).
     connect_limiter: admission::ConnectLimiter,
+    /// The burst of that limiter (0: no limit; see
+    /// `RpcConfig::connect_burst_per_source`).
+    connect_burst: u32,
     /// Server sessions reclaimed from erpc-rs clients, their numbers
     /// reserved for a while (`admission.rs`).
     reclaimed: VecDeque<admission::Reclaimed>,
@@ -663,6 +687,8 @@ pub struct Rpc<T: Transport, C> {
     loss_scan_ns: u64,
     /// The timing wheel (congestion control on).
     wheel: Option<crate::cc::TimingWheel>,
+    /// The controller parameters every session shares.
+    cc_shared: crate::cc::CcShared,
     /// How bursts are paced (from the configuration; `cc_on` exactly when
     /// `wheel` is `Some`): one byte for the hot paths to test.
     pacing: cc::Pacing,
@@ -815,10 +841,15 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             ctrl_next: 0,
             tx_burst_max,
             stallq: Vec::with_capacity(64),
-            client_sessions: Vec::new(),
+            active: active::Active::new(config.session_credits.next_power_of_two()),
             owed: VecDeque::new(),
             req_base_override: None,
             connect_limiter: admission::ConnectLimiter::default(),
+            connect_burst: config.connect_burst_per_source.unwrap_or_else(|| {
+                u32::try_from(ring_entries / config.session_credits)
+                    .unwrap_or(u32::MAX)
+                    .max(CONNECT_BURST_PER_SOURCE)
+            }),
             reclaimed: VecDeque::new(),
             next_loss_scan_ns: now_ns + config.pkt_loss_scan_us * 1000,
             rto_ns: config.rto_us * 1000,
@@ -828,6 +859,7 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
                 .enabled
                 .then(|| crate::cc::TimingWheel::new(config.cc.wheel(), now_ns)),
             pacing: cc::Pacing::new(&config.cc),
+            cc_shared: crate::cc::CcShared::new(&config.cc),
             tx_ts_cap: config.session_credits.next_power_of_two(),
             bg: BgState {
                 reply_tx,
@@ -915,17 +947,7 @@ impl<T: Transport, C> Rpc<T, C> {
             busy_slots: if is_client {
                 s.busy_slots()
             } else {
-                s.slots
-                    .iter()
-                    .filter(|sl| {
-                        matches!(
-                            sl.server.state,
-                            session::SrvState::InHandler
-                                | session::SrvState::Deferred
-                                | session::SrvState::Background
-                        )
-                    })
-                    .count()
+                s.busy_handlers()
             },
             backlog: s.backlog.len(),
             req_nums: std::array::from_fn(|i| s.slots[i].cur_req_num),
@@ -936,21 +958,25 @@ impl<T: Transport, C> Rpc<T, C> {
                 .as_ref()
                 .and_then(|c| c.last_rtt_ns)
                 .map(|ns| ns as f64 / 1e3),
-            slots: s
-                .slots
-                .iter()
-                .map(|sl| {
-                    if is_client {
+            slots: if is_client {
+                s.slots
+                    .iter()
+                    .zip(s.half.client().iter())
+                    .map(|(sl, c)| {
                         if sl.tx_msgbuf.is_some() {
-                            format!("{}/{}", sl.client.num_tx, sl.client.num_rx)
+                            format!("{}/{}", c.num_tx, c.num_rx)
                         } else {
                             "-".into()
                         }
-                    } else {
-                        format!("{:?}", sl.server.state)
-                    }
-                })
-                .collect(),
+                    })
+                    .collect()
+            } else {
+                s.half
+                    .server()
+                    .iter()
+                    .map(|sv| format!("{:?}", sv.state))
+                    .collect()
+            },
         })
     }
 
@@ -973,6 +999,19 @@ impl<T: Transport, C> Rpc<T, C> {
     /// Requests in flight (in slots) plus queued in the backlog.
     pub fn outstanding_requests(&self, sn: SessionNum) -> Option<usize> {
         self.session(sn).map(|s| s.busy_slots() + s.backlog.len())
+    }
+
+    /// What the Rpc keeps for its active client sessions (see
+    /// [`ActivePools`]): follows the sessions with requests, not the
+    /// sessions open.
+    pub fn active_pools(&self) -> ActivePools {
+        let (spare_ts_arrays, wheel_sessions) = self.active.pooled();
+        ActivePools {
+            active_sessions: self.active.len(),
+            spare_ts_arrays,
+            wheel_sessions,
+            wheel_pool_buckets: self.wheel.as_ref().map_or(0, |w| w.pool_buckets()),
+        }
     }
 
     /// The timing wheel's counters (`None` with congestion control off).
@@ -998,8 +1037,9 @@ impl<T: Transport, C> Rpc<T, C> {
             let out: u32 = s
                 .slots
                 .iter()
-                .filter(|sl| sl.tx_msgbuf.is_some())
-                .map(|sl| sl.client.num_tx - sl.client.num_rx)
+                .zip(s.half.client().iter())
+                .filter(|(sl, _)| sl.tx_msgbuf.is_some())
+                .map(|(_, c)| c.num_tx - c.num_rx)
                 .sum();
             if s.credits + out != max {
                 return Err(format!(
@@ -1049,16 +1089,15 @@ impl<T: Transport, C> Rpc<T, C> {
 
     pub(crate) fn recycle(&mut self, m: MsgBuf) {
         if let Origin::PreallocResp { session, slot } = m.origin()
-            && let Some(s) = self
-                .sessions
-                .get_mut(usize::from(session))
-                .and_then(|s| s.as_mut())
+            && let Some(s) = self.sessions.session_mut(session)
+            && let Some(sv) = s
+                .half
+                .as_server_mut()
+                .and_then(|a| a.get_mut(usize::from(slot)))
+            && sv.pre_resp.is_none()
         {
-            let pre = &mut s.slots[usize::from(slot)].server.pre_resp;
-            if pre.is_none() {
-                *pre = Some(m);
-                return;
-            }
+            sv.pre_resp = Some(m);
+            return;
         }
         self.alloc.free(m.into_buffer());
     }
@@ -1104,23 +1143,8 @@ impl<T: Transport, C> Drop for Rpc<T, C> {
                     .router()
                     .untrack(&s.remote_uri, s.remote_rpc_id(), s.remote_incarnation);
             }
-            for slot in s.slots {
-                for m in [
-                    slot.tx_msgbuf,
-                    slot.client.resp_msgbuf,
-                    slot.server.req_msgbuf,
-                    slot.server.pre_resp,
-                ]
-                .into_iter()
-                .flatten()
-                {
-                    self.alloc.free(m.into_buffer());
-                }
-            }
-            for p in s.backlog {
-                self.alloc.free(p.req.into_buffer());
-                self.alloc.free(p.resp.into_buffer());
-            }
+            let alloc = &mut self.alloc;
+            s.into_buffers(|m| alloc.free(m.into_buffer()));
         }
         for o in std::mem::take(&mut self.owed) {
             if let reset::Owed::Failed(f) = o {

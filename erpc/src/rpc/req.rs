@@ -19,6 +19,16 @@ use crate::pkthdr::{PktHdr, PktType, RxHdr, next_req_num, prev_req_num, req_num_
 use crate::session::{PendingReq, Role, SessionState, SrvState};
 use crate::stats::DropReason;
 
+/// What [`Rpc::begin_req`] made of a request packet.
+enum Begin {
+    /// A new request, now the slot's current one.
+    New,
+    /// The slot's current request (a later packet, or a duplicate).
+    Same,
+    /// Dropped (counted).
+    Dropped,
+}
+
 /// Pushes `p` onto a full backlog (which grows).
 #[cold]
 #[inline(never)]
@@ -96,7 +106,8 @@ impl<T: Transport, C> Rpc<T, C> {
     }
 
     /// [`Rpc::start_request`] out of line, for `enqueue_request`: with the
-    /// backlog path alone inline it needs fewer registers saved.
+    /// backlog path alone inline it needs fewer registers saved. A session
+    /// that was idle becomes active first (`rpc/active.rs`).
     #[allow(clippy::too_many_arguments)]
     #[inline(never)]
     fn start_request_now(
@@ -109,6 +120,10 @@ impl<T: Transport, C> Rpc<T, C> {
         cont: Continuation<T, C>,
         tag: usize,
     ) {
+        if self.session(session).is_some_and(|s| !s.active) {
+            // The session's first request since it went idle.
+            self.activate(session);
+        }
         self.start_request(session, i, req_type, req, resp, cont, tag);
     }
 
@@ -130,6 +145,7 @@ impl<T: Transport, C> Rpc<T, C> {
         let Some(s) = self.sessions.session_mut(session) else {
             unreachable!("caller checked the session");
         };
+        debug_assert!(s.active, "a request starts only on an active session");
         let route = s.route.as_ref().expect("connected session has a route");
         let slot = &mut s.slots[i];
         debug_assert!(slot.tx_msgbuf.is_none());
@@ -145,7 +161,7 @@ impl<T: Transport, C> Rpc<T, C> {
         slot.cur_req_num = req_num;
         let msg_size = req.len();
         let num_pkts = req.num_pkts();
-        let c = &mut slot.client;
+        let c = &mut s.half.client_mut()[i];
         // The slot first, the headers after: fewer values live across the
         // transport's `fill_headroom` call.
         c.resp_msgbuf = Some(resp);
@@ -158,9 +174,7 @@ impl<T: Transport, C> Rpc<T, C> {
         c.num_tx = 0;
         c.num_rx = 0;
         c.progress_ns = now;
-        c.enqueue_ns = now;
         c.in_flight_ns = 0;
-        c.retransmits = 0;
         c.req_bytes = msg_size as u32;
         c.wheel_count = 0;
         write_msg_hdrs(
@@ -254,7 +268,7 @@ impl<T: Transport, C> Rpc<T, C> {
         stallq: &mut Vec<(SessionNum, u8)>,
         pending: &mut u8,
     ) -> Option<u32> {
-        let c = &mut s.slots[i].client;
+        let c = &mut s.half.client_mut()[i];
         let wire = c.wire_pkts();
         let pkt = c.num_tx;
         let grant = s.credits == 1
@@ -298,12 +312,12 @@ impl<T: Transport, C> Rpc<T, C> {
             let Some(s) = self.sessions.session_mut(session) else {
                 return false;
             };
-            let slot = &mut s.slots[usize::from(i)];
+            let slot = &s.slots[usize::from(i)];
             if slot.tx_msgbuf.is_none() {
                 return false;
             }
             let req_num = slot.cur_req_num;
-            let c = &mut slot.client;
+            let c = &mut s.half.client_mut()[usize::from(i)];
             let wire = c.wire_pkts();
             if c.num_tx >= wire {
                 return false;
@@ -405,6 +419,9 @@ impl<T: Transport, C> Rpc<T, C> {
             }
             let Some(i) = s.free_slot() else { return };
             let p = s.backlog.pop_front().expect("non-empty");
+            if !s.active {
+                self.activate(session);
+            }
             self.start_request(session, i, p.req_type, p.req, p.resp, p.cont, p.tag);
         }
     }
@@ -423,91 +440,18 @@ impl<T: Transport, C> Rpc<T, C> {
         if data.len() != pkt_data_bytes(msg_size, pkt_num) {
             return self.stats.drop(DropReason::SizeMismatch);
         }
-        let sn = hdr.dest_session_num();
-        let i = (hdr.req_num() % SESSION_REQ_WINDOW as u64) as usize;
-        let now = self.now_ns;
-        let s = self
-            .sessions
-            .session_mut(sn)
-            .expect("dispatch checked the session");
-        let no_handler = matches!(
+        if matches!(
             self.handlers[usize::from(hdr.req_type())],
             HandlerSlot::None
-        );
-        if no_handler && s.remote_incarnation == 0 {
-            // A C++ client cannot be told (`rpc/status.rs`): dropped, as
-            // the C++ eRPC does.
-            return self.stats.drop(DropReason::NoHandler);
+        ) {
+            return self.req_without_handler(ctx, hdr, data, req_pkts);
         }
-        let slot = &mut s.slots[i];
-        // Request numbers wrap at 2^44: compare on the circle.
-        let ahead = match req_num_delta(hdr.req_num(), slot.cur_req_num) {
-            Err(_) => return self.stats.drop(DropReason::StaleReqNum),
-            Ok(0) => return self.process_req_same_num(ctx, hdr, data, i),
-            Ok(d) => d,
-        };
-        // A new request on this slot.
-        match slot.server.state {
-            SrvState::InHandler | SrvState::Deferred | SrvState::Background => {
-                // The client sends the next request on a slot only after
-                // the response to the previous one.
-                return self.stats.drop(DropReason::ServerSlotBusy);
-            }
-            SrvState::Idle | SrvState::Receiving | SrvState::Responded | SrvState::Failed => {}
-        }
-        // A client moves a slot exactly one window ahead per request; a
-        // first packet of anything else is out of order (or forged).
-        if pkt_num != 0 || ahead != SESSION_REQ_WINDOW as u64 {
-            return self.stats.drop(DropReason::OutOfOrder);
-        }
-        // Bury the previous request: its response was received by the
-        // client, which is why it sent this one.
-        s.served_any = true;
-        let slot = &mut s.slots[i];
-        // The previous response leaves the slot: none of its packets may
-        // stay queued (a duplicate's answer may be).
-        self.tx
-            .forget_slot(slot.tx_epoch, sn, i as u8, &mut self.stats.tx_stale);
-        // Usually the slot's own preallocated response: it is swapped
-        // into the empty `pre_resp` (what `recycle` would do, without
-        // looking the session up or copying it through the stack).
-        let own = Origin::PreallocResp {
-            session: sn,
-            slot: i as u8,
-        };
-        let old_resp = match &slot.tx_msgbuf {
-            Some(m) if slot.server.pre_resp.is_none() && m.origin() == own => {
-                std::mem::swap(&mut slot.server.pre_resp, &mut slot.tx_msgbuf);
-                None
-            }
-            _ => slot.tx_msgbuf.take(),
-        };
-        // Usually none (single-packet requests are handled in the RX ring):
-        // test before taking, which would copy the empty value.
-        let old_req = if slot.server.req_msgbuf.is_some() {
-            slot.server.req_msgbuf.take()
-        } else {
-            None
-        };
-        slot.cur_req_num = hdr.req_num();
-        let sv = &mut slot.server;
-        sv.req_type = hdr.req_type();
-        sv.req_bytes = hdr.msg_size();
-        sv.req_pkts = req_pkts as u32;
-        sv.num_rx = 1;
-        sv.next_rfr = req_pkts as u32;
-        sv.progress_ns = now;
-        sv.state = SrvState::Idle;
-        if let Some(m) = old_resp {
-            self.recycle(m);
-        }
-        if let Some(m) = old_req {
-            self.recycle(m);
-        }
-        if no_handler {
-            // An erpc-rs client: it is told (`rpc/status.rs`).
-            self.stats.drop(DropReason::NoHandler);
-            return self.fail_request(sn, i, ServerError::NoHandler);
+        let sn = hdr.dest_session_num();
+        let i = (hdr.req_num() % SESSION_REQ_WINDOW as u64) as usize;
+        match self.begin_req(hdr, i, req_pkts) {
+            Begin::New => {}
+            Begin::Same => return self.process_req_same_num(ctx, hdr, data, i),
+            Begin::Dropped => return,
         }
         if req_pkts == 1 && self.config.zero_copy_rx {
             self.stats.rx_accepted += 1;
@@ -534,10 +478,115 @@ impl<T: Transport, C> Rpc<T, C> {
             return self.invoke_handler(ctx, sn, i, hdr.req_type(), Ok(m));
         }
         let s = self.session_mut(sn).expect("exists");
-        let slot = &mut s.slots[i];
-        slot.server.req_msgbuf = Some(m);
-        slot.server.state = SrvState::Receiving;
+        let sv = &mut s.half.server_mut()[i];
+        sv.req_msgbuf = Some(m);
+        sv.state = SrvState::Receiving;
         self.enqueue_cr(sn, i as u8, hdr);
+    }
+
+    /// A request packet of a type with no handler here. A C++ client
+    /// cannot be told (`rpc/status.rs`): dropped, as the C++ eRPC does.
+    /// An erpc-rs client's request becomes the slot's current one, as any
+    /// request does, and fails with a status packet.
+    #[cold]
+    #[inline(never)]
+    fn req_without_handler(&mut self, ctx: &mut C, hdr: RxHdr, data: &[u8], req_pkts: usize) {
+        let sn = hdr.dest_session_num();
+        if !self.reads_status(sn) {
+            return self.stats.drop(DropReason::NoHandler);
+        }
+        let i = (hdr.req_num() % SESSION_REQ_WINDOW as u64) as usize;
+        match self.begin_req(hdr, i, req_pkts) {
+            Begin::New => {
+                self.stats.drop(DropReason::NoHandler);
+                self.fail_request(sn, i, ServerError::NoHandler);
+            }
+            // A duplicate of the failed request: its status again.
+            Begin::Same => self.process_req_same_num(ctx, hdr, data, i),
+            Begin::Dropped => {}
+        }
+    }
+
+    /// Server: the request-number checks of a request packet (`hdr`, on
+    /// slot `i` of a connected server session, a request of `req_pkts`
+    /// packets). A new request becomes the slot's current one: the
+    /// previous request and its response are buried. Inlined into its
+    /// two callers (the hot one and the handler-less one).
+    #[inline(always)]
+    fn begin_req(&mut self, hdr: RxHdr, i: usize, req_pkts: usize) -> Begin {
+        let sn = hdr.dest_session_num();
+        let now = self.now_ns;
+        let s = self
+            .sessions
+            .session_mut(sn)
+            .expect("dispatch checked the session");
+        let slot = &mut s.slots[i];
+        // Request numbers wrap at 2^44: compare on the circle.
+        let ahead = match req_num_delta(hdr.req_num(), slot.cur_req_num) {
+            Err(_) => {
+                self.stats.drop(DropReason::StaleReqNum);
+                return Begin::Dropped;
+            }
+            Ok(0) => return Begin::Same,
+            Ok(d) => d,
+        };
+        let sv = &mut s.half.server_mut()[i];
+        // A new request on this slot.
+        if sv.busy() {
+            // The client sends the next request on a slot only after the
+            // response to the previous one.
+            self.stats.drop(DropReason::ServerSlotBusy);
+            return Begin::Dropped;
+        }
+        // A client moves a slot exactly one window ahead per request; a
+        // first packet of anything else is out of order (or forged).
+        if hdr.pkt_num() != 0 || ahead != SESSION_REQ_WINDOW as u64 {
+            self.stats.drop(DropReason::OutOfOrder);
+            return Begin::Dropped;
+        }
+        // Bury the previous request: its response was received by the
+        // client, which is why it sent this one.
+        s.served_any = true;
+        // The previous response leaves the slot: none of its packets may
+        // stay queued (a duplicate's answer may be).
+        self.tx
+            .forget_slot(slot.tx_epoch, sn, i as u8, &mut self.stats.tx_stale);
+        // Usually the slot's own preallocated response: it is swapped
+        // into the empty `pre_resp` (what `recycle` would do, without
+        // looking the session up or copying it through the stack).
+        let own = Origin::PreallocResp {
+            session: sn,
+            slot: i as u8,
+        };
+        let old_resp = match &slot.tx_msgbuf {
+            Some(m) if sv.pre_resp.is_none() && m.origin() == own => {
+                std::mem::swap(&mut sv.pre_resp, &mut slot.tx_msgbuf);
+                None
+            }
+            _ => slot.tx_msgbuf.take(),
+        };
+        // Usually none (single-packet requests are handled in the RX ring):
+        // test before taking, which would copy the empty value.
+        let old_req = if sv.req_msgbuf.is_some() {
+            sv.req_msgbuf.take()
+        } else {
+            None
+        };
+        slot.cur_req_num = hdr.req_num();
+        sv.req_type = hdr.req_type();
+        sv.req_bytes = hdr.msg_size();
+        sv.req_pkts = req_pkts as u32;
+        sv.num_rx = 1;
+        sv.next_rfr = req_pkts as u32;
+        sv.progress_ns = now;
+        sv.state = SrvState::Idle;
+        if let Some(m) = old_resp {
+            self.recycle(m);
+        }
+        if let Some(m) = old_req {
+            self.recycle(m);
+        }
+        Begin::New
     }
 
     /// A request packet whose request number is the slot's current one:
@@ -549,24 +598,21 @@ impl<T: Transport, C> Rpc<T, C> {
             .sessions
             .session_mut(sn)
             .expect("dispatch checked the session");
-        let slot = &mut s.slots[i];
-        let sv = &mut slot.server;
+        let sv = &mut s.half.server_mut()[i];
         if hdr.msg_size() != sv.req_bytes || hdr.req_type() != sv.req_type {
             return self.stats.drop(DropReason::SizeMismatch);
         }
         let pkt_num = u32::from(hdr.pkt_num());
-        if sv.state == SrvState::Failed {
-            // The request was failed (`rpc/status.rs`): a retransmission
-            // starts at packet 0 and gets the status again. Later packets
-            // of a multi-packet request that kept coming are dropped.
-            if pkt_num != 0 {
-                return self.stats.drop(DropReason::OutOfOrder);
-            }
-            self.stats.rx_accepted += 1;
-            return self.send_status(sn, i);
-        }
         let last = sv.req_pkts - 1;
         if pkt_num < sv.num_rx {
+            if sv.state == SrvState::Failed {
+                // The request was failed (`rpc/status.rs`): a
+                // retransmission starts at packet 0 (the only one counted
+                // received) and gets the status again. Later packets of a
+                // multi-packet request are out of order, below.
+                self.stats.rx_accepted += 1;
+                return self.send_status(sn, i);
+            }
             // Duplicate (or a go-back-N retransmission). Never run the
             // handler again: re-send what the client may have missed.
             if pkt_num < last {
@@ -621,9 +667,9 @@ impl<T: Transport, C> Rpc<T, C> {
             HandlerSlot::None => unreachable!("checked before"),
         };
         // One lookup for the request number and the state change.
-        let slot = &mut self.session_mut(sn).expect("exists").slots[i];
-        slot.server.state = SrvState::InHandler;
-        let req_num = slot.cur_req_num;
+        let s = self.session_mut(sn).expect("exists");
+        s.half.server_mut()[i].state = SrvState::InHandler;
+        let req_num = s.slots[i].cur_req_num;
         let handle = ReqHandle {
             session: sn,
             slot: i as u8,
@@ -649,17 +695,17 @@ impl<T: Transport, C> Rpc<T, C> {
             }
             return;
         };
-        let slot = &mut s.slots[i];
-        let deferred = slot.cur_req_num == req_num && slot.server.state == SrvState::InHandler;
+        let sv = &mut s.half.server_mut()[i];
+        let deferred = s.slots[i].cur_req_num == req_num && sv.state == SrvState::InHandler;
         if !deferred {
             if let Ok(m) = req {
                 self.recycle(m);
             }
             return;
         }
-        slot.server.state = SrvState::Deferred;
+        sv.state = SrvState::Deferred;
         match req {
-            Ok(m) => slot.server.req_msgbuf = Some(m),
+            Ok(m) => sv.req_msgbuf = Some(m),
             Err(d) => {
                 // The ring slot is reposted after this burst: keep a copy
                 // until the response (the nested-RPC path).
@@ -668,7 +714,7 @@ impl<T: Transport, C> Rpc<T, C> {
                     Ok(mut m) => {
                         m.data_mut().copy_from_slice(d);
                         let s = self.session_mut(sn).expect("exists");
-                        s.slots[i].server.req_msgbuf = Some(m);
+                        s.half.server_mut()[i].req_msgbuf = Some(m);
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "no memory to keep a deferred request");
@@ -682,10 +728,15 @@ impl<T: Transport, C> Rpc<T, C> {
     /// responding; valid until [`Rpc::enqueue_response`].
     pub fn request_data(&self, h: &ReqHandle) -> Option<&[u8]> {
         let s = self.session(h.session)?;
-        let slot = &s.slots[usize::from(h.slot)];
-        if slot.cur_req_num != h.req_num {
+        let i = usize::from(h.slot);
+        if s.slots[i].cur_req_num != h.req_num {
             return None;
         }
-        slot.server.req_msgbuf.as_ref().map(|m| m.data())
+        s.half
+            .as_server()
+            .and_then(|a| a.get(i))?
+            .req_msgbuf
+            .as_ref()
+            .map(|m| m.data())
     }
 }

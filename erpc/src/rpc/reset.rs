@@ -151,11 +151,10 @@ impl<T: Transport, C> Rpc<T, C> {
         };
         let out = &mut self.owed;
         let before = out.len();
-        for slot in s.slots.iter_mut() {
+        for (slot, c) in s.slots.iter_mut().zip(s.half.client_mut().iter_mut()) {
             let Some(req) = slot.tx_msgbuf.take() else {
                 continue;
             };
-            let c = &mut slot.client;
             s.credits += c.num_tx - c.num_rx;
             c.num_tx = 0;
             c.num_rx = 0;
@@ -265,13 +264,7 @@ impl<T: Transport, C> Rpc<T, C> {
             // Already retired; waiting for its handlers.
             return;
         }
-        let busy = s.slots.iter().any(|sl| {
-            matches!(
-                sl.server.state,
-                SrvState::InHandler | SrvState::Deferred | SrvState::Background
-            )
-        });
-        if !busy {
+        if s.busy_handlers() == 0 {
             return self.free_session(sn);
         }
         // Release what no handler uses; keep the session number (and the
@@ -282,14 +275,11 @@ impl<T: Transport, C> Rpc<T, C> {
         let s = self.sessions.session_mut(sn).expect("looked up above");
         let token = s.uniq_token;
         let mut bufs = Vec::new();
-        for sl in s.slots.iter_mut() {
-            if !matches!(
-                sl.server.state,
-                SrvState::InHandler | SrvState::Deferred | SrvState::Background
-            ) {
+        for (sl, sv) in s.slots.iter_mut().zip(s.half.server_mut().iter_mut()) {
+            if !sv.busy() {
                 bufs.extend(sl.tx_msgbuf.take());
-                bufs.extend(sl.server.req_msgbuf.take());
-                sl.server.state = SrvState::Idle;
+                bufs.extend(sv.req_msgbuf.take());
+                sv.state = SrvState::Idle;
             }
         }
         let (uri, rpc_id, inc, tracked) = (
@@ -327,15 +317,10 @@ impl<T: Transport, C> Rpc<T, C> {
             return;
         };
         debug_assert_eq!(s.state, SessionState::Resetting);
-        let sl = &mut s.slots[i];
-        sl.server.state = SrvState::Idle;
-        bufs.extend(sl.server.req_msgbuf.take());
-        let done = s.slots.iter().all(|sl| {
-            !matches!(
-                sl.server.state,
-                SrvState::InHandler | SrvState::Deferred | SrvState::Background
-            )
-        });
+        let sv = &mut s.half.server_mut()[i];
+        sv.state = SrvState::Idle;
+        bufs.extend(sv.req_msgbuf.take());
+        let done = s.busy_handlers() == 0;
         self.stats.resps_discarded += 1;
         for m in bufs {
             self.recycle(m);

@@ -12,7 +12,7 @@ use super::{Completion, ReqHandle, RespondError, Rpc, RpcError, SessionNum};
 use crate::consts::{MAX_MSG_BYTES, SESSION_REQ_WINDOW};
 use crate::msgbuf::{MsgBuf, MsgBufError, Origin, data_size_to_num_pkts, pkt_data_bytes};
 use crate::pkthdr::{PktHdr, PktType, RxHdr};
-use crate::session::{Role, SrvState};
+use crate::session::SrvState;
 use crate::stats::DropReason;
 
 impl<T: Transport, C> Rpc<T, C> {
@@ -23,7 +23,11 @@ impl<T: Transport, C> Rpc<T, C> {
         if len <= MAX_DATA_PER_PKT
             && self.config.prealloc_responses
             && let Some(s) = self.session_mut(h.session)
-            && let Some(mut m) = s.slots[usize::from(h.slot)].server.pre_resp.take()
+            && let Some(mut m) = s
+                .half
+                .as_server_mut()
+                .and_then(|a| a.get_mut(usize::from(h.slot)))
+                .and_then(|sv| sv.pre_resp.take())
         {
             // An MTU-size buffer holds one packet.
             m.resize_checked(len);
@@ -57,21 +61,23 @@ impl<T: Transport, C> Rpc<T, C> {
             self.recycle(resp);
             return Err(stale);
         };
-        let slot = &mut s.slots[usize::from(h.slot)];
-        let awaiting = matches!(
-            slot.server.state,
-            SrvState::InHandler | SrvState::Deferred | SrvState::Background
-        );
-        if s.role != Role::Server || slot.cur_req_num != h.req_num || !awaiting {
-            self.recycle(resp);
-            return Err(stale);
-        }
+        // A handle's slot is below the window by construction.
+        let i = usize::from(h.slot) % SESSION_REQ_WINDOW;
+        // A client session has no server halves: never awaiting.
+        let awaiting = match s.half.as_server_mut() {
+            Some(svs) if svs[i].busy() && s.slots[i].cur_req_num == h.req_num => svs,
+            _ => {
+                self.recycle(resp);
+                return Err(stale);
+            }
+        };
         if s.state == crate::session::SessionState::Resetting {
-            self.resetting_slot_done(h.session, usize::from(h.slot), Some(resp));
+            self.resetting_slot_done(h.session, i, Some(resp));
             return Err(Self::reset_respond_error(h.session, h.req_num));
         }
         let route = s.route.as_ref().expect("server session has a route");
-        let sv = &mut slot.server;
+        let slot = &mut s.slots[i];
+        let sv = &mut awaiting[i];
         let base = sv.req_pkts - 1;
         write_msg_hdrs(
             &self.transport,
@@ -115,8 +121,9 @@ impl<T: Transport, C> Rpc<T, C> {
             .session_mut(sn)
             .expect("dispatch checked the session");
         let max_credits = s.credits_max;
-        let slot = &mut s.slots[i];
-        if hdr.req_num() == slot.client.abandoned_req_num {
+        let slot = &s.slots[i];
+        let c = &mut s.half.client_mut()[i];
+        if hdr.req_num() == c.abandoned_req_num {
             // The request completed with an error; its slot may carry
             // another request by now.
             return self.stats.drop(DropReason::AbandonedRequest);
@@ -127,22 +134,14 @@ impl<T: Transport, C> Rpc<T, C> {
         if hdr.req_num() != slot.cur_req_num {
             return self.stats.drop(DropReason::StaleReqNum);
         }
-        if msg_size > MAX_MSG_BYTES {
-            // A status packet (the server failed the request), or junk.
-            return self.process_status_pkt(ctx, hdr);
-        }
-        let c = &mut slot.client;
+        // Anything but the next expected packet, or a size beyond any
+        // message's (a status packet: the server failed the request), goes
+        // to the cold path.
         let pkt_num = u32::from(hdr.pkt_num());
-        if pkt_num + 1 < c.req_pkts || pkt_num >= c.num_tx {
-            return self.stats.drop(DropReason::PktNumOutOfRange);
+        if pkt_num + 1 < c.req_pkts || pkt_num != c.num_rx || msg_size > MAX_MSG_BYTES {
+            return self.unexpected_resp_pkt(ctx, hdr);
         }
-        if pkt_num != c.num_rx {
-            return self.stats.drop(if pkt_num < c.num_rx {
-                DropReason::Duplicate
-            } else {
-                DropReason::OutOfOrder
-            });
-        }
+        debug_assert!(pkt_num < c.num_tx, "num_rx < num_tx while in flight");
         let k = (pkt_num + 1 - c.req_pkts) as usize;
         let mut too_large = None;
         if k == 0 {
@@ -180,11 +179,10 @@ impl<T: Transport, C> Rpc<T, C> {
         }
         c.num_rx += 1;
         c.progress_ns = now;
+        let done = c.num_rx == c.wire_pkts();
         self.stats.rx_accepted += 1;
         debug_assert!(s.credits < max_credits);
         s.credits = (s.credits + 1).min(max_credits);
-        let c = &s.slots[i].client;
-        let done = c.num_rx == c.wire_pkts();
         if self.pacing.cc_on() {
             // The RTT sample, with the session in hand.
             let rx = super::cc::rx_time(&self.config.cc, now, &self.clock);
@@ -220,7 +218,7 @@ impl<T: Transport, C> Rpc<T, C> {
             if self.pacing.cc_on() {
                 self.stats.wheel_bypassed += 1;
             }
-            let req_type = s.slots[i].client.req_type;
+            let req_type = s.half.client_mut()[i].req_type;
             return self.enqueue_ctrl(
                 sn,
                 i as u8,
@@ -231,6 +229,32 @@ impl<T: Transport, C> Rpc<T, C> {
             );
         }
         self.kick(sn, i as u8);
+    }
+
+    /// Client: a response header for the request in flight on its slot
+    /// that is not the next expected response packet: a status packet
+    /// (`rpc/status.rs`), or a drop counted by reason.
+    #[cold]
+    #[inline(never)]
+    fn unexpected_resp_pkt(&mut self, ctx: &mut C, hdr: RxHdr) {
+        let sn = hdr.dest_session_num();
+        let i = (hdr.req_num() % SESSION_REQ_WINDOW as u64) as usize;
+        let Some(s) = self.sessions.session(sn) else {
+            return self.stats.drop(DropReason::UnknownSession);
+        };
+        let c = &s.half.client()[i];
+        let pkt_num = u32::from(hdr.pkt_num());
+        if hdr.msg_size() as usize > MAX_MSG_BYTES {
+            return self.process_status_pkt(ctx, hdr);
+        }
+        let reason = if pkt_num + 1 < c.req_pkts || pkt_num >= c.num_tx {
+            DropReason::PktNumOutOfRange
+        } else if pkt_num < c.num_rx {
+            DropReason::Duplicate
+        } else {
+            DropReason::OutOfOrder
+        };
+        self.stats.drop(reason);
     }
 
     /// Frees client slot `i` and runs its continuation, then moves
@@ -251,7 +275,7 @@ impl<T: Transport, C> Rpc<T, C> {
         // The request leaves the slot: none of its packets may stay queued.
         self.tx
             .forget_slot(slot.tx_epoch, sn, i as u8, &mut self.stats.tx_stale);
-        let c = &mut slot.client;
+        let c = &mut s.half.client_mut()[i];
         let cont = c.cont.take().expect("in flight");
         // Credits still out for this request (an early error) are returned.
         s.credits += c.num_tx - c.num_rx;

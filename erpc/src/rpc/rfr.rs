@@ -25,11 +25,11 @@ impl<T: Transport, C> Rpc<T, C> {
             .sessions
             .session_mut(sn)
             .expect("dispatch checked the session");
-        let slot = &mut s.slots[i];
+        let slot = &s.slots[i];
         if hdr.req_num() != slot.cur_req_num {
             return self.stats.drop(DropReason::StaleReqNum);
         }
-        let sv = &mut slot.server;
+        let sv = &mut s.half.server_mut()[i];
         if sv.state != SrvState::Responded {
             return self.stats.drop(DropReason::OutOfOrder);
         }

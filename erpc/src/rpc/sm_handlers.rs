@@ -16,7 +16,7 @@ use crate::consts::{
 };
 use crate::msgbuf::{MsgBuf, Origin};
 use crate::nexus::{SmItem, Uri};
-use crate::session::{Role, Session, SessionState, SrvState};
+use crate::session::{Role, Session, SessionState};
 use crate::sm_types::{SmEndpoint, SmErr, SmPkt, SmPktType, TransportType};
 use crate::stats::DropReason;
 
@@ -192,11 +192,15 @@ impl<T: Transport, C> Rpc<T, C> {
         let now = self.clock.now_ns();
         s.sm_pending_since_ns = Some(now);
         s.sm_first_sent_ns = now;
-        (s.cc, s.tx_ts) = super::cc::new_client_cc(&self.config.cc, now, self.tx_ts_cap);
-        if let Some(w) = self.wheel.as_mut() {
-            // Every packet in the wheel holds one of its session's credits.
-            w.reserve(self.config.session_credits);
-        }
+        // Congestion-control state lives as long as the session; the TX
+        // timestamps (and the wheel's room) only while it is active
+        // (`rpc/active.rs`).
+        s.cc = self
+            .config
+            .cc
+            .enabled
+            .then(|| crate::cc::SessionCc::shared(&self.config.cc, &self.cc_shared, now));
+        s.tx_ts = self.active.empty_ts();
         self.sessions[usize::from(sn)] = Some(Box::new(s));
         self.open_sessions += 1;
         self.ring_entries_available -= credits;
@@ -225,8 +229,8 @@ impl<T: Transport, C> Rpc<T, C> {
         s.state = SessionState::DisconnectInProgress;
         s.sm_pending_since_ns = Some(now);
         s.sm_first_sent_ns = now;
-        self.client_sessions.retain(|&x| x != sn);
         self.fail_outstanding(sn, RpcError::SessionDestroyed { session: sn });
+        self.deactivate(sn);
         self.sm_pending.push(sn);
         self.send_sm_req(sn);
         Ok(())
@@ -241,8 +245,8 @@ impl<T: Transport, C> Rpc<T, C> {
             pkt_type: SmPktType::DisconnectReq,
             err: SmErr::NoError,
             uniq_token: s.uniq_token,
-            client: s.client_ep,
-            server: s.server_ep,
+            client: s.client_endpoint(),
+            server: s.server_endpoint(),
         };
         let to = s.remote_uri.clone();
         self.stats.sm_tx += 1;
@@ -261,8 +265,8 @@ impl<T: Transport, C> Rpc<T, C> {
             pkt_type,
             err: SmErr::NoError,
             uniq_token: s.uniq_token,
-            client: s.client_ep,
-            server: s.server_ep,
+            client: s.client_endpoint(),
+            server: s.server_endpoint(),
         };
         let to = s.remote_uri.clone();
         self.stats.sm_tx += 1;
@@ -400,8 +404,8 @@ impl<T: Transport, C> Rpc<T, C> {
                         self.abandoned.push(AbandonedConnect {
                             token: s.uniq_token,
                             uri: s.remote_uri.clone(),
-                            client: s.client_ep,
-                            server: s.server_ep,
+                            client: s.client_endpoint(),
+                            server: s.server_endpoint(),
                             since_ns: now,
                             last_sent_ns: now,
                             disconnecting: false,
@@ -434,7 +438,7 @@ impl<T: Transport, C> Rpc<T, C> {
                 && s.uniq_token == pkt.uniq_token
             {
                 let mut r = pkt.response(SmErr::NoError);
-                r.server = s.server_ep;
+                r.server = s.server_endpoint();
                 self.stats.sm_dup_connect += 1;
                 return self.send_sm(&r);
             }
@@ -539,8 +543,8 @@ impl<T: Transport, C> Rpc<T, C> {
         s.remote_num = pkt.client.session_num;
         s.route = Some(std::rc::Rc::new(route));
         s.set_req_base(req_base);
-        for (slot, m) in s.slots.iter_mut().zip(pre) {
-            slot.server.pre_resp = Some(m);
+        for (sv, m) in s.half.server_mut().iter_mut().zip(pre) {
+            sv.pre_resp = Some(m);
         }
         s.remote_incarnation = pkt.client.incarnation();
         self.sessions[usize::from(sn)] = Some(Box::new(s));
@@ -599,7 +603,7 @@ impl<T: Transport, C> Rpc<T, C> {
                 let base_override = self.req_base_override;
                 let ext_server = self.ext_peer(&pkt.server);
                 let s = self.session_mut(sn).expect("matched above");
-                s.server_ep = pkt.server;
+                s.set_server_endpoint(&pkt.server);
                 s.remote_num = pkt.server.session_num;
                 s.remote_incarnation = pkt.server.incarnation();
                 // Never more credits than the server reserved for us: what
@@ -625,7 +629,6 @@ impl<T: Transport, C> Rpc<T, C> {
                 s.state = SessionState::Connected;
                 s.sm_pending_since_ns = None;
                 self.ring_entries_available += spare;
-                self.client_sessions.push(sn);
                 self.track_session(sn);
                 self.owe_event(sn, SessionEventKind::Connected);
                 self.drain_backlog(sn);
@@ -635,7 +638,7 @@ impl<T: Transport, C> Rpc<T, C> {
                 // reporting the failure.
                 tracing::info!(error = %e, server = %pkt.server, "connect response: routing resolution failed");
                 let s = self.session_mut(sn).expect("matched above");
-                s.server_ep = pkt.server;
+                s.set_server_endpoint(&pkt.server);
                 s.remote_num = pkt.server.session_num;
                 s.connect_fail = Some(SmErr::RoutingResolutionFailure);
                 s.state = SessionState::DisconnectInProgress;
@@ -738,26 +741,10 @@ impl<T: Transport, C> Rpc<T, C> {
         let now = self.clock.now_ns();
         self.free_session_nums.push_back((sn, now));
         self.sm_pending.retain(|&x| x != sn);
-        if s.role == Role::Client {
-            self.client_sessions.retain(|&x| x != sn);
+        if s.active {
+            self.active.remove(sn, s.tx_ts.clone());
         }
-        for slot in s.slots {
-            debug_assert!(slot.server.state != SrvState::InHandler);
-            for m in [
-                slot.tx_msgbuf,
-                slot.client.resp_msgbuf,
-                slot.server.req_msgbuf,
-                slot.server.pre_resp,
-            ]
-            .into_iter()
-            .flatten()
-            {
-                self.alloc.free(m.into_buffer());
-            }
-        }
-        for p in s.backlog {
-            self.alloc.free(p.req.into_buffer());
-            self.alloc.free(p.resp.into_buffer());
-        }
+        let alloc = &mut self.alloc;
+        s.into_buffers(|m| alloc.free(m.into_buffer()));
     }
 }

@@ -45,14 +45,8 @@ impl<T: Transport, C> Rpc<T, C> {
         let Some(s) = self.session_mut(sn) else {
             return;
         };
-        let sv = &mut s.slots[i].server;
-        debug_assert!(
-            !matches!(
-                sv.state,
-                SrvState::InHandler | SrvState::Deferred | SrvState::Background
-            ),
-            "a handler still holds the request"
-        );
+        let sv = &mut s.half.server_mut()[i];
+        debug_assert!(!sv.busy(), "a handler still holds the request");
         sv.state = SrvState::Failed;
         sv.status = err.code();
         let req = sv.req_msgbuf.take();
@@ -75,7 +69,7 @@ impl<T: Transport, C> Rpc<T, C> {
             return;
         }
         let slot = &s.slots[i];
-        let sv = &slot.server;
+        let sv = &s.half.server()[i];
         debug_assert_eq!(sv.state, SrvState::Failed);
         let (req_type, pkt_num, req_num) = (sv.req_type, sv.req_pkts - 1, slot.cur_req_num);
         let size = STATUS_SIZE_BASE + u32::from(sv.status);
@@ -109,7 +103,7 @@ impl<T: Transport, C> Rpc<T, C> {
             return self.stats.drop(DropReason::UnknownSession);
         };
         let slot = &s.slots[i];
-        let c = &slot.client;
+        let c = &s.half.client()[i];
         debug_assert!(slot.tx_msgbuf.is_some() && slot.cur_req_num == hdr.req_num());
         // A status stands in for the first response packet, before any.
         if u32::from(hdr.pkt_num()) + 1 != c.req_pkts || c.resp_pkts != 0 {
