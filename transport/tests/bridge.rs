@@ -87,10 +87,33 @@ fn mlx5_over_the_bridge_between_two_namespaces() {
             .spawn()
             .expect("spawn tshark")
     });
-    if capture.is_some() {
-        // tshark needs a moment to open the interface.
-        std::thread::sleep(Duration::from_millis(1500));
-    }
+    // tshark says "Capturing on ..." on stderr once the interface is open:
+    // the client starts only then (however long a loaded machine takes), and
+    // a thread keeps collecting stderr for the check at the end.
+    let capture = capture.map(|mut c| {
+        let stderr = c.stderr.take().expect("piped stderr");
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let reader = std::thread::spawn(move || {
+            use std::io::BufRead;
+            let mut all = String::new();
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let _ = tx.send(line.clone());
+                all.push_str(&line);
+                all.push('\n');
+            }
+            all
+        });
+        // Until tshark is capturing, or has exited (its error shows below).
+        while let Ok(line) = rx.recv() {
+            if line.contains("Capturing on") {
+                break;
+            }
+        }
+        (c, reader)
+    });
     let mut client = net.spawn(&net.client_ns, "client", &[(DEV_ENV, &net.client_dev)]);
     let (cs, creport) = client.wait(Duration::from_secs(60));
     let (ss, sreport) = server.wait(Duration::from_secs(10));
@@ -111,11 +134,11 @@ fn mlx5_over_the_bridge_between_two_namespaces() {
         field(&sreport, "server", "echoed").is_some_and(|n| n >= u64::from(PACKETS)),
         "{sreport}"
     );
-    if let Some(c) = capture {
-        let out = c.wait_with_output().expect("tshark");
-        let err = String::from_utf8_lossy(&out.stderr);
+    if let Some((mut c, reader)) = capture {
+        let status = c.wait().expect("tshark");
+        let err = reader.join().expect("tshark stderr reader");
         assert!(
-            out.status.success() && err.contains("20 packets captured"),
+            status.success() && err.contains("20 packets captured"),
             "tshark saw: {err}"
         );
     } else {
