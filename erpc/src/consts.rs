@@ -35,6 +35,18 @@ pub const SM_RETRY_MS: u64 = 100;
 /// Default RX ring entries the Rpc assumes per transport (the transport
 /// reports its own; sessions reserve credits' worth each).
 pub const RX_RING_ENTRIES_DEFAULT: usize = 4096;
+/// RX ring entries an Rpc needs to hold `sessions` sessions (client and
+/// server together) at `credits` each: each session reserves its credits'
+/// worth, so `sessions × credits`, rounded up to a power of two (what every
+/// transport's ring takes). For example 2 500 sessions at the default 32
+/// credits need 131 072 entries: 128 MiB of hugepages on the mlx5
+/// transport (1 KiB per entry). Size the transport's ring with it:
+/// `Mlx5Config::with_rx_ring_entries`, `UdpConfig::with_rx_ring_entries`,
+/// `SimConfig::ring_entries`.
+pub const fn rx_ring_entries_for(sessions: usize, credits: usize) -> usize {
+    (sessions.saturating_mul(credits)).next_power_of_two()
+}
+
 /// Control-packet header slots (credit returns, requests for response):
 /// twice the 128-entry TX ring, so a slot is rewritten only after at least
 /// a full ring of later sends.

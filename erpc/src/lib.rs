@@ -192,7 +192,7 @@ pub mod sm_types;
 pub mod stats;
 
 pub use clock::{Clock, VirtualClock};
-pub use consts::{MAX_MSG_BYTES, SESSION_CREDITS, SESSION_REQ_WINDOW};
+pub use consts::{MAX_MSG_BYTES, SESSION_CREDITS, SESSION_REQ_WINDOW, rx_ring_entries_for};
 pub use msgbuf::{MsgBuf, MsgBufError};
 pub use nexus::{
     BgHandler, BgResponse, Nexus, NexusBuilder, NexusError, SmLink, Uri, WorkerDispatch,

@@ -530,6 +530,13 @@ impl<S> SessionTable<S> {
         self.used - 1
     }
 
+    /// Takes every number back (none is in use): the next one handed out
+    /// is 0 again.
+    pub(crate) fn reset_numbers(&mut self) {
+        debug_assert!(self.iter().all(Option::is_none), "a number is in use");
+        self.used = 0;
+    }
+
     /// The entries of the numbers handed out so far.
     pub(crate) fn iter(&self) -> std::slice::Iter<'_, Option<Box<S>>> {
         self.slots[..self.used].iter()

@@ -169,3 +169,23 @@ fn replays_exactly_from_a_seed() {
     };
     assert_eq!(run(5), run(5));
 }
+
+/// An Rpc holds 2 500 sessions at 32 credits each on the mlx5 transport
+/// (issue 28): the striding RQ is sized for them
+/// (`Mlx5Config::with_rx_ring_entries(rx_ring_entries_for(2500, 32))`, 128
+/// MiB of hugepages per NIC), a client opens them all to one server Rpc,
+/// and each carries an RPC.
+#[test]
+fn an_rpc_holds_2500_sessions_lossless() {
+    with_seeds("an_rpc_holds_2500_sessions_lossless", FILE, &[3], |seed| {
+        let k = 2500;
+        let mut w = DevWorld::new(seed);
+        let ring = erpc::rx_ring_entries_for(k, erpc::SESSION_CREDITS);
+        w.ring_entries = Some(ring);
+        let mut ns = nodes(&mut w, 2, seed);
+        assert_eq!(ns[1].rpc.rx_ring_unreserved(), (ring, ring));
+        common::scenarios::many_sessions(&mut w, &mut ns, 0, 1, k, 64);
+        assert_eq!(ns[0].rpc.stats().total_drops(), 0, "{}", ns[0].rpc.stats());
+        assert_eq!(ns[1].rpc.stats().total_drops(), 0, "{}", ns[1].rpc.stats());
+    });
+}

@@ -68,6 +68,13 @@ pub struct Mlx5Config {
     pub postlist: usize,
 }
 
+/// Strides (ring entries) per striding-RQ WQE by default (eRPC's 512).
+const DEFAULT_LOG_STRIDES: u8 = 9;
+/// Most WQEs the driver posts on one striding RQ (2^10).
+const MAX_LOG_RQ_WQES: u8 = 10;
+/// Most strides per WQE the PRM allows (2^16).
+const MAX_LOG_STRIDES: u8 = 16;
+
 impl Mlx5Config {
     /// `ipv4` and `queue`, zero IPv4 checksums accepted, no capture.
     pub fn new(ipv4: Ipv4Addr, queue: QueueConfig) -> Mlx5Config {
@@ -78,6 +85,31 @@ impl Mlx5Config {
             pcap: None,
             postlist: POSTLIST,
         }
+    }
+
+    /// Sizes the striding RX ring for at least `entries` packets (e.g.
+    /// `erpc::rx_ring_entries_for(sessions, credits)`): a power of two of
+    /// 1 KiB strides, at least 1 024, in WQEs of 512 strides (eRPC's) up
+    /// to 1 024 WQEs and longer WQEs beyond that. Each entry is 1 KiB of
+    /// hugepage memory ([`Mlx5Config::rx_ring_bytes`]). Whether the device
+    /// takes it (`log_max_wq_sz`, the stride ranges of its caps) is
+    /// checked when the queue set is created; the largest ring this makes
+    /// is 2^26 entries.
+    pub fn with_rx_ring_entries(mut self, entries: usize) -> Mlx5Config {
+        let log = entries
+            .max(1024)
+            .next_power_of_two()
+            .trailing_zeros()
+            .min(u32::from(MAX_LOG_RQ_WQES + MAX_LOG_STRIDES)) as u8;
+        let strides = DEFAULT_LOG_STRIDES.max(log.saturating_sub(MAX_LOG_RQ_WQES));
+        self.queue.rq_log_strides = strides;
+        self.queue.rq_log_wqes = log - strides;
+        self
+    }
+
+    /// Hugepage bytes of the RX ring's strides.
+    pub fn rx_ring_bytes(&self) -> usize {
+        self.queue.rx_ring_entries() << self.queue.rq_log_stride_bytes
     }
 }
 

@@ -164,6 +164,22 @@ impl UdpConfig {
         UdpConfig::new(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))
     }
 
+    /// Sizes the RX ring for at least `entries` packets (a power of two,
+    /// e.g. `erpc::rx_ring_entries_for(sessions, credits)`), and asks the
+    /// kernel for a receive buffer of as many MTU frames. The ring is eRPC's
+    /// accounting and the slots it reads from (`entries` × 1 KiB of heap,
+    /// touched only as packets reach them); what keeps datagrams from being
+    /// dropped is the socket buffer, which the kernel caps at
+    /// `net.core.rmem_max` (a few hundred KiB by default) unless the
+    /// process has `CAP_NET_ADMIN`. Past that cap, credits no longer
+    /// guarantee room, and a burst from many sessions at once can be
+    /// dropped by the kernel (and is then resent by loss recovery).
+    pub fn with_rx_ring_entries(mut self, entries: usize) -> UdpConfig {
+        self.rx_ring_entries = entries.max(2).next_power_of_two();
+        self.socket_buffer_bytes = self.rx_ring_entries.saturating_mul(MTU);
+        self
+    }
+
     fn validate(&self) -> Result<(), String> {
         let n = self.rx_ring_entries;
         if !n.is_power_of_two() || n < 2 {

@@ -151,24 +151,51 @@ impl<T: Transport, C> Rpc<T, C> {
         let now = self.clock.now_ns();
         let idle_ns = idle_ms * 1_000_000;
         while self.ring_entries_available < credits {
-            let oldest = self
-                .sessions
-                .iter()
-                .flatten()
-                .filter(|s| {
-                    s.role == Role::Server
-                        && s.state == SessionState::Connected
-                        && !s.served_any
-                        && now.saturating_sub(s.created_ns) >= idle_ns
-                })
-                .min_by_key(|s| (s.created_ns, s.local_num))
-                .map(|s| s.local_num);
-            let Some(sn) = oldest else {
+            // The oldest server session that may still be unused: the
+            // queue is in creation order (entries of sessions that served
+            // a request or are gone are dropped as they come up), so
+            // finding it costs O(1) amortised, not a walk of all sessions.
+            self.drop_stale_unserved();
+            let Some(&(sn, _)) = self.unserved.front() else {
                 return false;
             };
+            let old_enough = self
+                .session(sn)
+                .is_some_and(|s| now.saturating_sub(s.created_ns) >= idle_ns);
+            if !old_enough {
+                // Every later one is younger.
+                return false;
+            }
+            self.unserved.pop_front();
             self.reclaim(sn, now);
         }
         true
+    }
+
+    /// Server session `sn` (client token `token`) was just created: it is
+    /// a reclaim candidate until it serves a request.
+    pub(crate) fn note_unserved(&mut self, sn: SessionNum, token: u64) {
+        self.unserved.push_back((sn, token));
+    }
+
+    /// Drops the front entries of the unserved queue that no longer name
+    /// a connected, never-served server session (also at the loss-scan
+    /// interval, so that the queue holds only the sessions created after
+    /// the oldest unserved one).
+    pub(crate) fn drop_stale_unserved(&mut self) {
+        while let Some(&(sn, token)) = self.unserved.front() {
+            let live = self.session(sn).is_some_and(|s| {
+                s.role == Role::Server
+                    && s.state == SessionState::Connected
+                    && s.uniq_token == token
+                    && !s.served_any
+            });
+            if live {
+                return;
+            }
+            self.unserved.pop_front();
+        }
+        super::tokens::shrink_if_sparse_deque(&mut self.unserved);
     }
 
     /// Frees unused server session `sn`, telling an erpc-rs client.

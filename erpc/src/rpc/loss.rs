@@ -51,6 +51,7 @@ impl<T: Transport, C> Rpc<T, C> {
         }
         self.next_loss_scan_ns = self.now_ns + self.loss_scan_ns;
         self.pkt_loss_scan();
+        self.sweep_quiet_state();
         // The SM timers (request retries, connect timeouts, expiry of
         // abandoned connects) count in units of 100 ms: checking them at
         // the scan interval instead of every iteration keeps them off the

@@ -677,6 +677,9 @@ pub struct Rpc<T: Transport, C> {
     /// Server sessions reclaimed from erpc-rs clients, their numbers
     /// reserved for a while (`admission.rs`).
     reclaimed: VecDeque<admission::Reclaimed>,
+    /// Server sessions that may not have served a request yet, in
+    /// creation order, as (session, client token) (`admission.rs`).
+    unserved: VecDeque<(SessionNum, u64)>,
     /// Test hook: request-number base of sessions made from now on
     /// (`Rpc::fault_set_req_base`).
     req_base_override: Option<u64>,
@@ -851,6 +854,7 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
                     .max(CONNECT_BURST_PER_SOURCE)
             }),
             reclaimed: VecDeque::new(),
+            unserved: VecDeque::new(),
             next_loss_scan_ns: now_ns + config.pkt_loss_scan_us * 1000,
             rto_ns: config.rto_us * 1000,
             loss_scan_ns: config.pkt_loss_scan_us * 1000,

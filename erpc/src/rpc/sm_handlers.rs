@@ -100,6 +100,30 @@ impl<T: Transport, C> Rpc<T, C> {
         self.free_session_nums.pop_front().map(|(n, _)| n)
     }
 
+    /// At the loss-scan interval: what a quiet Rpc gives back. Retired
+    /// connect tokens whose memory time is over are forgotten; and once
+    /// every session number handed out is free again and out of
+    /// quarantine (no session at all), numbering starts over from 0, so
+    /// that session churn leaves neither a long free list nor a high
+    /// table mark behind.
+    pub(crate) fn sweep_quiet_state(&mut self) {
+        let now = self.now_ns;
+        self.retired_tokens.expire(now);
+        self.drop_stale_unserved();
+        let quarantine_ns = SESSION_NUM_QUARANTINE_MS * 1_000_000;
+        if self.sessions.len() != 0
+            && self.free_session_nums.len() == self.sessions.len()
+            && self
+                .free_session_nums
+                .back()
+                .is_some_and(|&(_, t)| now.saturating_sub(t) >= quarantine_ns)
+        {
+            self.sessions.reset_numbers();
+            self.free_session_nums.clear();
+            super::tokens::shrink_if_sparse_deque(&mut self.free_session_nums);
+        }
+    }
+
     /// Whether a connect request declaring transport type `t` can be
     /// served. As the C++ eRPC does, a server takes only its own type
     /// (`RpcConfig::transport_type`), with one exception: an erpc-rs
@@ -551,6 +575,7 @@ impl<T: Transport, C> Rpc<T, C> {
         self.open_sessions += 1;
         self.ring_entries_available -= credits as usize;
         self.token_map.insert(pkt.uniq_token, sn);
+        self.note_unserved(sn, pkt.uniq_token);
         self.track_session(sn);
         let mut r = pkt.response(SmErr::NoError);
         r.server = server_ep;

@@ -47,16 +47,25 @@ impl RetiredTokens {
         self.at.contains_key(&token)
     }
 
-    fn expire(&mut self, now_ns: u64) {
+    /// Forgets the tokens whose memory time is over, and gives back the
+    /// room of a table that emptied out (the Rpc calls this at its loss
+    /// scan interval too, so a quiet server's memory shrinks back).
+    pub(crate) fn expire(&mut self, now_ns: u64) {
         let ttl = TOKEN_MEMORY_MS * 1_000_000;
+        let mut expired = false;
         while let Some(&(t, at)) = self.order.front() {
             if now_ns.saturating_sub(at) < ttl {
                 break;
             }
+            expired = true;
             self.order.pop_front();
             if self.at.get(&t) == Some(&at) {
                 self.at.remove(&t);
             }
+        }
+        if expired {
+            shrink_if_sparse_map(&mut self.at);
+            shrink_if_sparse_deque(&mut self.order);
         }
     }
 
@@ -66,6 +75,24 @@ impl RetiredTokens {
         self.at.len()
     }
 }
+
+/// Gives back most of a map's room once it holds a quarter of it or less
+/// (a table that a burst filled, in a quiet time).
+pub(crate) fn shrink_if_sparse_map<K: std::hash::Hash + Eq, V>(m: &mut HashMap<K, V>) {
+    if m.capacity() > SHRINK_FLOOR && m.len() * 4 <= m.capacity() {
+        m.shrink_to(m.len() * 2);
+    }
+}
+
+/// [`shrink_if_sparse_map`] for a queue.
+pub(crate) fn shrink_if_sparse_deque<T>(q: &mut VecDeque<T>) {
+    if q.capacity() > SHRINK_FLOOR && q.len() * 4 <= q.capacity() {
+        q.shrink_to(q.len() * 2);
+    }
+}
+
+/// Tables this small are never shrunk.
+const SHRINK_FLOOR: usize = 64;
 
 #[cfg(test)]
 mod tests {

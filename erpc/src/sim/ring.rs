@@ -34,14 +34,27 @@ pub(crate) struct RingMem {
 
 impl RingMem {
     pub(crate) fn new(entries: usize) -> Rc<RingMem> {
-        let slots = (0..entries)
-            .map(|_| Slot {
-                data: UnsafeCell::new([0; SLOT_BYTES]),
-                len: Cell::new(0),
-                sw_owned: Cell::new(false),
-                bad: Cell::new(false),
-            })
-            .collect();
+        // Zeroed memory from the allocator: a large ring's pages are
+        // touched only when packets reach them (a ring sized for thousands
+        // of sessions costs what its traffic uses).
+        let layout = std::alloc::Layout::array::<Slot>(entries).expect("ring size overflows");
+        let slots: Box<[Slot]> = if layout.size() == 0 {
+            Box::new([])
+        } else {
+            // SAFETY: `layout` has a non-zero size. All-zero bytes are a
+            // valid `Slot` (an empty frame buffer of zeros, length 0 in a
+            // `Cell<u16>`, two `false` flags in `Cell<bool>`s), so the
+            // zeroed allocation holds `entries` initialised slots, laid
+            // out as `Layout::array` says; the box takes ownership of it
+            // with the same layout it will free it with.
+            unsafe {
+                let p = std::alloc::alloc_zeroed(layout).cast::<Slot>();
+                if p.is_null() {
+                    std::alloc::handle_alloc_error(layout);
+                }
+                Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, entries))
+            }
+        };
         Rc::new(RingMem { slots })
     }
 

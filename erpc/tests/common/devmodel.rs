@@ -48,6 +48,9 @@ pub struct DevWorld {
     nexuses: u64,
     /// Faults of every NIC's link (lossless when `None`).
     faults: Option<mlx5_sim::LinkFaults>,
+    /// RX ring entries of every transport made from now on (`None`: the
+    /// driver's default, 4 096).
+    pub ring_entries: Option<usize>,
     /// Frames the NICs had sent at the last step.
     last_sent: u64,
     /// The fabric moved frames at the last step.
@@ -96,6 +99,7 @@ impl DevWorld {
             idle_step_ns: super::IDLE_STEP_NS,
             nexuses: 0,
             faults: None,
+            ring_entries: None,
             last_sent: 0,
             busy: true,
         }
@@ -126,17 +130,17 @@ impl World for DevWorld {
             self.fabric
                 .set_link_faults_dir(nic.port(), mlx5_sim::Direction::ToSwitch, f);
         }
-        let t = Mlx5Transport::new(
-            &dev,
-            Mlx5Config::new(
-                Ipv4Addr::new(10, 20, 0, i),
-                QueueConfig {
-                    udp_port: 31850 + u16::from(i),
-                    ..Default::default()
-                },
-            ),
-        )
-        .expect("mlx5 transport");
+        let mut cfg = Mlx5Config::new(
+            Ipv4Addr::new(10, 20, 0, i),
+            QueueConfig {
+                udp_port: 31850 + u16::from(i),
+                ..Default::default()
+            },
+        );
+        if let Some(n) = self.ring_entries {
+            cfg = cfg.with_rx_ring_entries(n);
+        }
+        let t = Mlx5Transport::new(&dev, cfg).expect("mlx5 transport");
         self.nics.push(nic);
         self.last = Some(dev);
         t

@@ -469,3 +469,59 @@ pub fn incast<W: World>(w: &mut W, seed: u64, p: Incast) -> IncastReport {
         probe_rtts,
     }
 }
+
+/// Client `c` opens `k` sessions to server `s`, 256 at a time, waits for
+/// them, sends one echo on each (`window` in flight), and checks that
+/// every one completed with the right bytes and that both Rpcs hold the
+/// sessions (issue 28: thousands of sessions per Rpc).
+pub fn many_sessions<W: World>(
+    w: &mut W,
+    ns: &mut [N<W>],
+    c: usize,
+    s: usize,
+    k: usize,
+    window: usize,
+) {
+    let rpc_id = ns[s].rpc.rpc_id();
+    let uri = format!("node-{s}:31850");
+    let mut left = k;
+    while left > 0 {
+        let n = left.min(256);
+        left -= n;
+        for _ in 0..n {
+            let sn = ns[c]
+                .rpc
+                .create_session(&uri, rpc_id)
+                .expect("create_session");
+            ns[c].ctx.sessions.push(sn);
+        }
+        run_until(w, ns, 1_000_000, "connect", |ns| {
+            ns[c]
+                .ctx
+                .sessions
+                .iter()
+                .rev()
+                .take(n)
+                .all(|&sn| ns[c].rpc.is_connected(sn))
+        });
+    }
+    assert_eq!(ns[c].rpc.num_sessions(), k);
+    assert_eq!(ns[s].rpc.num_sessions(), k);
+    let before = ns[c].ctx.completed;
+    ns[c].ctx.todo = (0..k)
+        .map(|_| Op {
+            req_type: ECHO,
+            req_len: 32,
+            resp_len: 32,
+        })
+        .collect();
+    {
+        let n = &mut ns[c];
+        app::start(&mut n.rpc, &mut n.ctx, window);
+    }
+    run_until(w, ns, 10_000_000, "one echo per session", |ns| {
+        ns[c].ctx.completed + ns[c].ctx.failed == before + k as u64
+    });
+    check_done::<W>(ns);
+    assert_eq!(ns[s].ctx.handled, k as u64);
+}

@@ -80,10 +80,21 @@ impl Ring {
             entries.is_power_of_two(),
             "ring entries must be a power of two"
         );
+        // Zeroed memory from the allocator: a ring sized for thousands of
+        // sessions touches only the pages its traffic reaches.
+        let bytes: Box<[u8]> = vec![0u8; entries * SLOT_BYTES].into_boxed_slice();
+        let len = bytes.len();
+        // SAFETY: `UnsafeCell<u8>` has the layout of `u8`
+        // (`repr(transparent)`), so the boxed bytes are a boxed slice of
+        // as many cells, freed with the same layout.
+        let mem: Box<[UnsafeCell<u8>]> = unsafe {
+            Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                Box::into_raw(bytes).cast::<UnsafeCell<u8>>(),
+                len,
+            ))
+        };
         Ring {
-            mem: (0..entries * SLOT_BYTES)
-                .map(|_| UnsafeCell::new(0))
-                .collect(),
+            mem,
             lens: (0..entries).map(|_| Cell::new(0)).collect(),
             mask: entries as u64 - 1,
             delivered: Cell::new(0),
