@@ -11,6 +11,8 @@
 //! # instructions per RPC (eRPC code only), see BENCHMARKS.md:
 //! valgrind --tool=callgrind --callgrind-out-file=cg.out \
 //!   target/release/deps/small_rpc-* callgrind 20000 [FACTOR]
+//! # ... with K idle sessions on each node beside the measured one:
+//! ERPC_IDLE_SESSIONS=20000 erpc/benches/callgrind_ir.sh
 //! # the same per factor of the factor analysis:
 //! erpc/benches/callgrind_factors.sh
 //! ```
@@ -31,6 +33,8 @@ const LAT_SAMPLES: usize = 1 << 20;
 
 struct Ctx {
     session: u16,
+    /// Sessions that only sit there (`ERPC_IDLE_SESSIONS`).
+    idle: Vec<u16>,
     in_flight: usize,
     completed: u64,
     pool: Vec<(MsgBuf, MsgBuf)>,
@@ -69,6 +73,7 @@ fn new_ctx<T: Transport + 'static>(rpc: &mut Rpc<T, Ctx>, clock: Clock) -> Ctx {
         .collect();
     Ctx {
         session: 0,
+        idle: Vec::new(),
         in_flight: 0,
         completed: 0,
         pool,
@@ -111,6 +116,13 @@ fn sim_nodes(net: &SimNet) -> Vec<(Rpc<SimTransport, Ctx>, Ctx)> {
 }
 
 fn sim_nodes_with(net: &SimNet, cfg: RpcConfig) -> Vec<(Rpc<SimTransport, Ctx>, Ctx)> {
+    sim_nodes_idle(net, cfg, 0)
+}
+
+/// The two nodes, each also holding `idle` sessions beside the measured
+/// one (half client sessions to the other node, half the other node's),
+/// each of which served one request and then went idle.
+fn sim_nodes_idle(net: &SimNet, cfg: RpcConfig, idle: usize) -> Vec<(Rpc<SimTransport, Ctx>, Ctx)> {
     let mut v: Vec<(Rpc<SimTransport, Ctx>, Ctx)> = (0..2)
         .map(|i| {
             let nexus = Nexus::builder(&format!("n{i}:1"))
@@ -142,6 +154,53 @@ fn sim_nodes_with(net: &SimNet, cfg: RpcConfig) -> Vec<(Rpc<SimTransport, Ctx>, 
         net.advance(1000);
     }
     assert!(v.iter().all(|(r, c)| r.is_connected(c.session)));
+    // The idle sessions, a window's worth at a time, each serving one
+    // request.
+    let measured: Vec<u16> = v.iter().map(|(_, c)| c.session).collect();
+    let mut left = idle / 2;
+    while left > 0 {
+        let n = left.min(WINDOW);
+        left -= n;
+        for (i, (rpc, ctx)) in v.iter_mut().enumerate() {
+            for _ in 0..n {
+                let sn = rpc.create_session(&format!("n{}:1", 1 - i), 0).unwrap();
+                ctx.idle.push(sn);
+            }
+        }
+        while !v
+            .iter()
+            .all(|(r, c)| c.idle.iter().all(|&s| r.is_connected(s)))
+        {
+            for (r, c) in v.iter_mut() {
+                r.run_event_loop_once(c);
+            }
+            net.advance(1000);
+        }
+        for (r, c) in v.iter_mut() {
+            let fresh: Vec<u16> = c.idle.iter().rev().take(n).copied().collect();
+            for sn in fresh {
+                c.session = sn;
+                issue(r, c, 1, WINDOW);
+            }
+        }
+        while v.iter().any(|(_, c)| c.in_flight > 0) {
+            for (r, c) in v.iter_mut() {
+                r.run_event_loop_once(c);
+            }
+            net.advance(1000);
+        }
+    }
+    for ((_, c), sn) in v.iter_mut().zip(measured) {
+        c.session = sn;
+        c.completed = 0;
+    }
+    // Idle long enough for the loss scans to find them so.
+    for _ in 0..10_000 {
+        for (r, c) in v.iter_mut() {
+            r.run_event_loop_once(c);
+        }
+        net.advance(1000);
+    }
     v
 }
 
@@ -457,8 +516,18 @@ fn callgrind_run(n: u64, factor: &str) {
         );
         std::process::exit(2);
     };
-    let net = SimNet::new(SimConfig::default());
-    let mut v = sim_nodes_with(&net, cfg);
+    // `ERPC_IDLE_SESSIONS=K`: each node holds K sessions beside the
+    // measured one (issue 28: the cost of idle sessions).
+    let idle: usize = std::env::var("ERPC_IDLE_SESSIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let net = SimNet::new(SimConfig {
+        ring_entries: erpc::rx_ring_entries_for(idle + 1, cfg.session_credits)
+            .max(erpc::consts::RX_RING_ENTRIES_DEFAULT),
+        ..SimConfig::default()
+    });
+    let mut v = sim_nodes_idle(&net, cfg, idle);
     let target: u64 = n;
     let mut steps = 0u64;
     while v.iter().map(|(_, c)| c.completed).sum::<u64>() < target && steps < 100 * target {
@@ -470,7 +539,10 @@ fn callgrind_run(n: u64, factor: &str) {
         steps += 1;
     }
     let done: u64 = v.iter().map(|(_, c)| c.completed).sum();
-    println!("callgrind run: {done} RPCs (each node client and server)");
+    println!(
+        "callgrind run: {done} RPCs (each node client and server), sessions per node {:?}",
+        v.iter().map(|(r, _)| r.num_sessions()).collect::<Vec<_>>()
+    );
 }
 
 fn main() {

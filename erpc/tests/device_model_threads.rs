@@ -12,7 +12,7 @@ use std::sync::{Arc, Barrier};
 
 use common::app;
 use common::devmodel::region;
-use common::threads::rpc_thread;
+use common::threads::{Owned, owner_thread, rpc_thread};
 use erpc::Nexus;
 use mempool::{Allocator, AllocatorConfig};
 use mlx5::{Device, DeviceConfig, QueueConfig};
@@ -134,4 +134,140 @@ fn three_rpcs_on_real_threads_over_the_device_model() {
             .sum::<u64>(),
         0
     );
+}
+
+/// Scale-out (issue 28): two nodes of four Rpcs each on four threads,
+/// thread i owning Rpc i of both nodes (its own queue set on each NIC, its
+/// own UDP port and flow rule), every Rpc a client of its counterpart on
+/// the other node, over links that lose, duplicate and reorder frames.
+/// Every request completes exactly once: no failure, every response
+/// right, and the servers ran exactly as many handlers as requests were
+/// made. Not timed; a loaded 2-core machine only makes it slower.
+#[test]
+fn four_rpcs_per_node_on_four_threads_with_loss() {
+    const THREADS: usize = 4;
+    const OPS: usize = 1000;
+    let fabric = Fabric::new(FabricConfig {
+        seed: 9,
+        deterministic: false,
+        ..Default::default()
+    });
+    let nics: Vec<SimNic> = (1..=2u8)
+        .map(|i| {
+            SimNic::new(
+                &fabric,
+                NicConfig {
+                    mac: [2, 0, 0, 0, 0x21, i],
+                    ..Default::default()
+                },
+            )
+        })
+        .collect();
+    for n in &nics {
+        fabric.set_link_faults(
+            n.port(),
+            mlx5_sim::LinkFaults {
+                loss: 0.005,
+                duplicate: 0.002,
+                reorder: 0.002,
+                ..Default::default()
+            },
+        );
+    }
+    let devs: Vec<Device<SimBackend>> = nics
+        .iter()
+        .map(|n| {
+            Device::open(
+                n.backend(),
+                DeviceConfig {
+                    region: region(),
+                    ..Default::default()
+                },
+            )
+            .expect("bring-up")
+        })
+        .collect();
+    let uris: Vec<String> = (0..2)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    // A generous failure timeout: on a loaded machine the SM threads may
+    // be descheduled for long, and nothing here may fail a peer.
+    let nexuses: Vec<_> = uris
+        .iter()
+        .map(|u| {
+            app::register::<Mlx5Transport<SimBackend>>(Nexus::builder(u))
+                .failure_timeout_ms(30_000)
+                .build()
+                .expect("nexus")
+        })
+        .collect();
+    let ready = Arc::new(Barrier::new(THREADS));
+    let done = Arc::new(AtomicUsize::new(0));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|i| {
+            let (ready, done) = (ready.clone(), done.clone());
+            let (devs, nexuses, uris) = (devs.clone(), nexuses.clone(), uris.clone());
+            std::thread::spawn(move || {
+                let mut owned = Vec::new();
+                for node in 0..2 {
+                    let dev = &devs[node];
+                    let cfg = Mlx5Config::new(
+                        Ipv4Addr::new(10, 31, 0, node as u8 + 1),
+                        QueueConfig {
+                            udp_port: 42_000 + (node * 100 + i) as u16,
+                            ..Default::default()
+                        },
+                    );
+                    let t = Mlx5Transport::new(dev, cfg).map_err(|e| e.to_string())?;
+                    let a = Allocator::new(
+                        dev.dma_mapper(),
+                        AllocatorConfig {
+                            initial_bytes: 8 << 20,
+                            region: region(),
+                            ..Default::default()
+                        },
+                    )
+                    .map_err(|e| e.to_string())?;
+                    let rpc = erpc::Rpc::new(
+                        &nexuses[node],
+                        i as u8,
+                        t,
+                        a,
+                        erpc::RpcConfig {
+                            failure_timeout_ms: 30_000,
+                            ..Default::default()
+                        },
+                        Some(app::sm_handler),
+                    )
+                    .map_err(|e| e.to_string())?;
+                    owned.push(Owned {
+                        rpc,
+                        ctx: app::Ctx::new(0x5000 + (node * 16 + i) as u64),
+                        peers: vec![(uris[1 - node].clone(), i as u8)],
+                    });
+                }
+                owner_thread(owned, OPS, 8, ready, done, 2 * THREADS)
+            })
+        })
+        .collect();
+    let (mut handled, mut retransmissions) = (0, 0);
+    for h in handles {
+        for (completed, h, r) in h.join().expect("thread panicked").expect("rpc thread") {
+            assert_eq!(completed, OPS as u64);
+            handled += h;
+            retransmissions += r;
+        }
+    }
+    assert_eq!(
+        handled,
+        (2 * THREADS * OPS) as u64,
+        "each request ran exactly once"
+    );
+    assert!(
+        retransmissions > 0,
+        "the links lost frames: loss recovery had work"
+    );
+    // The traffic crossed the lossy fabric.
+    let sent: u64 = nics.iter().map(|n| n.stats().tx_frames).sum();
+    assert!(sent > (4 * THREADS * OPS) as u64, "{sent}");
 }

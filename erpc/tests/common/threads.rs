@@ -94,3 +94,84 @@ pub fn rpc_thread<T: Transport + 'static>(
     }
     Ok(())
 }
+
+/// One thread of the scale-out test: it owns several Rpcs (one per node,
+/// e.g. Rpc i of node A and Rpc i of node B) and runs their event loops in
+/// turn. Each Rpc is a client of `peers` (given per Rpc) and runs `ops`
+/// requests spread over its sessions, `window` in flight, then keeps
+/// serving until every thread is done. No wall-clock bound: loss recovery
+/// must finish the work however slowly a loaded machine runs it.
+pub struct Owned<T: Transport> {
+    pub rpc: Rpc<T, Ctx>,
+    pub ctx: Ctx,
+    pub peers: Vec<(String, u8)>,
+}
+
+pub fn owner_thread<T: Transport + 'static>(
+    mut owned: Vec<Owned<T>>,
+    ops: usize,
+    window: usize,
+    ready: Arc<Barrier>,
+    done: Arc<AtomicUsize>,
+    total_rpcs: usize,
+) -> Result<Vec<(u64, u64, u64)>, String> {
+    ready.wait();
+    for o in owned.iter_mut() {
+        for (uri, id) in &o.peers {
+            let sn = o.rpc.create_session(uri, *id).map_err(|e| e.to_string())?;
+            o.ctx.sessions.push(sn);
+        }
+    }
+    while !owned
+        .iter()
+        .all(|o| o.ctx.sessions.iter().all(|&s| o.rpc.is_connected(s)))
+    {
+        for o in owned.iter_mut() {
+            o.rpc.run_event_loop_once(&mut o.ctx);
+            if let Some(e) = o
+                .ctx
+                .events
+                .iter()
+                .find(|e| e.kind != erpc::SessionEventKind::Connected)
+            {
+                return Err(format!("rpc {}: session event {e:?}", o.rpc.rpc_id()));
+            }
+        }
+    }
+    for o in owned.iter_mut() {
+        let mut rng = Rng::new(u64::from(o.rpc.rpc_id()) * 7919 + o.ctx.key_seed);
+        o.ctx.todo = app::random_ops(&mut rng, ops, &[ECHO, SIZED], &[12, 500, 968, 969, 4000]);
+        app::start(&mut o.rpc, &mut o.ctx, window);
+    }
+    let mut counted = vec![false; owned.len()];
+    while done.load(Ordering::Acquire) < total_rpcs {
+        for (o, c) in owned.iter_mut().zip(counted.iter_mut()) {
+            o.rpc.run_event_loop_once(&mut o.ctx);
+            if !*c && o.ctx.completed + o.ctx.failed == ops as u64 {
+                *c = true;
+                done.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+    }
+    // Serve until every peer's last response has surely left (a few loss
+    // scan intervals of this Rpc's own clock).
+    for o in owned.iter_mut() {
+        o.rpc.run_event_loop(&mut o.ctx, Duration::from_millis(20));
+    }
+    let mut out = Vec::new();
+    for o in owned.iter_mut() {
+        if !o.ctx.errors.is_empty() || o.ctx.bad_data != 0 {
+            return Err(format!(
+                "rpc {}: {:?}",
+                o.rpc.rpc_id(),
+                &o.ctx.errors[..o.ctx.errors.len().min(5)]
+            ));
+        }
+        out.push((
+            o.ctx.completed,
+            o.ctx.handled,
+            o.rpc.stats().retransmissions,
+        ));
+    }
+    Ok(out)
+}
