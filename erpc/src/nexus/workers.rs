@@ -2,21 +2,23 @@
 //!
 //! # Hand-off
 //!
-//! Every (Rpc, worker) pair has a *link*: two bounded single-producer
-//! single-consumer rings (`spsc`), one carrying [`Job`]s from the Rpc to
-//! the worker and one carrying them back, finished, to the Rpc. A link is
+//! Every (Rpc, worker) pair has a *link*: a bounded single-producer
+//! single-consumer ring (`spsc`) that carries [`Job`]s from the Rpc to the
+//! worker, which runs each where it lies in the ring and hands it back
+//! through the same ring, in order. A link is
 //! made when an Rpc is created (`WorkerPool::connect`, one per worker of
 //! the Nexus), so the Rpcs of one Nexus share the workers without sharing
 //! a queue: each ring has exactly one writer and one reader. The worker
 //! side of a new link goes through the worker's inbox (a mutex and a flag,
-//! touched only when Rpcs come and go); the worker polls the job rings of
-//! its links in turn. The Rpc polls the return rings of the links that
-//! have jobs out, in its event loop, only while it has jobs out (the
-//! `pending` bit of `rpc/ev_loop.rs`), so an idle event-loop iteration
-//! costs what it did. A job is moved into the ring and moved back: no
-//! allocation, lock or system call per job (a parked worker's wake-up is
-//! the exception, see below). The Rpc never has more jobs out on a link
-//! than the link's rings hold, so a worker never waits to hand a job back.
+//! touched only when Rpcs come and go); the worker polls its links in
+//! turn. The Rpc polls the links that have jobs out for finished ones, in
+//! its event loop, only while it has jobs out (the `pending` bit of
+//! `rpc/ev_loop.rs`), so an idle event-loop iteration costs what it did.
+//! A job is moved into the ring once and out once; the worker works on it
+//! in place: no allocation, lock or system call per job (a parked
+//! worker's wake-up is the exception, see below). A finished job keeps its
+//! slot until the Rpc takes it out, so the worker never waits to hand one
+//! back.
 //!
 //! When an Rpc is dropped it *retires* its links: it marks them, and each
 //! worker hands the jobs of a retired link that it has not started back
@@ -92,7 +94,7 @@ use crossbeam_utils::CachePadded;
 use transport::MAX_DATA_PER_PKT;
 
 use super::NexusError;
-use super::spsc::{self, Consumer, Producer};
+use super::spsc;
 use crate::consts::MAX_MSG_BYTES;
 use crate::msgbuf::MsgBuf;
 
@@ -103,8 +105,8 @@ pub type BgHandler = Arc<dyn Fn(&[u8], &mut BgResponse<'_>) + Send + Sync>;
 /// wait in the Rpc's backlog.
 pub(crate) const RR_LINK_JOBS: usize = 256;
 /// Jobs a link holds under single-queue dispatch, at least: a worker
-/// holds at most `depth` queued or running, but its finished jobs wait in
-/// the return ring until the Rpc's next poll.
+/// holds at most `depth` queued or running, but its finished jobs keep
+/// their slots until the Rpc's next poll.
 const SQ_LINK_JOBS: usize = 64;
 /// Empty polls between two reads of the clock while spinning before a park.
 const POLLS_PER_CLOCK_READ: u32 = 64;
@@ -305,8 +307,11 @@ pub(crate) struct Job {
     pub resp: MsgBuf,
     pub req_num: u64,
     /// Heap buffer for a large response, recycled by the Rpc (empty, with
-    /// capacity from earlier jobs).
-    pub large: Vec<u8>,
+    /// capacity from earlier jobs). Boxed: 8 bytes in every job instead of
+    /// 24 (jobs are moved into and out of the ring), for a buffer most
+    /// jobs never use.
+    #[allow(clippy::box_collection)]
+    pub large: Box<Vec<u8>>,
     /// Response length (set by the worker).
     pub len: u32,
     pub session: u16,
@@ -401,7 +406,7 @@ pub(crate) fn run_job(job: &mut Job, handlers: &[Option<BgHandler>]) {
 
 /// Shared by the pool handle, the worker threads and the Rpcs' links.
 struct PoolShared {
-    workers: Box<[Worker]>,
+    workers: Box<[Arc<Worker>]>,
     handlers: Box<[Option<BgHandler>]>,
     idle: WorkerIdle,
     shutdown: AtomicBool,
@@ -416,18 +421,17 @@ struct LinkState {
 
 /// The worker's end of a link.
 struct WorkerEnd {
-    jobs: Consumer<Job>,
-    done: Producer<Job>,
+    ring: spsc::Worker<Job>,
     state: Arc<LinkState>,
 }
 
 /// The Rpc's end of a link to one worker.
 struct RpcEnd {
-    jobs: Producer<Job>,
-    done: Consumer<Job>,
+    /// Jobs out on the link: `ring.len()` (at most its capacity).
+    ring: spsc::Owner<Job>,
     state: Arc<LinkState>,
-    /// Jobs pushed and not yet popped back (at most the rings' capacity).
-    out: usize,
+    /// The worker (its load and sleep flag), without going through the pool.
+    worker: Arc<Worker>,
 }
 
 /// A worker's own state: its links. Owned by the worker thread (or, for
@@ -437,6 +441,27 @@ struct WorkerLocal {
     ends: Vec<WorkerEnd>,
     /// The link polled first next time (the links take turns).
     next: usize,
+    /// Stepped workers: the link whose next job the caller took.
+    #[cfg(feature = "sim")]
+    taken: Option<Arc<LinkState>>,
+}
+
+/// Runs `job` (on worker `me`) and counts it; the caller then hands it
+/// back to its Rpc.
+#[inline]
+fn work(me: &Worker, handlers: &[Option<BgHandler>], job: &mut Job) {
+    run_job(job, handlers);
+    let hot = &*me.hot;
+    // Only this worker writes its counters: no read-modify-write.
+    hot.jobs
+        .store(hot.jobs.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    if job.outcome == Outcome::Panicked {
+        hot.panics
+            .store(hot.panics.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+    // The room is released before the job goes back, so the Rpc that
+    // sees the job back also sees the room.
+    hot.load.fetch_sub(1, Ordering::Release);
 }
 
 impl WorkerLocal {
@@ -453,57 +478,31 @@ impl WorkerLocal {
             if !e.state.retired.load(Ordering::Acquire) {
                 return true;
             }
-            while let Some(mut j) = e.jobs.pop() {
+            while e.ring.process(|j| {
                 j.outcome = Outcome::Skipped;
                 me.hot.load.fetch_sub(1, Ordering::Release);
-                if e.done.push(j).is_err() {
-                    // The Rpc keeps at most a ring's worth of jobs out on
-                    // a link, so there is room.
-                    debug_assert!(false, "return ring full");
-                }
-            }
+            }) {}
             false
         });
         self.next = 0;
     }
 
-    /// The next job, the links taking turns.
+    /// Runs the next job, the links taking turns, and hands it back.
+    /// False if no link had one.
     #[inline]
-    fn take(&mut self) -> Option<(usize, Job)> {
+    fn run_next(&mut self, me: &Worker, handlers: &[Option<BgHandler>]) -> bool {
         let n = self.ends.len();
         for k in 0..n {
             let mut i = self.next + k;
             if i >= n {
                 i -= n;
             }
-            if let Some(j) = self.ends[i].jobs.pop() {
+            if self.ends[i].ring.process(|job| work(me, handlers, job)) {
                 self.next = if i + 1 == n { 0 } else { i + 1 };
-                return Some((i, j));
+                return true;
             }
         }
-        None
-    }
-
-    /// Runs `job` (taken from link `i`) and hands it back.
-    #[inline]
-    fn finish(&mut self, me: &Worker, handlers: &[Option<BgHandler>], i: usize, mut job: Job) {
-        run_job(&mut job, handlers);
-        let hot = &*me.hot;
-        // Only this worker writes its counters: no read-modify-write.
-        hot.jobs
-            .store(hot.jobs.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-        if job.outcome == Outcome::Panicked {
-            hot.panics
-                .store(hot.panics.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-        }
-        // The room is released before the job goes back, so the Rpc that
-        // sees the job back also sees the room.
-        hot.load.fetch_sub(1, Ordering::Release);
-        if self.ends[i].done.push(job).is_err() {
-            // Never: the Rpc keeps at most a ring's worth of jobs out on a
-            // link. Dropping the job leaks its buffers (never unsafe).
-            debug_assert!(false, "return ring full");
-        }
+        false
     }
 }
 
@@ -517,8 +516,7 @@ fn worker_main(shared: Arc<PoolShared>, index: usize) {
         if me.changed.load(Ordering::Acquire) {
             local.refresh(me);
         }
-        if let Some((i, job)) = local.take() {
-            local.finish(me, &shared.handlers, i, job);
+        if local.run_next(me, &shared.handlers) {
             idle_since = None;
             continue;
         }
@@ -549,7 +547,9 @@ fn worker_main(shared: Arc<PoolShared>, index: usize) {
 pub struct SteppedJob {
     worker: usize,
     link: Arc<LinkState>,
-    job: Job,
+    /// A copy of the request (the job itself stays in its ring).
+    req: Vec<u8>,
+    req_type: u8,
 }
 
 #[cfg(feature = "sim")]
@@ -559,8 +559,8 @@ impl fmt::Debug for SteppedJob {
             f,
             "SteppedJob {{ worker {}, type {}, {} request bytes }}",
             self.worker,
-            self.job.req_type,
-            self.job.req.data().len()
+            self.req_type,
+            self.req.len()
         )
     }
 }
@@ -569,12 +569,12 @@ impl fmt::Debug for SteppedJob {
 impl SteppedJob {
     /// The request's data.
     pub fn request(&self) -> &[u8] {
-        self.job.req.data()
+        &self.req
     }
 
     /// The request type.
     pub fn req_type(&self) -> u8 {
-        self.job.req_type
+        self.req_type
     }
 
     /// The worker it was taken from.
@@ -628,7 +628,7 @@ impl WorkerPool {
             return Err(NexusError::WorkerDispatch { depth });
         }
         let shared = Arc::new(PoolShared {
-            workers: (0..cfg.workers).map(|_| Worker::default()).collect(),
+            workers: (0..cfg.workers).map(|_| Arc::default()).collect(),
             handlers: handlers.into_boxed_slice(),
             idle: cfg.idle,
             shutdown: AtomicBool::new(false),
@@ -702,36 +702,35 @@ impl WorkerPool {
         let cap = self.policy.link_jobs();
         let mut ends = Vec::with_capacity(self.threads());
         for w in self.shared.workers.iter() {
-            let (jp, jc) = spsc::ring(cap);
-            let (dp, dc) = spsc::ring(cap);
+            let (owner, worker) = spsc::ring(cap);
             let state = Arc::new(LinkState::default());
             w.inbox
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(WorkerEnd {
-                    jobs: jc,
-                    done: dp,
+                    ring: worker,
                     state: state.clone(),
                 });
             w.changed.store(true, Ordering::SeqCst);
             w.wake();
             ends.push(RpcEnd {
-                jobs: jp,
-                done: dc,
+                ring: owner,
                 state,
-                out: 0,
+                worker: w.clone(),
             });
         }
         let n = ends.len().max(1);
         BgLinks {
-            cap: ends.first().map_or(0, |e| e.jobs.capacity()),
+            policy: self.policy,
+            cap: ends.first().map_or(0, |e| e.ring.capacity()),
             ends,
             next: usize::from(rpc_id) % n,
             outstanding: 0,
         }
     }
 
-    /// Stepped workers: a worker's next job, if any (its links take turns).
+    /// Stepped workers: a worker's next job, if any (its links take
+    /// turns); none while the caller holds one of this worker's jobs.
     #[cfg(feature = "sim")]
     pub(crate) fn take_job(&self, worker: usize) -> Option<SteppedJob> {
         let me = &self.shared.workers[worker];
@@ -743,52 +742,69 @@ impl WorkerPool {
         if me.changed.load(Ordering::Acquire) {
             l.refresh(me);
         }
-        let (i, job) = l.take()?;
-        Some(SteppedJob {
-            worker,
-            link: l.ends[i].state.clone(),
-            job,
-        })
+        if l.taken.is_some() {
+            return None;
+        }
+        let n = l.ends.len();
+        for k in 0..n {
+            let i = (l.next + k) % n;
+            let e = &mut l.ends[i];
+            let Some(job) = e.ring.peek() else {
+                continue;
+            };
+            let taken = SteppedJob {
+                worker,
+                link: e.state.clone(),
+                req: job.req.data().to_vec(),
+                req_type: job.req_type,
+            };
+            l.taken = Some(taken.link.clone());
+            l.next = (i + 1) % n;
+            return Some(taken);
+        }
+        None
     }
 
     /// Stepped workers: runs the handler of a taken job and hands it back
-    /// to its Rpc (dropped, buffers leaked, if the Rpc retired the link
-    /// and the worker forgot it meanwhile).
+    /// to its Rpc (nothing to run if the Rpc retired the link meanwhile:
+    /// the job went back unrun).
     #[cfg(feature = "sim")]
     pub(crate) fn finish_job(&self, job: SteppedJob) {
         let me = &self.shared.workers[job.worker];
         let mut l = self.stepped[job.worker]
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        match l.ends.iter().position(|e| Arc::ptr_eq(&e.state, &job.link)) {
-            Some(i) => l.finish(me, &self.shared.handlers, i, job.job),
-            None => {
-                me.hot.load.fetch_sub(1, Ordering::Release);
-                tracing::warn!(
-                    "a stepped job finished after its Rpc was dropped; its buffers leak"
-                );
-            }
+        l.taken = None;
+        if let Some(e) = l.ends.iter_mut().find(|e| Arc::ptr_eq(&e.state, &job.link)) {
+            let handlers = &self.shared.handlers;
+            let ran = e.ring.process(|j| work(me, handlers, j));
+            debug_assert!(ran, "the taken job is the link's next");
         }
     }
 
     /// Stepped workers: worker `worker` runs every job it has now, at most
-    /// `max`; returns how many it ran.
+    /// `max` (none while the caller holds one of its jobs); returns how
+    /// many it ran.
     #[cfg(feature = "sim")]
     pub(crate) fn run_stepped(&self, worker: usize, max: usize) -> usize {
         let me = &self.shared.workers[worker];
         let Some(l) = self.stepped.get(worker) else {
             return 0;
         };
+        // What a worker thread's empty poll finds out, without the lock:
+        // nothing submitted, nothing changed.
+        if me.hot.load.load(Ordering::Acquire) == 0 && !me.changed.load(Ordering::Acquire) {
+            return 0;
+        }
         let mut l = l.lock().unwrap_or_else(|e| e.into_inner());
         if me.changed.load(Ordering::Acquire) {
             l.refresh(me);
         }
+        if l.taken.is_some() {
+            return 0;
+        }
         let mut n = 0;
-        while n < max {
-            let Some((i, job)) = l.take() else {
-                break;
-            };
-            l.finish(me, &self.shared.handlers, i, job);
+        while n < max && l.run_next(me, &self.shared.handlers) {
             n += 1;
         }
         n
@@ -823,6 +839,7 @@ impl WorkerPool {
 /// An Rpc's links to the workers: where it submits jobs and collects them.
 pub(crate) struct BgLinks {
     ends: Vec<RpcEnd>,
+    policy: WorkerDispatch,
     /// Jobs one link holds.
     cap: usize,
     /// Round robin: the worker tried first next.
@@ -849,64 +866,79 @@ impl BgLinks {
         self.outstanding
     }
 
+    /// Workers linked (0: background handlers run inline).
+    #[inline]
+    pub(crate) fn workers(&self) -> usize {
+        self.ends.len()
+    }
+
     /// Queues `job` on a worker chosen by the policy, without blocking;
     /// gives it back if no worker may take it now (every link full, or
     /// under single-queue dispatch every worker at its depth).
     #[allow(clippy::result_large_err)] // the job comes back to be queued locally
     #[inline]
-    pub(crate) fn submit(&mut self, pool: &WorkerPool, job: Job) -> Result<(), Job> {
-        match pool.policy {
-            WorkerDispatch::RoundRobin => self.submit_round_robin(pool, job),
-            WorkerDispatch::SingleQueue { depth } => self.submit_jbsq(pool, job, depth),
+    pub(crate) fn submit(&mut self, job: Job) -> Result<(), Job> {
+        match self.reserve() {
+            Some(w) => {
+                self.push(w, job);
+                Ok(())
+            }
+            None => Err(job),
         }
     }
 
-    /// Pushes `job` on link `w`, whose worker's load already counts it.
+    /// Chooses a worker by the policy and counts a job in its load (the
+    /// caller then [`BgLinks::push`]es the job there); `None` if no worker
+    /// may take one now (every link full, or under single-queue dispatch
+    /// every worker at its depth). Choosing before the job is made lets
+    /// the caller build it right in the link's ring.
     #[inline]
-    fn push(&mut self, pool: &WorkerPool, w: usize, job: Job) {
-        let e = &mut self.ends[w];
-        if e.jobs.push(job).is_err() {
-            // Never: at most `cap` jobs are out on a link (checked by the
-            // callers), and queued ones are a part of them.
-            unreachable!("job ring full");
+    pub(crate) fn reserve(&mut self) -> Option<usize> {
+        match self.policy {
+            WorkerDispatch::RoundRobin => self.reserve_round_robin(),
+            WorkerDispatch::SingleQueue { depth } => self.reserve_jbsq(depth),
         }
-        e.out += 1;
-        self.outstanding += 1;
-        pool.shared.workers[w].wake();
     }
 
-    #[allow(clippy::result_large_err)]
-    fn submit_round_robin(&mut self, pool: &WorkerPool, job: Job) -> Result<(), Job> {
-        let n = self.ends.len();
-        for k in 0..n {
-            let mut w = self.next + k;
-            if w >= n {
-                w -= n;
-            }
-            if self.ends[w].out == self.cap {
-                continue;
-            }
-            // Raised before the push and read with `sleeping` after it:
-            // the parking protocol (module documentation).
-            pool.shared.workers[w]
-                .hot
-                .load
-                .fetch_add(1, Ordering::SeqCst);
-            self.push(pool, w, job);
-            self.next = if w + 1 == n { 0 } else { w + 1 };
-            return Ok(());
+    /// Pushes `job` on link `w`, reserved by [`BgLinks::reserve`].
+    #[inline(always)]
+    pub(crate) fn push(&mut self, w: usize, job: Job) {
+        let e = &mut self.ends[w];
+        if e.ring.push(job).is_err() {
+            // Never: the callers checked that the link has room.
+            unreachable!("link full");
         }
-        Err(job)
+        e.worker.wake();
+        self.outstanding += 1;
+    }
+
+    #[inline]
+    fn reserve_round_robin(&mut self) -> Option<usize> {
+        let n = self.ends.len();
+        let mut w = self.next;
+        for _ in 0..n {
+            if w >= n {
+                w = 0;
+            }
+            let e = &self.ends[w];
+            if e.ring.len() != self.cap {
+                // Raised before the push and read with `sleeping` after
+                // it: the parking protocol (module documentation).
+                e.worker.hot.load.fetch_add(1, Ordering::SeqCst);
+                self.next = w + 1;
+                return Some(w);
+            }
+            w += 1;
+        }
+        None
     }
 
     /// Join-bounded-shortest-queue: the least-loaded worker below `depth`,
     /// ties broken by a rotating start so that idle workers share the work.
     /// The place is reserved by compare-and-swap (other Rpcs of the Nexus
     /// submit concurrently); a lost race moves on to the next choice.
-    #[allow(clippy::result_large_err)]
-    fn submit_jbsq(&mut self, pool: &WorkerPool, job: Job, depth: usize) -> Result<(), Job> {
+    fn reserve_jbsq(&mut self, depth: usize) -> Option<usize> {
         let n = self.ends.len();
-        let workers = &pool.shared.workers;
         // Each pass either reserves a place or sees a load rise (another
         // submitter won it); n + 1 passes bound the work per call.
         for _ in 0..=n {
@@ -916,10 +948,10 @@ impl BgLinks {
                 if w >= n {
                     w -= n;
                 }
-                if self.ends[w].out == self.cap {
+                if self.ends[w].ring.len() == self.cap {
                     continue;
                 }
-                let load = workers[w].hot.load.load(Ordering::Acquire);
+                let load = self.ends[w].worker.hot.load.load(Ordering::Acquire);
                 if load < depth && best.is_none_or(|(_, l)| load < l) {
                     best = Some((w, load));
                     if load == 0 {
@@ -927,10 +959,9 @@ impl BgLinks {
                     }
                 }
             }
-            let Some((w, load)) = best else {
-                return Err(job);
-            };
-            if workers[w]
+            let (w, load) = best?;
+            if self.ends[w]
+                .worker
                 .hot
                 .load
                 .compare_exchange(load, load + 1, Ordering::SeqCst, Ordering::Acquire)
@@ -939,20 +970,16 @@ impl BgLinks {
                 continue;
             }
             self.next = if w + 1 == n { 0 } else { w + 1 };
-            self.push(pool, w, job);
-            return Ok(());
+            return Some(w);
         }
-        Err(job)
+        None
     }
 
     /// The next finished job, if any.
     #[inline]
     pub(crate) fn pop_done(&mut self) -> Option<Job> {
         for e in self.ends.iter_mut() {
-            if e.out != 0
-                && let Some(j) = e.done.pop()
-            {
-                e.out -= 1;
+            if let Some(j) = e.ring.pop() {
                 self.outstanding -= 1;
                 return Some(j);
             }
@@ -965,11 +992,10 @@ impl BgLinks {
     pub(crate) fn collect(&mut self, max: usize, mut f: impl FnMut(Job)) -> usize {
         let mut got = 0;
         for e in self.ends.iter_mut() {
-            while e.out != 0 && got < max {
-                let Some(j) = e.done.pop() else {
+            while got < max {
+                let Some(j) = e.ring.pop() else {
                     break;
                 };
-                e.out -= 1;
                 self.outstanding -= 1;
                 got += 1;
                 f(j);
@@ -982,10 +1008,10 @@ impl BgLinks {
     /// back unrun) and collects every job into `f`, waiting at most the
     /// pool's drop wait for running handlers. Returns the jobs still out.
     pub(crate) fn retire(&mut self, pool: &WorkerPool, mut f: impl FnMut(Job)) -> usize {
-        for (e, w) in self.ends.iter().zip(pool.shared.workers.iter()) {
+        for e in self.ends.iter() {
             e.state.retired.store(true, Ordering::Release);
-            w.changed.store(true, Ordering::SeqCst);
-            w.wake();
+            e.worker.changed.store(true, Ordering::SeqCst);
+            e.worker.wake();
         }
         pool.refresh_stepped();
         let deadline = Instant::now() + pool.drop_wait;
@@ -1114,7 +1140,7 @@ mod tests {
                 session: 0,
                 slot: 0,
                 req_num: self.next_req,
-                large: Vec::new(),
+                large: Box::default(),
                 len: 0,
                 outcome: Outcome::Queued,
             }
@@ -1127,7 +1153,7 @@ mod tests {
 
         fn submit(&mut self, req_type: u8) -> bool {
             let j = self.job(req_type);
-            match self.links.submit(&self.pool, j) {
+            match self.links.submit(j) {
                 Ok(()) => true,
                 Err(j) => {
                     self.free(j);
@@ -1235,12 +1261,12 @@ mod tests {
         assert!(f.submit(HOLD));
         f.gate.wait_for(1);
         let j = f.job(QUICK);
-        let j = other.submit(&f.pool, j).unwrap_err();
+        let j = other.submit(j).unwrap_err();
         f.free(j);
         f.gate.open();
         f.next_done();
         let j = f.job(QUICK);
-        assert!(other.submit(&f.pool, j).is_ok());
+        assert!(other.submit(j).is_ok());
         let alloc = &mut f.alloc;
         let mut back = 0;
         while back == 0 {
@@ -1313,7 +1339,7 @@ mod tests {
         f.gate.wait_for(1);
         for _ in 0..3 {
             let j = f.job(QUICK);
-            assert!(other.submit(&f.pool, j).is_ok());
+            assert!(other.submit(j).is_ok());
         }
         let mut outcomes = Vec::new();
         // Retiring waits for the worker to hand the jobs back, which it
@@ -1356,11 +1382,11 @@ mod tests {
             session: 0,
             slot: 0,
             req_num: 1,
-            large: Vec::new(),
+            large: Box::default(),
             len: 0,
             outcome: Outcome::Queued,
         };
-        assert!(links.submit(&pool, job(&mut alloc, HOLD)).is_ok());
+        assert!(links.submit(job(&mut alloc, HOLD)).is_ok());
         gate.wait_for(1);
         // The handler is held until after `retire` returns, so `retire`
         // can only return by giving up: it must, and say one job is out.
@@ -1368,7 +1394,7 @@ mod tests {
         gate.open();
         // The worker lives on and serves another Rpc.
         let mut links = pool.connect(1);
-        assert!(links.submit(&pool, job(&mut alloc, QUICK)).is_ok());
+        assert!(links.submit(job(&mut alloc, QUICK)).is_ok());
         let mut got = None;
         while got.is_none() {
             links.collect(1, |j| got = Some(j));
@@ -1460,16 +1486,16 @@ mod tests {
             session: 0,
             slot: 0,
             req_num: 1,
-            large: Vec::new(),
+            large: Box::default(),
             len: 0,
             outcome: Outcome::Queued,
         };
         for _ in 0..2 {
-            assert!(links.submit(&pool, job(&mut f_alloc)).is_ok());
+            assert!(links.submit(job(&mut f_alloc)).is_ok());
         }
         // JBSQ(1) with two workers: one job each, the third waits.
         let j = job(&mut f_alloc);
-        let j = links.submit(&pool, j).unwrap_err();
+        let j = links.submit(j).unwrap_err();
         f_alloc.free(j.req.into_buffer());
         f_alloc.free(j.resp.into_buffer());
         let a = pool.take_job(0).unwrap();

@@ -43,6 +43,7 @@ impl<T: Transport, C> Rpc<T, C> {
     ) {
         let req = match req {
             Ok(m) => m,
+            // A single-packet request in the RX ring: copied out.
             Err(d) => match MsgBuf::alloc(&mut self.alloc, d.len(), Origin::Dynamic) {
                 Ok(mut m) => {
                     m.data_mut().copy_from_slice(d);
@@ -70,6 +71,15 @@ impl<T: Transport, C> Rpc<T, C> {
                 }
             },
         };
+        self.stats.bg_jobs += 1;
+        // Queued here or on a worker: either way the event loop has work.
+        self.pending |= super::ev_loop::PENDING_BG;
+        // The worker first, so that the job is built right in its ring.
+        let to = if self.bg.backlog.is_empty() {
+            self.bg.links.reserve()
+        } else {
+            None
+        };
         let job = Job {
             req,
             resp,
@@ -81,20 +91,21 @@ impl<T: Transport, C> Rpc<T, C> {
             req_type,
             outcome: Outcome::Queued,
         };
-        self.stats.bg_jobs += 1;
-        // Queued here or on a worker: either way the event loop has work.
-        self.pending |= super::ev_loop::PENDING_BG;
-        if self.nexus.worker_threads() == 0 || !self.bg.backlog.is_empty() {
-            self.bg.backlog.push_back(job);
-            return;
+        match to {
+            Some(w) => self.bg.links.push(w, job),
+            None => self.backlog_bg(job),
         }
-        match self.bg.links.submit(self.nexus.workers(), job) {
-            Ok(()) => {}
-            Err(job) => {
-                self.stats.bg_backlogged += 1;
-                self.bg.backlog.push_back(job);
-            }
+    }
+
+    /// Keeps a job that no worker may take now (or, with no workers, that
+    /// runs inline) in the backlog.
+    #[cold]
+    #[inline(never)]
+    fn backlog_bg(&mut self, job: Job) {
+        if self.bg.links.workers() != 0 {
+            self.stats.bg_backlogged += 1;
         }
+        self.bg.backlog.push_back(job);
     }
 
     fn bg_oom(&mut self, sn: SessionNum, i: usize) {
@@ -117,7 +128,7 @@ impl<T: Transport, C> Rpc<T, C> {
     /// jobs into responses. Bounded per call.
     #[inline(never)]
     pub(crate) fn process_bg(&mut self) {
-        if self.nexus.worker_threads() == 0 {
+        if self.bg.links.workers() == 0 {
             for _ in 0..BG_PER_LOOP_MAX {
                 let Some(mut job) = self.bg.backlog.pop_front() else {
                     break;
@@ -131,7 +142,7 @@ impl<T: Transport, C> Rpc<T, C> {
             let Some(job) = self.bg.backlog.pop_front() else {
                 break;
             };
-            if let Err(job) = self.bg.links.submit(self.nexus.workers(), job) {
+            if let Err(job) = self.bg.links.submit(job) {
                 self.bg.backlog.push_front(job);
                 break;
             }
@@ -147,6 +158,7 @@ impl<T: Transport, C> Rpc<T, C> {
         }
     }
 
+    #[inline(always)]
     fn finish_bg(&mut self, job: Job) {
         let Job {
             req,

@@ -600,8 +600,10 @@ struct BgState {
     links: BgLinks,
     /// Jobs no worker could take yet (or inline jobs to run).
     backlog: VecDeque<Job>,
-    /// Recycled heap buffers for large background responses.
-    scratch: Vec<Vec<u8>>,
+    /// Recycled heap buffers for large background responses (boxed as
+    /// they travel in jobs, see `nexus::Job::large`).
+    #[allow(clippy::vec_box)]
+    scratch: Vec<Box<Vec<u8>>>,
 }
 
 /// An eRPC endpoint. See the crate documentation.
