@@ -2,11 +2,13 @@
 //! come back: how an Rpc hands jobs to a worker thread and gets them back.
 //!
 //! One of the crate's `unsafe` modules (see the crate documentation). The
-//! ring is a power-of-two array of slots and two counters, each alone on
-//! its cache line: `tail` (values put in, stored only by the owner) and
-//! `done` (values the worker has finished with, stored only by the
-//! worker). The owner also keeps `head` (values taken back out) to itself.
-//! At all times `head <= done <= tail <= head + capacity`, and
+//! ring is a power-of-two array of slots, each on cache lines of its own
+//! with a state byte next to the value: `FREE` (nothing, or a value
+//! already taken back), `QUEUED` (a value waiting for the worker), `DONE`
+//! (a value the worker is finished with). The owner keeps `tail` (values
+//! put in) and `head` (values taken back out) to itself; the worker keeps
+//! `done` (values it finished). At all times
+//! `head <= done <= tail <= head + capacity`, and
 //!
 //! * slots in `head..done` hold values the worker is finished with: only
 //!   the owner touches them (it moves them out, advancing `head`);
@@ -15,27 +17,34 @@
 //! * the other slots hold nothing: only the owner touches them (it writes
 //!   a new value at `tail`).
 //!
-//! The ends are separate handles, [`Owner`] and [`Worker`], neither
-//! `Clone` nor `Sync`, and every operation takes `&mut` of its end, so each
-//! region has one thread touching it at a time. A value is moved in once
-//! and out once; the worker works on it where it lies. Each end caches the
-//! other's counter and reloads it only when the cached value says there is
-//! nothing to do, so it touches the other end's cache line only then.
+//! Neither end reads a counter of the other: the worker learns that slot
+//! `done` is ready from its state, the owner that slot `head` is finished
+//! from its state, so a hand-off moves the slot's lines between the cores
+//! and nothing else (no separate index lines). The ends are separate
+//! handles, [`Owner`] and [`Worker`], neither `Clone` nor `Sync`, and
+//! every operation takes `&mut` of its end, so each region has one thread
+//! touching it at a time. A value is moved in once and out once; the
+//! worker works on it where it lies.
 //!
 //! Barriers, by purpose:
 //!
-//! * **publish** — the owner's `Release` store of `tail` after writing a
-//!   value, paired with the worker's `Acquire` load of `tail`: the worker
-//!   sees the value before it sees it counted.
-//! * **hand back** — the worker's `Release` store of `done` after it is
-//!   finished with a value, paired with the owner's `Acquire` load of
-//!   `done`: the owner sees the worker's writes to the value (and moves it
+//! * **publish** — the owner's `Release` store of `QUEUED` after writing
+//!   the value, paired with the worker's `Acquire` load of the state: the
+//!   worker sees the value once it sees it queued.
+//! * **hand back** — the worker's `Release` store of `DONE` after it is
+//!   finished with the value, paired with the owner's `Acquire` load of
+//!   the state: the owner sees the worker's writes (and moves the value
 //!   out) only after the worker stopped touching it.
 //!
-//! No allocation, lock or system call per value; the array is allocated
-//! once when the ring is made. Measured against crossbeam's `ArrayQueue`
-//! and `std::sync::mpsc` in `benches/handoff.rs` (BENCHMARKS.md, "Worker
-//! hand-off").
+//! A slot's state goes `QUEUED` (owner) then `DONE` (worker), lap after
+//! lap; the owner never stores anything when it takes a value out. A
+//! worker looking at slot `done` before the owner filled it for this lap
+//! sees the `DONE` it stored itself a lap ago (or `FREE`), not `QUEUED`;
+//! an owner looking at slot `head` sees its own `QUEUED` until the worker
+//! stores `DONE`. No allocation, lock or system call per value; the array
+//! is allocated once when the ring is made. Measured against crossbeam's
+//! `ArrayQueue` and `std::sync::mpsc` in `benches/handoff.rs`
+//! (BENCHMARKS.md, "Worker hand-off").
 
 #![allow(unsafe_code)]
 
@@ -43,20 +52,30 @@ use std::cell::UnsafeCell;
 use std::fmt;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
-use crossbeam_utils::CachePadded;
+/// Slot states.
+const FREE: u8 = 0;
+const QUEUED: u8 = 1;
+const DONE: u8 = 2;
+
+/// A slot, starting on a cache line of its own (a value never shares a
+/// line with its neighbours: each is handed between the threads
+/// separately), its state first.
+#[repr(C, align(64))]
+struct Slot<T> {
+    state: AtomicU8,
+    value: UnsafeCell<MaybeUninit<T>>,
+}
 
 struct Ring<T> {
-    /// Values put in; stored by the owner only.
-    tail: CachePadded<AtomicUsize>,
-    /// Values the worker is finished with; stored by the worker only.
-    done: CachePadded<AtomicUsize>,
-    /// The owner's `head`, stored when the owner's end is dropped (so that
-    /// the ring, dropped after both ends, knows which slots hold values).
-    head_at_drop: AtomicUsize,
-    slots: Box<[UnsafeCell<MaybeUninit<T>>]>,
+    slots: Box<[Slot<T>]>,
     mask: usize,
+    /// The owner's `head` and `tail`, stored when its end is dropped (so
+    /// that the ring, dropped after both ends, knows which slots hold
+    /// values).
+    head_at_drop: AtomicUsize,
+    tail_at_drop: AtomicUsize,
 }
 
 // SAFETY: the ring moves `T` values from the owner's thread to the
@@ -73,12 +92,12 @@ impl<T> Drop for Ring<T> {
         // Both ends are gone (each owns an `Arc`): exclusive access, and
         // the `Arc`'s last release orders every earlier access before this.
         let head = *self.head_at_drop.get_mut();
-        let tail = *self.tail.get_mut();
+        let tail = *self.tail_at_drop.get_mut();
         for i in head..tail {
             // SAFETY: slots in `head..tail` hold initialised values that
             // the owner never moved out (it moves out only below `head`);
             // each is dropped once, here, and the ring is never used again.
-            unsafe { (*self.slots[i & self.mask].get()).assume_init_drop() };
+            unsafe { (*self.slots[i & self.mask].value.get()).assume_init_drop() };
         }
     }
 }
@@ -86,21 +105,17 @@ impl<T> Drop for Ring<T> {
 /// The end that puts values in and takes them back out.
 pub(crate) struct Owner<T> {
     ring: Arc<Ring<T>>,
-    /// Our copy of `tail` (we are its only writer).
+    /// Values put in (only we use it).
     tail: usize,
     /// Values taken back out (only we use it).
     head: usize,
-    /// `done` as last loaded: values below it are finished.
-    done_seen: usize,
 }
 
 /// The end that works on the values in place.
 pub(crate) struct Worker<T> {
     ring: Arc<Ring<T>>,
-    /// Our copy of `done` (we are its only writer).
+    /// Values finished (only we use it).
     done: usize,
-    /// `tail` as last loaded: values below it are there.
-    tail_seen: usize,
 }
 
 impl<T> fmt::Debug for Owner<T> {
@@ -124,6 +139,7 @@ impl<T> Drop for Owner<T> {
     fn drop(&mut self) {
         // Read by the ring's own drop, after the `Arc`'s last release.
         self.ring.head_at_drop.store(self.head, Ordering::Relaxed);
+        self.ring.tail_at_drop.store(self.tail, Ordering::Relaxed);
     }
 }
 
@@ -132,26 +148,23 @@ impl<T> Drop for Owner<T> {
 pub(crate) fn ring<T: Send>(capacity: usize) -> (Owner<T>, Worker<T>) {
     let cap = capacity.max(1).next_power_of_two();
     let ring = Arc::new(Ring {
-        tail: CachePadded::new(AtomicUsize::new(0)),
-        done: CachePadded::new(AtomicUsize::new(0)),
-        head_at_drop: AtomicUsize::new(0),
         slots: (0..cap)
-            .map(|_| UnsafeCell::new(MaybeUninit::uninit()))
+            .map(|_| Slot {
+                state: AtomicU8::new(FREE),
+                value: UnsafeCell::new(MaybeUninit::uninit()),
+            })
             .collect(),
         mask: cap - 1,
+        head_at_drop: AtomicUsize::new(0),
+        tail_at_drop: AtomicUsize::new(0),
     });
     (
         Owner {
             ring: ring.clone(),
             tail: 0,
             head: 0,
-            done_seen: 0,
         },
-        Worker {
-            ring,
-            done: 0,
-            tail_seen: 0,
-        },
+        Worker { ring, done: 0 },
     )
 }
 
@@ -174,90 +187,80 @@ impl<T: Send> Owner<T> {
         if self.len() == ring.slots.len() {
             return Err(v);
         }
+        let slot = &ring.slots[self.tail & ring.mask];
         // SAFETY: `tail - head < capacity`, so slot `tail` is outside
         // `head..tail`: it holds no value (its last one was moved out
-        // before `head` passed it), and the worker does not touch it (it
-        // works only below `tail`, which it learns from our publish
-        // below). We are the only owner (`&mut self`).
-        unsafe { (*ring.slots[self.tail & ring.mask].get()).write(v) };
+        // before `head` passed it), and the worker does not touch it: its
+        // state is the worker's own `DONE` of a lap ago (or `FREE`), and
+        // the worker works on a slot only once it reads `QUEUED`, which we
+        // store below. We are the only owner (`&mut self`).
+        unsafe { (*slot.value.get()).write(v) };
+        // Publish: the value is written before the worker can see it queued.
+        slot.state.store(QUEUED, Ordering::Release);
         self.tail = self.tail.wrapping_add(1);
-        // Publish: the value is written before the worker can count it.
-        ring.tail.store(self.tail, Ordering::Release);
         Ok(())
     }
 
     /// Takes back the oldest value the worker is finished with, if any.
     #[inline]
     pub(crate) fn pop(&mut self) -> Option<T> {
-        let ring = &*self.ring;
-        if self.head == self.done_seen {
-            if self.head == self.tail {
-                return None;
-            }
-            // Hand back (the pairing load): the worker's writes to values
-            // below `done` are visible, and it no longer touches them.
-            self.done_seen = ring.done.load(Ordering::Acquire);
-            if self.head == self.done_seen {
-                return None;
-            }
+        if self.head == self.tail {
+            return None;
         }
-        // SAFETY: `head < done_seen <= done`: the worker is finished with
-        // the value in slot `head` (the Acquire above pairs with its
-        // Release store of `done`) and never touches it again; we are the
-        // only owner (`&mut self`), and the value is moved out exactly
-        // once: `head` passes the slot next.
-        let v = unsafe { (*ring.slots[self.head & ring.mask].get()).assume_init_read() };
+        let ring = &*self.ring;
+        let slot = &ring.slots[self.head & ring.mask];
+        // Hand back (the pairing load): once the worker stored `DONE`, its
+        // writes to the value are visible and it no longer touches it.
+        if slot.state.load(Ordering::Acquire) != DONE {
+            return None;
+        }
+        // SAFETY: slot `head` is in `head..tail` and the worker is finished
+        // with it (`DONE` of this lap: we stored `QUEUED` for it ourselves,
+        // so an older `DONE` cannot be what we read) and never touches it
+        // again this lap; we are the only owner (`&mut self`), and the
+        // value is moved out exactly once: `head` passes the slot next.
+        let v = unsafe { (*slot.value.get()).assume_init_read() };
         self.head = self.head.wrapping_add(1);
         Some(v)
     }
 }
 
 impl<T: Send> Worker<T> {
+    /// The slot of the next value for the worker, if one is queued.
+    #[inline]
+    fn next_queued(&self) -> Option<&Slot<T>> {
+        let slot = &self.ring.slots[self.done & self.ring.mask];
+        // Publish (the pairing load): a value seen queued is written.
+        (slot.state.load(Ordering::Acquire) == QUEUED).then_some(slot)
+    }
+
     /// The next value waiting for the worker, if any (without finishing
     /// it).
     #[inline]
     pub(crate) fn peek(&mut self) -> Option<&T> {
-        if !self.ready() {
-            return None;
-        }
-        let ring = &*self.ring;
-        // SAFETY: `done < tail_seen <= tail`: slot `done` holds a value the
-        // owner published (the Acquire in `ready` pairs with its Release
-        // store of `tail`) and will not touch until we hand it back; the
-        // shared borrow ends before any `&mut` of ours (`&mut self`).
-        Some(unsafe { (*ring.slots[self.done & ring.mask].get()).assume_init_ref() })
+        let slot = self.next_queued()?;
+        // SAFETY: the slot is `QUEUED` for this lap: the owner published a
+        // value in it (the Acquire above) and will not touch it until we
+        // store `DONE`; the shared borrow ends before any `&mut` of ours
+        // (`&mut self`).
+        Some(unsafe { (*slot.value.get()).assume_init_ref() })
     }
 
     /// Runs `f` on the next value waiting for the worker, in place, and
     /// hands it back to the owner. False if no value was waiting.
     #[inline]
     pub(crate) fn process(&mut self, f: impl FnOnce(&mut T)) -> bool {
-        if !self.ready() {
+        let Some(slot) = self.next_queued() else {
             return false;
-        }
-        let ring = &*self.ring;
-        // SAFETY: as in `peek`: slot `done` is published and ours alone
-        // until the store of `done` below; `&mut self` makes this the only
-        // reference into it on our side.
-        let v = unsafe { (*ring.slots[self.done & ring.mask].get()).assume_init_mut() };
-        f(v);
-        self.done = self.done.wrapping_add(1);
+        };
+        // SAFETY: as in `peek`: the slot is ours alone until the store of
+        // `DONE` below; `&mut self` makes this the only reference into it
+        // on our side.
+        f(unsafe { (*slot.value.get()).assume_init_mut() });
         // Hand back: our writes to the value are done before the owner can
-        // count it finished.
-        ring.done.store(self.done, Ordering::Release);
-        true
-    }
-
-    /// True if a value waits (reloads `tail` if the cached one says none).
-    #[inline]
-    fn ready(&mut self) -> bool {
-        if self.done == self.tail_seen {
-            // Publish (the pairing load): values below `tail` are written.
-            self.tail_seen = self.ring.tail.load(Ordering::Acquire);
-            if self.done == self.tail_seen {
-                return false;
-            }
-        }
+        // see it finished.
+        slot.state.store(DONE, Ordering::Release);
+        self.done = self.done.wrapping_add(1);
         true
     }
 }
