@@ -237,6 +237,8 @@ impl NexusBuilder {
     /// handed back unrun at once; a handler that runs longer is abandoned
     /// (its buffers are never reused, and the Rpc's allocator keeps its
     /// memory), so a handler that never returns cannot block the drop.
+    /// Dropping the Nexus waits as long at most for its worker threads to
+    /// end, then leaves a thread still in a handler running.
     pub fn worker_drop_wait(mut self, wait: Duration) -> Self {
         self.drop_wait = wait;
         self

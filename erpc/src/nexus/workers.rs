@@ -26,7 +26,8 @@
 //! back, but at most [`super::NexusBuilder::worker_drop_wait`]: a handler
 //! that never returns cannot hold the dropping thread forever (its buffers
 //! are then left to the worker, which frees nothing: the Rpc's allocator
-//! keeps its memory mapped while buffers are out, see `mempool`).
+//! keeps its memory mapped while buffers are out, see `mempool`). Dropping
+//! the Nexus likewise waits at most that long for its worker threads.
 //!
 //! # Idle policy
 //!
@@ -141,7 +142,7 @@ impl WorkerDispatch {
         WorkerDispatch::SingleQueue { depth }
     }
 
-    /// Jobs one link's rings hold under this policy.
+    /// Jobs one link's ring holds under this policy.
     fn link_jobs(self) -> usize {
         match self {
             WorkerDispatch::RoundRobin => RR_LINK_JOBS,
@@ -825,13 +826,27 @@ impl WorkerPool {
         for w in self.shared.workers.iter() {
             w.wake();
         }
-        for t in self
+        // Each worker ends once it finds no job; one still in a handler
+        // is waited for at most the drop wait, then left to finish on its
+        // own (detached), so dropping the Nexus never blocks forever.
+        let threads: Vec<JoinHandle<()>> = self
             .threads
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .drain(..)
-        {
-            let _ = t.join();
+            .collect();
+        let deadline = Instant::now() + self.drop_wait;
+        while !threads.iter().all(|t| t.is_finished()) && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        for t in threads {
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                tracing::error!(
+                    "a worker thread is still in a handler after the drop wait; leaving it running"
+                );
+            }
         }
     }
 }
@@ -1412,6 +1427,34 @@ mod tests {
     }
 
     #[test]
+    fn shutting_down_gives_up_on_a_handler_that_does_not_return() {
+        let gate = Arc::new(Gate::default());
+        let mut cfg = config(1, WorkerDispatch::RoundRobin, WorkerIdle::Spin);
+        cfg.drop_wait = Duration::from_millis(1);
+        let mut pool = WorkerPool::new(cfg, handlers(&gate)).unwrap();
+        let mut links = pool.connect(0);
+        let mut alloc = crate::sim::test_allocator(1 << 20);
+        let job = Job {
+            req_type: HOLD,
+            req: MsgBuf::alloc(&mut alloc, 8, Origin::Dynamic).unwrap(),
+            resp: MsgBuf::alloc(&mut alloc, 64, Origin::Dynamic).unwrap(),
+            session: 0,
+            slot: 0,
+            req_num: 1,
+            large: Box::default(),
+            len: 0,
+            outcome: Outcome::Queued,
+        };
+        assert!(links.submit(job).is_ok());
+        gate.wait_for(1);
+        // Held until both return: they can only return by giving up.
+        assert_eq!(links.retire(&pool, |_| unreachable!()), 1);
+        pool.shutdown();
+        gate.open();
+        std::mem::forget(alloc);
+    }
+
+    #[test]
     fn the_park_protocol_loses_no_wake_up_in_either_order() {
         // The two interleavings of "worker announces sleep" and
         // "submitter raises the load", on one thread (the test plays the
@@ -1454,6 +1497,22 @@ mod tests {
                 after: Duration::ZERO,
             },
         );
+        // Each job to a worker that went to sleep: the test waits until
+        // both workers say so before submitting (no timing).
+        for _ in 0..200 {
+            while !f
+                .pool
+                .shared
+                .workers
+                .iter()
+                .all(|w| w.hot.sleeping.load(Ordering::SeqCst))
+            {
+                std::thread::yield_now();
+            }
+            assert!(f.submit(QUICK));
+            f.next_done();
+        }
+        // And racing the worker's way to sleep.
         for _ in 0..2_000 {
             assert!(f.submit(QUICK));
             f.next_done();
@@ -1466,9 +1525,8 @@ mod tests {
             f.next_done();
         }
         let s = f.pool.stats();
-        assert_eq!(s.iter().map(|s| s.jobs).sum::<u64>(), 3_000);
-        // The protocol ran (the workers did sleep between jobs).
-        assert!(s.iter().map(|s| s.parks).sum::<u64>() > 0, "{s:?}");
+        assert_eq!(s.iter().map(|s| s.jobs).sum::<u64>(), 3_200);
+        assert!(s.iter().map(|s| s.parks).sum::<u64>() >= 200, "{s:?}");
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! Background (worker-thread) handlers. The request goes to a worker as a
 //! msgbuf (copied out of the RX ring if it was handled in place), with the
 //! slot's preallocated response buffer, through this Rpc's link to the
-//! worker (`nexus::workers`); the finished job comes back through the
-//! link's return ring, which the event loop polls while jobs are out. It
-//! never waits for a worker.
+//! worker (`nexus::workers`); the worker runs it in the link's ring and
+//! marks it done there, and the event loop takes finished jobs back while
+//! jobs are out. It never waits for a worker.
 //!
 //! A job that comes back without a response fails its request
 //! ([`Rpc::fail_request`], `rpc/status.rs`): a panicking handler with
