@@ -2,6 +2,7 @@
 """Instructions per RPC in eRPC's own code, from two callgrind runs.
 
 Usage: callgrind_count.py BINARY SHORT.out LONG.out RPCS [--top N] [--max N] [--total]
+                           [--exclude-fn REGEX [--keep-fn REGEX]]
 
 SHORT.out and LONG.out are callgrind outputs (``--dump-instr=yes``) of the
 same program doing a different number of RPCs; RPCS is the difference. The
@@ -213,14 +214,30 @@ def source_fn(levels):
     return "?"
 
 
+def excluded(levels, exclude, keep):
+    """True if an inline chain runs inside a function matching `exclude`
+    (any level) and not inside one matching `keep` (the test harness of a
+    measurement, e.g. a driver that stands in for another thread, whose
+    own code is not part of what is measured)."""
+    if exclude is None:
+        return False
+    fns = [fn for fn, _ in levels]
+    if keep is not None and any(re.search(keep, fn) for fn in fns):
+        return False
+    return any(re.search(exclude, fn) for fn in fns)
+
+
 def main():
     args = sys.argv[1:]
-    opts = {"--top": 15, "--max": None, "--total": False}
+    opts = {"--top": 15, "--max": None, "--total": False, "--exclude-fn": None, "--keep-fn": None}
     pos = []
     i = 0
     while i < len(args):
         if args[i] in ("--top", "--max"):
             opts[args[i]] = int(args[i + 1])
+            i += 2
+        elif args[i] in ("--exclude-fn", "--keep-fn"):
+            opts[args[i]] = args[i + 1]
             i += 2
         elif args[i] == "--total":
             opts["--total"] = True
@@ -239,13 +256,18 @@ def main():
     lv = inline_levels(binary, sorted({k for k in diff if isinstance(k, int)} | set(out)))
     ch = {a: [loc for _, loc in levels] for a, levels in lv.items()}
     mine = 0.0
+    left_out = 0.0
     rows = collections.Counter()
     by_source = collections.Counter()
+    ex, keep = opts["--exclude-fn"], opts["--keep-fn"]
     for addr, d in diff.items():
         # Another object's instructions (libc, the loader) are nobody's
         # source here: they count for eRPC only through a call from eRPC
         # code, below.
         ours = isinstance(addr, int) and is_erpc(owner(ch.get(addr, [])))
+        if ours and excluded(lv.get(addr, []), ex, keep):
+            left_out += d
+            ours = False
         if ours:
             mine += d
             by_source[source_fn(lv.get(addr, []))] += d
@@ -254,7 +276,9 @@ def main():
     # A call from eRPC code into another object (a memcpy the compiler did
     # not inline, say) is eRPC's, like library code inlined into it.
     for addr, d in out.items():
-        if is_erpc(owner(ch.get(addr, []))):
+        if is_erpc(owner(ch.get(addr, []))) and excluded(lv.get(addr, []), ex, keep):
+            left_out += d
+        elif is_erpc(owner(ch.get(addr, []))):
             mine += d
             fn = re.sub(r"::h[0-9a-f]{16}$", "", fn_of.get(addr) or "?")
             rows[(True, fn + " (calls out)")] += d
@@ -264,6 +288,8 @@ def main():
         print(round(mine))
         return 0
     print(f"eRPC instructions per RPC (client + server): {round(mine)}")
+    if ex is not None:
+        print(f"left out (inside {ex}, not inside {keep}): {left_out:.1f} per RPC")
     print(f"whole program (eRPC + simulated network + benchmark loop) per RPC: {round(total)}")
     print(f"top {opts['--top']} functions by instructions per RPC "
           "(eRPC's part of each function marked *, the rest unmarked):")

@@ -116,17 +116,42 @@ fn sim_nodes(net: &SimNet) -> Vec<(Rpc<SimTransport, Ctx>, Ctx)> {
 }
 
 fn sim_nodes_with(net: &SimNet, cfg: RpcConfig) -> Vec<(Rpc<SimTransport, Ctx>, Ctx)> {
-    sim_nodes_idle(net, cfg, 0)
+    sim_nodes_as(net, cfg, Handler::Dispatch, 0)
 }
 
-/// The two nodes, each also holding `idle` sessions beside the measured
-/// one (half client sessions to the other node, half the other node's),
-/// each of which served one request and then went idle.
-fn sim_nodes_idle(net: &SimNet, cfg: RpcConfig, idle: usize) -> Vec<(Rpc<SimTransport, Ctx>, Ctx)> {
+/// Where the benchmark's handler runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Handler {
+    /// In the dispatch thread (zero copy).
+    Dispatch,
+    /// On a worker: `Some(n)` stepped workers (the worker hand-off, run by
+    /// the benchmark's thread), `None` inline in the event loop (0 workers).
+    Background(Option<usize>),
+}
+
+/// The same response as `handler`, from a worker.
+fn bg_handler(req: &[u8], resp: &mut erpc::BgResponse<'_>) {
+    resp.buf(MSG)[..8].copy_from_slice(&req[..8]);
+}
+
+/// The two nodes with the handler `h`, each also holding `idle` sessions
+/// beside the measured one (half client sessions to the other node, half
+/// the other node's), each of which served one request and then went idle.
+fn sim_nodes_as(
+    net: &SimNet,
+    cfg: RpcConfig,
+    h: Handler,
+    idle: usize,
+) -> Vec<(Rpc<SimTransport, Ctx>, Ctx)> {
     let mut v: Vec<(Rpc<SimTransport, Ctx>, Ctx)> = (0..2)
         .map(|i| {
-            let nexus = Nexus::builder(&format!("n{i}:1"))
-                .handler::<SimTransport, Ctx>(REQ, handler::<SimTransport>)
+            let b = Nexus::builder(&format!("n{i}:1"));
+            let b = match h {
+                Handler::Dispatch => b.handler::<SimTransport, Ctx>(REQ, handler::<SimTransport>),
+                Handler::Background(None) => b.bg_handler(REQ, bg_handler).workers(0),
+                Handler::Background(Some(n)) => b.bg_handler(REQ, bg_handler).stepped_workers(n),
+            };
+            let nexus = b
                 .sm_link(net.sm_link())
                 .clock(net.erpc_clock())
                 .build()
@@ -507,14 +532,25 @@ fn factor_config(name: &str) -> Option<RpcConfig> {
 }
 
 /// A fixed amount of simulated work, for callgrind, with the factor
-/// analysis' optimisation `factor` switched off.
+/// analysis' optimisation `factor` switched off; or (`bg`, `bg-inline`)
+/// with everything on and the handler on a worker: one stepped worker per
+/// node, which the loop runs after each event-loop iteration (the worker
+/// hand-off, deterministic), or 0 workers (the handler inline in the
+/// event loop).
 fn callgrind_run(n: u64, factor: &str) {
-    let Some(cfg) = factor_config(factor) else {
-        eprintln!(
-            "unknown factor {factor}: all, batch-ts, timely-bypass, wheel-bypass, prealloc, \
-             zero-copy, cc-off"
-        );
-        std::process::exit(2);
+    let (cfg, h) = match factor {
+        "bg" => (RpcConfig::default(), Handler::Background(Some(1))),
+        "bg-inline" => (RpcConfig::default(), Handler::Background(None)),
+        f => match factor_config(f) {
+            Some(cfg) => (cfg, Handler::Dispatch),
+            None => {
+                eprintln!(
+                    "unknown factor {factor}: all, batch-ts, timely-bypass, wheel-bypass, \
+                     prealloc, zero-copy, cc-off, bg, bg-inline"
+                );
+                std::process::exit(2);
+            }
+        },
     };
     // `ERPC_IDLE_SESSIONS=K`: each node holds K sessions beside the
     // measured one (issue 28: the cost of idle sessions).
@@ -527,13 +563,24 @@ fn callgrind_run(n: u64, factor: &str) {
             .max(erpc::consts::RX_RING_ENTRIES_DEFAULT),
         ..SimConfig::default()
     });
-    let mut v = sim_nodes_idle(&net, cfg, idle);
+    let mut v = sim_nodes_as(&net, cfg, h, idle);
     let target: u64 = n;
     let mut steps = 0u64;
+    let stepped = matches!(h, Handler::Background(Some(_)));
     while v.iter().map(|(_, c)| c.completed).sum::<u64>() < target && steps < 100 * target {
-        for (r, c) in v.iter_mut() {
-            issue(r, c, 8, WINDOW);
-            r.run_event_loop_once(c);
+        // Two loops, so that the dispatch one is the same code as before
+        // stepped workers existed (the callgrind guard's count).
+        if stepped {
+            for (r, c) in v.iter_mut() {
+                issue(r, c, 8, WINDOW);
+                r.run_event_loop_once(c);
+                r.nexus().step_workers();
+            }
+        } else {
+            for (r, c) in v.iter_mut() {
+                issue(r, c, 8, WINDOW);
+                r.run_event_loop_once(c);
+            }
         }
         net.advance(100);
         steps += 1;

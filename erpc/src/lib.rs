@@ -161,6 +161,9 @@
 //!   client and a C++ server played by the test); `tests/hardening.rs`:
 //!   request numbers across the 44-bit wrap, late and forged SM packets,
 //!   transport types and credits between peers.
+//! * `tests/workers.rs`: background handlers that panic, responses the
+//!   server has no memory for, and an Rpc dropped while its handler runs,
+//!   with handlers inline, on stepped workers and on worker threads.
 //! * `tests/alloc_free.rs`: a counting global allocator proves the request
 //!   path allocates nothing after warm-up.
 //! * `tests/fuzz.rs` (and `erpc/fuzz/` for cargo-fuzz): hostile data and SM
@@ -168,11 +171,13 @@
 //!
 //! # Unsafe code
 //!
-//! The crate denies `unsafe_code` except in three named modules: the TSC
+//! The crate denies `unsafe_code` except in four named modules: the TSC
 //! read (`clock::tsc`), the simulated NIC's RX ring (`sim::ring`), whose
-//! slots are read in place like DMA memory, and the TX batch (`rpc::tx`),
+//! slots are read in place like DMA memory, the TX batch (`rpc::tx`),
 //! whose entries are the transport's items resolved when a packet is
-//! queued, kept valid by the batch invariant documented there.
+//! queued, kept valid by the batch invariant documented there, and the
+//! single-producer single-consumer ring that carries jobs to worker
+//! threads and back (`nexus::spsc`).
 
 #![deny(unsafe_code)]
 
@@ -194,9 +199,11 @@ pub mod stats;
 pub use clock::{Clock, VirtualClock};
 pub use consts::{MAX_MSG_BYTES, SESSION_CREDITS, SESSION_REQ_WINDOW, rx_ring_entries_for};
 pub use msgbuf::{MsgBuf, MsgBufError};
+#[cfg(feature = "sim")]
+pub use nexus::SteppedJob;
 pub use nexus::{
     BgHandler, BgResponse, Nexus, NexusBuilder, NexusError, SmLink, Uri, WorkerDispatch,
-    WorkerStats,
+    WorkerIdle, WorkerStats,
 };
 pub use rpc::{
     ActivePools, Completion, Continuation, CreateError, EnqueueError, EnqueueErrorKind, ReqHandle,

@@ -169,6 +169,9 @@ pub struct RpcStats {
     pub bg_jobs: u64,
     /// Background jobs that waited because worker queues were full.
     pub bg_backlogged: u64,
+    /// Background handlers that panicked (their requests failed with
+    /// `ServerError::HandlerPanicked`).
+    pub bg_panics: u64,
     /// Dispatch requests copied out of the ring because the handler
     /// returned without responding.
     pub deferred_copies: u64,

@@ -14,19 +14,23 @@
 
 mod liveness;
 mod sm_link;
+mod spsc;
 mod udp_sm;
 mod workers;
 
 use std::any::Any;
 use std::fmt;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 pub use liveness::{LivenessStats, PeerFailure};
 pub(crate) use sm_link::SmItem;
 pub use sm_link::{SmLink, SmQueue, SmRouter, SmRouterStats};
 pub use udp_sm::{Resolver, UdpSmLink, UdpSmStats, system_resolver};
-pub(crate) use workers::{BG_REPLY_QUEUE, BgDone, Job, WorkerPool, run_job as workers_run_job};
-pub use workers::{BgHandler, BgResponse, WorkerDispatch, WorkerStats};
+#[cfg(feature = "sim")]
+pub use workers::SteppedJob;
+pub use workers::{BgHandler, BgResponse, WorkerDispatch, WorkerIdle, WorkerStats};
+pub(crate) use workers::{BgLinks, Job, Outcome, PoolConfig, WorkerPool, run_job};
 
 use crate::clock::Clock;
 use crate::consts::{FAILURE_TIMEOUT_MS, MAX_RPC_ID, SM_UDP_PORT_BASE};
@@ -148,6 +152,9 @@ pub struct NexusBuilder {
     handlers: Vec<(u8, HandlerEntry)>,
     workers: Option<usize>,
     dispatch: WorkerDispatch,
+    idle: WorkerIdle,
+    drop_wait: Duration,
+    stepped: bool,
     link: Option<Arc<dyn SmLink>>,
     clock: Option<Clock>,
     seed: Option<u64>,
@@ -200,6 +207,7 @@ impl NexusBuilder {
     /// through the same queues, deterministically.
     pub fn workers(mut self, n: usize) -> Self {
         self.workers = Some(n);
+        self.stepped = false;
         self
     }
 
@@ -211,6 +219,41 @@ impl NexusBuilder {
     /// 2). No effect with 0 workers.
     pub fn worker_dispatch(mut self, policy: WorkerDispatch) -> Self {
         self.dispatch = policy;
+        self
+    }
+
+    /// What an idle worker does (default [`WorkerIdle::SpinThenPark`]
+    /// after 1 ms): [`WorkerIdle::Spin`] for the shortest hand-off with a
+    /// core per worker, or park after an idle time so that idle workers
+    /// give their cores back (the first job after a park pays an OS
+    /// wake-up). See the `nexus::workers` module documentation.
+    pub fn worker_idle(mut self, idle: WorkerIdle) -> Self {
+        self.idle = idle;
+        self
+    }
+
+    /// How long dropping an Rpc waits at most for its background jobs
+    /// still running on workers (default 1 s). Jobs not yet started are
+    /// handed back unrun at once; a handler that runs longer is abandoned
+    /// (its buffers are never reused, and the Rpc's allocator keeps its
+    /// memory), so a handler that never returns cannot block the drop.
+    /// Dropping the Nexus waits as long at most for its worker threads to
+    /// end, then leaves a thread still in a handler running.
+    pub fn worker_drop_wait(mut self, wait: Duration) -> Self {
+        self.drop_wait = wait;
+        self
+    }
+
+    /// `n` workers without threads, run by the caller with
+    /// [`Nexus::take_job`] and [`Nexus::finish_job`] (or
+    /// [`Nexus::step_workers`]): the same hand-off (links, rings, policy)
+    /// as worker threads, deterministic, for simulations in virtual time
+    /// with modelled service times and for instruction counts. Overrides
+    /// [`NexusBuilder::workers`].
+    #[cfg(feature = "sim")]
+    pub fn stepped_workers(mut self, n: usize) -> Self {
+        self.workers = Some(n);
+        self.stepped = true;
         self
     }
 
@@ -282,7 +325,16 @@ impl NexusBuilder {
         let n_workers = self
             .workers
             .unwrap_or(if clock.is_virtual() { 0 } else { 1 });
-        let workers = WorkerPool::new(n_workers, bg, self.dispatch)?;
+        let workers = WorkerPool::new(
+            PoolConfig {
+                workers: n_workers,
+                policy: self.dispatch,
+                idle: self.idle,
+                drop_wait: self.drop_wait,
+                stepped: self.stepped,
+            },
+            bg,
+        )?;
         let link: Arc<dyn SmLink> = match self.link {
             Some(l) => l,
             None => Arc::new(UdpSmLink::new()),
@@ -359,6 +411,9 @@ impl Nexus {
             handlers: Vec::new(),
             workers: None,
             dispatch: WorkerDispatch::default(),
+            idle: WorkerIdle::default(),
+            drop_wait: workers::DEFAULT_DROP_WAIT,
+            stepped: false,
             link: None,
             clock: None,
             seed: None,
@@ -426,9 +481,45 @@ impl Nexus {
         self.workers.policy()
     }
 
-    /// Per-worker counters (jobs finished, jobs held now), in worker order.
+    /// What idle workers do.
+    pub fn worker_idle(&self) -> WorkerIdle {
+        self.workers.idle()
+    }
+
+    /// Per-worker counters (jobs finished, jobs held now, panics, parks),
+    /// in worker order.
     pub fn worker_stats(&self) -> Vec<WorkerStats> {
         self.workers.stats()
+    }
+
+    /// Stepped workers ([`NexusBuilder::stepped_workers`]): takes worker
+    /// `worker`'s next job, if it has one (its Rpcs' links take turns). The
+    /// job counts as held by the worker until [`Nexus::finish_job`].
+    /// `None` too if the workers are threads.
+    ///
+    /// # Panics
+    /// If there is no worker `worker`.
+    #[cfg(feature = "sim")]
+    pub fn take_job(&self, worker: usize) -> Option<SteppedJob> {
+        self.workers.take_job(worker)
+    }
+
+    /// Stepped workers: runs the handler of a job [`Nexus::take_job`]
+    /// took and hands the result back to its Rpc, which sends the response
+    /// in its next event-loop iteration.
+    #[cfg(feature = "sim")]
+    pub fn finish_job(&self, job: SteppedJob) {
+        self.workers.finish_job(job)
+    }
+
+    /// Stepped workers: each worker runs every job it holds now, at once
+    /// (under one lock: the per-job work is the worker threads'). Returns
+    /// the number of jobs run (0 if the workers are threads).
+    #[cfg(feature = "sim")]
+    pub fn step_workers(&self) -> usize {
+        (0..self.workers.threads())
+            .map(|w| self.workers.run_stepped(w, usize::MAX))
+            .sum()
     }
 
     pub(crate) fn handler(&self, req_type: u8) -> Option<&HandlerEntry> {

@@ -1,14 +1,31 @@
 //! Background (worker-thread) handlers. The request goes to a worker as a
 //! msgbuf (copied out of the RX ring if it was handled in place), with the
-//! slot's preallocated response buffer; the finished response comes back
-//! through this Rpc's bounded reply queue, polled by the event loop, which
-//! never waits for a worker.
+//! slot's preallocated response buffer, through this Rpc's link to the
+//! worker (`nexus::workers`); the worker runs it in the link's ring and
+//! marks it done there, and the event loop takes finished jobs back while
+//! jobs are out. It never waits for a worker.
+//!
+//! A job that comes back without a response fails its request
+//! ([`Rpc::fail_request`], `rpc/status.rs`): a panicking handler with
+//! [`ServerError::HandlerPanicked`], a large response the Rpc has no
+//! memory to copy into a msgbuf with [`ServerError::OutOfMemory`]. An
+//! erpc-rs client gets a status packet and completes the request with
+//! [`super::RpcError::Server`]. A C++ eRPC client cannot read one; toward
+//! it the slot is failed silently: the request is not run again (its
+//! retransmissions are dropped, at-most-once holds), nothing is sent, and
+//! the client's request stays outstanding until its application resets
+//! the session. The alternatives are worse: an empty response would
+//! complete as a success, rolling the slot back would run a handler that
+//! may have done part of its work again (and a panicking one again and
+//! again), and retiring the server session would strand every slot of the
+//! session instead of one, since a C++ client is never told of that
+//! either.
 
 use transport::Transport;
 
-use super::{ReqHandle, Rpc, SessionNum};
+use super::{ReqHandle, Rpc, ServerError, SessionNum};
 use crate::msgbuf::{MsgBuf, Origin};
-use crate::nexus::{BgDone, Job};
+use crate::nexus::{Job, Outcome};
 use crate::session::SrvState;
 use crate::stats::DropReason;
 
@@ -26,6 +43,7 @@ impl<T: Transport, C> Rpc<T, C> {
     ) {
         let req = match req {
             Ok(m) => m,
+            // A single-packet request in the RX ring: copied out.
             Err(d) => match MsgBuf::alloc(&mut self.alloc, d.len(), Origin::Dynamic) {
                 Ok(mut m) => {
                     m.data_mut().copy_from_slice(d);
@@ -53,30 +71,41 @@ impl<T: Transport, C> Rpc<T, C> {
                 }
             },
         };
-        let job = Job {
-            req_type,
-            req,
-            resp,
-            session: sn,
-            slot: i as u8,
-            req_num,
-            reply: Some(self.bg.reply_tx.clone()),
-            large: self.bg.scratch.pop().unwrap_or_default(),
-        };
         self.stats.bg_jobs += 1;
         // Queued here or on a worker: either way the event loop has work.
         self.pending |= super::ev_loop::PENDING_BG;
-        if self.nexus.worker_threads() == 0 || !self.bg.backlog.is_empty() {
-            self.bg.backlog.push_back(job);
-            return;
+        // The worker first, so that the job is built right in its ring.
+        let to = if self.bg.backlog.is_empty() {
+            self.bg.links.reserve()
+        } else {
+            None
+        };
+        let job = Job {
+            req,
+            resp,
+            req_num,
+            large: self.bg.scratch.pop().unwrap_or_default(),
+            len: 0,
+            session: sn,
+            slot: i as u8,
+            req_type,
+            outcome: Outcome::Queued,
+        };
+        match to {
+            Some(w) => self.bg.links.push(w, job),
+            None => self.backlog_bg(job),
         }
-        match self.nexus.workers().submit(job) {
-            Ok(()) => self.bg.outstanding += 1,
-            Err(job) => {
-                self.stats.bg_backlogged += 1;
-                self.bg.backlog.push_back(job);
-            }
+    }
+
+    /// Keeps a job that no worker may take now (or, with no workers, that
+    /// runs inline) in the backlog.
+    #[cold]
+    #[inline(never)]
+    fn backlog_bg(&mut self, job: Job) {
+        if self.bg.links.workers() != 0 {
+            self.stats.bg_backlogged += 1;
         }
+        self.bg.backlog.push_back(job);
     }
 
     fn bg_oom(&mut self, sn: SessionNum, i: usize) {
@@ -87,7 +116,7 @@ impl<T: Transport, C> Rpc<T, C> {
         s.half.server_mut()[i].state = SrvState::Idle;
         if self.reads_status(sn) {
             // An erpc-rs client is told (`rpc/status.rs`).
-            return self.fail_request(sn, i, super::ServerError::OutOfMemory);
+            return self.fail_request(sn, i, ServerError::OutOfMemory);
         }
         // A C++ client: undo the slot's claim so that a retransmission
         // can retry.
@@ -99,14 +128,13 @@ impl<T: Transport, C> Rpc<T, C> {
     /// jobs into responses. Bounded per call.
     #[inline(never)]
     pub(crate) fn process_bg(&mut self) {
-        if self.nexus.worker_threads() == 0 {
+        if self.bg.links.workers() == 0 {
             for _ in 0..BG_PER_LOOP_MAX {
                 let Some(mut job) = self.bg.backlog.pop_front() else {
                     break;
                 };
-                job.reply = None;
-                let (done, _) = crate::nexus::workers_run_job(job, self.nexus.workers().handlers());
-                self.finish_bg(done);
+                crate::nexus::run_job(&mut job, self.nexus.workers().handlers());
+                self.finish_bg(job);
             }
             return;
         }
@@ -114,70 +142,88 @@ impl<T: Transport, C> Rpc<T, C> {
             let Some(job) = self.bg.backlog.pop_front() else {
                 break;
             };
-            match self.nexus.workers().submit(job) {
-                Ok(()) => self.bg.outstanding += 1,
-                Err(job) => {
-                    self.bg.backlog.push_front(job);
-                    break;
-                }
+            if let Err(job) = self.bg.links.submit(job) {
+                self.bg.backlog.push_front(job);
+                break;
             }
         }
+        if self.bg.links.outstanding() == 0 {
+            return;
+        }
         for _ in 0..BG_PER_LOOP_MAX {
-            if self.bg.outstanding == 0 {
-                break;
-            }
-            let Ok(done) = self.bg.reply_rx.try_recv() else {
+            let Some(job) = self.bg.links.pop_done() else {
                 break;
             };
-            self.bg.outstanding -= 1;
-            self.finish_bg(done);
+            self.finish_bg(job);
         }
     }
 
-    fn finish_bg(&mut self, done: BgDone) {
-        let BgDone {
-            session,
-            slot,
-            req_num,
+    #[inline(always)]
+    fn finish_bg(&mut self, job: Job) {
+        let Job {
             req,
             mut resp,
+            req_num,
             mut large,
-            use_large,
             len,
-        } = done;
+            session,
+            slot,
+            outcome,
+            ..
+        } = job;
         self.alloc.free(req.into_buffer());
-        let live = self.session(session).is_some_and(|s| {
-            let i = usize::from(slot);
-            s.slots[i].cur_req_num == req_num && s.half.server()[i].state == SrvState::Background
-        });
-        if live
-            && self.session(session).map(|s| s.state)
-                == Some(crate::session::SessionState::Resetting)
-        {
-            // The client went away while the worker ran.
-            self.bg.scratch.push(large);
-            return self.resetting_slot_done(session, usize::from(slot), Some(resp));
+        let i = usize::from(slot);
+        if outcome == Outcome::Panicked {
+            self.stats.bg_panics += 1;
         }
-        if !live {
+        // The session's state if the slot still waits for this job.
+        let state = self.session(session).and_then(|s| {
+            (s.slots[i].cur_req_num == req_num && s.half.server()[i].state == SrvState::Background)
+                .then_some(s.state)
+        });
+        let Some(state) = state else {
             self.recycle(resp);
             self.bg.scratch.push(large);
             return;
+        };
+        if state == crate::session::SessionState::Resetting {
+            // The client went away while the worker ran.
+            self.bg.scratch.push(large);
+            return self.resetting_slot_done(session, i, Some(resp));
         }
-        if use_large {
-            match MsgBuf::alloc(&mut self.alloc, len, Origin::Dynamic) {
-                Ok(mut m) => {
-                    m.data_mut().copy_from_slice(&large[..len]);
-                    large.clear();
-                    self.recycle(resp);
-                    resp = m;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, len, "no memory for a background response; sending it empty");
-                    resp.resize(0).expect("0 fits");
+        let err = match outcome {
+            Outcome::Small => None,
+            Outcome::Large => {
+                let len = len as usize;
+                match MsgBuf::alloc(&mut self.alloc, len, Origin::Dynamic) {
+                    Ok(mut m) => {
+                        m.data_mut().copy_from_slice(&large[..len]);
+                        large.clear();
+                        self.recycle(resp);
+                        resp = m;
+                        None
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, len, "no memory for a background response; failing the request");
+                        self.stats.drop(DropReason::OutOfMemory);
+                        Some(ServerError::OutOfMemory)
+                    }
                 }
             }
-        }
+            Outcome::Panicked => Some(ServerError::HandlerPanicked),
+            // Never back on a live slot: only a retired link skips jobs.
+            Outcome::Queued | Outcome::Skipped => Some(ServerError::HandlerPanicked),
+        };
         self.bg.scratch.push(large);
+        if let Some(err) = err {
+            self.recycle(resp);
+            self.session_mut(session)
+                .expect("looked up above")
+                .half
+                .server_mut()[i]
+                .state = SrvState::Idle;
+            return self.fail_request(session, i, err);
+        }
         let h = ReqHandle {
             session,
             slot,

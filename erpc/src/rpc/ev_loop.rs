@@ -128,7 +128,7 @@ impl<T: Transport, C> Rpc<T, C> {
     /// Background jobs queued here or running on a worker.
     #[inline]
     fn bg_busy(&self) -> bool {
-        !self.bg.backlog.is_empty() || self.bg.outstanding != 0
+        !self.bg.backlog.is_empty() || self.bg.links.outstanding() != 0
     }
 
     /// Packets in the timing wheel (scheduled or ready).

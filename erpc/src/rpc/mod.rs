@@ -32,7 +32,6 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 
 use mempool::{Allocator, Buffer};
 use transport::{MAX_DATA_PER_PKT, RxRing, Transport};
@@ -43,7 +42,7 @@ use crate::consts::{
     MAX_RPC_ID, PKT_LOSS_SCAN_US, RTO_US, SESSION_CREDITS, SM_RETRY_MS, UNUSED_SESSION_RECLAIM_MS,
 };
 use crate::msgbuf::{MsgBuf, MsgBufError, Origin};
-use crate::nexus::{BgDone, HandlerEntry, Job, Nexus, SmQueue};
+use crate::nexus::{BgLinks, HandlerEntry, Job, Nexus, SmQueue};
 use crate::session::{self, Session, SessionState};
 use crate::sm_types::{SmErr, TransportType};
 use crate::stats::RpcStats;
@@ -616,14 +615,15 @@ impl<T: Transport, C> Copy for HandlerSlot<T, C> {}
 
 /// State for background handlers.
 struct BgState {
-    reply_tx: SyncSender<BgDone>,
-    reply_rx: Receiver<BgDone>,
-    /// Jobs at workers whose completion has not come back.
-    outstanding: usize,
-    /// Jobs no worker queue could take yet (or inline jobs to run).
+    /// This Rpc's links to the Nexus's workers (`nexus::workers`): where
+    /// jobs go and come back, and how many are out.
+    links: BgLinks,
+    /// Jobs no worker could take yet (or inline jobs to run).
     backlog: VecDeque<Job>,
-    /// Recycled heap buffers for large background responses.
-    scratch: Vec<Vec<u8>>,
+    /// Recycled heap buffers for large background responses (boxed as
+    /// they travel in jobs, see `nexus::Job::large`).
+    #[allow(clippy::vec_box)]
+    scratch: Vec<Box<Vec<u8>>>,
 }
 
 /// An eRPC endpoint. See the crate documentation.
@@ -814,7 +814,6 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
                 return Err(e.into());
             }
         };
-        let (reply_tx, reply_rx) = sync_channel(crate::nexus::BG_REPLY_QUEUE);
         let clock = nexus.clock().clone();
         let now_ns = clock.now_ns();
         Ok(Rpc {
@@ -866,9 +865,7 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             cc_shared: crate::cc::CcShared::new(&config.cc),
             tx_ts_cap: config.session_credits.next_power_of_two(),
             bg: BgState {
-                reply_tx,
-                reply_rx,
-                outstanding: 0,
+                links: nexus.workers().connect(rpc_id),
                 backlog: VecDeque::new(),
                 scratch: Vec::new(),
             },
@@ -1121,8 +1118,10 @@ impl<T: Transport, C> Drop for Rpc<T, C> {
     /// Gives everything back: sessions stop being pinged, connected client
     /// sessions get one best-effort disconnect request (the server frees
     /// its end if it arrives; otherwise its keep-alive notices this Rpc is
-    /// gone), background jobs still at workers are waited for, and every
-    /// buffer returns to the allocator. Owed continuations do not run (there
+    /// gone), background jobs still at workers are waited for (those not
+    /// started come back unrun; a running handler is waited for at most
+    /// [`crate::NexusBuilder::worker_drop_wait`], then abandoned with its
+    /// buffers), and every other buffer returns to the allocator. Owed continuations do not run (there
     /// is no context); their buffers are freed.
     fn drop(&mut self) {
         let connected: Vec<u16> = self
@@ -1160,22 +1159,19 @@ impl<T: Transport, C> Drop for Rpc<T, C> {
             self.alloc.free(j.req.into_buffer());
             self.alloc.free(j.resp.into_buffer());
         }
-        // Jobs at workers come back through the reply queue; workers never
-        // block on it for long (it is sized for every job), so waiting for
-        // them ends.
-        while self.bg.outstanding > 0 {
-            match self.bg.reply_rx.recv() {
-                Ok(d) => {
-                    self.bg.outstanding -= 1;
-                    self.alloc.free(d.req.into_buffer());
-                    self.alloc.free(d.resp.into_buffer());
-                }
-                Err(_) => break,
-            }
-        }
-        while let Ok(d) = self.bg.reply_rx.try_recv() {
-            self.alloc.free(d.req.into_buffer());
-            self.alloc.free(d.resp.into_buffer());
+        // Jobs at workers come back (unrun if not started); a handler
+        // still running after the Nexus's drop wait is abandoned, so this
+        // never blocks forever.
+        let alloc = &mut self.alloc;
+        let left = self.bg.links.retire(self.nexus.workers(), |j| {
+            alloc.free(j.req.into_buffer());
+            alloc.free(j.resp.into_buffer());
+        });
+        if left != 0 {
+            tracing::error!(
+                jobs = left,
+                "background handlers still running after the drop wait; abandoning their buffers"
+            );
         }
         if let Some(ctrl) = self.ctrl.take() {
             self.alloc.free(ctrl);

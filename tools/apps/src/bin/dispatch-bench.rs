@@ -5,24 +5,42 @@
 //!
 //! ```sh
 //! cargo run --release -p erpc-apps --bin dispatch-bench
-//! cargo run --release -p erpc-apps --bin dispatch-bench -- --service spin --workers 2 \
-//!     --short-us 10 --long-us 1000 --secs 5
+//! cargo run --release -p erpc-apps --bin dispatch-bench -- --transport sim
+//! cargo run --release -p erpc-apps --bin dispatch-bench -- --service sleep \
+//!     --short-us 1000 --long-us 100000 --secs 15
 //! ```
 //!
-//! Device model (two software ConnectX NICs, wall clock): the server's
-//! dispatch thread and the open-loop client are polled by one thread; the
-//! `--workers` worker threads serve. With `--service sleep` (the default)
-//! the handler sleeps through its service time, so workers need no core
-//! of their own and the run fits a small machine; `--service spin` busy-
-//! loops, which is only meaningful with a free core per worker.
+//! Device model (two software ConnectX NICs, wall clock; the default):
+//! the server's dispatch thread and the open-loop client are polled by one
+//! thread; the `--workers` worker threads serve, spinning when idle
+//! (`--park-after-us` to let them park). With `--service spin` (the
+//! default) the handler busy-loops through its service time, which is
+//! meaningful only with a free core per worker plus two (the polling
+//! thread and the rest of the system); `--service sleep` sleeps instead,
+//! so that workers need no core of their own, which takes service times
+//! long against the OS's wake-up latency.
+//!
+//! Before the points, the run measures the polling thread's *capacity*:
+//! RPCs per second it serves (client and server) with zero-work
+//! background handlers, every session slot busy. A point whose arrival
+//! rate exceeds 80 % of it is flagged: it measures the dispatcher, not the
+//! policy.
+//!
+//! `--transport sim`: eRPC's simulated network on virtual time, with
+//! stepped workers (`NexusBuilder::stepped_workers`) whose service times
+//! are modelled: a worker takes a job, and the driver finishes it when
+//! the service time has passed on the virtual clock. The polling thread
+//! costs no virtual time, so this shows the policies through eRPC's own
+//! hand-off (links, JBSQ reservations, the backlog), the hand-off itself
+//! reduced to the virtual step (`--sim-step-ns`), on any machine.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 
-use erpc::{Rpc, RpcConfig, SessionEventKind, WorkerDispatch};
-use erpc_apps::dispatch::{self, Bimodal, LoadGen, Service};
+use erpc::{Nexus, Rpc, RpcConfig, SessionEventKind, WorkerDispatch, WorkerIdle};
+use erpc_apps::dispatch::{self, Arrival, Bimodal, LoadGen, Service};
 use erpc_apps::env::{self, DevWorld, World};
 
 #[derive(Parser, Debug)]
@@ -41,20 +59,36 @@ struct Cli {
     #[arg(long, value_delimiter = ',', default_value = "rr,sq1,sq2")]
     policies: Vec<String>,
     /// Short service time, µs.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 10)]
     short_us: u64,
     /// Long service time, µs.
-    #[arg(long, default_value_t = 100_000)]
+    #[arg(long, default_value_t = 1000)]
     long_us: u64,
     /// Long requests per million.
     #[arg(long, default_value_t = 5_000)]
     long_ppm: u64,
-    /// Seconds of arrivals per point.
-    #[arg(long, default_value_t = 10.0)]
+    /// Seconds of arrivals per point (device model).
+    #[arg(long, default_value_t = 5.0)]
     secs: f64,
     /// spin or sleep.
-    #[arg(long, default_value = "sleep")]
+    #[arg(long, default_value = "spin")]
     service: String,
+    /// dev (device model, wall clock) or sim (simulated network, virtual
+    /// time, modelled service times).
+    #[arg(long, default_value = "dev")]
+    transport: String,
+    /// Idle workers park after this many µs (default: they spin).
+    #[arg(long)]
+    park_after_us: Option<u64>,
+    /// Seconds of the capacity measurement (device model).
+    #[arg(long, default_value_t = 1.0)]
+    capacity_secs: f64,
+    /// Virtual seconds of arrivals per point (simulated network).
+    #[arg(long, default_value_t = 0.2)]
+    sim_secs: f64,
+    /// Virtual time per step of the simulated network, ns.
+    #[arg(long, default_value_t = 100)]
+    sim_step_ns: u64,
     /// Client sessions (8 requests in flight each).
     #[arg(long, default_value_t = 128)]
     sessions: usize,
@@ -75,6 +109,8 @@ fn policy(name: &str) -> Res<WorkerDispatch> {
 }
 
 struct Point {
+    /// Requests per second the schedule asked for.
+    arrival_rate: f64,
     p50_us: f64,
     p99_us: f64,
     ideal_p50_us: f64,
@@ -86,32 +122,92 @@ struct Point {
     jobs: Vec<u64>,
 }
 
-fn point(
+fn dist(cli: &Cli) -> Bimodal {
+    Bimodal {
+        short_ns: cli.short_us * 1_000,
+        long_ns: cli.long_us * 1_000,
+        long_ppm: cli.long_ppm,
+    }
+}
+
+/// The arrivals of a point: `secs` of them at `load`.
+fn plan(cli: &Cli, load: f64, secs: f64) -> Vec<Arrival> {
+    let d = dist(cli);
+    let count = (secs * 1e9 * load * cli.workers as f64 / d.mean_ns()) as usize;
+    dispatch::schedule(
+        count.max(100),
+        load,
+        cli.workers,
+        d,
+        cli.seed ^ (load * 1e3) as u64,
+    )
+}
+
+fn idle(cli: &Cli) -> WorkerIdle {
+    match cli.park_after_us {
+        None => WorkerIdle::Spin,
+        Some(us) => WorkerIdle::SpinThenPark {
+            after: Duration::from_micros(us),
+        },
+    }
+}
+
+/// The policy's p50 and p99 and the references, from a finished run.
+fn summarize(
+    cli: &Cli,
+    lg: &LoadGen,
+    dispatch_policy: WorkerDispatch,
+    jobs: Vec<u64>,
+) -> Res<Point> {
+    if lg.errors > 0 {
+        return Err(format!("{} requests failed", lg.errors).into());
+    }
+    let arrivals: Vec<u64> = lg.plan().iter().map(|a| a.at_ns).collect();
+    let mut ideal = dispatch::ideal(&arrivals, &lg.served_ns, cli.workers);
+    let mut model = match dispatch_policy {
+        WorkerDispatch::SingleQueue { depth } => {
+            dispatch::model_jbsq(&arrivals, &lg.served_ns, cli.workers, depth)
+        }
+        _ => dispatch::model_round_robin(&arrivals, &lg.served_ns, cli.workers),
+    };
+    let span = *arrivals.last().unwrap_or(&1) as f64;
+    let achieved_load = lg.served_ns.iter().sum::<u64>() as f64 / span / cli.workers as f64;
+    let mut lat = lg.latency_ns.clone();
+    let us = |ns: u64| ns as f64 / 1e3;
+    Ok(Point {
+        arrival_rate: arrivals.len() as f64 / span * 1e9,
+        p50_us: us(dispatch::quantile(&mut lat, 0.5)),
+        p99_us: us(dispatch::quantile(&mut lat, 0.99)),
+        ideal_p50_us: us(dispatch::quantile(&mut ideal, 0.5)),
+        ideal_p99_us: us(dispatch::quantile(&mut ideal, 0.99)),
+        model_p99_us: us(dispatch::quantile(&mut model, 0.99)),
+        achieved_load,
+        max_waiting: lg.max_waiting,
+        jobs,
+    })
+}
+
+/// A server (worker threads) and a client on the device model, sessions
+/// connected: (server Nexus, server Rpc, client Rpc, sessions).
+#[allow(clippy::type_complexity)]
+fn dev_pair(
     world: &mut DevWorld,
     cli: &Cli,
     dispatch_policy: WorkerDispatch,
     service: Service,
-    load: f64,
     n: u16,
-) -> Res<Point> {
-    let dist = Bimodal {
-        short_ns: cli.short_us * 1_000,
-        long_ns: cli.long_us * 1_000,
-        long_ppm: cli.long_ppm,
-    };
-    let count = (cli.secs * 1e9 * load * cli.workers as f64 / dist.mean_ns()) as usize;
-    let plan = dispatch::schedule(
-        count.max(100),
-        load,
-        cli.workers,
-        dist,
-        cli.seed ^ (load * 1e3) as u64,
-    );
+) -> Res<(
+    std::sync::Arc<Nexus>,
+    Rpc<<DevWorld as World>::T, ()>,
+    Rpc<<DevWorld as World>::T, LoadGen>,
+    Vec<erpc::SessionNum>,
+)> {
     let su = world.uri("server");
     let cu = world.uri("client");
     let server_nexus = dispatch::register(world.nexus(&su), service, Instant::now())
         .workers(cli.workers)
         .worker_dispatch(dispatch_policy)
+        .worker_idle(idle(cli))
         .build()?;
     let client_nexus = world.nexus(&cu).build()?;
     let (st, sa) = world.queue_set(0, 33_000 + 2 * n)?;
@@ -147,6 +243,53 @@ fn point(
             return Err("sessions did not connect in 10 s".into());
         }
     }
+    Ok((server_nexus, server, client, sessions))
+}
+
+/// RPCs per second the polling thread serves (client and server) with
+/// zero-work background handlers and every session slot busy.
+fn capacity(world: &mut DevWorld, cli: &Cli, service: Service, n: u16) -> Res<f64> {
+    let (_nexus, mut server, mut client, sessions) =
+        dev_pair(world, cli, WorkerDispatch::RoundRobin, service, n)?;
+    // Everything due at once: the client keeps every slot busy.
+    let count = 4_000_000;
+    let zero = vec![
+        Arrival {
+            at_ns: 0,
+            service_ns: 0,
+        };
+        count
+    ];
+    let mut lg = LoadGen::new(zero, sessions, client.now_ns());
+    let warm = Instant::now();
+    while warm.elapsed() < Duration::from_secs_f64(cli.capacity_secs / 4.0) && !lg.finished() {
+        lg.drive(&mut client);
+        client.run_event_loop_once(&mut lg);
+        server.run_event_loop_once(&mut ());
+    }
+    let (t0, done0) = (Instant::now(), lg.done);
+    while t0.elapsed() < Duration::from_secs_f64(cli.capacity_secs) && !lg.finished() {
+        lg.drive(&mut client);
+        client.run_event_loop_once(&mut lg);
+        server.run_event_loop_once(&mut ());
+    }
+    if lg.errors > 0 {
+        return Err(format!("capacity: {} requests failed", lg.errors).into());
+    }
+    Ok((lg.done - done0) as f64 / t0.elapsed().as_secs_f64())
+}
+
+fn point(
+    world: &mut DevWorld,
+    cli: &Cli,
+    dispatch_policy: WorkerDispatch,
+    service: Service,
+    load: f64,
+    n: u16,
+) -> Res<Point> {
+    let plan = plan(cli, load, cli.secs);
+    let (server_nexus, mut server, mut client, sessions) =
+        dev_pair(world, cli, dispatch_policy, service, n)?;
     let before: Vec<u64> = server_nexus.worker_stats().iter().map(|s| s.jobs).collect();
     let mut lg = LoadGen::new(plan, sessions, client.now_ns());
     let deadline = Duration::from_secs_f64(cli.secs * 4.0 + 30.0);
@@ -165,37 +308,30 @@ fn point(
             .into());
         }
     }
-    if lg.errors > 0 {
-        return Err(format!("{} requests failed", lg.errors).into());
-    }
     let jobs = server_nexus
         .worker_stats()
         .iter()
         .zip(&before)
         .map(|(s, b)| s.jobs - b)
         .collect();
-    let arrivals: Vec<u64> = lg.plan().iter().map(|a| a.at_ns).collect();
-    let mut ideal = dispatch::ideal(&arrivals, &lg.served_ns, cli.workers);
-    let mut model = match dispatch_policy {
-        WorkerDispatch::SingleQueue { depth } => {
-            dispatch::model_jbsq(&arrivals, &lg.served_ns, cli.workers, depth)
-        }
-        _ => dispatch::model_round_robin(&arrivals, &lg.served_ns, cli.workers),
-    };
-    let span = *arrivals.last().unwrap_or(&1) as f64;
-    let achieved_load = lg.served_ns.iter().sum::<u64>() as f64 / span / cli.workers as f64;
-    let mut lat = lg.latency_ns.clone();
-    let us = |ns: u64| ns as f64 / 1e3;
-    Ok(Point {
-        p50_us: us(dispatch::quantile(&mut lat, 0.5)),
-        p99_us: us(dispatch::quantile(&mut lat, 0.99)),
-        ideal_p50_us: us(dispatch::quantile(&mut ideal, 0.5)),
-        ideal_p99_us: us(dispatch::quantile(&mut ideal, 0.99)),
-        model_p99_us: us(dispatch::quantile(&mut model, 0.99)),
-        achieved_load,
-        max_waiting: lg.max_waiting,
-        jobs,
-    })
+    summarize(cli, &lg, dispatch_policy, jobs)
+}
+
+/// A point on the simulated network in virtual time: stepped workers, a
+/// job finished when its service time has passed.
+fn sim_point(cli: &Cli, dispatch_policy: WorkerDispatch, load: f64, n: u64) -> Res<Point> {
+    let plan = plan(cli, load, cli.sim_secs);
+    let (lg, jobs) = dispatch::run_simulated(
+        plan,
+        &dispatch::SimSetup {
+            workers: cli.workers,
+            policy: dispatch_policy,
+            sessions: cli.sessions,
+            step_ns: cli.sim_step_ns,
+            seed: cli.seed ^ n,
+        },
+    )?;
+    summarize(cli, &lg, dispatch_policy, jobs)
 }
 
 fn run(cli: &Cli) -> Res<()> {
@@ -203,6 +339,11 @@ fn run(cli: &Cli) -> Res<()> {
         "spin" => Service::Spin,
         "sleep" => Service::Sleep,
         s => return Err(format!("--service {s}: spin or sleep").into()),
+    };
+    let sim = match cli.transport.as_str() {
+        "dev" => false,
+        "sim" => true,
+        t => return Err(format!("--transport {t}: dev or sim").into()),
     };
     if cli.workers == 0 || cli.sessions == 0 || cli.sessions > 255 {
         return Err("--workers must be at least 1 and --sessions 1 to 255".into());
@@ -212,45 +353,70 @@ fn run(cli: &Cli) -> Res<()> {
         .iter()
         .map(|p| Ok((p.clone(), policy(p)?)))
         .collect::<Res<_>>()?;
-    let dist = Bimodal {
-        short_ns: cli.short_us * 1_000,
-        long_ns: cli.long_us * 1_000,
-        long_ppm: cli.long_ppm,
-    };
+    let d = dist(cli);
+    if sim {
+        println!(
+            "dispatch-bench: {} stepped workers, service {} µs ({:.2} %) / {} µs ({:.2} %), mean {:.1} µs \
+             (modelled); simulated network, virtual time, step {} ns; {} s of arrivals per point",
+            cli.workers,
+            cli.short_us,
+            100.0 - cli.long_ppm as f64 / 1e4,
+            cli.long_us,
+            cli.long_ppm as f64 / 1e4,
+            d.mean_ns() / 1e3,
+            cli.sim_step_ns,
+            cli.sim_secs
+        );
+        println!("capacity: not measured (the polling thread costs no virtual time)");
+    } else {
+        println!(
+            "dispatch-bench: {} workers ({}, idle: {}), service {} µs ({:.2} %) / {} µs ({:.2} %), \
+             mean {:.1} µs; device model, dispatch thread and client polled by one thread; \
+             {:.0} s of arrivals per point",
+            cli.workers,
+            cli.service,
+            idle(cli),
+            cli.short_us,
+            100.0 - cli.long_ppm as f64 / 1e4,
+            cli.long_us,
+            cli.long_ppm as f64 / 1e4,
+            d.mean_ns() / 1e3,
+            cli.secs
+        );
+        println!(
+            "cores: {} online; needs workers {} + 2 for spinning service",
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+            cli.workers
+        );
+    }
+    let mut world = None;
+    let mut cap = f64::INFINITY;
+    if !sim {
+        let mut w = DevWorld::threaded(1, env::region(64));
+        w.endpoint();
+        w.endpoint();
+        cap = capacity(&mut w, cli, service, 0)?;
+        println!(
+            "capacity: {:.0} RPCs/s (zero-work background handlers, {} sessions, every slot busy, \
+             the same polling thread); points above 80 % ({:.0}/s) are flagged DISPATCH",
+            cap,
+            cli.sessions,
+            0.8 * cap
+        );
+        world = Some(w);
+    }
     println!(
-        "dispatch-bench: {} workers ({}), service {} µs ({:.2} %) / {} µs ({:.2} %), mean {:.1} µs; \
-         device model, dispatch thread and client polled by one thread; {:.0} s of arrivals per point",
-        cli.workers,
-        cli.service,
-        cli.short_us,
-        100.0 - cli.long_ppm as f64 / 1e4,
-        cli.long_us,
-        cli.long_ppm as f64 / 1e4,
-        dist.mean_ns() / 1e3,
-        cli.secs
-    );
-    println!(
-        "cores: {} online; workers {} + 1 polling thread",
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
-        if service == Service::Sleep {
-            "sleep (no core while serving)"
-        } else {
-            "spin (one core each)"
-        }
-    );
-    let mut world = DevWorld::threaded(1, env::region(64));
-    world.endpoint();
-    world.endpoint();
-    println!(
-        "{:>5} {:<6} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9} {:>7}  jobs per worker",
+        "{:>5} {:<6} {:>9} {:>10} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9} {:>9} {:>7}  jobs per worker",
         "load",
         "policy",
         "achieved",
+        "arrivals/s",
         "p50 µs",
         "p99 µs",
         "model p99",
         "ideal p50",
         "ideal p99",
+        "p50/ideal",
         "p99/ideal",
         "waited"
     );
@@ -258,17 +424,27 @@ fn run(cli: &Cli) -> Res<()> {
     for &load in &cli.loads {
         for (name, p) in &policies {
             n += 1;
-            let r = point(&mut world, cli, *p, service, load, n)?;
+            let r = match world.as_mut() {
+                Some(w) => point(w, cli, *p, service, load, n)?,
+                None => sim_point(cli, *p, load, u64::from(n))?,
+            };
+            let flag = if r.arrival_rate > 0.8 * cap {
+                "  DISPATCH (arrivals above 80 % of capacity)"
+            } else {
+                ""
+            };
             println!(
-                "{:>5.2} {:<6} {:>9.2} {:>11.1} {:>11.1} {:>11.1} {:>11.1} {:>11.1} {:>9.2} {:>7}  {:?}",
+                "{:>5.2} {:<6} {:>9.2} {:>10.0} {:>11.1} {:>11.1} {:>11.1} {:>11.1} {:>11.1} {:>9.2} {:>9.2} {:>7}  {:?}{flag}",
                 load,
                 name,
                 r.achieved_load,
+                r.arrival_rate,
                 r.p50_us,
                 r.p99_us,
                 r.model_p99_us,
                 r.ideal_p50_us,
                 r.ideal_p99_us,
+                r.p50_us / r.ideal_p50_us,
                 r.p99_us / r.ideal_p99_us,
                 r.max_waiting,
                 r.jobs
