@@ -548,6 +548,40 @@ pub struct Ctx {
     error: Option<String>,
 }
 
+impl Ctx {
+    /// The session requests go out on.
+    pub(crate) fn session(&self) -> u16 {
+        self.session
+    }
+
+    pub(crate) fn set_session(&mut self, sn: u16) {
+        self.session = sn;
+    }
+
+    /// RPCs completed so far.
+    pub(crate) fn completed(&self) -> u64 {
+        self.completed
+    }
+
+    /// Requests in flight.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// The first failure, taken.
+    pub(crate) fn take_error(&mut self) -> Option<String> {
+        self.error.take()
+    }
+
+    /// Gives the buffer pool back to `rpc`'s allocator.
+    pub(crate) fn free_buffers<T: Transport>(&mut self, rpc: &mut Rpc<T, Ctx>) {
+        while let Some((a, b)) = self.pool.pop() {
+            rpc.free_msg_buffer(a);
+            rpc.free_msg_buffer(b);
+        }
+    }
+}
+
 fn fail(c: &mut Ctx, why: String) {
     if c.error.is_none() {
         c.error = Some(why);
@@ -580,7 +614,7 @@ fn cont<T: Transport>(_rpc: &mut Rpc<T, Ctx>, c: &mut Ctx, comp: Completion) {
     c.pool.push((comp.req, comp.resp));
 }
 
-fn issue<T: Transport>(rpc: &mut Rpc<T, Ctx>, c: &mut Ctx, p: Point) {
+pub(crate) fn issue<T: Transport>(rpc: &mut Rpc<T, Ctx>, c: &mut Ctx, p: Point) {
     if c.in_flight + p.batch > p.window || c.error.is_some() {
         return;
     }
@@ -608,7 +642,10 @@ fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("constant bounds are valid")
 }
 
-fn new_ctx<T: Transport + 'static>(rpc: &mut Rpc<T, Ctx>, p: Point) -> Result<Ctx, BenchError> {
+pub(crate) fn new_ctx<T: Transport + 'static>(
+    rpc: &mut Rpc<T, Ctx>,
+    p: Point,
+) -> Result<Ctx, BenchError> {
     let mut pool = Vec::with_capacity(p.window);
     for _ in 0..p.window {
         let alloc = |rpc: &mut Rpc<T, Ctx>| {
@@ -632,7 +669,7 @@ fn new_ctx<T: Transport + 'static>(rpc: &mut Rpc<T, Ctx>, p: Point) -> Result<Ct
     })
 }
 
-fn register<T: Transport + 'static>(b: NexusBuilder) -> NexusBuilder {
+pub(crate) fn register<T: Transport + 'static>(b: NexusBuilder) -> NexusBuilder {
     b.handler::<T, Ctx>(REQ, handler::<T>)
 }
 

@@ -26,6 +26,8 @@ pub mod capture;
 pub mod exp_cc;
 pub mod exp_incast;
 pub mod exp_large;
+pub mod exp_scale;
+pub mod exp_threads;
 pub mod experiments;
 pub mod inspect;
 pub mod memory;

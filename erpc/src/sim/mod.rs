@@ -179,6 +179,8 @@ struct Endpoint {
     written: u64,
     reported: u64,
     reposted: u64,
+    /// The most slots held at once (`written - reposted`).
+    held_high_water: u64,
     stats: TransportStats,
     /// Crashed: sends nothing, receives nothing.
     down: bool,
@@ -250,6 +252,7 @@ fn deliver(x: &mut Extra, ep: &mut Endpoint, frame: &[u8]) {
         }
     }
     ep.written += 1;
+    ep.held_high_water = ep.held_high_water.max(ep.written - ep.reposted);
     x.delivered += 1;
 }
 
@@ -340,8 +343,17 @@ impl SimNet {
         self.clock.now_ns()
     }
 
-    /// Adds an endpoint (a NIC port with its RX ring).
+    /// Adds an endpoint (a NIC port with its RX ring of
+    /// [`SimConfig::ring_entries`]).
     pub fn add_transport(&self) -> SimTransport {
+        let entries = self.inner.borrow().cfg.ring_entries;
+        self.add_transport_with_ring(entries)
+    }
+
+    /// Adds an endpoint whose RX ring has `entries` slots (a power of two;
+    /// e.g. `erpc::rx_ring_entries_for(sessions, credits)`).
+    pub fn add_transport_with_ring(&self, entries: usize) -> SimTransport {
+        assert!(entries.is_power_of_two(), "ring entries must be a power of two");
         let mut n = self.inner.borrow_mut();
         let ep = n.net.port_count();
         assert!(ep < 60_000, "too many simulated endpoints");
@@ -355,7 +367,7 @@ impl SimNet {
             // of one (a C++ DPDK peer divides by it).
             rss_table_size: 1,
         };
-        let ring = RingMem::new(n.cfg.ring_entries);
+        let ring = RingMem::new(entries);
         let port = n.net.add_port(
             Some(routing.mac),
             Endpoint {
@@ -364,6 +376,7 @@ impl SimNet {
                 written: 0,
                 reported: 0,
                 reposted: 0,
+                held_high_water: 0,
                 stats: TransportStats::default(),
                 down: false,
                 refuse_bursts: 0,
@@ -399,13 +412,14 @@ impl SimNet {
     /// flight arrive at the new one.
     pub fn restart(&self, ep: usize) -> SimTransport {
         let mut n = self.inner.borrow_mut();
-        let ring = RingMem::new(n.cfg.ring_entries);
         let tx_burst_max = n.cfg.tx_burst_max;
         let e = n.net.device_mut(port(ep));
+        let ring = RingMem::new(e.ring.entries());
         e.ring = ring.clone();
         e.written = 0;
         e.reported = 0;
         e.reposted = 0;
+        e.held_high_water = 0;
         e.stats = TransportStats::default();
         e.down = false;
         e.refuse_bursts = 0;
@@ -603,6 +617,15 @@ impl SimNet {
         let n = self.inner.borrow();
         let e = n.net.device(port(ep));
         e.written - e.reposted
+    }
+
+    /// The most RX ring slots endpoint `ep` held at once (packets arrived
+    /// and not yet given back), and the ring's size: how close the ring
+    /// came to overflowing.
+    pub fn rx_high_water(&self, ep: usize) -> (u64, usize) {
+        let n = self.inner.borrow();
+        let e = n.net.device(port(ep));
+        (e.held_high_water, e.ring.entries())
     }
 
     /// Network counters.

@@ -101,6 +101,11 @@ enum Experiment {
     /// Goodput of 32 B ... 8 MB requests and responses against single-core
     /// memcpy of the same bytes, same run (device model).
     Large,
+    /// Session scalability (the paper's 20 000 sessions): client nodes of
+    /// many sessions each against one server node of several Rpcs, small
+    /// RPCs with congestion control on, on the simulated network (virtual
+    /// time); every RPC checked exactly once.
+    Scale,
 }
 
 #[derive(Debug, Parser)]
@@ -191,6 +196,26 @@ struct Args {
     /// much a result depends on one trajectory.
     #[arg(long, default_value_t = 1000)]
     link_delay_ns: u64,
+    /// One Rpc per core: run each point at one thread and at N threads,
+    /// thread i owning Rpc i of both nodes (its own queue set and flow rule
+    /// on each device-model NIC, or its own UDP sockets), and print each
+    /// thread's rate, the total and the scaling efficiency against one
+    /// thread (small-RPC experiment, `--transport mlx5-sim` or `udp`).
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+    /// Client nodes of `--experiment scale` (one Rpc each).
+    #[arg(long, default_value_t = 100)]
+    client_nodes: usize,
+    /// Sessions each client node opens in `--experiment scale` (spread over
+    /// the server's Rpcs).
+    #[arg(long, default_value_t = 200)]
+    sessions_per_client: usize,
+    /// Rpcs of the server node in `--experiment scale`.
+    #[arg(long, default_value_t = 8)]
+    server_rpcs: usize,
+    /// RPCs each session carries in `--experiment scale`.
+    #[arg(long, default_value_t = 4)]
+    rpcs_per_session: usize,
     /// Failure timeout in ms for `--experiment failure-detection`.
     #[arg(long, default_value_t = erpc::consts::FAILURE_TIMEOUT_MS)]
     failure_timeout_ms: u64,
@@ -399,6 +424,9 @@ where
 fn check_count_and_only(args: &Args) -> Result<(), Quit> {
     let usage = |m: String| Err(Quit::Err(BenchError::Usage(m)));
     if args.experiment != Experiment::SmallRpc {
+        if args.threads.is_some() {
+            return usage("--threads applies to --experiment small-rpc only".into());
+        }
         if args.count.is_some() {
             return usage("--count applies to --experiment small-rpc only".into());
         }
@@ -432,6 +460,97 @@ fn run(args: Args) -> Result<(), Quit> {
         Experiment::Incast => run_incast(args),
         Experiment::CcOverhead => run_cc_overhead(args),
         Experiment::Large => run_large(args),
+        Experiment::Scale => run_scale(args),
+    }
+}
+
+/// `--experiment scale`: see `erpc_tools::exp_scale`.
+fn run_scale(args: Args) -> Result<(), Quit> {
+    use erpc_tools::exp_scale::{ScaleConfig, report, run_scale};
+    refuse_other_options(&args, "scale")?;
+    let usage = |m: String| Err(Quit::Err(BenchError::Usage(m)));
+    if !(1..=10_000).contains(&args.client_nodes) {
+        return usage(format!("--client-nodes {}: must be 1 to 10000", args.client_nodes));
+    }
+    if !(1..=65_000).contains(&args.sessions_per_client) {
+        return usage(format!(
+            "--sessions-per-client {}: must be 1 to 65000 (16-bit session numbers)",
+            args.sessions_per_client
+        ));
+    }
+    if !(1..=1_000_000).contains(&args.rpcs_per_session) {
+        return usage(format!(
+            "--rpcs-per-session {}: must be 1 to 1000000",
+            args.rpcs_per_session
+        ));
+    }
+    if !(1..=1024).contains(&args.window) {
+        return usage(format!("--window {}: must be 1 to 1024", args.window));
+    }
+    if !(0.1..=400.0).contains(&args.link_gbps) {
+        return usage(format!("--link-gbps {}: must be 0.1 to 400", args.link_gbps));
+    }
+    let c = ScaleConfig {
+        server_rpcs: args.server_rpcs,
+        client_nodes: args.client_nodes,
+        sessions_per_client: args.sessions_per_client,
+        rpcs_per_session: args.rpcs_per_session,
+        window: args.window,
+        size: args.size,
+        link_gbps: args.link_gbps,
+        buffer_bytes: args.buffer_kib * 1024,
+        delay_ns: args.link_delay_ns,
+        ..ScaleConfig::default()
+    };
+    let heap = || heap_count::net_bytes();
+    let r = run_scale(&c, Some(&heap)).map_err(Quit::Err)?;
+    print!("{}", report(&r));
+    write_json(args.json.as_deref(), &r)
+}
+
+/// A counting global allocator: the process's net heap bytes, for
+/// `--experiment scale`'s heap per session. One relaxed atomic add per
+/// allocation and free; eRPC's request path allocates nothing, so the
+/// measured points are not touched by it.
+mod heap_count {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::sync::atomic::{AtomicI64, Ordering};
+
+    static NET: AtomicI64 = AtomicI64::new(0);
+
+    struct Counting;
+
+    // SAFETY: forwards every call to the system allocator unchanged; the
+    // counter is an atomic, which allocates nothing.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+            NET.fetch_add(l.size() as i64, Ordering::Relaxed);
+            // SAFETY: same contract as our caller's.
+            unsafe { System.alloc(l) }
+        }
+        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+            NET.fetch_sub(l.size() as i64, Ordering::Relaxed);
+            // SAFETY: same contract as our caller's.
+            unsafe { System.dealloc(p, l) }
+        }
+        unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+            NET.fetch_add(l.size() as i64, Ordering::Relaxed);
+            // SAFETY: same contract as our caller's.
+            unsafe { System.alloc_zeroed(l) }
+        }
+        unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+            NET.fetch_add(n as i64 - l.size() as i64, Ordering::Relaxed);
+            // SAFETY: same contract as our caller's.
+            unsafe { System.realloc(p, l, n) }
+        }
+    }
+
+    #[global_allocator]
+    static GLOBAL: Counting = Counting;
+
+    /// Net heap bytes allocated so far.
+    pub(super) fn net_bytes() -> i64 {
+        NET.load(Ordering::Relaxed)
     }
 }
 
@@ -1008,7 +1127,70 @@ fn run_incast(args: Args) -> Result<(), Quit> {
     write_json(args.json.as_deref(), &report)
 }
 
+/// `--threads N`: see `erpc_tools::exp_threads`.
+fn run_threads(args: &Args, n: usize) -> Result<(), Quit> {
+    use erpc_tools::exp_threads::{ThreadsOn, report, run_threads};
+    let usage = |m: String| Err(Quit::Err(BenchError::Usage(m)));
+    let on = match args.transport {
+        Which::Mlx5Sim => ThreadsOn::DeviceModel,
+        Which::Udp => ThreadsOn::Udp,
+        Which::Mlx5 => {
+            return usage(
+                "--threads runs on the device model or kernel UDP (--transport mlx5-sim or udp)"
+                    .into(),
+            );
+        }
+    };
+    if !(1..=64).contains(&n) {
+        return usage(format!("--threads {n}: must be 1 to 64"));
+    }
+    for (flag, given) in [
+        ("--count", args.count.is_some()),
+        ("--only", args.only.is_some()),
+        ("--pcap", args.pcap.is_some()),
+        ("--latency-csv", args.latency_csv.is_some()),
+        ("--loss", args.loss != 0.0),
+        ("--inspect", args.inspect),
+    ] {
+        if given {
+            return usage(format!("{flag} does not apply with --threads"));
+        }
+    }
+    let settings = Settings {
+        transport: args.transport,
+        batches: args.batch.clone(),
+        window: args.window,
+        size: args.size,
+        secs: args.secs,
+        warmup_secs: args.warmup,
+        pci: None,
+        pcap: None,
+        loss: 0.0,
+        count: None,
+    };
+    settings.validate()?;
+    let nics = args.transport != Which::Udp;
+    // Each thread's two Rpcs hold a node's buffers; the NICs' queue sets
+    // one RX ring each.
+    let plan = memory_plan(n as u64 * bench_pages(args.size, args.window, nics));
+    let secs = std::time::Duration::from_secs_f64(args.secs);
+    let rows = run_threads(
+        on,
+        n,
+        &args.batch,
+        (args.window, args.size),
+        (secs, std::time::Duration::from_secs_f64(args.warmup)),
+        &plan,
+    )
+    .map_err(Quit::Err)?;
+    print!("{}", report(on, &rows, args.window, args.size, secs));
+    write_json(args.json.as_deref(), &rows)
+}
+
 fn run_small_rpc(args: Args) -> Result<(), Quit> {
+    if let Some(n) = args.threads {
+        return run_threads(&args, n);
+    }
     let settings = Settings {
         transport: args.transport,
         batches: args.batch.clone(),
