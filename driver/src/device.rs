@@ -10,7 +10,7 @@ use crossbeam_utils::CachePadded;
 use mempool::{DmaError, DmaMapper, DmaMapping, RegionOptions};
 
 use crate::bar::Bar;
-use crate::cmd::{CmdQueue, CmdStats};
+use crate::cmd::{CmdQueue, CmdStats, SlotKind};
 use crate::dma::{DmaMem, DmaPool, PAGE};
 use crate::eq::EventQueue;
 use crate::error::{Error, HealthProblem};
@@ -26,10 +26,6 @@ use crate::prm::ctx::*;
 use crate::prm::init_seg::{self, HealthBuffer, InitSeg};
 use crate::prm::{Layout, View, ViewMut};
 
-/// Command slot for general commands.
-const SLOT_GENERAL: usize = crate::prm::cmdq::SLOT_GENERAL;
-/// Command slot reserved for MANAGE_PAGES.
-const SLOT_PAGES: usize = crate::prm::cmdq::SLOT_PAGES;
 /// Pages per MANAGE_PAGES command (keeps the mailbox chain at 8 pages).
 const PAGES_PER_CMD: usize = 512;
 /// Bytes of a capability block in QUERY/SET_HCA_CAP.
@@ -161,6 +157,26 @@ pub struct FuncId {
     pub id: u16,
 }
 
+impl FuncId {
+    /// One number per function (`ec << 16 | id`, as Linux keys its pages).
+    pub fn key(self) -> u32 {
+        (u32::from(self.ec) << 16) | u32::from(self.id)
+    }
+
+    /// The inverse of [`FuncId::key`].
+    pub fn from_key(k: u32) -> FuncId {
+        FuncId {
+            ec: k >> 16 != 0,
+            id: k as u16,
+        }
+    }
+}
+
+/// How long teardown keeps asking for pages back while the firmware makes
+/// no progress (Linux `mlx5_reclaim_startup_pages`: a budget that restarts
+/// whenever pages come back).
+pub const PAGE_RECLAIM_BUDGET: Duration = Duration::from_secs(5);
+
 /// How often the heartbeat is sampled (rdma-core `POLL_HEALTH_INTERVAL`).
 pub const HEALTH_POLL_INTERVAL: Duration = Duration::from_millis(1000);
 /// Samples without a heartbeat change that mean the firmware is stuck
@@ -193,6 +209,45 @@ pub struct Health {
     pub fw_ver: u32,
     /// Reset-required flag.
     pub rfr: bool,
+}
+
+impl Health {
+    /// What makes these registers fatal, the way rdma-core's
+    /// `mlx5_vfio_poll_health` judges them (the heartbeat aside, which
+    /// needs samples over time): the device is gone (`fw_ver` reads
+    /// all-ones), the NIC interface is disabled or in software reset, or a
+    /// syndrome is set with reset-required.
+    pub fn fatal(&self) -> Option<HealthProblem> {
+        if self.fw_ver == 0xffff_ffff {
+            Some(HealthProblem::Gone)
+        } else if self.nic_interface == init_seg::NIC_IFC_DISABLED
+            || self.nic_interface == init_seg::NIC_IFC_SW_RESET
+        {
+            Some(HealthProblem::NicInterface(self.nic_interface))
+        } else if self.rfr && self.syndrome != 0 {
+            Some(HealthProblem::syndrome(self.syndrome, self.ext_syndrome))
+        } else {
+            None
+        }
+    }
+}
+
+/// Reads the health registers (health buffer, heartbeat, `nic_interface`).
+pub(crate) fn read_health_regs<B: HwBackend>(bar: &Bar<B>) -> Health {
+    let hb = InitSeg::HEALTH.byte();
+    let synd_dw = bar.read32(hb + HealthBuffer::IRISC_INDEX.dword());
+    Health {
+        syndrome: (synd_dw >> HealthBuffer::SYND.shift()) as u8,
+        ext_syndrome: (synd_dw >> HealthBuffer::EXT_SYND.shift()) as u16,
+        counter: bar.read32(InitSeg::HEALTH_COUNTER.dword()) & init_seg::HEALTH_COUNTER_MASK,
+        nic_interface: (bar.read32(InitSeg::CMDQ_ADDR_L_SZ.dword()) >> init_seg::NIC_IFC_SHIFT)
+            & init_seg::NIC_IFC_MASK,
+        fw_ver: bar.read32(hb + HealthBuffer::FW_VER.dword()),
+        rfr: (bar.read32(hb + HealthBuffer::RFR_SEVERITY.dword())
+            >> HealthBuffer::RFR_SEVERITY.shift()) as u8
+            & init_seg::RFR_BIT
+            != 0,
+    }
 }
 
 /// The NIC RX steering objects shared by all queue sets.
@@ -235,6 +290,8 @@ pub(crate) struct Ctl {
     objects: Vec<Obj>,
     health: HealthState,
     pub cq_errors: Vec<(u32, u8)>,
+    /// Page requests the driver could not meet (answered CANT_GIVE).
+    pub pages_refused: u64,
     enabled: bool,
     initialized: bool,
 }
@@ -289,8 +346,10 @@ pub(crate) fn out_len<O: Layout>(extra: usize) -> usize {
 }
 
 impl Ctl {
-    /// Runs a command from the general slot, answering page requests while
-    /// it is in flight.
+    /// Runs a command from a general slot, answering page requests while
+    /// it is in flight. A failure to answer an event is logged and counted
+    /// (`CmdStats::service_errors`), never returned as this command's: the
+    /// command itself still completes (or fails) on its own.
     pub(crate) fn exec<B: HwBackend>(
         &mut self,
         bar: &Bar<B>,
@@ -303,12 +362,16 @@ impl Ctl {
             eq,
             pages,
             cq_errors,
+            pages_refused,
             ..
         } = self;
-        cmdq.exec(bar, pool, SLOT_GENERAL, input, out_len, |cmdq| {
-            match eq.as_mut() {
-                Some(eq) => service_events(cmdq, eq, pages, cq_errors, bar, pool),
-                None => Ok(()),
+        cmdq.exec(bar, pool, SlotKind::General, input, out_len, |cmdq| {
+            if let Some(eq) = eq.as_mut() {
+                if let Err(e) = service_events(cmdq, eq, pages, cq_errors, pages_refused, bar, pool)
+                {
+                    cmdq.note_service_error();
+                    tracing::error!(device = %bar.name(), error = %e, "servicing the event queue during a command failed; the command goes on");
+                }
             }
         })
     }
@@ -324,35 +387,55 @@ impl Ctl {
             eq,
             pages,
             cq_errors,
+            pages_refused,
             ..
         } = self;
         match eq.as_mut() {
-            Some(eq) => service_events(cmdq, eq, pages, cq_errors, bar, pool),
+            Some(eq) => service_events(cmdq, eq, pages, cq_errors, pages_refused, bar, pool),
             None => Ok(()),
         }
     }
 }
 
 /// Handles every pending EQE: page requests are answered from the pages
-/// slot; CQ errors are recorded for the queue sets to report.
+/// slot; CQ errors are recorded for the queue sets to report. A page
+/// request the driver cannot meet for lack of memory is answered with
+/// MANAGE_PAGES CANT_GIVE (Linux `page_notify_fail`), so that firmware
+/// stops waiting for the pages; one the firmware itself refuses is
+/// dropped (Linux `give_pages` in event context). Every pending event is
+/// handled; the first failure is returned.
 fn service_events<B: HwBackend>(
     cmdq: &mut CmdQueue,
     eq: &mut EventQueue,
     pages: &mut FwPages,
     cq_errors: &mut Vec<(u32, u8)>,
+    pages_refused: &mut u64,
     bar: &Bar<B>,
     pool: &Arc<DmaPool>,
 ) -> Result<(), Error> {
     let mut handled = 0;
+    let mut first = None;
     while let Some(e) = eq.poll() {
         handled += 1;
         if let Some((ec, id, n)) = e.page_request_for() {
             let func = FuncId { ec, id };
             tracing::debug!(num_pages = n, ?func, "firmware page request");
-            if n > 0 {
-                give_pages(cmdq, pages, bar, pool, n as usize, func)?;
+            let r = if n > 0 {
+                match give_pages(cmdq, pages, bar, pool, n as usize, func, true) {
+                    Err(e @ Error::FirmwarePages { .. }) => {
+                        *pages_refused += 1;
+                        tracing::error!(device = %bar.name(), error = %e, "firmware page request refused (CANT_GIVE)");
+                        Ok(())
+                    }
+                    r => r,
+                }
             } else if n < 0 {
-                take_pages(cmdq, pages, bar, pool, n.unsigned_abs() as usize, func)?;
+                take_pages(cmdq, pages, bar, pool, n.unsigned_abs() as usize, func).map(|_| ())
+            } else {
+                Ok(())
+            };
+            if let Err(e) = r {
+                first.get_or_insert(e);
             }
         } else if let Some((cqn, synd)) = e.cq_error() {
             tracing::warn!(cqn, syndrome = synd, "CQ error event");
@@ -365,7 +448,7 @@ fn service_events<B: HwBackend>(
         }
     }
     eq.publish(bar, true);
-    Ok(())
+    first.map_or(Ok(()), Err)
 }
 
 /// Fills in the function a MANAGE_PAGES is for.
@@ -374,7 +457,12 @@ fn set_func(v: &mut ViewMut<'_, ManagePagesIn>, func: FuncId) {
         .set(ManagePagesIn::FUNCTION_ID, u64::from(func.id));
 }
 
-/// MANAGE_PAGES GIVE of `n` pages for `func`, in batches.
+/// MANAGE_PAGES GIVE of `n` pages for `func`, in batches. `event`: the
+/// request came as an event (not QUERY_PAGES during bring-up); then, if
+/// memory runs out, firmware is told with CANT_GIVE (Linux
+/// `page_notify_fail`), and a GIVE the firmware refuses is dropped rather
+/// than returned (Linux `give_pages`: an event's GIVE failed by firmware
+/// is ignored).
 fn give_pages<B: HwBackend>(
     cmdq: &mut CmdQueue,
     pages: &mut FwPages,
@@ -382,22 +470,29 @@ fn give_pages<B: HwBackend>(
     pool: &Arc<DmaPool>,
     n: usize,
     func: FuncId,
+    event: bool,
 ) -> Result<(), Error> {
-    let mut left = n;
-    while left > 0 {
-        let batch = left.min(PAGES_PER_CMD);
-        let addrs = match pages.take_for_firmware(pool, batch) {
-            Ok(a) => a,
-            Err(Error::Memory(source)) => {
-                return Err(Error::FirmwarePages {
-                    device: bar.name(),
-                    wanted: n,
-                    given: n - left,
-                    source,
-                });
+    // Every page first (as Linux `give_pages` does), so that a request
+    // memory cannot meet leaves nothing half given.
+    let all = match pages.take_for_firmware(pool, n, func.key()) {
+        Ok(a) => a,
+        Err(Error::Memory(source)) => {
+            // What was reserved on the way is of no use now.
+            pool.release_unused();
+            if event {
+                cant_give(cmdq, bar, pool, func);
             }
-            Err(e) => return Err(e),
-        };
+            return Err(Error::FirmwarePages {
+                device: bar.name(),
+                wanted: n,
+                given: 0,
+                source,
+            });
+        }
+        Err(e) => return Err(e),
+    };
+    for (k, addrs) in all.chunks(PAGES_PER_CMD).enumerate() {
+        let batch = addrs.len();
         let mut inp =
             input::<ManagePagesIn>(Opcode::ManagePages, manage_pages_op_mod::GIVE, batch * 8);
         {
@@ -411,17 +506,42 @@ fn give_pages<B: HwBackend>(
         if let Err(e) = cmdq.exec(
             bar,
             pool,
-            SLOT_PAGES,
+            SlotKind::Pages,
             &inp,
             out_len::<ManagePagesOut>(0),
-            |_| Ok(()),
+            |_| {},
         ) {
-            pages.unwind(&addrs);
+            let given = k * PAGES_PER_CMD;
+            pages.unwind(&all[given..]);
+            pages.trim();
+            if event && matches!(e, Error::Command { .. }) {
+                tracing::warn!(device = %bar.name(), error = %e, given, wanted = n, ?func, "firmware refused the pages it asked for; dropping the rest of the request");
+                return Ok(());
+            }
             return Err(e);
         }
-        left -= batch;
     }
     Ok(())
+}
+
+/// MANAGE_PAGES op_mod CANT_GIVE for `func`: the driver cannot supply the
+/// pages firmware asked for. Best effort: a failure is only logged.
+fn cant_give<B: HwBackend>(cmdq: &mut CmdQueue, bar: &Bar<B>, pool: &Arc<DmaPool>, func: FuncId) {
+    let mut inp = input::<ManagePagesIn>(Opcode::ManagePages, manage_pages_op_mod::CANNOT_GIVE, 0);
+    set_func(
+        &mut ViewMut::<ManagePagesIn>::new(&mut inp).expect("sized"),
+        func,
+    );
+    if let Err(e) = cmdq.exec(
+        bar,
+        pool,
+        SlotKind::Pages,
+        &inp,
+        out_len::<ManagePagesOut>(0),
+        |_| {},
+    ) {
+        tracing::error!(device = %bar.name(), error = %e, "MANAGE_PAGES CANT_GIVE failed");
+    }
 }
 
 /// MANAGE_PAGES TAKE of up to `n` pages from `func`; returns how many
@@ -447,10 +567,10 @@ fn take_pages<B: HwBackend>(
         let out = cmdq.exec(
             bar,
             pool,
-            SLOT_PAGES,
+            SlotKind::Pages,
             &inp,
             out_len::<ManagePagesOut>(batch * 8),
-            |_| Ok(()),
+            |_| {},
         )?;
         let v = View::<ManagePagesOut>::new(&out).expect("sized");
         let returned = (v.get32(ManagePagesOut::OUTPUT_NUM_ENTRIES) as usize).min(batch);
@@ -494,6 +614,7 @@ impl<B: HwBackend> Device<B> {
             objects: Vec::new(),
             health: HealthState::default(),
             cq_errors: Vec::new(),
+            pages_refused: 0,
             enabled: false,
             initialized: false,
         };
@@ -563,16 +684,8 @@ impl<B: HwBackend> Device<B> {
                 why,
             })
         };
-        if h.fw_ver == 0xffff_ffff {
-            return fail(HealthProblem::Gone);
-        }
-        if h.nic_interface == init_seg::NIC_IFC_DISABLED
-            || h.nic_interface == init_seg::NIC_IFC_SW_RESET
-        {
-            return fail(HealthProblem::NicInterface(h.nic_interface));
-        }
-        if h.rfr && h.syndrome != 0 {
-            return fail(HealthProblem::syndrome(h.syndrome, h.ext_syndrome));
+        if let Some(why) = h.fatal() {
+            return fail(why);
         }
         let st = &mut ctl.health;
         if h.syndrome != 0 && h.syndrome != st.warned_syndrome {
@@ -603,21 +716,13 @@ impl<B: HwBackend> Device<B> {
 
     /// The health registers, without judging them.
     pub fn read_health(&self) -> Health {
-        let bar = &self.inner.bar;
-        let hb = InitSeg::HEALTH.byte();
-        let synd_dw = bar.read32(hb + HealthBuffer::IRISC_INDEX.dword());
-        Health {
-            syndrome: (synd_dw >> HealthBuffer::SYND.shift()) as u8,
-            ext_syndrome: (synd_dw >> HealthBuffer::EXT_SYND.shift()) as u16,
-            counter: bar.read32(InitSeg::HEALTH_COUNTER.dword()) & init_seg::HEALTH_COUNTER_MASK,
-            nic_interface: (bar.read32(InitSeg::CMDQ_ADDR_L_SZ.dword()) >> init_seg::NIC_IFC_SHIFT)
-                & init_seg::NIC_IFC_MASK,
-            fw_ver: bar.read32(hb + HealthBuffer::FW_VER.dword()),
-            rfr: (bar.read32(hb + HealthBuffer::RFR_SEVERITY.dword())
-                >> HealthBuffer::RFR_SEVERITY.shift()) as u8
-                & init_seg::RFR_BIT
-                != 0,
-        }
+        read_health_regs(&self.inner.bar)
+    }
+
+    /// Page requests the driver could not meet for lack of memory (each
+    /// answered with MANAGE_PAGES CANT_GIVE).
+    pub fn page_requests_refused(&self) -> u64 {
+        self.inner.lock().pages_refused
     }
 
     /// Services the event queue (page requests, CQ errors) outside a
@@ -792,7 +897,15 @@ fn satisfy_pages<B: HwBackend>(
     let (func, n) = query_pages(bar, pool, ctl, op_mod)?;
     ctl.func = func;
     if n > 0 {
-        give_pages(&mut ctl.cmdq, &mut ctl.pages, bar, pool, n as usize, func)?;
+        give_pages(
+            &mut ctl.cmdq,
+            &mut ctl.pages,
+            bar,
+            pool,
+            n as usize,
+            func,
+            false,
+        )?;
     }
     Ok(())
 }
@@ -1360,6 +1473,55 @@ pub(crate) fn destroy_u24<I: Layout>(
     ctl.exec(bar, pool, &inp, 16).map(|_| ())
 }
 
+/// Takes back every page firmware holds, each for the function it was given
+/// for, as Linux `mlx5_reclaim_startup_pages` does: firmware may return
+/// pages a little at a time after TEARDOWN_HCA, so a TAKE that returns
+/// nothing is retried (1 ms apart) until no page has come back for
+/// [`PAGE_RECLAIM_BUDGET`]. Pages still held then are leaked (never reused:
+/// the device may write them) and reported.
+fn reclaim_pages<B: HwBackend>(
+    bar: &Bar<B>,
+    pool: &Arc<DmaPool>,
+    ctl: &mut Ctl,
+) -> Result<(), Error> {
+    let step = Duration::from_millis(1);
+    let mut idle = Duration::ZERO;
+    while ctl.pages.given() > 0 {
+        let mut progress = 0;
+        for (key, n) in ctl.pages.by_function() {
+            let func = FuncId::from_key(key);
+            progress += take_pages(&mut ctl.cmdq, &mut ctl.pages, bar, pool, n, func)?;
+        }
+        if progress > 0 {
+            idle = Duration::ZERO;
+            continue;
+        }
+        if idle >= PAGE_RECLAIM_BUDGET {
+            break;
+        }
+        bar.wait(step);
+        idle += step;
+    }
+    if ctl.pages.given() > 0 {
+        tracing::error!(
+            device = %bar.name(),
+            pages = ctl.pages.given(),
+            by_function = ?ctl.pages.by_function(),
+            waited = ?idle,
+            "firmware kept pages after teardown; leaking them"
+        );
+        return Err(Error::Timeout {
+            device: bar.name(),
+            what: format!(
+                "return of {} firmware pages (leaked, never reused)",
+                ctl.pages.given()
+            ),
+            waited: idle,
+        });
+    }
+    Ok(())
+}
+
 /// Tears down everything bring-up created, in reverse; then TEARDOWN_HCA,
 /// reclaims every firmware page, DISABLE_HCA. Keeps going after failures
 /// and returns the first.
@@ -1473,27 +1635,7 @@ fn teardown<B: HwBackend>(bar: &Bar<B>, pool: &Arc<DmaPool>, ctl: &mut Ctl) -> R
         ctl.initialized = false;
     }
     if ctl.enabled {
-        // Reclaim every page firmware still holds.
-        let mut rounds = 0;
-        while ctl.pages.given() > 0 && rounds < 1024 {
-            rounds += 1;
-            let want = ctl.pages.given();
-            let func = ctl.func;
-            match take_pages(&mut ctl.cmdq, &mut ctl.pages, bar, pool, want, func) {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e) => {
-                    note(Err(e));
-                    break;
-                }
-            }
-        }
-        if ctl.pages.given() > 0 {
-            tracing::error!(
-                pages = ctl.pages.given(),
-                "firmware kept pages after teardown; leaking them"
-            );
-        }
+        note(reclaim_pages(bar, pool, ctl));
         note(simple(bar, pool, ctl, Opcode::DisableHca, 0).map(|_| ()));
         ctl.enabled = false;
     }

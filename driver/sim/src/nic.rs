@@ -165,6 +165,10 @@ pub struct NicConfig {
     pub init_pages: u32,
     /// Pages requested with a page-request EQE after INIT_HCA.
     pub regular_pages: u32,
+    /// How long after TEARDOWN_HCA the firmware still holds on to its
+    /// pages: MANAGE_PAGES TAKE returns none before, every one after (a
+    /// driver must retry, as Linux `mlx5_reclaim_startup_pages` does).
+    pub page_release_delay: Duration,
     /// How long `initializing` stays set after reset (the NIC's creation:
     /// vfio-pci resets a function when it is opened). Until it clears, the
     /// firmware ignores writes to the command queue address.
@@ -242,6 +246,7 @@ impl NicConfig {
             boot_pages: 96,
             init_pages: 6144,
             regular_pages: 2048,
+            page_release_delay: Duration::from_millis(3),
             reset_init_delay: Duration::from_millis(5),
             fw_init_delay: Duration::from_millis(1),
             init_requires_cmdq: true,
@@ -580,13 +585,13 @@ impl NicInner {
             if bits & (1 << slot) == 0 {
                 continue;
             }
-            if u32::from(slot) >= slots || fw.pending.contains(&slot) {
+            if u32::from(slot) >= slots || fw.pending.iter().any(|h| h.slot == slot) {
                 self.stats
                     .cmd_doorbells_ignored
                     .fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            cmdq::run_slot(self, &mut fw, &mut dp, slot, false);
+            cmdq::run_slot(self, &mut fw, &mut dp, slot);
         }
     }
 

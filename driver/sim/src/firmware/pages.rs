@@ -58,9 +58,33 @@ impl Pages {
         }
     }
 
-    /// Held pages above the target (what TAKE may return).
+    /// Held pages above the target.
     pub(crate) fn surplus(&self, hca: HcaState) -> usize {
         (self.held.len() as i64 - self.target(hca)).max(0) as usize
+    }
+
+    /// What MANAGE_PAGES TAKE may return now. Before INIT_HCA every page
+    /// (a driver whose bring-up failed takes its boot and init pages back
+    /// before DISABLE_HCA, as Linux `mlx5_reclaim_startup_pages` does on
+    /// its error path); while initialized the surplus over the target;
+    /// after TEARDOWN_HCA nothing until the firmware has released its
+    /// pages, `release_delay_ns` later, then every page.
+    pub(crate) fn reclaimable(
+        &self,
+        hca: HcaState,
+        torn_down_at: Option<u64>,
+        now_ns: u64,
+        release_delay_ns: u64,
+    ) -> usize {
+        match hca {
+            HcaState::Enabled | HcaState::Disabled => self.held.len(),
+            HcaState::Initialized => self.surplus(hca),
+            HcaState::TornDown => {
+                let released =
+                    torn_down_at.is_none_or(|t| now_ns >= t.saturating_add(release_delay_ns));
+                if released { self.held.len() } else { 0 }
+            }
+        }
     }
 }
 

@@ -1030,10 +1030,15 @@ impl Host {
         }
         self.ok(&simple(Opcode::DeallocUar, 0, self.uar_eq), 0x10);
         self.ok(&simple(Opcode::TeardownHca, 0, 0), 0x10);
-        loop {
-            let k = self.take_pages(512, 0);
-            if k == 0 {
-                break;
+        // Firmware releases its pages a little after TEARDOWN_HCA
+        // (`NicConfig::page_release_delay`): ask until all are back.
+        let mut idle = 0;
+        while !self.fw_given.is_empty() && idle < 1000 {
+            if self.take_pages(512, 0) == 0 {
+                self.hw.wait(Duration::from_millis(1));
+                idle += 1;
+            } else {
+                idle = 0;
             }
         }
         self.ok(&simple(Opcode::DisableHca, 0, 0), 0x10);

@@ -134,7 +134,17 @@ impl Ctx<'_> {
         }
         let n = v.get(ManagePagesIn::INPUT_NUM_ENTRIES) as usize;
         match self.op_mod {
-            manage_pages_op_mod::CANNOT_GIVE => Ok(()),
+            manage_pages_op_mod::CANNOT_GIVE => {
+                // The driver cannot supply what was asked: the firmware
+                // stops waiting for those pages (a held command fails; see
+                // `cmdq`) and lowers its demand to what it holds.
+                if self.fw.hca == HcaState::Initialized {
+                    let p = &mut self.fw.pages;
+                    let floor = i64::from(p.boot) + i64::from(p.init);
+                    p.regular = (p.held.len() as i64 - floor).max(0) as u32;
+                }
+                Ok(())
+            }
             manage_pages_op_mod::GIVE => {
                 let need = 0x10 + 8 * n;
                 if self.inp.len() < need {
@@ -189,7 +199,13 @@ impl Ctx<'_> {
                         ),
                     ));
                 }
-                let k = n.min(self.fw.pages.surplus(self.fw.hca));
+                let now = self.nic.now_ns();
+                let k = n.min(self.fw.pages.reclaimable(
+                    self.fw.hca,
+                    self.fw.torn_down_at,
+                    now,
+                    self.nic.cfg.page_release_delay.as_nanos() as u64,
+                ));
                 let give_back: Vec<u64> = self.fw.pages.held.iter().copied().take(k).collect();
                 for (i, a) in give_back.iter().enumerate() {
                     self.fw.pages.held.remove(a);
@@ -335,6 +351,7 @@ impl Ctx<'_> {
             ));
         }
         self.fw.hca = HcaState::Initialized;
+        self.fw.torn_down_at = None;
         self.dp.hca_up = true;
         let regular = self.fw.pages.regular_default;
         self.fw.pages.regular = 0;
@@ -365,6 +382,7 @@ impl Ctx<'_> {
         }
         self.dp.hca_up = false;
         self.fw.hca = HcaState::TornDown;
+        self.fw.torn_down_at = Some(self.nic.now_ns());
         self.fw.page_events.clear();
         Ok(())
     }

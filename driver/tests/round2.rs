@@ -1,0 +1,234 @@
+//! What a second hardware review and an independent model fuzzer found
+//! (issue 31): one test per finding where the device model now behaves
+//! like the hardware, so that the driver's earlier behaviour fails here.
+
+mod common;
+
+use common::*;
+use mlx5::Device;
+use mlx5::prm::codes::{CmdStatus, Opcode, manage_pages_op_mod};
+use mlx5_sim::{HcaState, Injection, NicConfig, Profile, SimNic};
+
+fn nic_with(fab: &mlx5_sim::Fabric, i: u8, cfg: NicConfig) -> SimNic {
+    SimNic::new(fab, NicConfig { mac: mac(i), ..cfg })
+}
+
+/// The command log entries of `op` (with their op_mod and slot).
+fn logged(nic: &SimNic, op: Opcode) -> Vec<mlx5_sim::CommandRecord> {
+    nic.command_log()
+        .into_iter()
+        .filter(|c| c.opcode == op as u16)
+        .collect()
+}
+
+/// Sends one frame from `qa` to `qb` and checks it arrives.
+fn echo_once(
+    fab: &mlx5_sim::Fabric,
+    da: &Device<mlx5_sim::SimBackend>,
+    qa: &mut mlx5::QueueSet<mlx5_sim::SimBackend>,
+    qb: &mut mlx5::QueueSet<mlx5_sim::SimBackend>,
+    dst_mac: [u8; 6],
+) {
+    let mut a = allocator(da);
+    let mut buf = a.alloc(256).unwrap();
+    write_frame(&mut buf, qa, dst_mac, qb.config().udp_port, 7, 200);
+    qa.tx_burst(&[frame(&buf, 200)]).unwrap();
+    qa.tx_flush().unwrap();
+    step(fab);
+    assert_eq!(qb.rx_burst(), 1);
+    qb.post_recvs(1);
+    a.free(buf);
+}
+
+/// A limit on mapped DMA memory that bring-up and a queue set fit in, but
+/// a request for [`HUGE_REQUEST`] more firmware pages does not.
+const DMA_LIMIT: u64 = 96 << 20;
+const HUGE_REQUEST: u32 = 100_000;
+
+/// Items 4–6: a command held by firmware until a page request is met, when
+/// the driver cannot meet it. The driver tells firmware (MANAGE_PAGES
+/// CANT_GIVE), firmware fails the held command with NO_RESOURCES, and that
+/// is the command's own result; the error answering the event is logged,
+/// never returned in the command's place. The driver therefore never
+/// abandons the slot while the hardware owns it (the model ignores a
+/// doorbell for a held slot, and finishes the command it fetched), and the
+/// next command works.
+#[test]
+fn a_command_held_for_pages_the_driver_cannot_give_fails_on_its_own_and_the_slot_is_not_reused() {
+    let fab = fabric(3101);
+    let nic = nic_with(
+        &fab,
+        1,
+        NicConfig {
+            dma_lock_limit: Some(DMA_LIMIT),
+            ..Default::default()
+        },
+    );
+    let dev = open(&nic);
+    nic.inject(Injection::CommandWaitsForPages(HUGE_REQUEST))
+        .unwrap();
+    let err = dev.create_queue_set(queue(5000)).unwrap_err();
+    assert_eq!(
+        err.command_status(),
+        Some(CmdStatus::NoResources),
+        "the held command's own failure, not the page request's: {err}"
+    );
+    let cant_give: Vec<_> = logged(&nic, Opcode::ManagePages)
+        .into_iter()
+        .filter(|c| c.op_mod == manage_pages_op_mod::CANNOT_GIVE)
+        .collect();
+    assert_eq!(cant_give.len(), 1, "firmware was told: CANT_GIVE");
+    assert_eq!(cant_give[0].slot, 31, "from the pages slot");
+    assert_eq!(dev.page_requests_refused(), 1);
+    assert_eq!(dev.command_stats().service_errors, 0);
+    assert_eq!(
+        nic.stats().cmd_doorbells_ignored,
+        0,
+        "no doorbell for a held slot"
+    );
+    // Everything works afterwards.
+    let peer = nic_with(&fab, 2, NicConfig::default());
+    let dp = open(&peer);
+    let mut qa = dev.create_queue_set(queue(5000)).unwrap();
+    let mut qb = dp.create_queue_set(queue(6000)).unwrap();
+    echo_once(&fab, &dev, &mut qa, &mut qb, peer.mac());
+    drop((qa, qb));
+    dev.close().unwrap();
+    dp.close().unwrap();
+    assert_eq!(nic.stats().pages_leaked, 0);
+}
+
+/// Item 6: a page request that arrives as an event while nothing else
+/// runs, and cannot be met: CANT_GIVE, and `poll_events` (like the
+/// datapath's `poll_control`) carries on; the firmware lowers its demand.
+#[test]
+fn a_page_request_the_driver_cannot_meet_is_answered_cant_give() {
+    let fab = fabric(3102);
+    let nic = nic_with(
+        &fab,
+        1,
+        NicConfig {
+            dma_lock_limit: Some(DMA_LIMIT),
+            ..Default::default()
+        },
+    );
+    let dev = open(&nic);
+    let held = nic.pages_held();
+    nic.inject(Injection::PageRequest(HUGE_REQUEST as i32))
+        .unwrap();
+    dev.poll_events()
+        .expect("an unmet page request is the firmware's to know, not the caller's error");
+    assert_eq!(dev.page_requests_refused(), 1);
+    assert!(
+        logged(&nic, Opcode::ManagePages)
+            .iter()
+            .any(|c| c.op_mod == manage_pages_op_mod::CANNOT_GIVE && c.status == CmdStatus::Ok)
+    );
+    assert_eq!(nic.pages_held(), held, "nothing half-given");
+    // A request that fits is still answered.
+    nic.inject(Injection::PageRequest(10)).unwrap();
+    dev.poll_events().unwrap();
+    assert_eq!(nic.pages_held(), held + 10);
+    dev.close().unwrap();
+    assert_eq!(nic.stats().pages_leaked, 0);
+}
+
+/// Item 7: after TEARDOWN_HCA firmware returns its pages when it has
+/// released them, not at once; teardown keeps asking until none is left
+/// (a budget that restarts on progress). A bring-up that fails before
+/// INIT_HCA (ConnectX-4 has no striding RQ) also gets its boot pages
+/// back before DISABLE_HCA.
+#[test]
+fn teardown_takes_every_page_back_even_when_firmware_releases_them_late() {
+    let fab = fabric(3103);
+    let nic = nic_with(
+        &fab,
+        1,
+        NicConfig {
+            page_release_delay: std::time::Duration::from_millis(40),
+            ..Default::default()
+        },
+    );
+    let dev = open(&nic);
+    assert!(nic.pages_held() > 0);
+    dev.close().expect("every page came back");
+    assert_eq!(nic.stats().pages_leaked, 0);
+    assert_eq!(nic.pages_held(), 0);
+    let takes = logged(&nic, Opcode::ManagePages)
+        .iter()
+        .filter(|c| c.op_mod == manage_pages_op_mod::TAKE)
+        .count();
+    assert!(takes > 1, "a TAKE that returned nothing was retried");
+
+    let cx4 = nic_with(&fab, 2, Profile::ConnectX4Pf.config());
+    let err = Device::open(cx4.backend(), device_config()).unwrap_err();
+    assert!(
+        matches!(err, mlx5::Error::MissingCapability { .. }),
+        "{err}"
+    );
+    assert_eq!(cx4.hca_state(), HcaState::Disabled);
+    assert_eq!(cx4.stats().pages_leaked, 0, "boot pages taken back");
+}
+
+/// Item 8: the slot kept for MANAGE_PAGES is the last one the firmware
+/// reports, not a fixed 31; a queue of 8 entries works.
+#[test]
+fn the_pages_slot_is_the_last_one_the_firmware_reports() {
+    let fab = fabric(3104);
+    let nic = nic_with(
+        &fab,
+        1,
+        NicConfig {
+            log_cmdq_size: 3,
+            ..Default::default()
+        },
+    );
+    let peer = nic_with(&fab, 2, NicConfig::default());
+    let (dev, dp) = (open(&nic), open(&peer));
+    let mut qa = dev.create_queue_set(queue(5000)).unwrap();
+    let mut qb = dp.create_queue_set(queue(6000)).unwrap();
+    echo_once(&fab, &dev, &mut qa, &mut qb, peer.mac());
+    drop((qa, qb));
+    dev.close().unwrap();
+    dp.close().unwrap();
+    let log = nic.command_log();
+    assert!(log.iter().all(|c| c.slot < 8));
+    assert!(
+        log.iter()
+            .filter(|c| c.opcode == Opcode::ManagePages as u16)
+            .all(|c| c.slot == 7)
+    );
+    assert_eq!(nic.stats().cmd_doorbells_ignored, 0);
+    assert_eq!(nic.stats().pages_leaked, 0);
+}
+
+/// Item 9: after a surprise removal every read is all-ones and no command
+/// completes. The command poll loop reads the health buffer while it
+/// waits, so the teardown commands fail at once instead of waiting the
+/// command timeout (60 s) each.
+#[test]
+fn commands_fail_at_once_when_the_device_is_gone() {
+    let fab = fabric(3105);
+    let nic = nic_with(&fab, 1, NicConfig::default());
+    let dev = open(&nic);
+    let qs = dev.create_queue_set(queue(5000)).unwrap();
+    nic.inject(Injection::SurpriseRemoval).unwrap();
+    let t0 = fab.now_ns();
+    drop(qs);
+    let err = dev.close().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            mlx5::Error::Unhealthy {
+                why: mlx5::HealthProblem::Gone,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let waited = fab.now_ns() - t0;
+    assert!(
+        waited < 1_000_000_000,
+        "teardown of a removed device took {waited} ns of device time"
+    );
+}
