@@ -32,6 +32,17 @@ const PAGES_PER_CMD: usize = 512;
 const CAP_BYTES: usize = 0x1000;
 /// The MSI-X vector of the (polled) EQ.
 const EQ_VECTOR: u16 = 0;
+/// The longest frame the device may place in a receive stride: eRPC's
+/// 1024-byte frames, one per 1 KiB stride. The RX count turns stride
+/// positions into packets, so a longer frame (two strides) or a filler
+/// CQE would be miscounted: the vport MTU keeps them out.
+pub const MAX_RX_FRAME: usize = 1024;
+/// The vport MTU the driver programs: [`MAX_RX_FRAME`] plus the 4-byte
+/// FCS. The hardware's MTU is a frame length counting the FCS (Linux
+/// `mlx5e_set_mtu` writes software MTU + 22: Ethernet header, one VLAN tag,
+/// FCS); no VLAN allowance is added, so a tagged frame is also at most
+/// 1024 bytes in memory.
+pub const VPORT_MTU: u16 = MAX_RX_FRAME as u16 + 4;
 
 /// Bring-up settings.
 #[derive(Debug, Clone)]
@@ -1236,6 +1247,10 @@ fn bring_up<B: HwBackend>(
             why: "the driver inlines at most the L2 header",
         });
     }
+    // The MTU: whatever the previous owner left (a PF's port MTU is often
+    // 1500 or 9000) would let frames longer than a stride in.
+    set_vport_mtu(bar, pool, ctl, VPORT_MTU)?;
+
     let inp = input::<QueryVportStateIn>(Opcode::QueryVportState, 0, 0);
     let out = ctl.exec(bar, pool, &inp, out_len::<QueryVportStateOut>(0))?;
     let vport_state = View::<QueryVportStateOut>::new(&out)
@@ -1379,6 +1394,39 @@ fn set_mac(a: &mut ViewMut<'_, MacAddressLayout>, m: [u8; 6]) {
         MacAddressLayout::MAC_ADDR_31_0,
         u64::from(u32::from_be_bytes([m[2], m[3], m[4], m[5]])),
     );
+}
+
+/// MODIFY_NIC_VPORT_CONTEXT of the MTU (a frame length: Linux
+/// `mlx5_modify_nic_vport_mtu` with software MTU + 22), then a query to
+/// see that it holds.
+fn set_vport_mtu<B: HwBackend>(
+    bar: &Bar<B>,
+    pool: &Arc<DmaPool>,
+    ctl: &mut Ctl,
+    mtu: u16,
+) -> Result<(), Error> {
+    let mut inp = input::<ModifyNicVportContextIn>(Opcode::ModifyNicVportContext, 0, 0);
+    {
+        let mut v = ViewMut::<ModifyNicVportContextIn>::new(&mut inp).expect("sized");
+        v.sub(ModifyNicVportContextIn::FIELD_SELECT)
+            .set(ModifyNicVportFieldSelect::MTU, 1);
+        v.sub(ModifyNicVportContextIn::NIC_VPORT_CONTEXT)
+            .set(NicVportContext::MTU, u64::from(mtu));
+    }
+    ctl.exec(bar, pool, &inp, 16)?;
+    let inp = input::<QueryNicVportContextIn>(Opcode::QueryNicVportContext, 0, 0);
+    let out = ctl.exec(bar, pool, &inp, out_len::<QueryNicVportContextOut>(0))?;
+    let now = View::<QueryNicVportContextOut>::new(&out)
+        .expect("sized")
+        .sub(QueryNicVportContextOut::NIC_VPORT_CONTEXT)
+        .get32(NicVportContext::MTU);
+    if now != u32::from(mtu) {
+        return Err(Error::Config(format!(
+            "{}: the vport MTU reads {now} after setting it to {mtu}; frames longer than a {MAX_RX_FRAME}-byte receive stride would be miscounted",
+            bar.name()
+        )));
+    }
+    Ok(())
 }
 
 /// MODIFY_NIC_VPORT_CONTEXT of the unicast address list (Linux

@@ -539,9 +539,15 @@ impl<B: HwBackend> QueueSet<B> {
                 cfg.rq_log_stride_bytes
             )
         })?;
-        check(cfg.rq_log_stride_bytes >= 10, || {
-            "strides must hold a whole 1024-byte frame (rq_log_stride_bytes >= 10): RX counting assumes one stride per packet".into()
-        })?;
+        check(
+            1usize << cfg.rq_log_stride_bytes >= crate::device::MAX_RX_FRAME,
+            || {
+                format!(
+                    "strides must hold a whole {}-byte frame (rq_log_stride_bytes >= 10): RX counting assumes one stride per packet, which the vport MTU guarantees only for such strides",
+                    crate::device::MAX_RX_FRAME
+                )
+            },
+        )?;
         check(
             (1..=info.log_max_wq_sz.min(10)).contains(&cfg.rq_log_wqes),
             || format!("rq_log_wqes {}", cfg.rq_log_wqes),

@@ -232,3 +232,66 @@ fn commands_fail_at_once_when_the_device_is_gone() {
         "teardown of a removed device took {waited} ns of device time"
     );
 }
+
+/// Items 1–2: the RX count turns stride positions into packets, so a frame
+/// longer than a 1 KiB stride (two strides, or a filler CQE before it)
+/// would become a phantom packet. The driver programs the vport MTU, a
+/// frame length as the hardware counts it (FCS included, Linux
+/// `mlx5e_set_mtu`): frames of 1 025–1 518 bytes steered to the queue set
+/// are dropped by the port, as are runts; eRPC-size frames count one each.
+/// The model's vport MTU starts at 1522 (a previous owner's Linux at MTU
+/// 1500), so a driver that leaves it alone counts phantom packets here.
+#[test]
+fn frames_longer_than_a_stride_and_runts_never_reach_the_rx_count() {
+    use mlx5_sim::DropReason;
+    let fab = fabric(3106);
+    let (na, nb) = (
+        nic_with(&fab, 1, NicConfig::default()),
+        nic_with(&fab, 2, NicConfig::default()),
+    );
+    let (da, db) = (open(&na), open(&nb));
+    let mut qa = da.create_queue_set(queue(5000)).unwrap();
+    let mut qb = db.create_queue_set(queue(6000)).unwrap();
+    let mut a = allocator(&da);
+    let mut buf = a.alloc(2048).unwrap();
+    let template = transport::wire::FrameTemplate {
+        dst_mac: nb.mac(),
+        src_mac: na.mac(),
+        src_ip: std::net::Ipv4Addr::new(10, 0, 0, 1),
+        dst_ip: std::net::Ipv4Addr::new(10, 0, 0, 2),
+        src_port: 5000,
+        dst_port: 6000,
+    };
+    for len in [1025, 1100, 1400, 1500, 1518] {
+        let mut f = vec![0x5au8; len];
+        transport::wire::build_headroom(&template, &mut f, len);
+        fab.inject(nb.port(), &f);
+    }
+    for len in [20, 42, 59] {
+        let mut f = vec![0u8; 60];
+        transport::wire::build_headroom(&template, &mut f, 60);
+        fab.inject(nb.port(), &f[..len]);
+    }
+    step(&fab);
+    assert_eq!(qb.rx_burst(), 0, "no phantom packets");
+    assert_eq!(nb.drops(DropReason::Oversize), 5);
+    assert_eq!(nb.drops(DropReason::Runt), 3);
+    // Full-size eRPC frames still count exactly one each.
+    for seq in 0..3 {
+        write_frame(&mut buf, &qa, nb.mac(), 6000, seq, mlx5::MAX_RX_FRAME);
+        qa.tx_burst(&[frame(&buf, mlx5::MAX_RX_FRAME)]).unwrap();
+        qa.tx_flush().unwrap();
+    }
+    step(&fab);
+    assert_eq!(qb.rx_burst(), 3);
+    for i in 0..3 {
+        assert_eq!(read_seq(&qb, i, mlx5::MAX_RX_FRAME), i as u32);
+    }
+    qb.post_recvs(3);
+    // The MTU holds on the way out too: a longer frame is a local length
+    // error.
+    write_frame(&mut buf, &qa, nb.mac(), 6000, 9, mlx5::MAX_RX_FRAME + 1);
+    qa.tx_burst(&[frame(&buf, mlx5::MAX_RX_FRAME + 1)]).unwrap();
+    assert!(matches!(qa.tx_flush(), Err(mlx5::Error::SqInError { .. })));
+    a.free(buf);
+}

@@ -185,7 +185,11 @@ pub struct NicConfig {
     pub wqe_inline_mode: u8,
     /// `nic_vport_context.min_wqe_inline_mode` (0 none, 1 L2, 2 IP, 3 L4).
     pub vport_min_inline: u8,
-    /// Vport MTU (frames up to MTU + 18 bytes).
+    /// Vport MTU as the hardware counts it: the longest frame including one
+    /// VLAN tag and the FCS (Linux writes software MTU + 22). Frames longer
+    /// than `mtu - 4` bytes in memory are dropped on receive and refused on
+    /// send. The default, 1522, is what a previous owner running Linux at
+    /// MTU 1500 leaves behind.
     pub mtu: u16,
     /// Cap `striding_rq`.
     pub striding_rq: bool,
@@ -252,7 +256,7 @@ impl NicConfig {
             init_requires_cmdq: true,
             wqe_inline_mode: 1,
             vport_min_inline: 0,
-            mtu: 1500,
+            mtu: 1522,
             striding_rq: true,
             ext_stride_num_range: true,
             wqe_id_mode: WqeIdMode::FreeRunning,
@@ -771,7 +775,7 @@ impl NicInner {
         if frame.len() < tx::MIN_FRAME {
             return self.drop_frame(DropReason::Runt);
         }
-        if frame.len() > usize::from(dp.vport.mtu) + 18 {
+        if frame.len() > tx::max_frame(dp.vport.mtu) {
             return self.drop_frame(DropReason::Oversize);
         }
         let parsed = packet::parse(frame);

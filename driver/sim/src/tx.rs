@@ -26,6 +26,18 @@ use crate::util::{be32, be64, lock};
 /// Smallest frame on the wire (without FCS); shorter frames are padded.
 pub const MIN_FRAME: usize = 60;
 
+/// Bytes of the frame check sequence, which the vport MTU counts but which
+/// never reaches host memory.
+pub const FCS_BYTES: usize = 4;
+
+/// The longest frame (as it is in host memory, without the FCS) a vport
+/// MTU lets through. `nic_vport_context.mtu` is a frame length that counts
+/// the Ethernet header, one VLAN tag and the FCS: Linux `mlx5e_set_mtu`
+/// writes the software MTU + 22 (`ETH_HLEN + VLAN_HLEN + ETH_FCS_LEN`).
+pub fn max_frame(vport_mtu: u16) -> usize {
+    usize::from(vport_mtu).saturating_sub(FCS_BYTES)
+}
+
 /// A send queue.
 #[derive(Debug)]
 pub(crate) struct Sq {
@@ -518,7 +530,7 @@ fn send(
         let lkey = be32(wqe, at + 4);
         let addr = be64(wqe, at + 8);
         let len = if bc == 0 { 1u64 << 31 } else { u64::from(bc) };
-        let max = usize::from(dp.vport.mtu) + 18;
+        let max = max_frame(dp.vport.mtu);
         if bc == 0 || frame.len() as u64 + len > max as u64 {
             return Err(err(
                 CqeSyndrome::LocalLength,
@@ -528,7 +540,7 @@ fn send(
                     vendor::BAD_LENGTH
                 },
                 format!(
-                    "gather of {len} bytes makes the frame longer than {max} (MTU {} + 18)",
+                    "gather of {len} bytes makes the frame longer than {max} (vport MTU {} less the FCS)",
                     dp.vport.mtu
                 ),
             ));
@@ -545,7 +557,7 @@ fn send(
         }
         at += 16;
     }
-    let max = usize::from(dp.vport.mtu) + 18;
+    let max = max_frame(dp.vport.mtu);
     if frame.len() < 14 || frame.len() > max {
         return Err(err(
             CqeSyndrome::LocalLength,

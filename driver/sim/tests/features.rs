@@ -123,7 +123,7 @@ fn cyclic_rq_scatters_and_strips_vlan() {
         &fab,
         NicConfig {
             mac: MAC_A,
-            mtu: 9000,
+            mtu: 9000 + 22,
             ..Default::default()
         },
     );

@@ -104,7 +104,9 @@ impl Ctx<'_> {
         }
         if sel.get(ModifyNicVportFieldSelect::MTU) == 1 {
             let m = c.get(NicVportContext::MTU);
-            range("mtu", m, 68, 9978)?;
+            // A frame length (software MTU + 22, Linux `mlx5e_set_mtu`):
+            // 68..=9978 bytes of IP.
+            range("mtu", m, 68 + 22, 9978 + 22)?;
             vp.mtu = m as u16;
         }
         if sel.get(ModifyNicVportFieldSelect::PROMISC) == 1 {
