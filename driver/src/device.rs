@@ -137,6 +137,9 @@ pub struct DeviceInfo {
     pub log_max_cq_sz: u8,
     /// Striding RQ with 2^3..2^8 strides supported.
     pub ext_stride_num_range: bool,
+    /// log2 of the smallest striding-RQ WQE (strides × stride bytes) the
+    /// device accepts (general-2 cap, or DPDK's default 14).
+    pub log_min_stride_wqe_sz: u8,
     /// CQE version in use.
     pub cqe_version: u8,
     /// Ethernet cap `wqe_inline_mode`; `sqc.min_wqe_inline_mode` is set
@@ -1090,6 +1093,18 @@ fn bring_up<B: HwBackend>(
         ts_format_cap::REAL_TIME => ts_format::REAL_TIME,
         _ => ts_format::DEFAULT,
     };
+    // The smallest striding WQE (DPDK `mlx5_devx_cmd_query_hca_attr`: the
+    // general-2 cap, 16 KiB when the device does not report one).
+    let log_min_stride_wqe_sz = if caps.get32(CmdHcaCap::HCA_CAP_2) == 1 {
+        let c2 = query_cap(bar, pool, ctl, cap_type::GENERAL_2, true)?;
+        cap2_log_min_stride_wqe_sz(&c2)
+    } else {
+        0
+    };
+    let log_min_stride_wqe_sz = match log_min_stride_wqe_sz {
+        0 => MPRQ_LOG_MIN_STRIDE_WQE_SZ_DEFAULT,
+        v => v,
+    };
     let sq_ts_format = ts(caps.get32(CmdHcaCap::SQ_TS_FORMAT));
     let rq_ts_format = ts(caps.get32(CmdHcaCap::RQ_TS_FORMAT));
 
@@ -1373,6 +1388,7 @@ fn bring_up<B: HwBackend>(
         log_max_wq_sz: caps.get32(CmdHcaCap::LOG_MAX_WQ_SZ) as u8,
         log_max_cq_sz: caps.get32(CmdHcaCap::LOG_MAX_CQ_SZ) as u8,
         ext_stride_num_range: caps.get32(CmdHcaCap::EXT_STRIDE_NUM_RANGE) == 1,
+        log_min_stride_wqe_sz,
         cqe_version: caps.get32(CmdHcaCap::CQE_VERSION) as u8,
         wqe_inline_mode_cap: eth_inline as u8,
         sq_ts_format,

@@ -533,6 +533,17 @@ impl<B: HwBackend> QueueSet<B> {
                 cfg.rq_log_strides
             )
         })?;
+        let log_wqe = u32::from(cfg.rq_log_strides) + u32::from(cfg.rq_log_stride_bytes);
+        check(log_wqe >= u32::from(info.log_min_stride_wqe_sz), || {
+            format!(
+                "a striding RQ WQE of 2^{} strides of 2^{} bytes ({} KiB) is below the device's minimum WQE size of {} KiB (log_min_stride_wqe_sz {}): use more strides",
+                cfg.rq_log_strides,
+                cfg.rq_log_stride_bytes,
+                (1u64 << log_wqe) >> 10,
+                (1u64 << info.log_min_stride_wqe_sz) >> 10,
+                info.log_min_stride_wqe_sz
+            )
+        })?;
         check((6..=13).contains(&cfg.rq_log_stride_bytes), || {
             format!(
                 "rq_log_stride_bytes {} outside 6..=13",

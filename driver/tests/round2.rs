@@ -295,3 +295,37 @@ fn frames_longer_than_a_stride_and_runts_never_reach_the_rx_count() {
     assert!(matches!(qa.tx_flush(), Err(mlx5::Error::SqInError { .. })));
     a.free(buf);
 }
+
+/// Item 3: with the extended stride range (ConnectX-5 and later), a
+/// striding WQE may not be smaller than the device's minimum WQE size
+/// (general-2 cap `log_min_stride_wqe_sz`, 16 KiB by default, DPDK
+/// `mlx5_devx_cmds.c`): 8 strides of 1 KiB are refused with a clear error
+/// before the firmware sees them; 16 work.
+#[test]
+fn a_striding_wqe_below_the_minimum_size_is_refused_clearly() {
+    let fab = fabric(3107);
+    let nic = nic_with(&fab, 1, Profile::ConnectX6DxPf.config());
+    let dev = open(&nic);
+    assert_eq!(dev.info().log_min_stride_wqe_sz, 14);
+    let small = mlx5::QueueConfig {
+        rq_log_strides: 3,
+        rq_log_wqes: 9,
+        ..queue(5000)
+    };
+    let err = dev.create_queue_set(small).unwrap_err();
+    assert!(
+        matches!(&err, mlx5::Error::Config(m) if m.contains("minimum WQE size")),
+        "{err}"
+    );
+    assert!(
+        logged(&nic, Opcode::CreateRq).is_empty(),
+        "refused before any CREATE_RQ"
+    );
+    let ok = mlx5::QueueConfig {
+        rq_log_strides: 4,
+        rq_log_wqes: 8,
+        ..queue(5000)
+    };
+    drop(dev.create_queue_set(ok).expect("16 KiB WQEs"));
+    dev.close().unwrap();
+}

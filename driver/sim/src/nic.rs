@@ -195,6 +195,11 @@ pub struct NicConfig {
     pub striding_rq: bool,
     /// Cap `ext_stride_num_range`.
     pub ext_stride_num_range: bool,
+    /// General-2 cap `log_min_stride_wqe_sz` (DPDK's position; `Some`
+    /// also sets `hca_cap_2`): the smallest striding WQE, log2 bytes.
+    /// `None`: no general-2 block; the minimum is then 2^14, DPDK's
+    /// default.
+    pub log_min_stride_wqe_sz: Option<u8>,
     /// How striding-RQ CQEs report `wqe_id`.
     pub wqe_id_mode: WqeIdMode,
     /// Cap `cq_oi`.
@@ -259,6 +264,7 @@ impl NicConfig {
             mtu: 1522,
             striding_rq: true,
             ext_stride_num_range: true,
+            log_min_stride_wqe_sz: Some(14),
             wqe_id_mode: WqeIdMode::FreeRunning,
             cq_oi: true,
             reset_root_to_default: false,

@@ -75,6 +75,7 @@ impl Profile {
                 wqe_inline_mode: 0,
                 striding_rq: false,
                 ext_stride_num_range: false,
+                log_min_stride_wqe_sz: None,
                 ..base
             },
             Profile::ConnectX4LxPf => NicConfig {
@@ -86,6 +87,7 @@ impl Profile {
                 regular_pages: 1024,
                 wqe_inline_mode: 0,
                 ext_stride_num_range: false,
+                log_min_stride_wqe_sz: None,
                 ..base
             },
             Profile::ConnectX5Pf => base,

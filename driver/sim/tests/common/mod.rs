@@ -221,11 +221,16 @@ impl Host {
         }
     }
 
+    /// A ConnectX-5 with `mac` that accepts striding WQEs down to 512
+    /// bytes (8 strides of 64 bytes), so that the datapath tests can fill
+    /// WQEs and provoke filler CQEs with a few frames (the profile's
+    /// minimum is 16 KiB, DPDK's default `log_min_stride_wqe_sz`).
     pub fn with_mac(fabric: &Fabric, mac: [u8; 6]) -> Host {
         Host::new(
             fabric,
             NicConfig {
                 mac,
+                log_min_stride_wqe_sz: Some(9),
                 ..Default::default()
             },
         )

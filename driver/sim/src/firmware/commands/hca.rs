@@ -279,11 +279,14 @@ impl Ctx<'_> {
             (cap_type::ETHERNET_OFFLOADS, true) => &self.fw.caps.eth_cur,
             (cap_type::ETHERNET_OFFLOADS, false) => &self.fw.caps.eth_max,
             (cap_type::NIC_FLOW_TABLE, _) => &self.fw.caps.flow_table,
+            (cap_type::GENERAL_2, _) if self.fw.caps.gen2.is_some() => {
+                self.fw.caps.gen2.as_ref().expect("checked")
+            }
             _ => {
                 return Err(param(
                     Why::NotSupported,
                     format!(
-                        "capability type {ty:#x} is not modeled (general 0, Ethernet 1 and NIC flow table 7 are)"
+                        "capability type {ty:#x} is not modeled (general 0, Ethernet 1, NIC flow table 7 and, with hca_cap_2, general-2 0x20 are)"
                     ),
                 ));
             }

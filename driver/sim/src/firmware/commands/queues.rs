@@ -554,6 +554,15 @@ impl Ctx<'_> {
                     ));
                 }
                 let log_stride = w.get32(Wq::LOG_WQE_STRIDE_SIZE) + MPWQE_LOG_STRIDE_SZ_BASE;
+                let min = self.fw.caps.log_min_stride_wqe_sz();
+                if log_num + log_stride < min {
+                    return Err(param(
+                        Why::OutOfRange,
+                        format!(
+                            "striding WQE of 2^{log_num} strides x 2^{log_stride} bytes is below the minimum WQE size 2^{min} (log_min_stride_wqe_sz)"
+                        ),
+                    ));
+                }
                 Some(Striding {
                     log_num_strides: log_num,
                     log_stride,
