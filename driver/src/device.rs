@@ -30,6 +30,10 @@ use crate::prm::{Layout, View, ViewMut};
 const PAGES_PER_CMD: usize = 512;
 /// Bytes of a capability block in QUERY/SET_HCA_CAP.
 const CAP_BYTES: usize = 0x1000;
+/// ConnectX-4 and ConnectX-4 Lx and their VFs: the devices that need the
+/// L2 header inline when the vport context cannot say (DPDK's device-id
+/// fallback).
+const CX4_FAMILY_IDS: &[u16] = &[0x1013, 0x1014, 0x1015, 0x1016];
 /// The MSI-X vector of the (polled) EQ.
 const EQ_VECTOR: u16 = 0;
 /// The longest frame the device may place in a receive stride: eRPC's
@@ -140,6 +144,9 @@ pub struct DeviceInfo {
     /// log2 of the smallest striding-RQ WQE (strides × stride bytes) the
     /// device accepts (general-2 cap, or DPDK's default 14).
     pub log_min_stride_wqe_sz: u8,
+    /// Q counter sets the function may allocate (`max_qp_cnt`, read after
+    /// INIT_HCA); 0: queue sets go without one.
+    pub max_q_counters: u32,
     /// CQE version in use.
     pub cqe_version: u8,
     /// Ethernet cap `wqe_inline_mode`; `sqc.min_wqe_inline_mode` is set
@@ -1073,6 +1080,33 @@ fn bring_up<B: HwBackend>(
         "cq_oi",
         "the RX CQ is created with overrun ignore",
     )?;
+    // SET_HCA_CAP from the current values: no command checksums, 4 KiB UARs.
+    // Only the general block (cmd_hca_cap, 256 bytes) is copied, as Linux
+    // and rdma-core do: the rest of the 4 KiB union is reserved on input,
+    // while on output it may hold anything.
+    let mut inp = input::<SetHcaCapIn>(Opcode::SetHcaCap, cap_type::GENERAL << 1, 0);
+    {
+        let at = SetHcaCapIn::CMD_HCA_CAP.byte();
+        inp[at..at + CmdHcaCap::BYTES].copy_from_slice(&cur[..CmdHcaCap::BYTES]);
+        let mut v = ViewMut::<SetHcaCapIn>::new(&mut inp).expect("sized");
+        let mut c = v.sub(SetHcaCapIn::CMD_HCA_CAP);
+        c.set(CmdHcaCap::CMDIF_CHECKSUM, 0)
+            .set(CmdHcaCap::LOG_UAR_PAGE_SZ, 0);
+    }
+    ctl.exec(bar, pool, &inp, 16)?;
+
+    satisfy_pages(bar, pool, ctl, pages_op_mod::INIT)?;
+    let inp = input::<InitHcaIn>(Opcode::InitHca, 0, 0);
+    ctl.exec(bar, pool, &inp, 16)?;
+    ctl.initialized = true;
+
+    // Every capability group again, now that INIT_HCA has applied
+    // SET_HCA_CAP and given the function its resources (Linux
+    // `mlx5_function_open` re-queries them too): some, such as the Q
+    // counters a function may allocate, are only meaningful from here on.
+    // Everything below uses these.
+    let cur = query_cap(bar, pool, ctl, cap_type::GENERAL, true)?;
+    let caps = View::<CmdHcaCap>::new(&cur).expect("cap block");
     let eth = query_cap(bar, pool, ctl, cap_type::ETHERNET_OFFLOADS, true)?;
     let eth_inline = View::<EthCaps>::new(&eth)
         .expect("cap block")
@@ -1107,26 +1141,6 @@ fn bring_up<B: HwBackend>(
     };
     let sq_ts_format = ts(caps.get32(CmdHcaCap::SQ_TS_FORMAT));
     let rq_ts_format = ts(caps.get32(CmdHcaCap::RQ_TS_FORMAT));
-
-    // SET_HCA_CAP from the current values: no command checksums, 4 KiB UARs.
-    // Only the general block (cmd_hca_cap, 256 bytes) is copied, as Linux
-    // and rdma-core do: the rest of the 4 KiB union is reserved on input,
-    // while on output it may hold anything.
-    let mut inp = input::<SetHcaCapIn>(Opcode::SetHcaCap, cap_type::GENERAL << 1, 0);
-    {
-        let at = SetHcaCapIn::CMD_HCA_CAP.byte();
-        inp[at..at + CmdHcaCap::BYTES].copy_from_slice(&cur[..CmdHcaCap::BYTES]);
-        let mut v = ViewMut::<SetHcaCapIn>::new(&mut inp).expect("sized");
-        let mut c = v.sub(SetHcaCapIn::CMD_HCA_CAP);
-        c.set(CmdHcaCap::CMDIF_CHECKSUM, 0)
-            .set(CmdHcaCap::LOG_UAR_PAGE_SZ, 0);
-    }
-    ctl.exec(bar, pool, &inp, 16)?;
-
-    satisfy_pages(bar, pool, ctl, pages_op_mod::INIT)?;
-    let inp = input::<InitHcaIn>(Opcode::InitHca, 0, 0);
-    ctl.exec(bar, pool, &inp, 16)?;
-    ctl.initialized = true;
 
     // The polled EQ: page requests, CQ errors, port changes. Never armed.
     let eq_uar = alloc_u24::<AllocUarOut>(bar, pool, ctl, Opcode::AllocUar, AllocUarOut::UAR)?;
@@ -1244,9 +1258,18 @@ fn bring_up<B: HwBackend>(
         mac
     };
     let vport_inline = vctx.get32(NicVportContext::MIN_WQE_INLINE_MODE);
+    // The vport context's requirement is trusted only with `eth_virt`;
+    // without it the device id decides (DPDK `mlx5_set_min_inline`: the
+    // ConnectX-4 family needs the L2 header, later devices nothing).
+    let eth_virt = caps.get32(CmdHcaCap::ETH_VIRT) == 1;
     let mode = match eth_inline as u8 {
         inline_mode::L2 => 1,
-        inline_mode::VPORT_CONTEXT => vport_inline,
+        inline_mode::VPORT_CONTEXT if eth_virt => vport_inline,
+        inline_mode::VPORT_CONTEXT => {
+            let by_id = u32::from(CX4_FAMILY_IDS.contains(&pci_device_id));
+            tracing::debug!(device = %name, vport_inline, by_id, "inline mode from the device id: the vport context is not trusted without eth_virt");
+            by_id
+        }
         _ => 0,
     };
     let inline_mode = match mode {
@@ -1279,7 +1302,11 @@ fn bring_up<B: HwBackend>(
     // `mlx5_mpfs_add_mac`).
     set_vport_mac_list(bar, pool, ctl, &[mac])?;
     ctl.objects.push(Obj::VportMacList);
-    if caps.get32(CmdHcaCap::ESWITCH_MANAGER) == 1 {
+    // MPFS exists only on an e-switch manager whose L2 table has more
+    // than one entry (Linux `mlx5_mpfs_init`); a failure costs unicast
+    // delivery on a shared port, not the function, so it is a warning
+    // (Linux mlx5e logs it and carries on).
+    if caps.get32(CmdHcaCap::ESWITCH_MANAGER) == 1 && caps.get32(CmdHcaCap::LOG_MAX_L2_TABLE) > 0 {
         const L2_INDEX: u32 = 0;
         let mut inp = input::<SetL2TableEntryIn>(Opcode::SetL2TableEntry, 0, 0);
         {
@@ -1288,8 +1315,13 @@ fn bring_up<B: HwBackend>(
             let mut a = v.sub(SetL2TableEntryIn::MAC_ADDRESS);
             set_mac(&mut a, mac);
         }
-        ctl.exec(bar, pool, &inp, 16)?;
-        ctl.objects.push(Obj::L2Entry(L2_INDEX));
+        match ctl.exec(bar, pool, &inp, 16) {
+            Ok(_) => ctl.objects.push(Obj::L2Entry(L2_INDEX)),
+            Err(e @ Error::Command { .. }) => {
+                tracing::warn!(device = %name, error = %e, mac = %MacStr(mac), "MPFS L2 table entry refused: unicast for this MAC may not reach the function on a shared port");
+            }
+            Err(e) => return Err(e),
+        }
     }
 
     if cfg.promiscuous {
@@ -1389,6 +1421,7 @@ fn bring_up<B: HwBackend>(
         log_max_cq_sz: caps.get32(CmdHcaCap::LOG_MAX_CQ_SZ) as u8,
         ext_stride_num_range: caps.get32(CmdHcaCap::EXT_STRIDE_NUM_RANGE) == 1,
         log_min_stride_wqe_sz,
+        max_q_counters: caps.get32(CmdHcaCap::MAX_QP_CNT),
         cqe_version: caps.get32(CmdHcaCap::CQE_VERSION) as u8,
         wqe_inline_mode_cap: eth_inline as u8,
         sq_ts_format,

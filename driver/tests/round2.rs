@@ -329,3 +329,121 @@ fn a_striding_wqe_below_the_minimum_size_is_refused_clearly() {
     drop(dev.create_queue_set(ok).expect("16 KiB WQEs"));
     dev.close().unwrap();
 }
+
+/// Item 11: MPFS exists only when the e-switch manager's L2 table has more
+/// than one entry (Linux `mlx5_mpfs_init`); with `log_max_l2_table` 0 the
+/// model refuses SET_L2_TABLE_ENTRY and filters nothing, and the driver
+/// does not send it.
+#[test]
+fn mpfs_is_left_alone_when_the_l2_table_has_one_entry() {
+    let fab = fabric(3108);
+    let nic = nic_with(
+        &fab,
+        1,
+        NicConfig {
+            log_max_l2_table: 0,
+            ..Default::default()
+        },
+    );
+    let peer = nic_with(&fab, 2, NicConfig::default());
+    let (dev, dp) = (open(&nic), open(&peer));
+    assert!(logged(&nic, Opcode::SetL2TableEntry).is_empty());
+    let mut qa = dp.create_queue_set(queue(5000)).unwrap();
+    let mut qb = dev.create_queue_set(queue(6000)).unwrap();
+    echo_once(&fab, &dp, &mut qa, &mut qb, nic.mac());
+    drop((qa, qb));
+    dev.close().unwrap();
+    dp.close().unwrap();
+}
+
+/// Item 12: a VF has few Q counters (here 2). Queue sets beyond them go
+/// without one (out-of-buffer drops are then not counted) instead of
+/// failing, as Linux mlx5e carries on when ALLOC_Q_COUNTER fails.
+#[test]
+fn queue_sets_beyond_the_q_counters_go_without_one() {
+    let fab = fabric(3109);
+    let nic = nic_with(&fab, 1, Profile::ConnectX5Vf.config());
+    let dev = open(&nic);
+    assert_eq!(dev.info().max_q_counters, 2);
+    let sets: Vec<_> = (0..4)
+        .map(|i| dev.create_queue_set(queue(5000 + i)).expect("queue set"))
+        .collect();
+    let ids: Vec<u32> = sets.iter().map(|q| q.snapshot().counter_set_id).collect();
+    assert!(ids[0] != 0 && ids[1] != 0 && ids[0] != ids[1], "{ids:?}");
+    assert_eq!(&ids[2..], &[0, 0]);
+    for q in &sets {
+        assert_eq!(q.query_hw().unwrap().out_of_buffer, 0);
+    }
+    drop(sets);
+    dev.close().unwrap();
+    assert_eq!(nic.objects().q_counters, 0);
+}
+
+/// Item 14: every capability group is read again after INIT_HCA (Linux
+/// `mlx5_function_open`), and that reading is the one used: the model
+/// gives a function its Q counters at INIT_HCA (`max_qp_cnt` reads 0
+/// before), so a driver that kept the first reading would think it has
+/// none.
+#[test]
+fn capabilities_are_read_again_after_init_hca() {
+    let fab = fabric(3110);
+    let nic = nic_with(&fab, 1, NicConfig::default());
+    let dev = open(&nic);
+    let log = nic.command_log();
+    let init = log
+        .iter()
+        .position(|c| c.opcode == Opcode::InitHca as u16)
+        .unwrap();
+    let after: Vec<u16> = log[init..]
+        .iter()
+        .filter(|c| c.opcode == Opcode::QueryHcaCap as u16)
+        .map(|c| c.op_mod >> 1)
+        .collect();
+    assert!(after.contains(&0) && after.contains(&1), "{after:?}");
+    assert!(dev.info().max_q_counters > 0);
+    let qs = dev.create_queue_set(queue(5000)).unwrap();
+    assert_ne!(qs.snapshot().counter_set_id, 0);
+    drop(qs);
+    dev.close().unwrap();
+}
+
+/// Item 16: with `wqe_inline_mode` VPORT_CONTEXT the vport context's
+/// `min_wqe_inline_mode` means something only with `eth_virt`; DPDK
+/// otherwise falls back by device id (none on a ConnectX-5). A ConnectX-5
+/// without `eth_virt` whose vport context holds a stale IP requirement
+/// comes up without inlining, and its frames go out.
+#[test]
+fn inline_mode_comes_from_the_vport_context_only_with_eth_virt() {
+    let fab = fabric(3111);
+    let stale = nic_with(
+        &fab,
+        1,
+        NicConfig {
+            eth_virt: false,
+            vport_min_inline: 2,
+            ..Default::default()
+        },
+    );
+    let peer = nic_with(&fab, 2, NicConfig::default());
+    let (dev, dp) = (open(&stale), open(&peer));
+    assert_eq!(dev.info().inline_mode, mlx5::InlineMode::None);
+    let mut qa = dev.create_queue_set(queue(5000)).unwrap();
+    let mut qb = dp.create_queue_set(queue(6000)).unwrap();
+    assert!(!qa.inlines_l2());
+    echo_once(&fab, &dev, &mut qa, &mut qb, peer.mac());
+    drop((qa, qb));
+    // With eth_virt the vport context is followed (L2 here).
+    let l2 = nic_with(
+        &fab,
+        3,
+        NicConfig {
+            vport_min_inline: 1,
+            ..Default::default()
+        },
+    );
+    let d3 = open(&l2);
+    assert_eq!(d3.info().inline_mode, mlx5::InlineMode::L2);
+    d3.close().unwrap();
+    dev.close().unwrap();
+    dp.close().unwrap();
+}

@@ -195,6 +195,10 @@ pub struct NicConfig {
     pub striding_rq: bool,
     /// Cap `ext_stride_num_range`.
     pub ext_stride_num_range: bool,
+    /// Cap `eth_virt`: the vport context's `min_wqe_inline_mode` is
+    /// meaningful. Without it the device's own requirement (by device id:
+    /// L2 on the ConnectX-4 family, none later) applies, as DPDK assumes.
+    pub eth_virt: bool,
     /// General-2 cap `log_min_stride_wqe_sz` (DPDK's position; `Some`
     /// also sets `hca_cap_2`): the smallest striding WQE, log2 bytes.
     /// `None`: no general-2 block; the minimum is then 2^14, DPDK's
@@ -264,6 +268,7 @@ impl NicConfig {
             mtu: 1522,
             striding_rq: true,
             ext_stride_num_range: true,
+            eth_virt: true,
             log_min_stride_wqe_sz: Some(14),
             wqe_id_mode: WqeIdMode::FreeRunning,
             cq_oi: true,
@@ -785,7 +790,12 @@ impl NicInner {
             return self.drop_frame(DropReason::Oversize);
         }
         let parsed = packet::parse(frame);
-        if !eswitch_forwards(self.cfg.eswitch, dp, &parsed.dmac) {
+        if !eswitch_forwards(
+            self.cfg.eswitch,
+            self.cfg.log_max_l2_table,
+            dp,
+            &parsed.dmac,
+        ) {
             return self.drop_frame(DropReason::Eswitch);
         }
         if self.cfg.vport_mac_filter && !vport_accepts(&dp.vport, &parsed.dmac) {
@@ -934,13 +944,16 @@ fn config_range(off: u16, len: usize) -> std::io::Result<(usize, usize)> {
 /// Whether the e-switch in front of the function forwards a frame for
 /// `dmac` to it: multicast and broadcast always; unicast only to a MAC the
 /// driver programmed (a VF's vport address list, a PF's MPFS L2 table).
-fn eswitch_forwards(e: Eswitch, dp: &Datapath, dmac: &[u8; 6]) -> bool {
+fn eswitch_forwards(e: Eswitch, log_max_l2_table: u8, dp: &Datapath, dmac: &[u8; 6]) -> bool {
     if dmac[0] & 1 == 1 {
         return true;
     }
     match e {
         Eswitch::None => true,
         Eswitch::LegacyVf => dp.vport.uc_list.contains(dmac),
+        // An L2 table of one entry means no MPFS (Linux `mlx5_mpfs_init`):
+        // the port is not shared, nothing filters.
+        Eswitch::Mpfs if log_max_l2_table == 0 => true,
         Eswitch::Mpfs => dp.l2_table.values().any(|m| m == dmac),
     }
 }

@@ -96,6 +96,11 @@ impl Profile {
                 vf: true,
                 function_id: 1,
                 eswitch: crate::nic::Eswitch::LegacyVf,
+                // A VF gets few Q counters.
+                limits: crate::nic::Limits {
+                    max_q_counters: 2,
+                    ..crate::nic::Limits::default()
+                },
                 boot_pages: 16,
                 init_pages: 512,
                 regular_pages: 256,

@@ -77,7 +77,9 @@ impl Caps {
                 .set(C::LOG_MAX_L2_TABLE, u64::from(cfg.log_max_l2_table))
                 .set(C::SQ_TS_FORMAT, u64::from(cfg.sq_ts_format))
                 .set(C::RQ_TS_FORMAT, u64::from(cfg.rq_ts_format))
-                .set(C::HCA_CAP_2, u64::from(cfg.log_min_stride_wqe_sz.is_some()));
+                .set(C::HCA_CAP_2, u64::from(cfg.log_min_stride_wqe_sz.is_some()))
+                .set(C::ETH_VIRT, u64::from(cfg.eth_virt))
+                .set(C::MAX_QP_CNT, u64::from(l.max_q_counters.min(1023)));
         }
         let gen2 = cfg.log_min_stride_wqe_sz.map(|v| {
             let mut b = vec![0u8; CAP_BYTES];
@@ -86,9 +88,12 @@ impl Caps {
         });
         let mut cur = g.clone();
         {
-            // Settable fields start at their defaults.
+            // Settable fields start at their defaults. Q counters are given
+            // to the function at INIT_HCA (`init_hca`); until then the
+            // current value reads 0, so a driver must read the caps again
+            // after INIT_HCA (Linux `mlx5_function_open`).
             let mut v = ViewMut::<CmdHcaCap>::new(&mut cur).expect("4 KiB");
-            v.set(CmdHcaCap::UAR_4K, 0);
+            v.set(CmdHcaCap::UAR_4K, 0).set(CmdHcaCap::MAX_QP_CNT, 0);
         }
         let mut e = vec![0u8; CAP_BYTES];
         {

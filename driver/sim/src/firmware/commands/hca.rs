@@ -2,10 +2,10 @@
 
 use std::sync::atomic::Ordering;
 
-use mlx5::prm::Layout;
 use mlx5::prm::cmd::*;
 use mlx5::prm::codes::{CmdStatus, cap_type, manage_pages_op_mod, reg};
 use mlx5::prm::ctx::*;
+use mlx5::prm::{Layout, View, ViewMut};
 
 use super::super::caps::CAP_BYTES;
 use super::super::pages::{self, PAGE_FILL};
@@ -355,6 +355,12 @@ impl Ctx<'_> {
         }
         self.fw.hca = HcaState::Initialized;
         self.fw.torn_down_at = None;
+        let q = View::<CmdHcaCap>::new(&self.fw.caps.gen_max)
+            .expect("4 KiB")
+            .get(CmdHcaCap::MAX_QP_CNT);
+        ViewMut::<CmdHcaCap>::new(&mut self.fw.caps.gen_cur)
+            .expect("4 KiB")
+            .set(CmdHcaCap::MAX_QP_CNT, q);
         self.dp.hca_up = true;
         let regular = self.fw.pages.regular_default;
         self.fw.pages.regular = 0;

@@ -270,7 +270,10 @@ impl Ctx<'_> {
     pub(super) fn device_inline_mode(&self) -> u8 {
         match self.fw.caps.wqe_inline_mode() {
             0 => 1,
-            1 => self.dp.vport.min_inline,
+            1 if self.nic.cfg.eth_virt => self.dp.vport.min_inline,
+            // Without eth_virt the vport context does not define it: the
+            // device's own requirement (DPDK's device-id fallback).
+            1 => u8::from(matches!(self.nic.cfg.device_id, 0x1013..=0x1016)),
             _ => 0,
         }
     }
@@ -313,7 +316,9 @@ impl Ctx<'_> {
         // The field counts only when the Ethernet cap says the requirement
         // is in the vport context (Linux and DPDK set it only then); the
         // device enforces its own requirement either way.
-        let min_inline = if self.fw.caps.wqe_inline_mode() == inline_mode::VPORT_CONTEXT {
+        let min_inline = if self.fw.caps.wqe_inline_mode() == inline_mode::VPORT_CONTEXT
+            && self.nic.cfg.eth_virt
+        {
             if min_inline_field < dev {
                 return Err(param(
                     Why::Mismatch,

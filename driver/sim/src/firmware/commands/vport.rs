@@ -188,6 +188,13 @@ impl Ctx<'_> {
         }
         let v = self.iv::<SetL2TableEntryIn>()?;
         let index = v.get32(SetL2TableEntryIn::TABLE_INDEX);
+        if self.nic.cfg.log_max_l2_table == 0 {
+            // One entry means no MPFS (Linux `mlx5_mpfs_init` skips it).
+            return Err(param(
+                Why::NotSupported,
+                "SET_L2_TABLE_ENTRY: log_max_l2_table is 0, the device has no MPFS",
+            ));
+        }
         let size = 1u64 << self.nic.cfg.log_max_l2_table;
         range("table_index", u64::from(index), 0, size - 1)?;
         must_be_zero(
