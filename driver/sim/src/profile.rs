@@ -25,6 +25,9 @@ pub enum Profile {
     ConnectX5Vf,
     /// ConnectX-6 Dx (0x101d) physical function.
     ConnectX6DxPf,
+    /// The VF of a ConnectX-6 Dx or ConnectX-7 (0x101e, "ConnectX family
+    /// VF"), function 3, behind a legacy SR-IOV e-switch.
+    ConnectX6DxVf,
     /// ConnectX-7 (0x1021) physical function: real-time timestamps only.
     ConnectX7Pf,
 }
@@ -37,6 +40,7 @@ impl Profile {
         Profile::ConnectX5Pf,
         Profile::ConnectX5Vf,
         Profile::ConnectX6DxPf,
+        Profile::ConnectX6DxVf,
         Profile::ConnectX7Pf,
     ];
 
@@ -47,6 +51,7 @@ impl Profile {
         Profile::ConnectX5Pf,
         Profile::ConnectX5Vf,
         Profile::ConnectX6DxPf,
+        Profile::ConnectX6DxVf,
         Profile::ConnectX7Pf,
     ];
 
@@ -58,6 +63,7 @@ impl Profile {
             Profile::ConnectX5Pf => "ConnectX-5 PF",
             Profile::ConnectX5Vf => "ConnectX-5 VF",
             Profile::ConnectX6DxPf => "ConnectX-6 Dx PF",
+            Profile::ConnectX6DxVf => "ConnectX-6 Dx / ConnectX-7 VF",
             Profile::ConnectX7Pf => "ConnectX-7 PF",
         }
     }
@@ -117,6 +123,27 @@ impl Profile {
                 reset_root_to_default: true,
                 sq_ts_format: 2,
                 rq_ts_format: 2,
+                ..base
+            },
+            Profile::ConnectX6DxVf => NicConfig {
+                device_id: 0x101e,
+                fw_version: (22, 39, 1002),
+                vf: true,
+                function_id: 3,
+                eswitch: crate::nic::Eswitch::LegacyVf,
+                wqe_id_mode: crate::nic::WqeIdMode::RingIndex,
+                boot_pages: 32,
+                init_pages: 1024,
+                regular_pages: 512,
+                wqe_inline_mode: 2,
+                reset_root_to_default: true,
+                sq_ts_format: 2,
+                rq_ts_format: 2,
+                msix_vectors: 8,
+                limits: crate::nic::Limits {
+                    max_q_counters: 2,
+                    ..crate::nic::Limits::default()
+                },
                 ..base
             },
             Profile::ConnectX7Pf => NicConfig {
