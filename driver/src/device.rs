@@ -65,6 +65,10 @@ pub struct DeviceConfig {
     /// What to do when the function has no MAC (the permanent address
     /// reads as zero, as on a VF nobody gave one).
     pub mac_if_unset: MacIfUnset,
+    /// Longest wait after INIT_HCA for the link to come up (the vport
+    /// state to read up): frames sent before are lost. Zero: do not wait
+    /// (bring-up then only logs a warning if the link is down).
+    pub link_up_timeout: Duration,
     /// Expose the device and its queue sets on the process's debug
     /// endpoint (`erpc-inspect`; see [`crate::inspect`]). Off by default;
     /// `ERPC_INSPECT=1` in the environment turns it on too. If the
@@ -94,6 +98,7 @@ impl Default for DeviceConfig {
             flow_table_log_size: 8,
             promiscuous: false,
             mac_if_unset: MacIfUnset::Random,
+            link_up_timeout: Duration::from_secs(10),
             inspect: false,
         }
     }
@@ -197,6 +202,9 @@ impl FuncId {
 /// no progress (Linux `mlx5_reclaim_startup_pages`: a budget that restarts
 /// whenever pages come back).
 pub const PAGE_RECLAIM_BUDGET: Duration = Duration::from_secs(5);
+
+/// QUERY_VPORT_STATE `state` of a link that is up.
+const VPORT_STATE_UP: u8 = 1;
 
 /// How often the heartbeat is sampled (rdma-core `POLL_HEALTH_INTERVAL`).
 pub const HEALTH_POLL_INTERVAL: Duration = Duration::from_millis(1000);
@@ -1289,11 +1297,7 @@ fn bring_up<B: HwBackend>(
     // 1500 or 9000) would let frames longer than a stride in.
     set_vport_mtu(bar, pool, ctl, VPORT_MTU)?;
 
-    let inp = input::<QueryVportStateIn>(Opcode::QueryVportState, 0, 0);
-    let out = ctl.exec(bar, pool, &inp, out_len::<QueryVportStateOut>(0))?;
-    let vport_state = View::<QueryVportStateOut>::new(&out)
-        .expect("sized")
-        .get32(QueryVportStateOut::STATE) as u8;
+    let vport_state = wait_link_up(bar, pool, ctl, cfg.link_up_timeout)?;
 
     // Unicast reaches the function only for MACs programmed into the
     // e-switch: the vport's address list (from which a PF's legacy SR-IOV
@@ -1443,6 +1447,58 @@ fn set_mac(a: &mut ViewMut<'_, MacAddressLayout>, m: [u8; 6]) {
         MacAddressLayout::MAC_ADDR_31_0,
         u64::from(u32::from_be_bytes([m[2], m[3], m[4], m[5]])),
     );
+}
+
+/// QUERY_VPORT_STATE's `state` (1 = up).
+fn vport_state<B: HwBackend>(
+    bar: &Bar<B>,
+    pool: &Arc<DmaPool>,
+    ctl: &mut Ctl,
+) -> Result<u8, Error> {
+    let inp = input::<QueryVportStateIn>(Opcode::QueryVportState, 0, 0);
+    let out = ctl.exec(bar, pool, &inp, out_len::<QueryVportStateOut>(0))?;
+    Ok(View::<QueryVportStateOut>::new(&out)
+        .expect("sized")
+        .get32(QueryVportStateOut::STATE) as u8)
+}
+
+/// Waits for the link: INIT_HCA brings it up (unless the cap
+/// `disable_link_up` says otherwise), but training takes time, and frames
+/// sent before it is up are lost (rdma-core leaves this to its caller; the
+/// `disable_link_up_by_init_hca` cap shows the link follows INIT_HCA). The
+/// vport state is polled every millisecond, servicing the event queue
+/// (page requests, port-change events) in between.
+fn wait_link_up<B: HwBackend>(
+    bar: &Bar<B>,
+    pool: &Arc<DmaPool>,
+    ctl: &mut Ctl,
+    timeout: Duration,
+) -> Result<u8, Error> {
+    let step = Duration::from_millis(1);
+    let mut waited = Duration::ZERO;
+    loop {
+        let state = vport_state(bar, pool, ctl)?;
+        if state == VPORT_STATE_UP {
+            if !waited.is_zero() {
+                tracing::info!(device = %bar.name(), ?waited, "link up");
+            }
+            return Ok(state);
+        }
+        if timeout.is_zero() {
+            tracing::warn!(device = %bar.name(), "link is down; not waiting (link_up_timeout 0): frames are lost until it comes up");
+            return Ok(state);
+        }
+        if waited >= timeout {
+            return Err(Error::Timeout {
+                device: bar.name(),
+                what: "link up (QUERY_VPORT_STATE still reports the port down: check the cable and the switch port, or set DeviceConfig::link_up_timeout to 0 to come up without waiting)".into(),
+                waited,
+            });
+        }
+        ctl.service(bar, pool)?;
+        bar.wait(step);
+        waited += step;
+    }
 }
 
 /// MODIFY_NIC_VPORT_CONTEXT of the MTU (a frame length: Linux

@@ -165,6 +165,10 @@ pub struct NicConfig {
     pub init_pages: u32,
     /// Pages requested with a page-request EQE after INIT_HCA.
     pub regular_pages: u32,
+    /// How long after INIT_HCA the port's link comes up (QUERY_VPORT_STATE
+    /// reports it down, and frames are dropped both ways, until then):
+    /// real links take milliseconds to seconds to train.
+    pub link_up_delay: Duration,
     /// How long after TEARDOWN_HCA the firmware still holds on to its
     /// pages: MANAGE_PAGES TAKE returns none before, every one after (a
     /// driver must retry, as Linux `mlx5_reclaim_startup_pages` does).
@@ -260,6 +264,7 @@ impl NicConfig {
             init_pages: 6144,
             regular_pages: 2048,
             page_release_delay: Duration::from_millis(3),
+            link_up_delay: Duration::from_millis(2),
             reset_init_delay: Duration::from_millis(5),
             fw_init_delay: Duration::from_millis(1),
             init_requires_cmdq: true,
@@ -423,7 +428,7 @@ impl NicInner {
         self.cfg.bar_pages as usize * UAR_PAGE_BYTES
     }
 
-    fn drop_frame(&self, r: DropReason) {
+    pub(crate) fn drop_frame(&self, r: DropReason) {
         if let Some(i) = DropReason::ALL.iter().position(|x| *x == r) {
             self.drops[i].fetch_add(1, Ordering::Relaxed);
         }
@@ -780,6 +785,9 @@ impl NicInner {
     ) {
         if !dp.hca_up {
             return self.drop_frame(DropReason::HcaDown);
+        }
+        if !dp.link_up(self.now_ns()) {
+            return self.drop_frame(DropReason::LinkDown);
         }
         // The port MAC drops runts and frames above the port MTU before
         // anything else looks at them.

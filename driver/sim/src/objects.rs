@@ -189,11 +189,20 @@ pub(crate) struct Datapath {
     pub vport: Vport,
     /// INIT_HCA done and not torn down: the datapath may run.
     pub hca_up: bool,
+    /// Fabric time from which the port's link is up (INIT_HCA brings it
+    /// up, `NicConfig::link_up_delay` later); `None` while the HCA is down.
+    pub link_up_at_ns: Option<u64>,
     /// Current `cqe_version` (user index in CQEs when 1).
     pub cqe_version: u8,
 }
 
 impl Datapath {
+    /// The port's link is up at `now_ns` (the fabric's own link state
+    /// aside).
+    pub(crate) fn link_up(&self, now_ns: u64) -> bool {
+        self.link_up_at_ns.is_some_and(|t| now_ns >= t)
+    }
+
     pub(crate) fn new(vport: Vport) -> Datapath {
         Datapath {
             uars: BTreeSet::new(),
@@ -211,6 +220,7 @@ impl Datapath {
             l2_table: BTreeMap::new(),
             vport,
             hca_up: false,
+            link_up_at_ns: None,
             cqe_version: 1,
         }
     }

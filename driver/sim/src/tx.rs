@@ -368,7 +368,12 @@ pub(crate) fn doorbell(
                 if let Some(f) = frame {
                     sq.frames += 1;
                     sq.bytes += f.len() as u64;
-                    out.push(f);
+                    // Until the link is up the port sends nothing.
+                    if dp.link_up(nic.now_ns()) {
+                        out.push(f);
+                    } else {
+                        nic.drop_frame(crate::stats::DropReason::LinkDown);
+                    }
                 }
                 if signaled {
                     sq.req_cqe(nic, io, dp, idx, opcode, se);

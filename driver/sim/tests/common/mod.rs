@@ -638,8 +638,17 @@ impl Host {
         let mac = &v[0x106..0x10c];
         assert_eq!(mac, &self.nic.config().mac);
         self.mtu = u16::from_be_bytes([v[0x10 + 0x26], v[0x10 + 0x27]]);
-        let st = self.ok(&simple(Opcode::QueryVportState, 0, 0), 0x10);
-        assert_eq!(be32(&st, 0xc) & 0xf, 1, "link up");
+        // The link comes up `link_up_delay` after INIT_HCA.
+        let mut waited = 0;
+        loop {
+            let st = self.ok(&simple(Opcode::QueryVportState, 0, 0), 0x10);
+            if be32(&st, 0xc) & 0xf == 1 {
+                break;
+            }
+            assert!(waited < 1000, "link up within a second");
+            self.hw.wait(Duration::from_millis(1));
+            waited += 1;
+        }
         // Unicast reaches the function only for MACs in its vport list
         // (a VF's e-switch) and, on an e-switch manager, its MPFS entry.
         let mac = self.nic.config().mac;

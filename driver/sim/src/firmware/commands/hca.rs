@@ -65,6 +65,7 @@ impl Ctx<'_> {
             tracing::warn!(leaked, "DISABLE_HCA with objects alive (leaked)");
         }
         self.fw.hca = HcaState::Disabled;
+        self.dp.link_up_at_ns = None;
         self.fw.issi = 0;
         self.fw.pages.regular = 0;
         self.fw.page_events.clear();
@@ -355,6 +356,11 @@ impl Ctx<'_> {
         }
         self.fw.hca = HcaState::Initialized;
         self.fw.torn_down_at = None;
+        self.dp.link_up_at_ns = Some(
+            self.nic
+                .now_ns()
+                .saturating_add(self.nic.cfg.link_up_delay.as_nanos() as u64),
+        );
         let q = View::<CmdHcaCap>::new(&self.fw.caps.gen_max)
             .expect("4 KiB")
             .get(CmdHcaCap::MAX_QP_CNT);
@@ -390,6 +396,7 @@ impl Ctx<'_> {
             );
         }
         self.dp.hca_up = false;
+        self.dp.link_up_at_ns = None;
         self.fw.hca = HcaState::TornDown;
         self.fw.torn_down_at = Some(self.nic.now_ns());
         self.fw.page_events.clear();

@@ -168,7 +168,7 @@ impl Ctx<'_> {
             v.get(QueryVportStateIn::OTHER_VPORT),
             v.get(QueryVportStateIn::VPORT_NUMBER),
         )?;
-        let up = !self.nic.fabric.link_is_down(self.nic.port);
+        let up = !self.nic.fabric.link_is_down(self.nic.port) && self.dp.link_up(self.nic.now_ns());
         let mut o = self.ov::<QueryVportStateOut>()?;
         o.set(QueryVportStateOut::ADMIN_STATE, 2)
             .set(QueryVportStateOut::STATE, u64::from(up));
