@@ -167,6 +167,8 @@ pub struct DeviceInfo {
     pub pci_device_id: u16,
     /// A virtual function (from the device id).
     pub is_vf: bool,
+    /// A BlueField embedded-CPU function (ECPF), from the init segment.
+    pub embedded_cpu: bool,
     /// The function id firmware names for page management.
     pub func: FuncId,
 }
@@ -321,6 +323,8 @@ pub(crate) struct Ctl {
     pub cq_errors: Vec<(u32, u8)>,
     /// Page requests the driver could not meet (answered CANT_GIVE).
     pub pages_refused: u64,
+    /// The function is a BlueField embedded-CPU function (init segment).
+    pub ecpf: bool,
     enabled: bool,
     initialized: bool,
 }
@@ -644,6 +648,7 @@ impl<B: HwBackend> Device<B> {
             health: HealthState::default(),
             cq_errors: Vec::new(),
             pages_refused: 0,
+            ecpf: false,
             enabled: false,
             initialized: false,
         };
@@ -888,15 +893,22 @@ impl DmaMapper for LkeyMapper {
     }
 }
 
-fn simple<B: HwBackend>(
+/// ENABLE_HCA or DISABLE_HCA of our own function (0), with
+/// `embedded_cpu_function` set on an ECPF (the two inputs share a layout).
+fn enable_hca<B: HwBackend>(
     bar: &Bar<B>,
     pool: &Arc<DmaPool>,
     ctl: &mut Ctl,
     op: Opcode,
-    op_mod: u16,
-) -> Result<Vec<u8>, Error> {
-    let inp = input::<MboxIn>(op, op_mod, 0);
-    ctl.exec(bar, pool, &inp, 16)
+) -> Result<(), Error> {
+    const _: () = assert!(
+        EnableHcaIn::EMBEDDED_CPU_FUNCTION.bit() == DisableHcaIn::EMBEDDED_CPU_FUNCTION.bit()
+    );
+    let mut inp = input::<EnableHcaIn>(op, 0, 0);
+    ViewMut::<EnableHcaIn>::new(&mut inp)
+        .expect("sized")
+        .set(EnableHcaIn::EMBEDDED_CPU_FUNCTION, u64::from(ctl.ecpf));
+    ctl.exec(bar, pool, &inp, 16).map(|_| ())
 }
 
 /// QUERY_PAGES for our own function: the function firmware names (to echo
@@ -907,7 +919,10 @@ fn query_pages<B: HwBackend>(
     ctl: &mut Ctl,
     op_mod: u16,
 ) -> Result<(FuncId, i32), Error> {
-    let inp = input::<QueryPagesIn>(Opcode::QueryPages, op_mod, 0);
+    let mut inp = input::<QueryPagesIn>(Opcode::QueryPages, op_mod, 0);
+    ViewMut::<QueryPagesIn>::new(&mut inp)
+        .expect("sized")
+        .set(QueryPagesIn::EMBEDDED_CPU_FUNCTION, u64::from(ctl.ecpf));
     let out = ctl.exec(bar, pool, &inp, out_len::<QueryPagesOut>(0))?;
     let v = View::<QueryPagesOut>::new(&out).expect("sized");
     let func = FuncId {
@@ -1006,6 +1021,14 @@ fn bring_up<B: HwBackend>(
         })?;
     let pci_device_id = u16::from_le_bytes(id);
     let is_vf = crate::hw::mlx5_is_vf(pci_device_id);
+    // A BlueField embedded-CPU function (the Arm side's PF) says so in the
+    // init segment; it must name itself as one in ENABLE/DISABLE_HCA and
+    // QUERY_PAGES (Linux `mlx5_read_embedded_cpu`, `mlx5_core_is_ecpf`),
+    // and firmware may ask it for the host PF's pages too.
+    ctl.ecpf = bar.read32(InitSeg::INITIALIZING.dword()) & init_seg::EMBEDDED_CPU_BIT != 0;
+    if ctl.ecpf {
+        tracing::info!(device = %name, "BlueField embedded-CPU function (ECPF)");
+    }
     let to = bar.read32(InitSeg::CMD_EXEC_TO.dword());
     if to != 0 && to != 0xffff_ffff {
         ctl.cmdq
@@ -1014,7 +1037,7 @@ fn bring_up<B: HwBackend>(
     let fw = bar.read32(InitSeg::FW_REV.dword());
     let fw_sub = bar.read32(InitSeg::CMDIF_REV_FW_SUB.dword()) & 0xffff;
 
-    simple(bar, pool, ctl, Opcode::EnableHca, 0)?;
+    enable_hca(bar, pool, ctl, Opcode::EnableHca)?;
     ctl.enabled = true;
 
     let out = simple_out::<QueryIssiOut>(bar, pool, ctl, Opcode::QueryIssi)?;
@@ -1433,6 +1456,7 @@ fn bring_up<B: HwBackend>(
         reset_root_to_default: ctl.reset_root_to_default,
         pci_device_id,
         is_vf,
+        embedded_cpu: ctl.ecpf,
         func: ctl.func,
     })
 }
@@ -1789,7 +1813,7 @@ fn teardown<B: HwBackend>(bar: &Bar<B>, pool: &Arc<DmaPool>, ctl: &mut Ctl) -> R
     }
     if ctl.enabled {
         note(reclaim_pages(bar, pool, ctl));
-        note(simple(bar, pool, ctl, Opcode::DisableHca, 0).map(|_| ()));
+        note(enable_hca(bar, pool, ctl, Opcode::DisableHca));
         ctl.enabled = false;
     }
     match first {

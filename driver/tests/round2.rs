@@ -490,3 +490,38 @@ fn bring_up_waits_for_the_link() {
     assert_eq!(dead.hca_state(), HcaState::Disabled, "torn down again");
     assert_eq!(dead.stats().pages_leaked, 0);
 }
+
+/// Items 17 and 7: a BlueField ECPF says so in the init segment
+/// (`embedded_cpu`); the driver names itself as one in ENABLE/DISABLE_HCA
+/// and QUERY_PAGES (the model refuses otherwise), gives the host PF the
+/// pages firmware asks for it (function 0, `ec_function` 0), and at
+/// teardown takes every page back for the function it was given for.
+#[test]
+fn a_bluefield_ecpf_names_itself_and_its_host_pf_pages_come_back() {
+    let fab = fabric(3113);
+    let nic = nic_with(&fab, 1, Profile::BlueField2Ecpf.config());
+    let dev = open(&nic);
+    assert!(dev.info().embedded_cpu);
+    assert_eq!(dev.info().func, mlx5::FuncId { ec: true, id: 0 });
+    let host = nic.config().host_pf_pages as usize;
+    assert!(host > 0);
+    assert_eq!(dev.firmware_pages(), nic.pages_held());
+    let own = nic.config().boot_pages + nic.config().init_pages + nic.config().regular_pages;
+    assert_eq!(
+        nic.pages_held(),
+        own as usize + host,
+        "the host PF's pages too"
+    );
+    dev.close().unwrap();
+    assert_eq!(nic.pages_held(), 0);
+    assert_eq!(
+        nic.stats().pages_leaked,
+        0,
+        "each page taken back for its function"
+    );
+    let takes: Vec<_> = logged(&nic, Opcode::ManagePages)
+        .into_iter()
+        .filter(|c| c.op_mod == manage_pages_op_mod::TAKE && c.status == CmdStatus::Ok)
+        .collect();
+    assert!(takes.len() >= 2, "TAKE for the ECPF and for the host PF");
+}

@@ -154,6 +154,16 @@ pub struct NicConfig {
     /// A virtual function (PF-only registers such as HOST_ENDIANNESS are
     /// refused).
     pub vf: bool,
+    /// A BlueField embedded-CPU function (ECPF): the init segment's
+    /// `embedded_cpu` bit (`initializing` bit 23) is set, and
+    /// ENABLE/DISABLE_HCA and QUERY_PAGES must say
+    /// `embedded_cpu_function` = 1 (as Linux does); QUERY_PAGES and page
+    /// requests name the function with `ec_function` = 1.
+    pub ecpf: bool,
+    /// On an ECPF: pages firmware asks for the host PF (function 0,
+    /// `ec_function` 0) after INIT_HCA; they must be given, and taken back,
+    /// for that function.
+    pub host_pf_pages: u32,
     /// The function id firmware names in QUERY_PAGES and page-request
     /// EQEs; MANAGE_PAGES must echo it (0 for a PF, non-zero for a VF).
     pub function_id: u16,
@@ -258,6 +268,8 @@ impl NicConfig {
             log_max_l2_table: 5,
             device_id: 0x1017,
             vf: false,
+            ecpf: false,
+            host_pf_pages: 0,
             function_id: 0,
             fw_version: (16, 35, 2000),
             boot_pages: 96,
@@ -478,7 +490,12 @@ impl NicInner {
             }
             0x01fc => {
                 let fw = lock(&self.fw);
-                if self.initializing(&fw) {
+                let ecpu = if self.cfg.ecpf {
+                    mlx5::prm::init_seg::EMBEDDED_CPU_BIT
+                } else {
+                    0
+                };
+                ecpu | if self.initializing(&fw) {
                     INITIALIZING_BIT
                 } else {
                     0
@@ -1180,7 +1197,7 @@ impl SimNic {
 
     /// Pages the firmware holds.
     pub fn pages_held(&self) -> usize {
-        lock(&self.inner.fw).pages.held.len()
+        lock(&self.inner.fw).pages.total()
     }
 
     /// Live IOMMU mappings.

@@ -30,6 +30,10 @@ pub enum Profile {
     ConnectX6DxVf,
     /// ConnectX-7 (0x1021) physical function: real-time timestamps only.
     ConnectX7Pf,
+    /// BlueField-2 (0xa2d6) embedded-CPU function (ECPF, the Arm side's
+    /// PF): says so in the init segment, must name itself as one, and is
+    /// asked for the host PF's firmware pages too.
+    BlueField2Ecpf,
 }
 
 impl Profile {
@@ -42,6 +46,7 @@ impl Profile {
         Profile::ConnectX6DxPf,
         Profile::ConnectX6DxVf,
         Profile::ConnectX7Pf,
+        Profile::BlueField2Ecpf,
     ];
 
     /// The profiles the driver supports (all but ConnectX-4 non-Lx, which
@@ -53,6 +58,7 @@ impl Profile {
         Profile::ConnectX6DxPf,
         Profile::ConnectX6DxVf,
         Profile::ConnectX7Pf,
+        Profile::BlueField2Ecpf,
     ];
 
     /// Human-readable name.
@@ -65,6 +71,7 @@ impl Profile {
             Profile::ConnectX6DxPf => "ConnectX-6 Dx PF",
             Profile::ConnectX6DxVf => "ConnectX-6 Dx / ConnectX-7 VF",
             Profile::ConnectX7Pf => "ConnectX-7 PF",
+            Profile::BlueField2Ecpf => "BlueField-2 ECPF",
         }
     }
 
@@ -144,6 +151,22 @@ impl Profile {
                     max_q_counters: 2,
                     ..crate::nic::Limits::default()
                 },
+                ..base
+            },
+            Profile::BlueField2Ecpf => NicConfig {
+                device_id: 0xa2d6,
+                fw_version: (24, 39, 1002),
+                ecpf: true,
+                host_pf_pages: 1024,
+                // The e-switch manager of its port, with no MPFS.
+                log_max_l2_table: 0,
+                boot_pages: 128,
+                init_pages: 8192,
+                regular_pages: 2048,
+                wqe_inline_mode: 2,
+                reset_root_to_default: true,
+                sq_ts_format: 2,
+                rq_ts_format: 2,
                 ..base
             },
             Profile::ConnectX7Pf => NicConfig {

@@ -202,7 +202,7 @@ pub(crate) struct Firmware {
     /// Fabric time of TEARDOWN_HCA (pages come back over time after it).
     pub torn_down_at: Option<u64>,
     /// Page-request EQEs not yet written (no EQ takes them yet).
-    pub page_events: VecDeque<i32>,
+    pub page_events: VecDeque<(bool, u16, i32)>,
 }
 
 impl Firmware {
