@@ -886,8 +886,8 @@ impl NicInner {
 
     // ------------------------------------------------------------ PCI
 
-    /// MSI-X on with every vector allocated and `vector` routed, as
-    /// vfio-pci sets the device up for `VFIO_DEVICE_SET_IRQS`.
+    /// MSI-X on with `vector` routed, as vfio-pci sets the device up for
+    /// `VFIO_DEVICE_SET_IRQS`.
     pub(crate) fn enable_msix(&self, vector: u16) -> std::io::Result<()> {
         if vector >= self.cfg.msix_vectors {
             return Err(std::io::Error::new(
