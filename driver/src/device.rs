@@ -58,6 +58,10 @@ pub struct DeviceConfig {
     /// log2 of the NIC RX flow table size: the most queue sets (UDP ports)
     /// steered at once.
     pub flow_table_log_size: u8,
+    /// The PF trusts this VF (`ip link set <pf> vf <n> trust on`), so it
+    /// honours the VF's promiscuous request. A VF cannot query it; without
+    /// this, `promiscuous` on a VF is refused (the PF would ignore it).
+    pub vf_trusted: bool,
     /// Ask for unicast promiscuous mode. Off by default: the driver
     /// programs its MAC into the vport address list (and the MPFS L2 table
     /// on an e-switch manager), which is what makes unicast reach it.
@@ -97,6 +101,7 @@ impl Default for DeviceConfig {
             init_timeout: Duration::from_secs(120),
             flow_table_log_size: 8,
             promiscuous: false,
+            vf_trusted: false,
             mac_if_unset: MacIfUnset::Random,
             link_up_timeout: Duration::from_secs(10),
             inspect: false,
@@ -1269,6 +1274,7 @@ fn bring_up<B: HwBackend>(
         (lo >> 8) as u8,
         lo as u8,
     ];
+    let admin_mac = mac;
     let mac = if mac == [0; 6] {
         match cfg.mac_if_unset {
             MacIfUnset::Random => {
@@ -1320,15 +1326,31 @@ fn bring_up<B: HwBackend>(
     // 1500 or 9000) would let frames longer than a stride in.
     set_vport_mtu(bar, pool, ctl, VPORT_MTU)?;
 
-    let vport_state = wait_link_up(bar, pool, ctl, cfg.link_up_timeout)?;
+    // Promiscuous mode on a VF is the PF's decision: its mlx5_core ignores
+    // the request unless the VF is trusted, and a VF cannot see that.
+    if cfg.promiscuous && is_vf && !cfg.vf_trusted {
+        return Err(Error::Config(format!(
+            "{name}: promiscuous mode on a VF works only if the PF trusts it (`ip link set <pf> vf <n> trust on`); the PF ignores an untrusted VF's request. Set DeviceConfig::vf_trusted once it does"
+        )));
+    }
 
     // Unicast reaches the function only for MACs programmed into the
     // e-switch: the vport's address list (from which a PF's legacy SR-IOV
     // e-switch builds a VF's forwarding rules; Linux mlx5e always sets
     // it), and on an e-switch manager the MPFS L2 table (Linux
-    // `mlx5_mpfs_add_mac`).
+    // `mlx5_mpfs_add_mac`). The PF copies a VF's list into its forwarding
+    // table from a work item, some time after the MODIFY, and a VF cannot
+    // see when: the list is programmed before the link wait, so that the
+    // copy overlaps it.
     set_vport_mac_list(bar, pool, ctl, &[mac])?;
     ctl.objects.push(Obj::VportMacList);
+    let listed = query_vport_mac_list(bar, pool, ctl)?;
+    if !listed.contains(&mac) {
+        tracing::warn!(device = %name, mac = %MacStr(mac), listed = listed.len(), "the vport address list does not hold our MAC after setting it: unicast may not reach the function");
+    }
+    if is_vf && mac != admin_mac {
+        tracing::warn!(device = %name, mac = %MacStr(mac), "this VF has no admin MAC: if the PF checks spoofing (`spoofchk on`) it drops every frame the VF sends; give it one with `ip link set <pf> vf <n> mac ...`");
+    }
     // MPFS exists only on an e-switch manager whose L2 table has more
     // than one entry (Linux `mlx5_mpfs_init`); a failure costs unicast
     // delivery on a shared port, not the function, so it is a warning
@@ -1360,6 +1382,8 @@ fn bring_up<B: HwBackend>(
             .set(NicVportContext::PROMISC_UC, 1);
         ctl.exec(bar, pool, &inp, 16)?;
     }
+
+    let vport_state = wait_link_up(bar, pool, ctl, cfg.link_up_timeout)?;
 
     // The NIC RX root table with one group: exact dmac, ethertype, IP
     // protocol and UDP destination port.
@@ -1556,6 +1580,40 @@ fn set_vport_mtu<B: HwBackend>(
         )));
     }
     Ok(())
+}
+
+/// Most unicast addresses read back by [`query_vport_mac_list`].
+const MAC_LIST_READ_BACK: usize = 8;
+
+/// QUERY_NIC_VPORT_CONTEXT of the unicast address list (the first
+/// [`MAC_LIST_READ_BACK`] entries).
+fn query_vport_mac_list<B: HwBackend>(
+    bar: &Bar<B>,
+    pool: &Arc<DmaPool>,
+    ctl: &mut Ctl,
+) -> Result<Vec<[u8; 6]>, Error> {
+    let inp = input::<QueryNicVportContextIn>(Opcode::QueryNicVportContext, 0, 0);
+    let base = QueryNicVportContextOut::NIC_VPORT_CONTEXT.byte()
+        + NicVportContext::CURRENT_UC_MAC_ADDRESS.byte();
+    let len = (base + MAC_LIST_READ_BACK * MacAddressLayout::BYTES)
+        .max(out_len::<QueryNicVportContextOut>(0));
+    let out = ctl.exec(bar, pool, &inp, len)?;
+    let n = View::<QueryNicVportContextOut>::new(&out)
+        .expect("sized")
+        .sub(QueryNicVportContextOut::NIC_VPORT_CONTEXT)
+        .get32(NicVportContext::ALLOWED_LIST_SIZE) as usize;
+    Ok((0..n.min(MAC_LIST_READ_BACK))
+        .map(|i| {
+            let e = View::<MacAddressLayout>::new(&out[base + i * MacAddressLayout::BYTES..])
+                .expect("sized");
+            let (hi, lo) = (
+                e.get32(MacAddressLayout::MAC_ADDR_47_32) as u16,
+                e.get32(MacAddressLayout::MAC_ADDR_31_0),
+            );
+            let (h, l) = (hi.to_be_bytes(), lo.to_be_bytes());
+            [h[0], h[1], l[0], l[1], l[2], l[3]]
+        })
+        .collect())
 }
 
 /// MODIFY_NIC_VPORT_CONTEXT of the unicast address list (Linux

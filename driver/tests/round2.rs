@@ -525,3 +525,148 @@ fn a_bluefield_ecpf_names_itself_and_its_host_pf_pages_come_back() {
         .collect();
     assert!(takes.len() >= 2, "TAKE for the ECPF and for the host PF");
 }
+
+/// Item 10: the PF decides what a VF gets. It ignores an untrusted VF's
+/// promiscuous request, so the driver refuses `promiscuous` on a VF
+/// unless told the PF trusts it; trusted, the PF's e-switch passes
+/// unicast for other MACs to the VF.
+#[test]
+fn a_vf_refuses_promiscuous_mode_unless_the_pf_trusts_it() {
+    use mlx5_sim::{DropReason, VfPolicy};
+    let fab = fabric(3114);
+    let untrusted = nic_with(&fab, 1, Profile::ConnectX5Vf.config());
+    let cfg = mlx5::DeviceConfig {
+        promiscuous: true,
+        ..device_config()
+    };
+    let err = Device::open(untrusted.backend(), cfg.clone()).unwrap_err();
+    assert!(
+        matches!(&err, mlx5::Error::Config(m) if m.contains("trust")),
+        "{err}"
+    );
+    assert_eq!(untrusted.hca_state(), HcaState::Disabled);
+
+    let trusted = nic_with(
+        &fab,
+        2,
+        NicConfig {
+            vf_policy: VfPolicy {
+                trusted: true,
+                ..VfPolicy::default()
+            },
+            ..Profile::ConnectX5Vf.config()
+        },
+    );
+    let dv = Device::open(
+        trusted.backend(),
+        mlx5::DeviceConfig {
+            vf_trusted: true,
+            ..cfg
+        },
+    )
+    .expect("a trusted VF may be promiscuous");
+    let pf = nic_with(&fab, 3, NicConfig::default());
+    let dp = open(&pf);
+    let mut qv = dv.create_queue_set(queue(6000)).unwrap();
+    let mut qp = dp.create_queue_set(queue(5000)).unwrap();
+    // Unicast for another MAC passes the PF's e-switch (and then misses
+    // the VF's steering, which matches its own MAC).
+    let mut a = allocator(&dp);
+    let mut buf = a.alloc(256).unwrap();
+    write_frame(&mut buf, &qp, mac(0x77), 6000, 1, 128);
+    qp.tx_burst(&[frame(&buf, 128)]).unwrap();
+    qp.tx_flush().unwrap();
+    step(&fab);
+    assert_eq!(trusted.drops(DropReason::Eswitch), 0);
+    assert_eq!(qv.rx_burst(), 0);
+    // Its own MAC arrives.
+    echo_once(&fab, &dp, &mut qp, &mut qv, trusted.mac());
+    a.free(buf);
+}
+
+/// Item 10: the PF copies a VF's unicast list into its forwarding table
+/// asynchronously; the driver programs the list before it waits for the
+/// link (so the copy overlaps the wait) and reads it back. The first frame
+/// after bring-up arrives.
+#[test]
+fn the_vf_address_list_is_set_before_the_link_wait_and_read_back() {
+    use mlx5_sim::VfPolicy;
+    let fab = fabric(3115);
+    let vf = nic_with(
+        &fab,
+        1,
+        NicConfig {
+            vf_policy: VfPolicy {
+                copy_delay: std::time::Duration::from_millis(1),
+                ..VfPolicy::default()
+            },
+            link_up_delay: std::time::Duration::from_millis(5),
+            ..Profile::ConnectX5Vf.config()
+        },
+    );
+    let pf = nic_with(&fab, 2, NicConfig::default());
+    let (dv, dp) = (open(&vf), open(&pf));
+    let log = vf.command_log();
+    let set = log
+        .iter()
+        .rposition(|c| c.opcode == Opcode::ModifyNicVportContext as u16)
+        .unwrap();
+    assert!(
+        log[set..]
+            .iter()
+            .any(|c| c.opcode == Opcode::QueryNicVportContext as u16),
+        "the list is read back"
+    );
+    let link = log
+        .iter()
+        .rposition(|c| c.opcode == Opcode::QueryVportState as u16)
+        .unwrap();
+    assert!(set < link, "the list is set before the link wait ends");
+    let mut qv = dv.create_queue_set(queue(6000)).unwrap();
+    let mut qp = dp.create_queue_set(queue(5000)).unwrap();
+    echo_once(&fab, &dp, &mut qp, &mut qv, vf.mac());
+}
+
+/// Item 10 (model): with spoof checking on, the PF passes only frames
+/// whose source is the VF's admin MAC, and nothing from a VF without one;
+/// the driver warns about that when it has to make a MAC up.
+#[test]
+fn spoof_checking_drops_a_vf_without_an_admin_mac() {
+    use mlx5_sim::{DropReason, VfPolicy};
+    let fab = fabric(3116);
+    let policy = VfPolicy {
+        spoofchk: true,
+        ..VfPolicy::default()
+    };
+    let nameless = SimNic::new(
+        &fab,
+        NicConfig {
+            mac: [0; 6],
+            vf_policy: policy,
+            ..Profile::ConnectX5Vf.config()
+        },
+    );
+    let named = nic_with(
+        &fab,
+        2,
+        NicConfig {
+            vf_policy: policy,
+            ..Profile::ConnectX5Vf.config()
+        },
+    );
+    let pf = nic_with(&fab, 3, NicConfig::default());
+    let (dn, dm, dp) = (open(&nameless), open(&named), open(&pf));
+    let mut qn = dn.create_queue_set(queue(5001)).unwrap();
+    let mut qm = dm.create_queue_set(queue(5002)).unwrap();
+    let mut qp = dp.create_queue_set(queue(6000)).unwrap();
+    echo_once(&fab, &dm, &mut qm, &mut qp, pf.mac());
+    let mut a = allocator(&dn);
+    let mut buf = a.alloc(256).unwrap();
+    write_frame(&mut buf, &qn, pf.mac(), 6000, 1, 128);
+    qn.tx_burst(&[frame(&buf, 128)]).unwrap();
+    qn.tx_flush().unwrap();
+    step(&fab);
+    assert_eq!(qp.rx_burst(), 0);
+    assert_eq!(nameless.drops(DropReason::Eswitch), 1);
+    a.free(buf);
+}

@@ -128,6 +128,36 @@ pub enum Eswitch {
     Mpfs,
 }
 
+/// What the PF's mlx5_core does with a VF's requests in a legacy SR-IOV
+/// e-switch (Linux `esw_vport_change_handler`, `esw_vport_ingress_config`):
+/// only for [`Eswitch::LegacyVf`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VfPolicy {
+    /// The PF copies the VF's unicast list into its forwarding table
+    /// asynchronously, from a work item: a MAC the VF adds is forwarded
+    /// only this long after the MODIFY_NIC_VPORT_CONTEXT.
+    pub copy_delay: Duration,
+    /// `ip link set <pf> vf <n> spoofchk on`: frames the VF sends must
+    /// carry its admin MAC (`NicConfig::mac`) as source; with no admin MAC
+    /// the PF cannot set the check up and the VF sends nothing.
+    pub spoofchk: bool,
+    /// `ip link set <pf> vf <n> trust on`: the VF's promiscuous request
+    /// is honoured; an untrusted VF's is ignored.
+    pub trusted: bool,
+}
+
+impl Default for VfPolicy {
+    /// mlx5's defaults: spoof checking off, not trusted; a millisecond to
+    /// copy the list.
+    fn default() -> Self {
+        VfPolicy {
+            copy_delay: Duration::from_millis(1),
+            spoofchk: false,
+            trusted: false,
+        }
+    }
+}
+
 /// How striding-RQ CQEs number the WQE a packet landed in (`wqe_id`).
 /// No reference pins it down (libmlx5 masks it, DPDK compares the low
 /// bits, the kernel indexes its ring with it), so the model offers both.
@@ -147,6 +177,8 @@ pub struct NicConfig {
     pub mac: [u8; 6],
     /// What is in front of the function (and `eswitch_manager`).
     pub eswitch: Eswitch,
+    /// The PF's policy for this VF (with [`Eswitch::LegacyVf`]).
+    pub vf_policy: VfPolicy,
     /// log2 of the MPFS L2 table size.
     pub log_max_l2_table: u8,
     /// PCI device id (0x1017 ConnectX-5; the profiles set it).
@@ -265,6 +297,7 @@ impl NicConfig {
         NicConfig {
             mac: [2, 0, 0, 0, 0, 1],
             eswitch: Eswitch::Mpfs,
+            vf_policy: VfPolicy::default(),
             log_max_l2_table: 5,
             device_id: 0x1017,
             vf: false,
@@ -815,12 +848,7 @@ impl NicInner {
             return self.drop_frame(DropReason::Oversize);
         }
         let parsed = packet::parse(frame);
-        if !eswitch_forwards(
-            self.cfg.eswitch,
-            self.cfg.log_max_l2_table,
-            dp,
-            &parsed.dmac,
-        ) {
+        if !eswitch_forwards(&self.cfg, dp, self.now_ns(), &parsed.dmac) {
             return self.drop_frame(DropReason::Eswitch);
         }
         if self.cfg.vport_mac_filter && !vport_accepts(&dp.vport, &parsed.dmac) {
@@ -969,13 +997,24 @@ fn config_range(off: u16, len: usize) -> std::io::Result<(usize, usize)> {
 /// Whether the e-switch in front of the function forwards a frame for
 /// `dmac` to it: multicast and broadcast always; unicast only to a MAC the
 /// driver programmed (a VF's vport address list, a PF's MPFS L2 table).
-fn eswitch_forwards(e: Eswitch, log_max_l2_table: u8, dp: &Datapath, dmac: &[u8; 6]) -> bool {
+fn eswitch_forwards(cfg: &NicConfig, dp: &Datapath, now_ns: u64, dmac: &[u8; 6]) -> bool {
     if dmac[0] & 1 == 1 {
         return true;
     }
-    match e {
+    let log_max_l2_table = cfg.log_max_l2_table;
+    match cfg.eswitch {
         Eswitch::None => true,
-        Eswitch::LegacyVf => dp.vport.uc_list.contains(dmac),
+        // The PF forwards what it has copied from the VF's list (after
+        // `copy_delay`), and everything only for a trusted promiscuous VF.
+        Eswitch::LegacyVf => {
+            let delay = cfg.vf_policy.copy_delay.as_nanos() as u64;
+            let copied = dp
+                .vport
+                .uc_list_at_ns
+                .is_some_and(|t| now_ns >= t.saturating_add(delay));
+            (copied && dp.vport.uc_list.contains(dmac))
+                || (cfg.vf_policy.trusted && (dp.vport.promisc_uc || dp.vport.promisc_all))
+        }
         // An L2 table of one entry means no MPFS (Linux `mlx5_mpfs_init`):
         // the port is not shared, nothing filters.
         Eswitch::Mpfs if log_max_l2_table == 0 => true,
@@ -1097,6 +1136,7 @@ impl SimNic {
             promisc_mc: false,
             promisc_all: false,
             uc_list: Vec::new(),
+            uc_list_at_ns: None,
             roce_en: false,
             disable_uc_lb: false,
             disable_mc_lb: false,

@@ -155,6 +155,9 @@ pub(crate) struct Vport {
     pub promisc_mc: bool,
     pub promisc_all: bool,
     pub uc_list: Vec<[u8; 6]>,
+    /// Fabric time the unicast list was last set (the PF copies it into
+    /// its forwarding table `VfPolicy::copy_delay` later).
+    pub uc_list_at_ns: Option<u64>,
     pub roce_en: bool,
     pub disable_uc_lb: bool,
     pub disable_mc_lb: bool,

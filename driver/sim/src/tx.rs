@@ -26,6 +26,16 @@ use crate::util::{be32, be64, lock};
 /// Smallest frame on the wire (without FCS); shorter frames are padded.
 pub const MIN_FRAME: usize = 60;
 
+/// The PF's spoof check on a VF's frame (`VfPolicy::spoofchk`): the
+/// source MAC must be the admin MAC, and without one nothing passes
+/// (Linux `esw_vport_ingress_config` refuses a zero MAC with spoofchk).
+fn spoof_check_passes(cfg: &crate::nic::NicConfig, frame: &[u8]) -> bool {
+    if cfg.eswitch != crate::nic::Eswitch::LegacyVf || !cfg.vf_policy.spoofchk {
+        return true;
+    }
+    cfg.mac != [0; 6] && frame.len() >= 12 && frame[6..12] == cfg.mac
+}
+
 /// Bytes of the frame check sequence, which the vport MTU counts but which
 /// never reaches host memory.
 pub const FCS_BYTES: usize = 4;
@@ -368,11 +378,14 @@ pub(crate) fn doorbell(
                 if let Some(f) = frame {
                     sq.frames += 1;
                     sq.bytes += f.len() as u64;
-                    // Until the link is up the port sends nothing.
-                    if dp.link_up(nic.now_ns()) {
-                        out.push(f);
-                    } else {
+                    // Until the link is up the port sends nothing; a VF's
+                    // frames pass the PF's spoof check first.
+                    if !dp.link_up(nic.now_ns()) {
                         nic.drop_frame(crate::stats::DropReason::LinkDown);
+                    } else if !spoof_check_passes(&nic.cfg, &f) {
+                        nic.drop_frame(crate::stats::DropReason::Eswitch);
+                    } else {
+                        out.push(f);
                     }
                 }
                 if signaled {

@@ -150,6 +150,7 @@ impl Ctx<'_> {
                     ),
                 ));
             }
+            vp.uc_list_at_ns = Some(self.nic.now_ns());
             vp.uc_list = (0..n)
                 .map(|i| {
                     let mut m = [0u8; 6];
