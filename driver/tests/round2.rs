@@ -133,6 +133,40 @@ fn a_page_request_the_driver_cannot_meet_is_answered_cant_give() {
     assert_eq!(nic.stats().pages_leaked, 0);
 }
 
+/// Item 6: a GIVE the firmware itself refuses, for a page request that
+/// came as an event, is dropped (Linux `give_pages` in event context): the
+/// pages come back to the driver, and neither `poll_events` nor anything
+/// else fails for it.
+#[test]
+fn a_give_the_firmware_refuses_for_an_event_is_dropped() {
+    let fab = fabric(3117);
+    let nic = nic_with(&fab, 1, NicConfig::default());
+    let dev = open(&nic);
+    let held = nic.pages_held();
+    nic.inject(Injection::FailCommand(mlx5_sim::FailCommand {
+        nth: 1,
+        opcode: Some(Opcode::ManagePages as u16),
+        status: CmdStatus::BadParameter,
+        syndrome: 0x3100_0006,
+    }))
+    .unwrap();
+    nic.inject(Injection::PageRequest(64)).unwrap();
+    dev.poll_events()
+        .expect("a refused GIVE for an event is not the caller's error");
+    assert_eq!(nic.pages_held(), held);
+    assert_eq!(
+        dev.firmware_pages(),
+        held,
+        "the pages came back to the driver"
+    );
+    // The next request is answered normally.
+    nic.inject(Injection::PageRequest(8)).unwrap();
+    dev.poll_events().unwrap();
+    assert_eq!(nic.pages_held(), held + 8);
+    dev.close().unwrap();
+    assert_eq!(nic.stats().pages_leaked, 0);
+}
+
 /// Item 7: after TEARDOWN_HCA firmware returns its pages when it has
 /// released them, not at once; teardown keeps asking until none is left
 /// (a budget that restarts on progress). A bring-up that fails before
