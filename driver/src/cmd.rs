@@ -4,6 +4,17 @@
 //! Every command is polled: the driver sets the entry's ownership bit, rings
 //! the command doorbell, and polls the ownership bit, letting the caller
 //! service the event queue (page requests) in between.
+//!
+//! Slots: the last entry the firmware reports is kept for MANAGE_PAGES
+//! (Linux and rdma-core do the same with 32 entries: slot 31), the others
+//! carry general commands. A slot whose command did not finish in time
+//! still belongs to the hardware, which may yet write it: it is never
+//! reused (Linux leaks it too), and the next command takes another slot.
+//! While polling, the health buffer is read at every wait: a device that
+//! is gone (all-ones reads), disabled or in a fatal state fails the
+//! command at once instead of after the full timeout (Linux `cmd.c` stops
+//! waiting on an internal error or an offline PCI channel), and every
+//! later command fails at once too.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,12 +22,12 @@ use std::time::Duration;
 use crate::bar::Bar;
 use crate::barrier;
 use crate::dma::{DmaMem, DmaPool, PAGE};
-use crate::error::{DeliveryName, Error, OpName, StatusName};
+use crate::error::{DeliveryName, Error, HealthProblem, OpName, StatusName};
 use crate::hw::HwBackend;
 use crate::prm::cmd::{MboxIn, MboxOut};
 use crate::prm::cmdq::{
     CMD_OWNER_HW, CMD_TYPE_PCIE, CmdLayout, CmdProtBlock, INLINE_BYTES, MAILBOX_DATA_BYTES,
-    MAX_ENTRIES, mailbox_blocks,
+    MAX_ENTRIES, MIN_ENTRIES, mailbox_blocks,
 };
 use crate::prm::init_seg::{self, InitSeg};
 use crate::prm::{Layout, View};
@@ -81,6 +92,20 @@ pub struct CmdStats {
     pub failed: u64,
     /// Polls of the ownership bit that found the command still running.
     pub busy_polls: u64,
+    /// Slots given up because their command timed out (never reused).
+    pub poisoned_slots: u64,
+    /// Errors while servicing events during a command (logged, not
+    /// returned: they belong to the event, not to the command).
+    pub service_errors: u64,
+}
+
+/// Which kind of slot a command goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotKind {
+    /// Any usable general slot.
+    General,
+    /// The slot kept for MANAGE_PAGES (the queue's last entry).
+    Pages,
 }
 
 /// The command queue and its mailboxes.
@@ -94,6 +119,11 @@ pub struct CmdQueue {
     token: u8,
     timeout: Duration,
     stats: CmdStats,
+    /// Slots whose command timed out: the hardware may still own them.
+    poisoned: u32,
+    /// Set once the device was found gone or fatally broken while a
+    /// command waited: every later command fails at once with it.
+    down: Option<HealthProblem>,
 }
 
 /// A command posted to a slot and not yet finished.
@@ -119,7 +149,7 @@ impl CmdQueue {
         let log_sz = (l >> init_seg::LOG_CMDQ_SIZE_SHIFT) & 0xf;
         let log_stride = l & init_seg::LOG_CMDQ_STRIDE_MASK;
         let entries = 1usize << log_sz;
-        if entries > MAX_ENTRIES
+        if !(MIN_ENTRIES..=MAX_ENTRIES).contains(&entries)
             || log_sz + log_stride > 12
             || (1usize << log_stride) < CmdLayout::BYTES
         {
@@ -161,7 +191,29 @@ impl CmdQueue {
             token: 0,
             timeout: Duration::from_secs(60),
             stats: CmdStats::default(),
+            poisoned: 0,
+            down: None,
         })
+    }
+
+    /// The slot kept for MANAGE_PAGES: the last one (31 with the usual 32
+    /// entries).
+    pub fn pages_slot(&self) -> usize {
+        self.entries - 1
+    }
+
+    /// The slot a command of `kind` goes to, if one is still usable.
+    fn slot_for(&self, kind: SlotKind) -> Option<usize> {
+        let usable = |s: usize| self.poisoned & (1 << s) == 0;
+        match kind {
+            SlotKind::Pages => Some(self.pages_slot()).filter(|&s| usable(s)),
+            SlotKind::General => (0..self.pages_slot()).find(|&s| usable(s)),
+        }
+    }
+
+    /// The health problem that made the command interface give up, if any.
+    pub fn down(&self) -> Option<&HealthProblem> {
+        self.down.as_ref()
     }
 
     /// Uses the firmware-advertised command timeout, if any.
@@ -284,30 +336,64 @@ impl CmdQueue {
         Ok(out)
     }
 
-    /// Posts, polls (calling `service` between polls, e.g. to answer page
-    /// requests) and finishes a command, with the command timeout.
+    /// Posts a command to a slot of `kind`, polls it (calling `service`
+    /// between polls, e.g. to answer page requests; its failures are the
+    /// caller's to log, never this command's) and finishes it, with the
+    /// command timeout. Between waits the health buffer is checked, so a
+    /// device that is gone or fatally broken fails the command at once.
     pub fn exec<B: HwBackend>(
         &mut self,
         bar: &Bar<B>,
         pool: &Arc<DmaPool>,
-        slot: usize,
+        kind: SlotKind,
         input: &[u8],
         out_len: usize,
-        mut service: impl FnMut(&mut Self) -> Result<(), Error>,
+        mut service: impl FnMut(&mut Self),
     ) -> Result<Vec<u8>, Error> {
+        let op = View::<MboxIn>::new(input)
+            .map(|v| v.get32(MboxIn::OPCODE) as u16)
+            .unwrap_or(0);
+        if let Some(why) = self.down.clone() {
+            self.stats.failed += 1;
+            return Err(Error::Unhealthy {
+                device: bar.name(),
+                why,
+            });
+        }
+        let Some(slot) = self.slot_for(kind) else {
+            self.stats.failed += 1;
+            return Err(Error::Config(format!(
+                "{}: no usable command slot for {} ({kind:?}): every one timed out and may still belong to the hardware",
+                bar.name(),
+                OpName(op)
+            )));
+        };
         let p = self.post(bar, pool, slot, input, out_len)?;
         let mut waited = Duration::ZERO;
         let mut step = Duration::from_micros(1);
         let mut spins = 0u32;
         while !self.is_done(&p) {
-            service(self)?;
+            service(self);
             if spins < 64 {
                 spins += 1;
                 std::hint::spin_loop();
                 continue;
             }
-            if waited >= self.timeout {
+            if let Some(why) = crate::device::read_health_regs(bar).fatal() {
+                // The entry may never come back: leave the slot alone.
+                self.poison(slot);
                 self.stats.failed += 1;
+                tracing::error!(device = %bar.name(), op = %OpName(p.op), slot, problem = %why, "device unhealthy while a command was in flight; failing it and every later command");
+                self.down = Some(why.clone());
+                return Err(Error::Unhealthy {
+                    device: bar.name(),
+                    why,
+                });
+            }
+            if waited >= self.timeout {
+                self.poison(slot);
+                self.stats.failed += 1;
+                tracing::error!(device = %bar.name(), op = %OpName(p.op), slot, ?waited, "command timed out; its slot stays with the hardware and is not reused");
                 return Err(Error::Timeout {
                     device: bar.name(),
                     what: format!("{} (command slot {slot})", OpName(p.op)),
@@ -319,5 +405,15 @@ impl CmdQueue {
             step = (step * 2).min(Duration::from_millis(1));
         }
         self.finish(p, &bar.name())
+    }
+
+    fn poison(&mut self, slot: usize) {
+        self.poisoned |= 1 << slot;
+        self.stats.poisoned_slots += 1;
+    }
+
+    /// Counts an error the caller's `service` hit during a command.
+    pub fn note_service_error(&mut self) {
+        self.stats.service_errors += 1;
     }
 }

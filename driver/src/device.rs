@@ -10,7 +10,7 @@ use crossbeam_utils::CachePadded;
 use mempool::{DmaError, DmaMapper, DmaMapping, RegionOptions};
 
 use crate::bar::Bar;
-use crate::cmd::{CmdQueue, CmdStats};
+use crate::cmd::{CmdQueue, CmdStats, SlotKind};
 use crate::dma::{DmaMem, DmaPool, PAGE};
 use crate::eq::EventQueue;
 use crate::error::{Error, HealthProblem};
@@ -26,16 +26,27 @@ use crate::prm::ctx::*;
 use crate::prm::init_seg::{self, HealthBuffer, InitSeg};
 use crate::prm::{Layout, View, ViewMut};
 
-/// Command slot for general commands.
-const SLOT_GENERAL: usize = crate::prm::cmdq::SLOT_GENERAL;
-/// Command slot reserved for MANAGE_PAGES.
-const SLOT_PAGES: usize = crate::prm::cmdq::SLOT_PAGES;
 /// Pages per MANAGE_PAGES command (keeps the mailbox chain at 8 pages).
 const PAGES_PER_CMD: usize = 512;
 /// Bytes of a capability block in QUERY/SET_HCA_CAP.
 const CAP_BYTES: usize = 0x1000;
+/// ConnectX-4 and ConnectX-4 Lx and their VFs: the devices that need the
+/// L2 header inline when the vport context cannot say (DPDK's device-id
+/// fallback).
+const CX4_FAMILY_IDS: &[u16] = &[0x1013, 0x1014, 0x1015, 0x1016];
 /// The MSI-X vector of the (polled) EQ.
 const EQ_VECTOR: u16 = 0;
+/// The longest frame the device may place in a receive stride: eRPC's
+/// 1024-byte frames, one per 1 KiB stride. The RX count turns stride
+/// positions into packets, so a longer frame (two strides) or a filler
+/// CQE would be miscounted: the vport MTU keeps them out.
+pub const MAX_RX_FRAME: usize = 1024;
+/// The vport MTU the driver programs: [`MAX_RX_FRAME`] plus the 4-byte
+/// FCS. The hardware's MTU is a frame length counting the FCS (Linux
+/// `mlx5e_set_mtu` writes software MTU + 22: Ethernet header, one VLAN tag,
+/// FCS); no VLAN allowance is added, so a tagged frame is also at most
+/// 1024 bytes in memory.
+pub const VPORT_MTU: u16 = MAX_RX_FRAME as u16 + 4;
 
 /// Bring-up settings.
 #[derive(Debug, Clone)]
@@ -47,6 +58,10 @@ pub struct DeviceConfig {
     /// log2 of the NIC RX flow table size: the most queue sets (UDP ports)
     /// steered at once.
     pub flow_table_log_size: u8,
+    /// The PF trusts this VF (`ip link set <pf> vf <n> trust on`), so it
+    /// honours the VF's promiscuous request. A VF cannot query it; without
+    /// this, `promiscuous` on a VF is refused (the PF would ignore it).
+    pub vf_trusted: bool,
     /// Ask for unicast promiscuous mode. Off by default: the driver
     /// programs its MAC into the vport address list (and the MPFS L2 table
     /// on an e-switch manager), which is what makes unicast reach it.
@@ -54,6 +69,10 @@ pub struct DeviceConfig {
     /// What to do when the function has no MAC (the permanent address
     /// reads as zero, as on a VF nobody gave one).
     pub mac_if_unset: MacIfUnset,
+    /// Longest wait after INIT_HCA for the link to come up (the vport
+    /// state to read up): frames sent before are lost. Zero: do not wait
+    /// (bring-up then only logs a warning if the link is down).
+    pub link_up_timeout: Duration,
     /// Expose the device and its queue sets on the process's debug
     /// endpoint (`erpc-inspect`; see [`crate::inspect`]). Off by default;
     /// `ERPC_INSPECT=1` in the environment turns it on too. If the
@@ -82,7 +101,9 @@ impl Default for DeviceConfig {
             init_timeout: Duration::from_secs(120),
             flow_table_log_size: 8,
             promiscuous: false,
+            vf_trusted: false,
             mac_if_unset: MacIfUnset::Random,
+            link_up_timeout: Duration::from_secs(10),
             inspect: false,
         }
     }
@@ -130,6 +151,12 @@ pub struct DeviceInfo {
     pub log_max_cq_sz: u8,
     /// Striding RQ with 2^3..2^8 strides supported.
     pub ext_stride_num_range: bool,
+    /// log2 of the smallest striding-RQ WQE (strides × stride bytes) the
+    /// device accepts (general-2 cap, or DPDK's default 14).
+    pub log_min_stride_wqe_sz: u8,
+    /// Q counter sets the function may allocate (`max_qp_cnt`, read after
+    /// INIT_HCA); 0: queue sets go without one.
+    pub max_q_counters: u32,
     /// CQE version in use.
     pub cqe_version: u8,
     /// Ethernet cap `wqe_inline_mode`; `sqc.min_wqe_inline_mode` is set
@@ -145,6 +172,8 @@ pub struct DeviceInfo {
     pub pci_device_id: u16,
     /// A virtual function (from the device id).
     pub is_vf: bool,
+    /// A BlueField embedded-CPU function (ECPF), from the init segment.
+    pub embedded_cpu: bool,
     /// The function id firmware names for page management.
     pub func: FuncId,
 }
@@ -160,6 +189,29 @@ pub struct FuncId {
     /// `function_id` / `func_id`.
     pub id: u16,
 }
+
+impl FuncId {
+    /// One number per function (`ec << 16 | id`, as Linux keys its pages).
+    pub fn key(self) -> u32 {
+        (u32::from(self.ec) << 16) | u32::from(self.id)
+    }
+
+    /// The inverse of [`FuncId::key`].
+    pub fn from_key(k: u32) -> FuncId {
+        FuncId {
+            ec: k >> 16 != 0,
+            id: k as u16,
+        }
+    }
+}
+
+/// How long teardown keeps asking for pages back while the firmware makes
+/// no progress (Linux `mlx5_reclaim_startup_pages`: a budget that restarts
+/// whenever pages come back).
+pub const PAGE_RECLAIM_BUDGET: Duration = Duration::from_secs(5);
+
+/// QUERY_VPORT_STATE `state` of a link that is up.
+const VPORT_STATE_UP: u8 = 1;
 
 /// How often the heartbeat is sampled (rdma-core `POLL_HEALTH_INTERVAL`).
 pub const HEALTH_POLL_INTERVAL: Duration = Duration::from_millis(1000);
@@ -193,6 +245,45 @@ pub struct Health {
     pub fw_ver: u32,
     /// Reset-required flag.
     pub rfr: bool,
+}
+
+impl Health {
+    /// What makes these registers fatal, the way rdma-core's
+    /// `mlx5_vfio_poll_health` judges them (the heartbeat aside, which
+    /// needs samples over time): the device is gone (`fw_ver` reads
+    /// all-ones), the NIC interface is disabled or in software reset, or a
+    /// syndrome is set with reset-required.
+    pub fn fatal(&self) -> Option<HealthProblem> {
+        if self.fw_ver == 0xffff_ffff {
+            Some(HealthProblem::Gone)
+        } else if self.nic_interface == init_seg::NIC_IFC_DISABLED
+            || self.nic_interface == init_seg::NIC_IFC_SW_RESET
+        {
+            Some(HealthProblem::NicInterface(self.nic_interface))
+        } else if self.rfr && self.syndrome != 0 {
+            Some(HealthProblem::syndrome(self.syndrome, self.ext_syndrome))
+        } else {
+            None
+        }
+    }
+}
+
+/// Reads the health registers (health buffer, heartbeat, `nic_interface`).
+pub(crate) fn read_health_regs<B: HwBackend>(bar: &Bar<B>) -> Health {
+    let hb = InitSeg::HEALTH.byte();
+    let synd_dw = bar.read32(hb + HealthBuffer::IRISC_INDEX.dword());
+    Health {
+        syndrome: (synd_dw >> HealthBuffer::SYND.shift()) as u8,
+        ext_syndrome: (synd_dw >> HealthBuffer::EXT_SYND.shift()) as u16,
+        counter: bar.read32(InitSeg::HEALTH_COUNTER.dword()) & init_seg::HEALTH_COUNTER_MASK,
+        nic_interface: (bar.read32(InitSeg::CMDQ_ADDR_L_SZ.dword()) >> init_seg::NIC_IFC_SHIFT)
+            & init_seg::NIC_IFC_MASK,
+        fw_ver: bar.read32(hb + HealthBuffer::FW_VER.dword()),
+        rfr: (bar.read32(hb + HealthBuffer::RFR_SEVERITY.dword())
+            >> HealthBuffer::RFR_SEVERITY.shift()) as u8
+            & init_seg::RFR_BIT
+            != 0,
+    }
 }
 
 /// The NIC RX steering objects shared by all queue sets.
@@ -235,6 +326,10 @@ pub(crate) struct Ctl {
     objects: Vec<Obj>,
     health: HealthState,
     pub cq_errors: Vec<(u32, u8)>,
+    /// Page requests the driver could not meet (answered CANT_GIVE).
+    pub pages_refused: u64,
+    /// The function is a BlueField embedded-CPU function (init segment).
+    pub ecpf: bool,
     enabled: bool,
     initialized: bool,
 }
@@ -289,8 +384,10 @@ pub(crate) fn out_len<O: Layout>(extra: usize) -> usize {
 }
 
 impl Ctl {
-    /// Runs a command from the general slot, answering page requests while
-    /// it is in flight.
+    /// Runs a command from a general slot, answering page requests while
+    /// it is in flight. A failure to answer an event is logged and counted
+    /// (`CmdStats::service_errors`), never returned as this command's: the
+    /// command itself still completes (or fails) on its own.
     pub(crate) fn exec<B: HwBackend>(
         &mut self,
         bar: &Bar<B>,
@@ -303,12 +400,16 @@ impl Ctl {
             eq,
             pages,
             cq_errors,
+            pages_refused,
             ..
         } = self;
-        cmdq.exec(bar, pool, SLOT_GENERAL, input, out_len, |cmdq| {
-            match eq.as_mut() {
-                Some(eq) => service_events(cmdq, eq, pages, cq_errors, bar, pool),
-                None => Ok(()),
+        cmdq.exec(bar, pool, SlotKind::General, input, out_len, |cmdq| {
+            if let Some(eq) = eq.as_mut() {
+                if let Err(e) = service_events(cmdq, eq, pages, cq_errors, pages_refused, bar, pool)
+                {
+                    cmdq.note_service_error();
+                    tracing::error!(device = %bar.name(), error = %e, "servicing the event queue during a command failed; the command goes on");
+                }
             }
         })
     }
@@ -324,35 +425,55 @@ impl Ctl {
             eq,
             pages,
             cq_errors,
+            pages_refused,
             ..
         } = self;
         match eq.as_mut() {
-            Some(eq) => service_events(cmdq, eq, pages, cq_errors, bar, pool),
+            Some(eq) => service_events(cmdq, eq, pages, cq_errors, pages_refused, bar, pool),
             None => Ok(()),
         }
     }
 }
 
 /// Handles every pending EQE: page requests are answered from the pages
-/// slot; CQ errors are recorded for the queue sets to report.
+/// slot; CQ errors are recorded for the queue sets to report. A page
+/// request the driver cannot meet for lack of memory is answered with
+/// MANAGE_PAGES CANT_GIVE (Linux `page_notify_fail`), so that firmware
+/// stops waiting for the pages; one the firmware itself refuses is
+/// dropped (Linux `give_pages` in event context). Every pending event is
+/// handled; the first failure is returned.
 fn service_events<B: HwBackend>(
     cmdq: &mut CmdQueue,
     eq: &mut EventQueue,
     pages: &mut FwPages,
     cq_errors: &mut Vec<(u32, u8)>,
+    pages_refused: &mut u64,
     bar: &Bar<B>,
     pool: &Arc<DmaPool>,
 ) -> Result<(), Error> {
     let mut handled = 0;
+    let mut first = None;
     while let Some(e) = eq.poll() {
         handled += 1;
         if let Some((ec, id, n)) = e.page_request_for() {
             let func = FuncId { ec, id };
             tracing::debug!(num_pages = n, ?func, "firmware page request");
-            if n > 0 {
-                give_pages(cmdq, pages, bar, pool, n as usize, func)?;
+            let r = if n > 0 {
+                match give_pages(cmdq, pages, bar, pool, n as usize, func, true) {
+                    Err(e @ Error::FirmwarePages { .. }) => {
+                        *pages_refused += 1;
+                        tracing::error!(device = %bar.name(), error = %e, "firmware page request refused (CANT_GIVE)");
+                        Ok(())
+                    }
+                    r => r,
+                }
             } else if n < 0 {
-                take_pages(cmdq, pages, bar, pool, n.unsigned_abs() as usize, func)?;
+                take_pages(cmdq, pages, bar, pool, n.unsigned_abs() as usize, func).map(|_| ())
+            } else {
+                Ok(())
+            };
+            if let Err(e) = r {
+                first.get_or_insert(e);
             }
         } else if let Some((cqn, synd)) = e.cq_error() {
             tracing::warn!(cqn, syndrome = synd, "CQ error event");
@@ -365,7 +486,7 @@ fn service_events<B: HwBackend>(
         }
     }
     eq.publish(bar, true);
-    Ok(())
+    first.map_or(Ok(()), Err)
 }
 
 /// Fills in the function a MANAGE_PAGES is for.
@@ -374,7 +495,12 @@ fn set_func(v: &mut ViewMut<'_, ManagePagesIn>, func: FuncId) {
         .set(ManagePagesIn::FUNCTION_ID, u64::from(func.id));
 }
 
-/// MANAGE_PAGES GIVE of `n` pages for `func`, in batches.
+/// MANAGE_PAGES GIVE of `n` pages for `func`, in batches. `event`: the
+/// request came as an event (not QUERY_PAGES during bring-up); then, if
+/// memory runs out, firmware is told with CANT_GIVE (Linux
+/// `page_notify_fail`), and a GIVE the firmware refuses is dropped rather
+/// than returned (Linux `give_pages`: an event's GIVE failed by firmware
+/// is ignored).
 fn give_pages<B: HwBackend>(
     cmdq: &mut CmdQueue,
     pages: &mut FwPages,
@@ -382,22 +508,29 @@ fn give_pages<B: HwBackend>(
     pool: &Arc<DmaPool>,
     n: usize,
     func: FuncId,
+    event: bool,
 ) -> Result<(), Error> {
-    let mut left = n;
-    while left > 0 {
-        let batch = left.min(PAGES_PER_CMD);
-        let addrs = match pages.take_for_firmware(pool, batch) {
-            Ok(a) => a,
-            Err(Error::Memory(source)) => {
-                return Err(Error::FirmwarePages {
-                    device: bar.name(),
-                    wanted: n,
-                    given: n - left,
-                    source,
-                });
+    // Every page first (as Linux `give_pages` does), so that a request
+    // memory cannot meet leaves nothing half given.
+    let all = match pages.take_for_firmware(pool, n, func.key()) {
+        Ok(a) => a,
+        Err(Error::Memory(source)) => {
+            // What was reserved on the way is of no use now.
+            pool.release_unused();
+            if event {
+                cant_give(cmdq, bar, pool, func);
             }
-            Err(e) => return Err(e),
-        };
+            return Err(Error::FirmwarePages {
+                device: bar.name(),
+                wanted: n,
+                given: 0,
+                source,
+            });
+        }
+        Err(e) => return Err(e),
+    };
+    for (k, addrs) in all.chunks(PAGES_PER_CMD).enumerate() {
+        let batch = addrs.len();
         let mut inp =
             input::<ManagePagesIn>(Opcode::ManagePages, manage_pages_op_mod::GIVE, batch * 8);
         {
@@ -411,17 +544,42 @@ fn give_pages<B: HwBackend>(
         if let Err(e) = cmdq.exec(
             bar,
             pool,
-            SLOT_PAGES,
+            SlotKind::Pages,
             &inp,
             out_len::<ManagePagesOut>(0),
-            |_| Ok(()),
+            |_| {},
         ) {
-            pages.unwind(&addrs);
+            let given = k * PAGES_PER_CMD;
+            pages.unwind(&all[given..]);
+            pages.trim();
+            if event && matches!(e, Error::Command { .. }) {
+                tracing::warn!(device = %bar.name(), error = %e, given, wanted = n, ?func, "firmware refused the pages it asked for; dropping the rest of the request");
+                return Ok(());
+            }
             return Err(e);
         }
-        left -= batch;
     }
     Ok(())
+}
+
+/// MANAGE_PAGES op_mod CANT_GIVE for `func`: the driver cannot supply the
+/// pages firmware asked for. Best effort: a failure is only logged.
+fn cant_give<B: HwBackend>(cmdq: &mut CmdQueue, bar: &Bar<B>, pool: &Arc<DmaPool>, func: FuncId) {
+    let mut inp = input::<ManagePagesIn>(Opcode::ManagePages, manage_pages_op_mod::CANNOT_GIVE, 0);
+    set_func(
+        &mut ViewMut::<ManagePagesIn>::new(&mut inp).expect("sized"),
+        func,
+    );
+    if let Err(e) = cmdq.exec(
+        bar,
+        pool,
+        SlotKind::Pages,
+        &inp,
+        out_len::<ManagePagesOut>(0),
+        |_| {},
+    ) {
+        tracing::error!(device = %bar.name(), error = %e, "MANAGE_PAGES CANT_GIVE failed");
+    }
 }
 
 /// MANAGE_PAGES TAKE of up to `n` pages from `func`; returns how many
@@ -447,10 +605,10 @@ fn take_pages<B: HwBackend>(
         let out = cmdq.exec(
             bar,
             pool,
-            SLOT_PAGES,
+            SlotKind::Pages,
             &inp,
             out_len::<ManagePagesOut>(batch * 8),
-            |_| Ok(()),
+            |_| {},
         )?;
         let v = View::<ManagePagesOut>::new(&out).expect("sized");
         let returned = (v.get32(ManagePagesOut::OUTPUT_NUM_ENTRIES) as usize).min(batch);
@@ -494,6 +652,8 @@ impl<B: HwBackend> Device<B> {
             objects: Vec::new(),
             health: HealthState::default(),
             cq_errors: Vec::new(),
+            pages_refused: 0,
+            ecpf: false,
             enabled: false,
             initialized: false,
         };
@@ -563,16 +723,8 @@ impl<B: HwBackend> Device<B> {
                 why,
             })
         };
-        if h.fw_ver == 0xffff_ffff {
-            return fail(HealthProblem::Gone);
-        }
-        if h.nic_interface == init_seg::NIC_IFC_DISABLED
-            || h.nic_interface == init_seg::NIC_IFC_SW_RESET
-        {
-            return fail(HealthProblem::NicInterface(h.nic_interface));
-        }
-        if h.rfr && h.syndrome != 0 {
-            return fail(HealthProblem::syndrome(h.syndrome, h.ext_syndrome));
+        if let Some(why) = h.fatal() {
+            return fail(why);
         }
         let st = &mut ctl.health;
         if h.syndrome != 0 && h.syndrome != st.warned_syndrome {
@@ -603,21 +755,13 @@ impl<B: HwBackend> Device<B> {
 
     /// The health registers, without judging them.
     pub fn read_health(&self) -> Health {
-        let bar = &self.inner.bar;
-        let hb = InitSeg::HEALTH.byte();
-        let synd_dw = bar.read32(hb + HealthBuffer::IRISC_INDEX.dword());
-        Health {
-            syndrome: (synd_dw >> HealthBuffer::SYND.shift()) as u8,
-            ext_syndrome: (synd_dw >> HealthBuffer::EXT_SYND.shift()) as u16,
-            counter: bar.read32(InitSeg::HEALTH_COUNTER.dword()) & init_seg::HEALTH_COUNTER_MASK,
-            nic_interface: (bar.read32(InitSeg::CMDQ_ADDR_L_SZ.dword()) >> init_seg::NIC_IFC_SHIFT)
-                & init_seg::NIC_IFC_MASK,
-            fw_ver: bar.read32(hb + HealthBuffer::FW_VER.dword()),
-            rfr: (bar.read32(hb + HealthBuffer::RFR_SEVERITY.dword())
-                >> HealthBuffer::RFR_SEVERITY.shift()) as u8
-                & init_seg::RFR_BIT
-                != 0,
-        }
+        read_health_regs(&self.inner.bar)
+    }
+
+    /// Page requests the driver could not meet for lack of memory (each
+    /// answered with MANAGE_PAGES CANT_GIVE).
+    pub fn page_requests_refused(&self) -> u64 {
+        self.inner.lock().pages_refused
     }
 
     /// Services the event queue (page requests, CQ errors) outside a
@@ -754,15 +898,22 @@ impl DmaMapper for LkeyMapper {
     }
 }
 
-fn simple<B: HwBackend>(
+/// ENABLE_HCA or DISABLE_HCA of our own function (0), with
+/// `embedded_cpu_function` set on an ECPF (the two inputs share a layout).
+fn enable_hca<B: HwBackend>(
     bar: &Bar<B>,
     pool: &Arc<DmaPool>,
     ctl: &mut Ctl,
     op: Opcode,
-    op_mod: u16,
-) -> Result<Vec<u8>, Error> {
-    let inp = input::<MboxIn>(op, op_mod, 0);
-    ctl.exec(bar, pool, &inp, 16)
+) -> Result<(), Error> {
+    const _: () = assert!(
+        EnableHcaIn::EMBEDDED_CPU_FUNCTION.bit() == DisableHcaIn::EMBEDDED_CPU_FUNCTION.bit()
+    );
+    let mut inp = input::<EnableHcaIn>(op, 0, 0);
+    ViewMut::<EnableHcaIn>::new(&mut inp)
+        .expect("sized")
+        .set(EnableHcaIn::EMBEDDED_CPU_FUNCTION, u64::from(ctl.ecpf));
+    ctl.exec(bar, pool, &inp, 16).map(|_| ())
 }
 
 /// QUERY_PAGES for our own function: the function firmware names (to echo
@@ -773,7 +924,10 @@ fn query_pages<B: HwBackend>(
     ctl: &mut Ctl,
     op_mod: u16,
 ) -> Result<(FuncId, i32), Error> {
-    let inp = input::<QueryPagesIn>(Opcode::QueryPages, op_mod, 0);
+    let mut inp = input::<QueryPagesIn>(Opcode::QueryPages, op_mod, 0);
+    ViewMut::<QueryPagesIn>::new(&mut inp)
+        .expect("sized")
+        .set(QueryPagesIn::EMBEDDED_CPU_FUNCTION, u64::from(ctl.ecpf));
     let out = ctl.exec(bar, pool, &inp, out_len::<QueryPagesOut>(0))?;
     let v = View::<QueryPagesOut>::new(&out).expect("sized");
     let func = FuncId {
@@ -792,7 +946,15 @@ fn satisfy_pages<B: HwBackend>(
     let (func, n) = query_pages(bar, pool, ctl, op_mod)?;
     ctl.func = func;
     if n > 0 {
-        give_pages(&mut ctl.cmdq, &mut ctl.pages, bar, pool, n as usize, func)?;
+        give_pages(
+            &mut ctl.cmdq,
+            &mut ctl.pages,
+            bar,
+            pool,
+            n as usize,
+            func,
+            false,
+        )?;
     }
     Ok(())
 }
@@ -864,6 +1026,14 @@ fn bring_up<B: HwBackend>(
         })?;
     let pci_device_id = u16::from_le_bytes(id);
     let is_vf = crate::hw::mlx5_is_vf(pci_device_id);
+    // A BlueField embedded-CPU function (the Arm side's PF) says so in the
+    // init segment; it must name itself as one in ENABLE/DISABLE_HCA and
+    // QUERY_PAGES (Linux `mlx5_read_embedded_cpu`, `mlx5_core_is_ecpf`),
+    // and firmware may ask it for the host PF's pages too.
+    ctl.ecpf = bar.read32(InitSeg::INITIALIZING.dword()) & init_seg::EMBEDDED_CPU_BIT != 0;
+    if ctl.ecpf {
+        tracing::info!(device = %name, "BlueField embedded-CPU function (ECPF)");
+    }
     let to = bar.read32(InitSeg::CMD_EXEC_TO.dword());
     if to != 0 && to != 0xffff_ffff {
         ctl.cmdq
@@ -872,7 +1042,7 @@ fn bring_up<B: HwBackend>(
     let fw = bar.read32(InitSeg::FW_REV.dword());
     let fw_sub = bar.read32(InitSeg::CMDIF_REV_FW_SUB.dword()) & 0xffff;
 
-    simple(bar, pool, ctl, Opcode::EnableHca, 0)?;
+    enable_hca(bar, pool, ctl, Opcode::EnableHca)?;
     ctl.enabled = true;
 
     let out = simple_out::<QueryIssiOut>(bar, pool, ctl, Opcode::QueryIssi)?;
@@ -946,6 +1116,33 @@ fn bring_up<B: HwBackend>(
         "cq_oi",
         "the RX CQ is created with overrun ignore",
     )?;
+    // SET_HCA_CAP from the current values: no command checksums, 4 KiB UARs.
+    // Only the general block (cmd_hca_cap, 256 bytes) is copied, as Linux
+    // and rdma-core do: the rest of the 4 KiB union is reserved on input,
+    // while on output it may hold anything.
+    let mut inp = input::<SetHcaCapIn>(Opcode::SetHcaCap, cap_type::GENERAL << 1, 0);
+    {
+        let at = SetHcaCapIn::CMD_HCA_CAP.byte();
+        inp[at..at + CmdHcaCap::BYTES].copy_from_slice(&cur[..CmdHcaCap::BYTES]);
+        let mut v = ViewMut::<SetHcaCapIn>::new(&mut inp).expect("sized");
+        let mut c = v.sub(SetHcaCapIn::CMD_HCA_CAP);
+        c.set(CmdHcaCap::CMDIF_CHECKSUM, 0)
+            .set(CmdHcaCap::LOG_UAR_PAGE_SZ, 0);
+    }
+    ctl.exec(bar, pool, &inp, 16)?;
+
+    satisfy_pages(bar, pool, ctl, pages_op_mod::INIT)?;
+    let inp = input::<InitHcaIn>(Opcode::InitHca, 0, 0);
+    ctl.exec(bar, pool, &inp, 16)?;
+    ctl.initialized = true;
+
+    // Every capability group again, now that INIT_HCA has applied
+    // SET_HCA_CAP and given the function its resources (Linux
+    // `mlx5_function_open` re-queries them too): some, such as the Q
+    // counters a function may allocate, are only meaningful from here on.
+    // Everything below uses these.
+    let cur = query_cap(bar, pool, ctl, cap_type::GENERAL, true)?;
+    let caps = View::<CmdHcaCap>::new(&cur).expect("cap block");
     let eth = query_cap(bar, pool, ctl, cap_type::ETHERNET_OFFLOADS, true)?;
     let eth_inline = View::<EthCaps>::new(&eth)
         .expect("cap block")
@@ -966,28 +1163,20 @@ fn bring_up<B: HwBackend>(
         ts_format_cap::REAL_TIME => ts_format::REAL_TIME,
         _ => ts_format::DEFAULT,
     };
+    // The smallest striding WQE (DPDK `mlx5_devx_cmd_query_hca_attr`: the
+    // general-2 cap, 16 KiB when the device does not report one).
+    let log_min_stride_wqe_sz = if caps.get32(CmdHcaCap::HCA_CAP_2) == 1 {
+        let c2 = query_cap(bar, pool, ctl, cap_type::GENERAL_2, true)?;
+        cap2_log_min_stride_wqe_sz(&c2)
+    } else {
+        0
+    };
+    let log_min_stride_wqe_sz = match log_min_stride_wqe_sz {
+        0 => MPRQ_LOG_MIN_STRIDE_WQE_SZ_DEFAULT,
+        v => v,
+    };
     let sq_ts_format = ts(caps.get32(CmdHcaCap::SQ_TS_FORMAT));
     let rq_ts_format = ts(caps.get32(CmdHcaCap::RQ_TS_FORMAT));
-
-    // SET_HCA_CAP from the current values: no command checksums, 4 KiB UARs.
-    // Only the general block (cmd_hca_cap, 256 bytes) is copied, as Linux
-    // and rdma-core do: the rest of the 4 KiB union is reserved on input,
-    // while on output it may hold anything.
-    let mut inp = input::<SetHcaCapIn>(Opcode::SetHcaCap, cap_type::GENERAL << 1, 0);
-    {
-        let at = SetHcaCapIn::CMD_HCA_CAP.byte();
-        inp[at..at + CmdHcaCap::BYTES].copy_from_slice(&cur[..CmdHcaCap::BYTES]);
-        let mut v = ViewMut::<SetHcaCapIn>::new(&mut inp).expect("sized");
-        let mut c = v.sub(SetHcaCapIn::CMD_HCA_CAP);
-        c.set(CmdHcaCap::CMDIF_CHECKSUM, 0)
-            .set(CmdHcaCap::LOG_UAR_PAGE_SZ, 0);
-    }
-    ctl.exec(bar, pool, &inp, 16)?;
-
-    satisfy_pages(bar, pool, ctl, pages_op_mod::INIT)?;
-    let inp = input::<InitHcaIn>(Opcode::InitHca, 0, 0);
-    ctl.exec(bar, pool, &inp, 16)?;
-    ctl.initialized = true;
 
     // The polled EQ: page requests, CQ errors, port changes. Never armed.
     let eq_uar = alloc_u24::<AllocUarOut>(bar, pool, ctl, Opcode::AllocUar, AllocUarOut::UAR)?;
@@ -1085,6 +1274,7 @@ fn bring_up<B: HwBackend>(
         (lo >> 8) as u8,
         lo as u8,
     ];
+    let admin_mac = mac;
     let mac = if mac == [0; 6] {
         match cfg.mac_if_unset {
             MacIfUnset::Random => {
@@ -1105,9 +1295,18 @@ fn bring_up<B: HwBackend>(
         mac
     };
     let vport_inline = vctx.get32(NicVportContext::MIN_WQE_INLINE_MODE);
+    // The vport context's requirement is trusted only with `eth_virt`;
+    // without it the device id decides (DPDK `mlx5_set_min_inline`: the
+    // ConnectX-4 family needs the L2 header, later devices nothing).
+    let eth_virt = caps.get32(CmdHcaCap::ETH_VIRT) == 1;
     let mode = match eth_inline as u8 {
         inline_mode::L2 => 1,
-        inline_mode::VPORT_CONTEXT => vport_inline,
+        inline_mode::VPORT_CONTEXT if eth_virt => vport_inline,
+        inline_mode::VPORT_CONTEXT => {
+            let by_id = u32::from(CX4_FAMILY_IDS.contains(&pci_device_id));
+            tracing::debug!(device = %name, vport_inline, by_id, "inline mode from the device id: the vport context is not trusted without eth_virt");
+            by_id
+        }
         _ => 0,
     };
     let inline_mode = match mode {
@@ -1123,20 +1322,40 @@ fn bring_up<B: HwBackend>(
             why: "the driver inlines at most the L2 header",
         });
     }
-    let inp = input::<QueryVportStateIn>(Opcode::QueryVportState, 0, 0);
-    let out = ctl.exec(bar, pool, &inp, out_len::<QueryVportStateOut>(0))?;
-    let vport_state = View::<QueryVportStateOut>::new(&out)
-        .expect("sized")
-        .get32(QueryVportStateOut::STATE) as u8;
+    // The MTU: whatever the previous owner left (a PF's port MTU is often
+    // 1500 or 9000) would let frames longer than a stride in.
+    set_vport_mtu(bar, pool, ctl, VPORT_MTU)?;
+
+    // Promiscuous mode on a VF is the PF's decision: its mlx5_core ignores
+    // the request unless the VF is trusted, and a VF cannot see that.
+    if cfg.promiscuous && is_vf && !cfg.vf_trusted {
+        return Err(Error::Config(format!(
+            "{name}: promiscuous mode on a VF works only if the PF trusts it (`ip link set <pf> vf <n> trust on`); the PF ignores an untrusted VF's request. Set DeviceConfig::vf_trusted once it does"
+        )));
+    }
 
     // Unicast reaches the function only for MACs programmed into the
     // e-switch: the vport's address list (from which a PF's legacy SR-IOV
     // e-switch builds a VF's forwarding rules; Linux mlx5e always sets
     // it), and on an e-switch manager the MPFS L2 table (Linux
-    // `mlx5_mpfs_add_mac`).
+    // `mlx5_mpfs_add_mac`). The PF copies a VF's list into its forwarding
+    // table from a work item, some time after the MODIFY, and a VF cannot
+    // see when: the list is programmed before the link wait, so that the
+    // copy overlaps it.
     set_vport_mac_list(bar, pool, ctl, &[mac])?;
     ctl.objects.push(Obj::VportMacList);
-    if caps.get32(CmdHcaCap::ESWITCH_MANAGER) == 1 {
+    let listed = query_vport_mac_list(bar, pool, ctl)?;
+    if !listed.contains(&mac) {
+        tracing::warn!(device = %name, mac = %MacStr(mac), listed = listed.len(), "the vport address list does not hold our MAC after setting it: unicast may not reach the function");
+    }
+    if is_vf && mac != admin_mac {
+        tracing::warn!(device = %name, mac = %MacStr(mac), "this VF has no admin MAC: if the PF checks spoofing (`spoofchk on`) it drops every frame the VF sends; give it one with `ip link set <pf> vf <n> mac ...`");
+    }
+    // MPFS exists only on an e-switch manager whose L2 table has more
+    // than one entry (Linux `mlx5_mpfs_init`); a failure costs unicast
+    // delivery on a shared port, not the function, so it is a warning
+    // (Linux mlx5e logs it and carries on).
+    if caps.get32(CmdHcaCap::ESWITCH_MANAGER) == 1 && caps.get32(CmdHcaCap::LOG_MAX_L2_TABLE) > 0 {
         const L2_INDEX: u32 = 0;
         let mut inp = input::<SetL2TableEntryIn>(Opcode::SetL2TableEntry, 0, 0);
         {
@@ -1145,8 +1364,13 @@ fn bring_up<B: HwBackend>(
             let mut a = v.sub(SetL2TableEntryIn::MAC_ADDRESS);
             set_mac(&mut a, mac);
         }
-        ctl.exec(bar, pool, &inp, 16)?;
-        ctl.objects.push(Obj::L2Entry(L2_INDEX));
+        match ctl.exec(bar, pool, &inp, 16) {
+            Ok(_) => ctl.objects.push(Obj::L2Entry(L2_INDEX)),
+            Err(e @ Error::Command { .. }) => {
+                tracing::warn!(device = %name, error = %e, mac = %MacStr(mac), "MPFS L2 table entry refused: unicast for this MAC may not reach the function on a shared port");
+            }
+            Err(e) => return Err(e),
+        }
     }
 
     if cfg.promiscuous {
@@ -1158,6 +1382,8 @@ fn bring_up<B: HwBackend>(
             .set(NicVportContext::PROMISC_UC, 1);
         ctl.exec(bar, pool, &inp, 16)?;
     }
+
+    let vport_state = wait_link_up(bar, pool, ctl, cfg.link_up_timeout)?;
 
     // The NIC RX root table with one group: exact dmac, ethertype, IP
     // protocol and UDP destination port.
@@ -1245,6 +1471,8 @@ fn bring_up<B: HwBackend>(
         log_max_wq_sz: caps.get32(CmdHcaCap::LOG_MAX_WQ_SZ) as u8,
         log_max_cq_sz: caps.get32(CmdHcaCap::LOG_MAX_CQ_SZ) as u8,
         ext_stride_num_range: caps.get32(CmdHcaCap::EXT_STRIDE_NUM_RANGE) == 1,
+        log_min_stride_wqe_sz,
+        max_q_counters: caps.get32(CmdHcaCap::MAX_QP_CNT),
         cqe_version: caps.get32(CmdHcaCap::CQE_VERSION) as u8,
         wqe_inline_mode_cap: eth_inline as u8,
         sq_ts_format,
@@ -1252,6 +1480,7 @@ fn bring_up<B: HwBackend>(
         reset_root_to_default: ctl.reset_root_to_default,
         pci_device_id,
         is_vf,
+        embedded_cpu: ctl.ecpf,
         func: ctl.func,
     })
 }
@@ -1266,6 +1495,125 @@ fn set_mac(a: &mut ViewMut<'_, MacAddressLayout>, m: [u8; 6]) {
         MacAddressLayout::MAC_ADDR_31_0,
         u64::from(u32::from_be_bytes([m[2], m[3], m[4], m[5]])),
     );
+}
+
+/// QUERY_VPORT_STATE's `state` (1 = up).
+fn vport_state<B: HwBackend>(
+    bar: &Bar<B>,
+    pool: &Arc<DmaPool>,
+    ctl: &mut Ctl,
+) -> Result<u8, Error> {
+    let inp = input::<QueryVportStateIn>(Opcode::QueryVportState, 0, 0);
+    let out = ctl.exec(bar, pool, &inp, out_len::<QueryVportStateOut>(0))?;
+    Ok(View::<QueryVportStateOut>::new(&out)
+        .expect("sized")
+        .get32(QueryVportStateOut::STATE) as u8)
+}
+
+/// Waits for the link: INIT_HCA brings it up (unless the cap
+/// `disable_link_up` says otherwise), but training takes time, and frames
+/// sent before it is up are lost (rdma-core leaves this to its caller; the
+/// `disable_link_up_by_init_hca` cap shows the link follows INIT_HCA). The
+/// vport state is polled every millisecond, servicing the event queue
+/// (page requests, port-change events) in between.
+fn wait_link_up<B: HwBackend>(
+    bar: &Bar<B>,
+    pool: &Arc<DmaPool>,
+    ctl: &mut Ctl,
+    timeout: Duration,
+) -> Result<u8, Error> {
+    let step = Duration::from_millis(1);
+    let mut waited = Duration::ZERO;
+    loop {
+        let state = vport_state(bar, pool, ctl)?;
+        if state == VPORT_STATE_UP {
+            if !waited.is_zero() {
+                tracing::info!(device = %bar.name(), ?waited, "link up");
+            }
+            return Ok(state);
+        }
+        if timeout.is_zero() {
+            tracing::warn!(device = %bar.name(), "link is down; not waiting (link_up_timeout 0): frames are lost until it comes up");
+            return Ok(state);
+        }
+        if waited >= timeout {
+            return Err(Error::Timeout {
+                device: bar.name(),
+                what: "link up (QUERY_VPORT_STATE still reports the port down: check the cable and the switch port, or set DeviceConfig::link_up_timeout to 0 to come up without waiting)".into(),
+                waited,
+            });
+        }
+        ctl.service(bar, pool)?;
+        bar.wait(step);
+        waited += step;
+    }
+}
+
+/// MODIFY_NIC_VPORT_CONTEXT of the MTU (a frame length: Linux
+/// `mlx5_modify_nic_vport_mtu` with software MTU + 22), then a query to
+/// see that it holds.
+fn set_vport_mtu<B: HwBackend>(
+    bar: &Bar<B>,
+    pool: &Arc<DmaPool>,
+    ctl: &mut Ctl,
+    mtu: u16,
+) -> Result<(), Error> {
+    let mut inp = input::<ModifyNicVportContextIn>(Opcode::ModifyNicVportContext, 0, 0);
+    {
+        let mut v = ViewMut::<ModifyNicVportContextIn>::new(&mut inp).expect("sized");
+        v.sub(ModifyNicVportContextIn::FIELD_SELECT)
+            .set(ModifyNicVportFieldSelect::MTU, 1);
+        v.sub(ModifyNicVportContextIn::NIC_VPORT_CONTEXT)
+            .set(NicVportContext::MTU, u64::from(mtu));
+    }
+    ctl.exec(bar, pool, &inp, 16)?;
+    let inp = input::<QueryNicVportContextIn>(Opcode::QueryNicVportContext, 0, 0);
+    let out = ctl.exec(bar, pool, &inp, out_len::<QueryNicVportContextOut>(0))?;
+    let now = View::<QueryNicVportContextOut>::new(&out)
+        .expect("sized")
+        .sub(QueryNicVportContextOut::NIC_VPORT_CONTEXT)
+        .get32(NicVportContext::MTU);
+    if now != u32::from(mtu) {
+        return Err(Error::Config(format!(
+            "{}: the vport MTU reads {now} after setting it to {mtu}; frames longer than a {MAX_RX_FRAME}-byte receive stride would be miscounted",
+            bar.name()
+        )));
+    }
+    Ok(())
+}
+
+/// Most unicast addresses read back by [`query_vport_mac_list`].
+const MAC_LIST_READ_BACK: usize = 8;
+
+/// QUERY_NIC_VPORT_CONTEXT of the unicast address list (the first
+/// [`MAC_LIST_READ_BACK`] entries).
+fn query_vport_mac_list<B: HwBackend>(
+    bar: &Bar<B>,
+    pool: &Arc<DmaPool>,
+    ctl: &mut Ctl,
+) -> Result<Vec<[u8; 6]>, Error> {
+    let inp = input::<QueryNicVportContextIn>(Opcode::QueryNicVportContext, 0, 0);
+    let base = QueryNicVportContextOut::NIC_VPORT_CONTEXT.byte()
+        + NicVportContext::CURRENT_UC_MAC_ADDRESS.byte();
+    let len = (base + MAC_LIST_READ_BACK * MacAddressLayout::BYTES)
+        .max(out_len::<QueryNicVportContextOut>(0));
+    let out = ctl.exec(bar, pool, &inp, len)?;
+    let n = View::<QueryNicVportContextOut>::new(&out)
+        .expect("sized")
+        .sub(QueryNicVportContextOut::NIC_VPORT_CONTEXT)
+        .get32(NicVportContext::ALLOWED_LIST_SIZE) as usize;
+    Ok((0..n.min(MAC_LIST_READ_BACK))
+        .map(|i| {
+            let e = View::<MacAddressLayout>::new(&out[base + i * MacAddressLayout::BYTES..])
+                .expect("sized");
+            let (hi, lo) = (
+                e.get32(MacAddressLayout::MAC_ADDR_47_32) as u16,
+                e.get32(MacAddressLayout::MAC_ADDR_31_0),
+            );
+            let (h, l) = (hi.to_be_bytes(), lo.to_be_bytes());
+            [h[0], h[1], l[0], l[1], l[2], l[3]]
+        })
+        .collect())
 }
 
 /// MODIFY_NIC_VPORT_CONTEXT of the unicast address list (Linux
@@ -1358,6 +1706,55 @@ pub(crate) fn destroy_u24<I: Layout>(
     let mut inp = input::<I>(op, 0, 0);
     ViewMut::<I>::new(&mut inp).expect("sized").set(f, n as u64);
     ctl.exec(bar, pool, &inp, 16).map(|_| ())
+}
+
+/// Takes back every page firmware holds, each for the function it was given
+/// for, as Linux `mlx5_reclaim_startup_pages` does: firmware may return
+/// pages a little at a time after TEARDOWN_HCA, so a TAKE that returns
+/// nothing is retried (1 ms apart) until no page has come back for
+/// [`PAGE_RECLAIM_BUDGET`]. Pages still held then are leaked (never reused:
+/// the device may write them) and reported.
+fn reclaim_pages<B: HwBackend>(
+    bar: &Bar<B>,
+    pool: &Arc<DmaPool>,
+    ctl: &mut Ctl,
+) -> Result<(), Error> {
+    let step = Duration::from_millis(1);
+    let mut idle = Duration::ZERO;
+    while ctl.pages.given() > 0 {
+        let mut progress = 0;
+        for (key, n) in ctl.pages.by_function() {
+            let func = FuncId::from_key(key);
+            progress += take_pages(&mut ctl.cmdq, &mut ctl.pages, bar, pool, n, func)?;
+        }
+        if progress > 0 {
+            idle = Duration::ZERO;
+            continue;
+        }
+        if idle >= PAGE_RECLAIM_BUDGET {
+            break;
+        }
+        bar.wait(step);
+        idle += step;
+    }
+    if ctl.pages.given() > 0 {
+        tracing::error!(
+            device = %bar.name(),
+            pages = ctl.pages.given(),
+            by_function = ?ctl.pages.by_function(),
+            waited = ?idle,
+            "firmware kept pages after teardown; leaking them"
+        );
+        return Err(Error::Timeout {
+            device: bar.name(),
+            what: format!(
+                "return of {} firmware pages (leaked, never reused)",
+                ctl.pages.given()
+            ),
+            waited: idle,
+        });
+    }
+    Ok(())
 }
 
 /// Tears down everything bring-up created, in reverse; then TEARDOWN_HCA,
@@ -1473,28 +1870,8 @@ fn teardown<B: HwBackend>(bar: &Bar<B>, pool: &Arc<DmaPool>, ctl: &mut Ctl) -> R
         ctl.initialized = false;
     }
     if ctl.enabled {
-        // Reclaim every page firmware still holds.
-        let mut rounds = 0;
-        while ctl.pages.given() > 0 && rounds < 1024 {
-            rounds += 1;
-            let want = ctl.pages.given();
-            let func = ctl.func;
-            match take_pages(&mut ctl.cmdq, &mut ctl.pages, bar, pool, want, func) {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e) => {
-                    note(Err(e));
-                    break;
-                }
-            }
-        }
-        if ctl.pages.given() > 0 {
-            tracing::error!(
-                pages = ctl.pages.given(),
-                "firmware kept pages after teardown; leaking them"
-            );
-        }
-        note(simple(bar, pool, ctl, Opcode::DisableHca, 0).map(|_| ()));
+        note(reclaim_pages(bar, pool, ctl));
+        note(enable_hca(bar, pool, ctl, Opcode::DisableHca));
         ctl.enabled = false;
     }
     match first {

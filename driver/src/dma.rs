@@ -83,6 +83,19 @@ struct PoolInner {
     regions: Vec<Option<PoolRegion>>,
 }
 
+impl PoolInner {
+    fn release_unused(&mut self) -> usize {
+        let mut released = 0;
+        for r in self.regions.iter_mut() {
+            if r.as_ref().is_some_and(|r| r.in_use == 0) {
+                *r = None;
+                released += 1;
+            }
+        }
+        released
+    }
+}
+
 /// A pool of registered 4 KiB pages for device-owned memory.
 pub struct DmaPool {
     inner: Mutex<PoolInner>,
@@ -138,10 +151,23 @@ impl DmaPool {
             Some(x) => x,
             None => {
                 let len = (n * PAGE).div_ceil(HUGE_2M) * HUGE_2M;
-                let mut region = HugepageRegion::reserve(len, self.opts).map_err(Error::Memory)?;
-                let dma = region
-                    .register(self.mapper.clone())
-                    .map_err(Error::Memory)?;
+                let reserve = |opts| -> Result<_, mempool::RegionError> {
+                    let mut region = HugepageRegion::reserve(len, opts)?;
+                    let dma = region.register(self.mapper.clone())?;
+                    Ok((region, dma))
+                };
+                let (region, dma) = match reserve(self.opts) {
+                    Ok(x) => x,
+                    // Empty 2 MiB regions kept for reuse still hold
+                    // hugepages and IOMMU mappings (and count against the
+                    // locked-memory limit): give them back and try again.
+                    Err(e) => {
+                        if inner.release_unused() == 0 {
+                            return Err(Error::Memory(e));
+                        }
+                        reserve(self.opts).map_err(Error::Memory)?
+                    }
+                };
                 let pages = len / PAGE;
                 let r = PoolRegion {
                     iova: dma.iova,
@@ -190,6 +216,16 @@ impl DmaPool {
         if r.in_use == 0 && r.pages * PAGE > HUGE_2M {
             inner.regions[ri] = None;
         }
+    }
+
+    /// Gives back every region none of whose pages is in use (their
+    /// hugepages and IOMMU mappings, which count against the locked-memory
+    /// limit); returns how many.
+    pub fn release_unused(&self) -> usize {
+        self.inner
+            .lock()
+            .expect("DMA pool poisoned")
+            .release_unused()
     }
 
     /// Counters.

@@ -601,17 +601,22 @@ pub(crate) fn query_objects<B: HwBackend>(
         ))
     };
     let (tx_cq, rx_cq) = (cq(ids.tx_cqn)?, cq(ids.rx_cqn)?);
-    let mut inp = input::<QueryQCounterIn>(Opcode::QueryQCounter, 0, 0);
-    ViewMut::<QueryQCounterIn>::new(&mut inp)
-        .expect("sized")
-        .set(
-            QueryQCounterIn::COUNTER_SET_ID,
-            u64::from(ids.counter_set_id),
-        );
-    let out_q = inner.exec(&inp, out_len::<QueryQCounterOut>(0))?;
-    let out_of_buffer = View::<QueryQCounterOut>::new(&out_q)
-        .expect("sized")
-        .get32(QueryQCounterOut::OUT_OF_BUFFER);
+    // Counter set 0: the queue set has no Q counter (none to spare).
+    let out_of_buffer = if ids.counter_set_id == 0 {
+        0
+    } else {
+        let mut inp = input::<QueryQCounterIn>(Opcode::QueryQCounter, 0, 0);
+        ViewMut::<QueryQCounterIn>::new(&mut inp)
+            .expect("sized")
+            .set(
+                QueryQCounterIn::COUNTER_SET_ID,
+                u64::from(ids.counter_set_id),
+            );
+        let out_q = inner.exec(&inp, out_len::<QueryQCounterOut>(0))?;
+        View::<QueryQCounterOut>::new(&out_q)
+            .expect("sized")
+            .get32(QueryQCounterOut::OUT_OF_BUFFER)
+    };
     Ok(HwQueueState {
         sq_state: sq.get32(Sqc::STATE) as u8,
         sq_hw_counter: sq.sub(Sqc::WQ).get32(Wq::HW_COUNTER),

@@ -26,7 +26,10 @@ pub mod prm;
 pub mod queue;
 pub mod vfio;
 
-pub use device::{Device, DeviceConfig, DeviceInfo, FuncId, Health, InlineMode, MacIfUnset};
+pub use device::{
+    Device, DeviceConfig, DeviceInfo, FuncId, Health, InlineMode, MAX_RX_FRAME, MacIfUnset,
+    VPORT_MTU,
+};
 pub use error::{Error, HealthProblem};
 pub use queue::{
     Gather, HwQueueState, QueueConfig, QueueSet, QueueSnapshot, QueueStats, RxCqeFlags, RxRingView,

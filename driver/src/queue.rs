@@ -384,7 +384,7 @@ pub struct QueueSnapshot {
     pub uar: u32,
     /// Flow table entry index.
     pub flow_index: u32,
-    /// Q counter set.
+    /// Q counter set (0: none; the function had none to spare).
     pub counter_set_id: u32,
     /// SQ producer counter (WQEBBs).
     pub sq_pi: u32,
@@ -441,7 +441,8 @@ pub struct HwQueueState {
     pub tx_cq: (u32, u32, u8),
     /// RX CQ (consumer, producer, status).
     pub rx_cq: (u32, u32, u8),
-    /// Packets dropped because the RQ had no WQE.
+    /// Packets dropped because the RQ had no WQE (0 when the queue set has
+    /// no Q counter: `counter_set_id` 0).
     pub out_of_buffer: u32,
 }
 
@@ -533,15 +534,32 @@ impl<B: HwBackend> QueueSet<B> {
                 cfg.rq_log_strides
             )
         })?;
+        let log_wqe = u32::from(cfg.rq_log_strides) + u32::from(cfg.rq_log_stride_bytes);
+        check(log_wqe >= u32::from(info.log_min_stride_wqe_sz), || {
+            format!(
+                "a striding RQ WQE of 2^{} strides of 2^{} bytes ({} KiB) is below the device's minimum WQE size of {} KiB (log_min_stride_wqe_sz {}): use more strides",
+                cfg.rq_log_strides,
+                cfg.rq_log_stride_bytes,
+                (1u64 << log_wqe) >> 10,
+                (1u64 << info.log_min_stride_wqe_sz) >> 10,
+                info.log_min_stride_wqe_sz
+            )
+        })?;
         check((6..=13).contains(&cfg.rq_log_stride_bytes), || {
             format!(
                 "rq_log_stride_bytes {} outside 6..=13",
                 cfg.rq_log_stride_bytes
             )
         })?;
-        check(cfg.rq_log_stride_bytes >= 10, || {
-            "strides must hold a whole 1024-byte frame (rq_log_stride_bytes >= 10): RX counting assumes one stride per packet".into()
-        })?;
+        check(
+            1usize << cfg.rq_log_stride_bytes >= crate::device::MAX_RX_FRAME,
+            || {
+                format!(
+                    "strides must hold a whole {}-byte frame (rq_log_stride_bytes >= 10): RX counting assumes one stride per packet, which the vport MTU guarantees only for such strides",
+                    crate::device::MAX_RX_FRAME
+                )
+            },
+        )?;
         check(
             (1..=info.log_max_wq_sz.min(10)).contains(&cfg.rq_log_wqes),
             || format!("rq_log_wqes {}", cfg.rq_log_wqes),
@@ -755,14 +773,27 @@ impl<B: HwBackend> QueueSet<B> {
         )?;
         self.created.push(QObj::Cq(self.rx_cq.cqn));
 
-        let out = self.exec(
-            &input::<MboxIn>(Opcode::AllocQCounter, 0, 0),
-            out_len::<AllocQCounterOut>(0),
-        )?;
-        self.counter_set_id = View::<AllocQCounterOut>::new(&out)
-            .expect("sized")
-            .get32(AllocQCounterOut::COUNTER_SET_ID);
-        self.created.push(QObj::QCounter(self.counter_set_id));
+        // A Q counter (out-of-buffer drops) if the function has one to
+        // spare: VFs get few (`max_qp_cnt`), and the RQ works without one
+        // (Linux mlx5e carries on when ALLOC_Q_COUNTER fails).
+        self.counter_set_id = 0;
+        if info.max_q_counters > 0 {
+            match self.exec(
+                &input::<MboxIn>(Opcode::AllocQCounter, 0, 0),
+                out_len::<AllocQCounterOut>(0),
+            ) {
+                Ok(out) => {
+                    self.counter_set_id = View::<AllocQCounterOut>::new(&out)
+                        .expect("sized")
+                        .get32(AllocQCounterOut::COUNTER_SET_ID);
+                    self.created.push(QObj::QCounter(self.counter_set_id));
+                }
+                Err(e @ Error::Command { .. }) => {
+                    tracing::warn!(device = %info.name, udp_port = self.cfg.udp_port, error = %e, "no Q counter for this queue set; out-of-buffer drops are not counted");
+                }
+                Err(e) => return Err(e),
+            }
+        }
 
         // Striding RQ.
         let log_num_strides =

@@ -198,13 +198,14 @@ fn unicast_needs_the_vport_list_on_a_vf_and_the_mpfs_entry_on_a_pf() {
             .filter(|c| c.opcode == op as u16)
             .count()
     };
-    assert_eq!(programmed(&v, Opcode::ModifyNicVportContext), 1);
+    // The MTU (issue 31) and the address list.
+    assert_eq!(programmed(&v, Opcode::ModifyNicVportContext), 2);
     assert_eq!(
         programmed(&v, Opcode::SetL2TableEntry),
         0,
         "a VF is no e-switch manager"
     );
-    assert_eq!(programmed(&p, Opcode::ModifyNicVportContext), 1);
+    assert_eq!(programmed(&p, Opcode::ModifyNicVportContext), 2);
     assert_eq!(programmed(&p, Opcode::SetL2TableEntry), 1);
     assert_eq!(p.objects().l2_entries, 1);
     let mut qv = dv.create_queue_set(queue(6000)).unwrap();

@@ -125,6 +125,16 @@ fn connectx6_dx_pf_brings_up_echoes_and_tears_down() {
 }
 
 #[test]
+fn connectx6_dx_vf_brings_up_echoes_and_tears_down() {
+    echo(Profile::ConnectX6DxVf, 10_000);
+}
+
+#[test]
+fn bluefield2_ecpf_brings_up_echoes_and_tears_down() {
+    echo(Profile::BlueField2Ecpf, 10_000);
+}
+
+#[test]
 fn connectx7_pf_brings_up_echoes_and_tears_down() {
     echo(Profile::ConnectX7Pf, 10_000);
 }
@@ -132,7 +142,7 @@ fn connectx7_pf_brings_up_echoes_and_tears_down() {
 #[test]
 fn every_supported_profile_is_covered() {
     // The tests above, one per profile; a new profile must get its own.
-    assert_eq!(Profile::SUPPORTED.len(), 5);
+    assert_eq!(Profile::SUPPORTED.len(), 7);
     assert_eq!(Profile::ALL.len(), Profile::SUPPORTED.len() + 1);
 }
 
@@ -165,7 +175,9 @@ fn hugepages_per_profile_match_the_readme() {
         (Profile::ConnectX5Pf, 18, 20),
         (Profile::ConnectX5Vf, 3, 5),
         (Profile::ConnectX6DxPf, 22, 24),
+        (Profile::ConnectX6DxVf, 5, 7),
         (Profile::ConnectX7Pf, 42, 44),
+        (Profile::BlueField2Ecpf, 24, 26),
     ];
     let fab = fabric(42);
     for (p, up, with_qs) in readme {

@@ -437,10 +437,12 @@ pub fn factor_knobs() -> Vec<(&'static str, Knobs)> {
         ("Timely bypass", rpc(&|r| r.cc.timely_bypass = false)),
         ("timing-wheel bypass", rpc(&|r| r.cc.wheel_bypass = false)),
         (
-            "multi-packet RQ (8 instead of 512 strides per WQE)",
+            // 16 strides: the smallest striding WQE devices accept is
+            // 16 KiB (DPDK's log_min_stride_wqe_sz default).
+            "multi-packet RQ (16 instead of 512 strides per WQE)",
             queue(&|q| {
-                q.rq_log_strides = 3;
-                q.rq_log_wqes = 9;
+                q.rq_log_strides = 4;
+                q.rq_log_wqes = 8;
             }),
         ),
         (

@@ -146,10 +146,10 @@ impl Fixture for SimFixture {
     fn inject(&mut self, to: &Self::T, payload: &[u8]) -> bool {
         let ri = to.local_routing_info();
         let len = HEADROOM_BYTES + payload.len();
-        // What an Ethernet link can carry to the NIC: at most the port's
-        // MTU + 18 bytes, and at least 60 (the sender pads; the NIC drops
-        // runts and oversize frames).
-        if len > 1500 + 18 {
+        // What can reach the receive queue: at most the frame length the
+        // driver's vport MTU admits, and at least 60 (the sender pads; the
+        // NIC drops runts and oversize frames).
+        if len > mlx5::MAX_RX_FRAME {
             return false;
         }
         let mut frame = vec![0u8; len.max(60)];

@@ -54,8 +54,7 @@ impl HwBackend for SimBackend {
         self.nic.config_write(offset, data)
     }
 
-    /// What vfio-pci does to the device: MSI-X on, every vector allocated,
-    /// `vector` routed.
+    /// What vfio-pci does to the device: MSI-X on, `vector` routed.
     fn enable_msix(&self, vector: u16) -> io::Result<()> {
         self.nic.enable_msix(vector)
     }

@@ -74,7 +74,7 @@ pub use firmware::pages::PAGE_FILL;
 pub use firmware::{CommandRecord, HcaState, Why};
 pub use inject::{FailCommand, InjectError, Injection};
 pub use netsim::PcapBuffer;
-pub use nic::{BF_REG_BYTES, Eswitch, FIRST_UAR, Limits, NicConfig, SimNic, WqeIdMode};
+pub use nic::{BF_REG_BYTES, Eswitch, FIRST_UAR, Limits, NicConfig, SimNic, VfPolicy, WqeIdMode};
 pub use profile::Profile;
 pub use stats::{
     CqInfo, DropReason, EqInfo, NicStats, ObjectCounts, Queues, RqInfo, SqInfo, WqState,

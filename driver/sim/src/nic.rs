@@ -128,6 +128,36 @@ pub enum Eswitch {
     Mpfs,
 }
 
+/// What the PF's mlx5_core does with a VF's requests in a legacy SR-IOV
+/// e-switch (Linux `esw_vport_change_handler`, `esw_vport_ingress_config`):
+/// only for [`Eswitch::LegacyVf`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VfPolicy {
+    /// The PF copies the VF's unicast list into its forwarding table
+    /// asynchronously, from a work item: a MAC the VF adds is forwarded
+    /// only this long after the MODIFY_NIC_VPORT_CONTEXT.
+    pub copy_delay: Duration,
+    /// `ip link set <pf> vf <n> spoofchk on`: frames the VF sends must
+    /// carry its admin MAC (`NicConfig::mac`) as source; with no admin MAC
+    /// the PF cannot set the check up and the VF sends nothing.
+    pub spoofchk: bool,
+    /// `ip link set <pf> vf <n> trust on`: the VF's promiscuous request
+    /// is honoured; an untrusted VF's is ignored.
+    pub trusted: bool,
+}
+
+impl Default for VfPolicy {
+    /// mlx5's defaults: spoof checking off, not trusted; a millisecond to
+    /// copy the list.
+    fn default() -> Self {
+        VfPolicy {
+            copy_delay: Duration::from_millis(1),
+            spoofchk: false,
+            trusted: false,
+        }
+    }
+}
+
 /// How striding-RQ CQEs number the WQE a packet landed in (`wqe_id`).
 /// No reference pins it down (libmlx5 masks it, DPDK compares the low
 /// bits, the kernel indexes its ring with it), so the model offers both.
@@ -147,6 +177,8 @@ pub struct NicConfig {
     pub mac: [u8; 6],
     /// What is in front of the function (and `eswitch_manager`).
     pub eswitch: Eswitch,
+    /// The PF's policy for this VF (with [`Eswitch::LegacyVf`]).
+    pub vf_policy: VfPolicy,
     /// log2 of the MPFS L2 table size.
     pub log_max_l2_table: u8,
     /// PCI device id (0x1017 ConnectX-5; the profiles set it).
@@ -154,6 +186,16 @@ pub struct NicConfig {
     /// A virtual function (PF-only registers such as HOST_ENDIANNESS are
     /// refused).
     pub vf: bool,
+    /// A BlueField embedded-CPU function (ECPF): the init segment's
+    /// `embedded_cpu` bit (`initializing` bit 23) is set, and
+    /// ENABLE/DISABLE_HCA and QUERY_PAGES must say
+    /// `embedded_cpu_function` = 1 (as Linux does); QUERY_PAGES and page
+    /// requests name the function with `ec_function` = 1.
+    pub ecpf: bool,
+    /// On an ECPF: pages firmware asks for the host PF (function 0,
+    /// `ec_function` 0) after INIT_HCA; they must be given, and taken back,
+    /// for that function.
+    pub host_pf_pages: u32,
     /// The function id firmware names in QUERY_PAGES and page-request
     /// EQEs; MANAGE_PAGES must echo it (0 for a PF, non-zero for a VF).
     pub function_id: u16,
@@ -165,6 +207,14 @@ pub struct NicConfig {
     pub init_pages: u32,
     /// Pages requested with a page-request EQE after INIT_HCA.
     pub regular_pages: u32,
+    /// How long after INIT_HCA the port's link comes up (QUERY_VPORT_STATE
+    /// reports it down, and frames are dropped both ways, until then):
+    /// real links take milliseconds to seconds to train.
+    pub link_up_delay: Duration,
+    /// How long after TEARDOWN_HCA the firmware still holds on to its
+    /// pages: MANAGE_PAGES TAKE returns none before, every one after (a
+    /// driver must retry, as Linux `mlx5_reclaim_startup_pages` does).
+    pub page_release_delay: Duration,
     /// How long `initializing` stays set after reset (the NIC's creation:
     /// vfio-pci resets a function when it is opened). Until it clears, the
     /// firmware ignores writes to the command queue address.
@@ -181,12 +231,25 @@ pub struct NicConfig {
     pub wqe_inline_mode: u8,
     /// `nic_vport_context.min_wqe_inline_mode` (0 none, 1 L2, 2 IP, 3 L4).
     pub vport_min_inline: u8,
-    /// Vport MTU (frames up to MTU + 18 bytes).
+    /// Vport MTU as the hardware counts it: the longest frame including one
+    /// VLAN tag and the FCS (Linux writes software MTU + 22). Frames longer
+    /// than `mtu - 4` bytes in memory are dropped on receive and refused on
+    /// send. The default, 1522, is what a previous owner running Linux at
+    /// MTU 1500 leaves behind.
     pub mtu: u16,
     /// Cap `striding_rq`.
     pub striding_rq: bool,
     /// Cap `ext_stride_num_range`.
     pub ext_stride_num_range: bool,
+    /// Cap `eth_virt`: the vport context's `min_wqe_inline_mode` is
+    /// meaningful. Without it the device's own requirement (by device id:
+    /// L2 on the ConnectX-4 family, none later) applies, as DPDK assumes.
+    pub eth_virt: bool,
+    /// General-2 cap `log_min_stride_wqe_sz` (DPDK's position; `Some`
+    /// also sets `hca_cap_2`): the smallest striding WQE, log2 bytes.
+    /// `None`: no general-2 block; the minimum is then 2^14, DPDK's
+    /// default.
+    pub log_min_stride_wqe_sz: Option<u8>,
     /// How striding-RQ CQEs report `wqe_id`.
     pub wqe_id_mode: WqeIdMode,
     /// Cap `cq_oi`.
@@ -234,22 +297,29 @@ impl NicConfig {
         NicConfig {
             mac: [2, 0, 0, 0, 0, 1],
             eswitch: Eswitch::Mpfs,
+            vf_policy: VfPolicy::default(),
             log_max_l2_table: 5,
             device_id: 0x1017,
             vf: false,
+            ecpf: false,
+            host_pf_pages: 0,
             function_id: 0,
             fw_version: (16, 35, 2000),
             boot_pages: 96,
             init_pages: 6144,
             regular_pages: 2048,
+            page_release_delay: Duration::from_millis(3),
+            link_up_delay: Duration::from_millis(2),
             reset_init_delay: Duration::from_millis(5),
             fw_init_delay: Duration::from_millis(1),
             init_requires_cmdq: true,
             wqe_inline_mode: 1,
             vport_min_inline: 0,
-            mtu: 1500,
+            mtu: 1522,
             striding_rq: true,
             ext_stride_num_range: true,
+            eth_virt: true,
+            log_min_stride_wqe_sz: Some(14),
             wqe_id_mode: WqeIdMode::FreeRunning,
             cq_oi: true,
             reset_root_to_default: false,
@@ -403,7 +473,7 @@ impl NicInner {
         self.cfg.bar_pages as usize * UAR_PAGE_BYTES
     }
 
-    fn drop_frame(&self, r: DropReason) {
+    pub(crate) fn drop_frame(&self, r: DropReason) {
         if let Some(i) = DropReason::ALL.iter().position(|x| *x == r) {
             self.drops[i].fetch_add(1, Ordering::Relaxed);
         }
@@ -453,7 +523,12 @@ impl NicInner {
             }
             0x01fc => {
                 let fw = lock(&self.fw);
-                if self.initializing(&fw) {
+                let ecpu = if self.cfg.ecpf {
+                    mlx5::prm::init_seg::EMBEDDED_CPU_BIT
+                } else {
+                    0
+                };
+                ecpu | if self.initializing(&fw) {
                     INITIALIZING_BIT
                 } else {
                     0
@@ -580,13 +655,13 @@ impl NicInner {
             if bits & (1 << slot) == 0 {
                 continue;
             }
-            if u32::from(slot) >= slots || fw.pending.contains(&slot) {
+            if u32::from(slot) >= slots || fw.pending.iter().any(|h| h.slot == slot) {
                 self.stats
                     .cmd_doorbells_ignored
                     .fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            cmdq::run_slot(self, &mut fw, &mut dp, slot, false);
+            cmdq::run_slot(self, &mut fw, &mut dp, slot);
         }
     }
 
@@ -761,16 +836,19 @@ impl NicInner {
         if !dp.hca_up {
             return self.drop_frame(DropReason::HcaDown);
         }
+        if !dp.link_up(self.now_ns()) {
+            return self.drop_frame(DropReason::LinkDown);
+        }
         // The port MAC drops runts and frames above the port MTU before
         // anything else looks at them.
         if frame.len() < tx::MIN_FRAME {
             return self.drop_frame(DropReason::Runt);
         }
-        if frame.len() > usize::from(dp.vport.mtu) + 18 {
+        if frame.len() > tx::max_frame(dp.vport.mtu) {
             return self.drop_frame(DropReason::Oversize);
         }
         let parsed = packet::parse(frame);
-        if !eswitch_forwards(self.cfg.eswitch, dp, &parsed.dmac) {
+        if !eswitch_forwards(&self.cfg, dp, self.now_ns(), &parsed.dmac) {
             return self.drop_frame(DropReason::Eswitch);
         }
         if self.cfg.vport_mac_filter && !vport_accepts(&dp.vport, &parsed.dmac) {
@@ -836,8 +914,8 @@ impl NicInner {
 
     // ------------------------------------------------------------ PCI
 
-    /// MSI-X on with every vector allocated and `vector` routed, as
-    /// vfio-pci sets the device up for `VFIO_DEVICE_SET_IRQS`.
+    /// MSI-X on with `vector` routed, as vfio-pci sets the device up for
+    /// `VFIO_DEVICE_SET_IRQS`.
     pub(crate) fn enable_msix(&self, vector: u16) -> std::io::Result<()> {
         if vector >= self.cfg.msix_vectors {
             return Err(std::io::Error::new(
@@ -919,13 +997,27 @@ fn config_range(off: u16, len: usize) -> std::io::Result<(usize, usize)> {
 /// Whether the e-switch in front of the function forwards a frame for
 /// `dmac` to it: multicast and broadcast always; unicast only to a MAC the
 /// driver programmed (a VF's vport address list, a PF's MPFS L2 table).
-fn eswitch_forwards(e: Eswitch, dp: &Datapath, dmac: &[u8; 6]) -> bool {
+fn eswitch_forwards(cfg: &NicConfig, dp: &Datapath, now_ns: u64, dmac: &[u8; 6]) -> bool {
     if dmac[0] & 1 == 1 {
         return true;
     }
-    match e {
+    let log_max_l2_table = cfg.log_max_l2_table;
+    match cfg.eswitch {
         Eswitch::None => true,
-        Eswitch::LegacyVf => dp.vport.uc_list.contains(dmac),
+        // The PF forwards what it has copied from the VF's list (after
+        // `copy_delay`), and everything only for a trusted promiscuous VF.
+        Eswitch::LegacyVf => {
+            let delay = cfg.vf_policy.copy_delay.as_nanos() as u64;
+            let copied = dp
+                .vport
+                .uc_list_at_ns
+                .is_some_and(|t| now_ns >= t.saturating_add(delay));
+            (copied && dp.vport.uc_list.contains(dmac))
+                || (cfg.vf_policy.trusted && (dp.vport.promisc_uc || dp.vport.promisc_all))
+        }
+        // An L2 table of one entry means no MPFS (Linux `mlx5_mpfs_init`):
+        // the port is not shared, nothing filters.
+        Eswitch::Mpfs if log_max_l2_table == 0 => true,
         Eswitch::Mpfs => dp.l2_table.values().any(|m| m == dmac),
     }
 }
@@ -1044,6 +1136,7 @@ impl SimNic {
             promisc_mc: false,
             promisc_all: false,
             uc_list: Vec::new(),
+            uc_list_at_ns: None,
             roce_en: false,
             disable_uc_lb: false,
             disable_mc_lb: false,
@@ -1144,7 +1237,7 @@ impl SimNic {
 
     /// Pages the firmware holds.
     pub fn pages_held(&self) -> usize {
-        lock(&self.inner.fw).pages.held.len()
+        lock(&self.inner.fw).pages.total()
     }
 
     /// Live IOMMU mappings.

@@ -155,6 +155,9 @@ pub(crate) struct Vport {
     pub promisc_mc: bool,
     pub promisc_all: bool,
     pub uc_list: Vec<[u8; 6]>,
+    /// Fabric time the unicast list was last set (the PF copies it into
+    /// its forwarding table `VfPolicy::copy_delay` later).
+    pub uc_list_at_ns: Option<u64>,
     pub roce_en: bool,
     pub disable_uc_lb: bool,
     pub disable_mc_lb: bool,
@@ -189,11 +192,20 @@ pub(crate) struct Datapath {
     pub vport: Vport,
     /// INIT_HCA done and not torn down: the datapath may run.
     pub hca_up: bool,
+    /// Fabric time from which the port's link is up (INIT_HCA brings it
+    /// up, `NicConfig::link_up_delay` later); `None` while the HCA is down.
+    pub link_up_at_ns: Option<u64>,
     /// Current `cqe_version` (user index in CQEs when 1).
     pub cqe_version: u8,
 }
 
 impl Datapath {
+    /// The port's link is up at `now_ns` (the fabric's own link state
+    /// aside).
+    pub(crate) fn link_up(&self, now_ns: u64) -> bool {
+        self.link_up_at_ns.is_some_and(|t| now_ns >= t)
+    }
+
     pub(crate) fn new(vport: Vport) -> Datapath {
         Datapath {
             uars: BTreeSet::new(),
@@ -211,6 +223,7 @@ impl Datapath {
             l2_table: BTreeMap::new(),
             vport,
             hca_up: false,
+            link_up_at_ns: None,
             cqe_version: 1,
         }
     }

@@ -25,8 +25,15 @@ pub enum Profile {
     ConnectX5Vf,
     /// ConnectX-6 Dx (0x101d) physical function.
     ConnectX6DxPf,
+    /// The VF of a ConnectX-6 Dx or ConnectX-7 (0x101e, "ConnectX family
+    /// VF"), function 3, behind a legacy SR-IOV e-switch.
+    ConnectX6DxVf,
     /// ConnectX-7 (0x1021) physical function: real-time timestamps only.
     ConnectX7Pf,
+    /// BlueField-2 (0xa2d6) embedded-CPU function (ECPF, the Arm side's
+    /// PF): says so in the init segment, must name itself as one, and is
+    /// asked for the host PF's firmware pages too.
+    BlueField2Ecpf,
 }
 
 impl Profile {
@@ -37,7 +44,9 @@ impl Profile {
         Profile::ConnectX5Pf,
         Profile::ConnectX5Vf,
         Profile::ConnectX6DxPf,
+        Profile::ConnectX6DxVf,
         Profile::ConnectX7Pf,
+        Profile::BlueField2Ecpf,
     ];
 
     /// The profiles the driver supports (all but ConnectX-4 non-Lx, which
@@ -47,7 +56,9 @@ impl Profile {
         Profile::ConnectX5Pf,
         Profile::ConnectX5Vf,
         Profile::ConnectX6DxPf,
+        Profile::ConnectX6DxVf,
         Profile::ConnectX7Pf,
+        Profile::BlueField2Ecpf,
     ];
 
     /// Human-readable name.
@@ -58,7 +69,9 @@ impl Profile {
             Profile::ConnectX5Pf => "ConnectX-5 PF",
             Profile::ConnectX5Vf => "ConnectX-5 VF",
             Profile::ConnectX6DxPf => "ConnectX-6 Dx PF",
+            Profile::ConnectX6DxVf => "ConnectX-6 Dx / ConnectX-7 VF",
             Profile::ConnectX7Pf => "ConnectX-7 PF",
+            Profile::BlueField2Ecpf => "BlueField-2 ECPF",
         }
     }
 
@@ -75,6 +88,7 @@ impl Profile {
                 wqe_inline_mode: 0,
                 striding_rq: false,
                 ext_stride_num_range: false,
+                log_min_stride_wqe_sz: None,
                 ..base
             },
             Profile::ConnectX4LxPf => NicConfig {
@@ -86,6 +100,7 @@ impl Profile {
                 regular_pages: 1024,
                 wqe_inline_mode: 0,
                 ext_stride_num_range: false,
+                log_min_stride_wqe_sz: None,
                 ..base
             },
             Profile::ConnectX5Pf => base,
@@ -94,6 +109,11 @@ impl Profile {
                 vf: true,
                 function_id: 1,
                 eswitch: crate::nic::Eswitch::LegacyVf,
+                // A VF gets few Q counters.
+                limits: crate::nic::Limits {
+                    max_q_counters: 2,
+                    ..crate::nic::Limits::default()
+                },
                 boot_pages: 16,
                 init_pages: 512,
                 regular_pages: 256,
@@ -103,6 +123,43 @@ impl Profile {
                 device_id: 0x101d,
                 fw_version: (22, 39, 1002),
                 wqe_id_mode: crate::nic::WqeIdMode::RingIndex,
+                boot_pages: 128,
+                init_pages: 8192,
+                regular_pages: 2048,
+                wqe_inline_mode: 2,
+                reset_root_to_default: true,
+                sq_ts_format: 2,
+                rq_ts_format: 2,
+                ..base
+            },
+            Profile::ConnectX6DxVf => NicConfig {
+                device_id: 0x101e,
+                fw_version: (22, 39, 1002),
+                vf: true,
+                function_id: 3,
+                eswitch: crate::nic::Eswitch::LegacyVf,
+                wqe_id_mode: crate::nic::WqeIdMode::RingIndex,
+                boot_pages: 32,
+                init_pages: 1024,
+                regular_pages: 512,
+                wqe_inline_mode: 2,
+                reset_root_to_default: true,
+                sq_ts_format: 2,
+                rq_ts_format: 2,
+                msix_vectors: 8,
+                limits: crate::nic::Limits {
+                    max_q_counters: 2,
+                    ..crate::nic::Limits::default()
+                },
+                ..base
+            },
+            Profile::BlueField2Ecpf => NicConfig {
+                device_id: 0xa2d6,
+                fw_version: (24, 39, 1002),
+                ecpf: true,
+                host_pf_pages: 1024,
+                // The e-switch manager of its port, with no MPFS.
+                log_max_l2_table: 0,
                 boot_pages: 128,
                 init_pages: 8192,
                 regular_pages: 2048,

@@ -26,6 +26,28 @@ use crate::util::{be32, be64, lock};
 /// Smallest frame on the wire (without FCS); shorter frames are padded.
 pub const MIN_FRAME: usize = 60;
 
+/// The PF's spoof check on a VF's frame (`VfPolicy::spoofchk`): the
+/// source MAC must be the admin MAC, and without one nothing passes
+/// (Linux `esw_vport_ingress_config` refuses a zero MAC with spoofchk).
+fn spoof_check_passes(cfg: &crate::nic::NicConfig, frame: &[u8]) -> bool {
+    if cfg.eswitch != crate::nic::Eswitch::LegacyVf || !cfg.vf_policy.spoofchk {
+        return true;
+    }
+    cfg.mac != [0; 6] && frame.len() >= 12 && frame[6..12] == cfg.mac
+}
+
+/// Bytes of the frame check sequence, which the vport MTU counts but which
+/// never reaches host memory.
+pub const FCS_BYTES: usize = 4;
+
+/// The longest frame (as it is in host memory, without the FCS) a vport
+/// MTU lets through. `nic_vport_context.mtu` is a frame length that counts
+/// the Ethernet header, one VLAN tag and the FCS: Linux `mlx5e_set_mtu`
+/// writes the software MTU + 22 (`ETH_HLEN + VLAN_HLEN + ETH_FCS_LEN`).
+pub fn max_frame(vport_mtu: u16) -> usize {
+    usize::from(vport_mtu).saturating_sub(FCS_BYTES)
+}
+
 /// A send queue.
 #[derive(Debug)]
 pub(crate) struct Sq {
@@ -356,7 +378,15 @@ pub(crate) fn doorbell(
                 if let Some(f) = frame {
                     sq.frames += 1;
                     sq.bytes += f.len() as u64;
-                    out.push(f);
+                    // Until the link is up the port sends nothing; a VF's
+                    // frames pass the PF's spoof check first.
+                    if !dp.link_up(nic.now_ns()) {
+                        nic.drop_frame(crate::stats::DropReason::LinkDown);
+                    } else if !spoof_check_passes(&nic.cfg, &f) {
+                        nic.drop_frame(crate::stats::DropReason::Eswitch);
+                    } else {
+                        out.push(f);
+                    }
                 }
                 if signaled {
                     sq.req_cqe(nic, io, dp, idx, opcode, se);
@@ -518,7 +548,7 @@ fn send(
         let lkey = be32(wqe, at + 4);
         let addr = be64(wqe, at + 8);
         let len = if bc == 0 { 1u64 << 31 } else { u64::from(bc) };
-        let max = usize::from(dp.vport.mtu) + 18;
+        let max = max_frame(dp.vport.mtu);
         if bc == 0 || frame.len() as u64 + len > max as u64 {
             return Err(err(
                 CqeSyndrome::LocalLength,
@@ -528,7 +558,7 @@ fn send(
                     vendor::BAD_LENGTH
                 },
                 format!(
-                    "gather of {len} bytes makes the frame longer than {max} (MTU {} + 18)",
+                    "gather of {len} bytes makes the frame longer than {max} (vport MTU {} less the FCS)",
                     dp.vport.mtu
                 ),
             ));
@@ -545,7 +575,7 @@ fn send(
         }
         at += 16;
     }
-    let max = usize::from(dp.vport.mtu) + 18;
+    let max = max_frame(dp.vport.mtu);
     if frame.len() < 14 || frame.len() > max {
         return Err(err(
             CqeSyndrome::LocalLength,

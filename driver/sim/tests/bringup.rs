@@ -197,6 +197,41 @@ fn command_waits_for_pages_until_the_driver_gives_them() {
     assert_eq!(r.status, CmdStatus::NoResources as u8);
 }
 
+/// Issue 31 item 5: a command held for pages is the one the firmware
+/// fetched. If software rewrites the entry meanwhile (and rings again), the
+/// doorbell is ignored and the held command, not the new one, completes.
+#[test]
+fn a_held_command_finishes_as_fetched_even_if_the_entry_is_rewritten() {
+    let fab = det_fabric(31);
+    let mut h = Host::with_mac(&fab, MAC_A);
+    h.bring_up();
+    let uars = |h: &Host| {
+        h.nic
+            .command_log()
+            .iter()
+            .filter(|c| c.opcode == Opcode::AllocUar as u16)
+            .count()
+    };
+    let uars_before = uars(&h);
+    h.nic.inject(Injection::CommandWaitsForPages(3)).unwrap();
+    h.submit(0, &simple(Opcode::AllocPd, 0, 0), 16, &mut |_, _| {});
+    assert!(h.busy(0));
+    let ignored = h.nic.stats().cmd_doorbells_ignored;
+    h.submit(0, &simple(Opcode::AllocUar, 0, 0), 16, &mut |_, _| {});
+    assert_eq!(h.nic.stats().cmd_doorbells_ignored, ignored + 1);
+    h.service_eq();
+    assert!(!h.busy(0));
+    assert!(h.collect(0, 16).ok());
+    let last = h
+        .nic
+        .command_log()
+        .into_iter()
+        .rfind(|c| c.slot == 0)
+        .unwrap();
+    assert_eq!(last.opcode, Opcode::AllocPd as u16, "{last}");
+    assert_eq!(uars(&h), uars_before, "the rewritten entry never ran");
+}
+
 #[test]
 fn injected_command_failure_hits_the_nth_matching_command() {
     let fab = det_fabric(7);

@@ -123,7 +123,7 @@ fn cyclic_rq_scatters_and_strips_vlan() {
         &fab,
         NicConfig {
             mac: MAC_A,
-            mtu: 9000,
+            mtu: 9000 + 22,
             ..Default::default()
         },
     );
@@ -204,6 +204,8 @@ fn cyclic_rq_scatters_and_strips_vlan() {
 
 #[test]
 fn two_byte_shift_places_packets_two_bytes_in() {
+    // Eight 64-byte strides make a 512-byte WQE, which `Host::with_mac`'s
+    // device accepts.
     let (fab, mut h) = up(4);
     let mut cq = h.create_cq(6, false);
     let ring = h.alloc(4096);

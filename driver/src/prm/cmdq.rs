@@ -57,12 +57,12 @@ pub const INLINE_BYTES: usize = 16;
 pub const MAILBOX_DATA_BYTES: usize = 512;
 /// Size of a mailbox block.
 pub const MAILBOX_BYTES: usize = 0x240;
-/// Slot the driver uses for general commands.
-pub const SLOT_GENERAL: usize = 0;
-/// Slot reserved for MANAGE_PAGES answers to page requests.
-pub const SLOT_PAGES: usize = 31;
-/// The largest command queue the driver accepts (entries).
+/// The largest command queue the driver accepts (entries). The slot kept
+/// for MANAGE_PAGES is the last one the firmware reports (31 with 32
+/// entries), not a fixed number.
 pub const MAX_ENTRIES: usize = 32;
+/// The smallest: one general slot and the pages slot.
+pub const MIN_ENTRIES: usize = 2;
 
 /// Mailbox blocks needed for a message of `len` bytes.
 pub const fn mailbox_blocks(len: usize) -> usize {

@@ -304,6 +304,8 @@ pub mod cap_type {
     pub const ETHERNET_OFFLOADS: u16 = 1;
     /// NIC flow tables.
     pub const NIC_FLOW_TABLE: u16 = 7;
+    /// General device capabilities 2 (`cmd_hca_cap_2`).
+    pub const GENERAL_2: u16 = 0x20;
     /// QUERY_HCA_CAP mode bit: current values (0 = maximum).
     pub const MODE_CURRENT: u16 = 1;
 }
@@ -401,6 +403,11 @@ pub const MISC_CONSTS: &[ConstDesc] = &[
         "cap_type::NIC_FLOW_TABLE",
         cap_type::NIC_FLOW_TABLE as u64,
         "MLX5_CAP_FLOW_TABLE",
+    ),
+    k(
+        "cap_type::GENERAL_2",
+        cap_type::GENERAL_2 as u64,
+        "MLX5_CAP_GENERAL_2",
     ),
     k(
         "pages_op_mod::BOOT",

@@ -88,6 +88,42 @@ layout! {
     RQ_TS_FORMAT: field = "rq_ts_format" @ 0x442, 2;
     /// log2 of the MPFS L2 table size.
     LOG_MAX_L2_TABLE: field = "log_max_l2_table" @ 0x483, 5;
+    /// The general-2 capability block (type 0x20) exists.
+    HCA_CAP_2: field = "hca_cap_2" @ 0x20, 1;
+    /// Q counter sets the function may allocate.
+    MAX_QP_CNT: field = "max_qp_cnt" @ 0x186, 10;
+    /// The vport context's `min_wqe_inline_mode` is meaningful (DPDK reads
+    /// the inline mode from it only with this bit).
+    ETH_VIRT: field = "eth_virt" @ 0x1a3, 1;
+    /// INIT_HCA leaves the link down (rdma-core's name:
+    /// `disable_link_up_by_init_hca`).
+    DISABLE_LINK_UP: field = "disable_link_up" | "disable_link_up_by_init_hca" @ 0x1b4, 1;
+}
+
+/// `cmd_hca_cap_2.log_min_stride_wqe_sz`: log2 of the smallest striding-RQ
+/// WQE (strides × stride size) the device accepts. Bit 0xc3, 5 bits, as
+/// DPDK's `mlx5_prm.h` has it; the kernel headers (6.1, 6.12) leave those
+/// bits reserved (`reserved_at_c0[0x8]`), so no independent header checks
+/// this position. 0 means "not reported": DPDK then assumes
+/// [`MPRQ_LOG_MIN_STRIDE_WQE_SZ_DEFAULT`].
+pub const CAP2_LOG_MIN_STRIDE_WQE_SZ_BIT: u32 = 0xc3;
+/// DPDK's `MLX5_MPRQ_LOG_MIN_STRIDE_WQE_SIZE`: 2^14 = 16 KiB.
+pub const MPRQ_LOG_MIN_STRIDE_WQE_SZ_DEFAULT: u8 = 14;
+
+/// `log_min_stride_wqe_sz` from a general-2 capability block.
+pub fn cap2_log_min_stride_wqe_sz(block: &[u8]) -> u8 {
+    let dw = (CAP2_LOG_MIN_STRIDE_WQE_SZ_BIT / 32) as usize * 4;
+    let v = u32::from_be_bytes(block[dw..dw + 4].try_into().expect("4 bytes"));
+    ((v >> (32 - 5 - CAP2_LOG_MIN_STRIDE_WQE_SZ_BIT % 32)) & 0x1f) as u8
+}
+
+/// Writes `log_min_stride_wqe_sz` into a general-2 capability block.
+pub fn set_cap2_log_min_stride_wqe_sz(block: &mut [u8], v: u8) {
+    let dw = (CAP2_LOG_MIN_STRIDE_WQE_SZ_BIT / 32) as usize * 4;
+    let shift = 32 - 5 - CAP2_LOG_MIN_STRIDE_WQE_SZ_BIT % 32;
+    let mut x = u32::from_be_bytes(block[dw..dw + 4].try_into().expect("4 bytes"));
+    x = (x & !(0x1f << shift)) | (u32::from(v & 0x1f) << shift);
+    block[dw..dw + 4].copy_from_slice(&x.to_be_bytes());
 }
 
 layout! {
@@ -553,4 +589,24 @@ layout! {
     TRANSLATIONS_OCTWORD_SIZE: field = "translations_octword_size" @ 0x1a0, 32;
     /// log2 of the translation page size (5 bits in 6.1, 6 in 6.12).
     LOG_PAGE_SIZE: field = "log_page_size" @ 0x1db, 5;
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cap2_log_min_stride_wqe_sz_sits_at_bits_0xc3_to_0xc7() {
+        let mut b = vec![0u8; 0x100];
+        super::set_cap2_log_min_stride_wqe_sz(&mut b, 0x1f);
+        // Bit 0xc3 is bit 4 (MSB-first) of byte 0x18: the low five bits.
+        assert_eq!(b[0x18], 0x1f);
+        assert!(b.iter().enumerate().all(|(i, x)| i == 0x18 || *x == 0));
+        super::set_cap2_log_min_stride_wqe_sz(&mut b, 14);
+        assert_eq!(super::cap2_log_min_stride_wqe_sz(&b), 14);
+        b[0x18] |= 0xe0;
+        assert_eq!(
+            super::cap2_log_min_stride_wqe_sz(&b),
+            14,
+            "neighbours ignored"
+        );
+    }
 }

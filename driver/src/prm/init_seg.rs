@@ -47,6 +47,29 @@ layout! {
 }
 
 layout! {
+    /// The bits of the `initializing` register (BAR0 + 0x1fc) as
+    /// `mlx5_ifc.h` names them (`initial_seg`): bit offsets from the start
+    /// of the segment.
+    pub struct InitialSegBits: Source::Ifc("initial_seg"), 0x1000 * 8;
+    /// Firmware still initializing (`initializing` bit 31).
+    INITIALIZING: field = "initializing" @ 0xfe0, 1;
+    /// NIC interface modes the firmware supports.
+    NIC_INTERFACE_SUPPORTED: field = "nic_interface_supported" @ 0xfe5, 3;
+    /// The function is a BlueField embedded-CPU function (ECPF): Linux
+    /// `mlx5_read_embedded_cpu` reads it to set `embedded_cpu_function` in
+    /// ENABLE/DISABLE_HCA and QUERY_PAGES.
+    EMBEDDED_CPU: field = "embedded_cpu" @ 0xfe8, 1;
+}
+
+/// `initializing` register value bit of [`InitialSegBits::EMBEDDED_CPU`] (bit 23).
+pub const EMBEDDED_CPU_BIT: u32 = 1 << (31 - InitialSegBits::EMBEDDED_CPU.bit() % 32);
+const _: () = assert!(
+    InitialSegBits::EMBEDDED_CPU.bit() / 32 == InitSeg::INITIALIZING.bit() / 32
+        && EMBEDDED_CPU_BIT == 1 << 23
+        && InitialSegBits::INITIALIZING.bit() % 32 == 0
+);
+
+layout! {
     /// The health buffer (BAR0 + 0x200).
     pub struct HealthBuffer: Source::Kernel { header: "device.h", name: "health_buffer" }, 0x40 * 8;
     /// Assert variables (6 dwords in the kernel, 5 in rdma-core).

@@ -43,6 +43,7 @@ pub fn all_layouts() -> Vec<LayoutInfo> {
     }
     infos![
         init_seg::InitSeg,
+        init_seg::InitialSegBits,
         init_seg::HealthBuffer,
         cmdq::CmdLayout,
         cmdq::CmdProtBlock,

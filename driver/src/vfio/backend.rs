@@ -48,6 +48,17 @@ pub struct VfioBackend {
 }
 
 impl VfioBackend {
+    /// MSI-X vectors the kernel allocated for [`HwBackend::enable_msix`]
+    /// (`None` while MSI-X is off): one, unless the host refused that and
+    /// the whole table was taken.
+    pub fn msix_vectors(&self) -> Option<u32> {
+        self.msix
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(IrqEventFd::vectors)
+    }
+
     /// Opens the mlx5 function `bdf` with the default paths.
     pub fn open(bdf: PciAddress) -> Result<VfioBackend, VfioError> {
         Self::open_with(bdf, &VfioPaths::default(), DeviceCheck::Mlx5)

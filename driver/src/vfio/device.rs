@@ -381,10 +381,16 @@ impl VfioDevice {
         Ok((i.flags, i.count))
     }
 
-    /// Enables interrupt `index` with every vector the function has (the
-    /// first `VFIO_DEVICE_SET_IRQS` fixes how many the kernel allocates, so
-    /// rdma-core asks for all of them) and an eventfd behind `vector`; the
-    /// other vectors stay unrouted. Undo with [`VfioDevice::disable_irq`].
+    /// Enables interrupt `index` with an eventfd behind `vector`, asking
+    /// the kernel for as few vectors as that takes (`vector + 1`): the
+    /// first `VFIO_DEVICE_SET_IRQS` fixes how many it allocates (without
+    /// dynamic MSI-X, `VFIO_IRQ_INFO_NORESIZE`), and a host may be unable to
+    /// allocate a large table (a ConnectX-6 Dx/ConnectX-7 function has
+    /// hundreds or thousands of vectors), while this driver never adds a
+    /// vector later. If that is refused, every vector the function has is
+    /// asked for (rdma-core's way, which fits hosts that insist on the
+    /// whole table). The other vectors stay unrouted. Undo with
+    /// [`VfioDevice::disable_irq`].
     pub fn enable_irq(&self, index: u32, vector: u32) -> Result<IrqEventFd, VfioError> {
         let (flags, count) = self.irq_info(index)?;
         let bad = |why: String| VfioError::IrqUnsupported {
@@ -403,16 +409,36 @@ impl VfioDevice {
             target: format!("device {}", self.bdf()),
             source,
         })?;
-        let mut fds = vec![-1; count as usize];
-        fds[vector as usize] = fd.as_raw_fd();
-        sys::set_irq_eventfds(self.fd.file.as_fd(), index, 0, &fds).map_err(|source| {
-            VfioError::Ioctl {
-                op: "VFIO_DEVICE_SET_IRQS",
-                target: format!("device {} (irq index {index}, {count} vectors)", self.bdf()),
-                source,
+        let mut first_err = None;
+        for n in irq_vector_counts(vector, count) {
+            let mut fds = vec![-1; n as usize];
+            fds[vector as usize] = fd.as_raw_fd();
+            match sys::set_irq_eventfds(self.fd.file.as_fd(), index, 0, &fds) {
+                Ok(()) => {
+                    if first_err.is_some() {
+                        tracing::warn!(bdf = %self.bdf(), index, vectors = n, "SET_IRQS with fewer vectors was refused; every vector was allocated instead");
+                    }
+                    return Ok(IrqEventFd {
+                        fd,
+                        index,
+                        vector,
+                        vectors: n,
+                    });
+                }
+                Err(source) => {
+                    tracing::debug!(bdf = %self.bdf(), index, vectors = n, error = %source, "VFIO_DEVICE_SET_IRQS refused");
+                    first_err.get_or_insert(VfioError::Ioctl {
+                        op: "VFIO_DEVICE_SET_IRQS",
+                        target: format!(
+                            "device {} (irq index {index}, {n} of {count} vectors)",
+                            self.bdf()
+                        ),
+                        source,
+                    });
+                }
             }
-        })?;
-        Ok(IrqEventFd { fd, index, vector })
+        }
+        Err(first_err.expect("at least one attempt"))
     }
 
     /// Disables every vector of interrupt `index`.
@@ -472,12 +498,20 @@ impl VfioDevice {
     }
 }
 
+/// The vector counts [`VfioDevice::enable_irq`] asks for, in order: just
+/// enough for `vector`, then (if that is fewer) all `count` of them.
+fn irq_vector_counts(vector: u32, count: u32) -> impl Iterator<Item = u32> {
+    let least = vector + 1;
+    std::iter::once(least).chain((count > least).then_some(count))
+}
+
 /// One interrupt vector routed to an eventfd by [`VfioDevice::enable_irq`].
 #[derive(Debug)]
 pub struct IrqEventFd {
     fd: OwnedFd,
     index: u32,
     vector: u32,
+    vectors: u32,
 }
 
 impl IrqEventFd {
@@ -495,6 +529,11 @@ impl IrqEventFd {
     /// The vector.
     pub fn vector(&self) -> u32 {
         self.vector
+    }
+
+    /// How many vectors the kernel was asked to allocate.
+    pub fn vectors(&self) -> u32 {
+        self.vectors
     }
 }
 
@@ -596,5 +635,17 @@ impl Bar {
     #[inline]
     pub fn write_words(&self, offset: usize, data: &[u8]) {
         self.mmio.store_words(offset, data);
+    }
+}
+
+#[cfg(test)]
+mod irq_tests {
+    #[test]
+    fn asks_for_the_fewest_vectors_first_then_the_whole_table() {
+        let v = |vector, count| super::irq_vector_counts(vector, count).collect::<Vec<_>>();
+        assert_eq!(v(0, 2048), [1, 2048]);
+        assert_eq!(v(0, 1), [1]);
+        assert_eq!(v(3, 8), [4, 8]);
+        assert_eq!(v(7, 8), [8]);
     }
 }

@@ -22,7 +22,11 @@
 //!   point (bounds-checked volatile access, big-endian conversion),
 //!   BlueFlame copies bracketed by the write-combining barriers.
 //!
-//! No interrupts: the driver polls, so `VFIO_DEVICE_SET_IRQS` is never used.
+//! Interrupts: the driver polls, but firmware refuses an EQ on a vector
+//! that is not enabled, so MSI-X vector 0 gets an eventfd through
+//! `VFIO_DEVICE_SET_IRQS` before the EQ is created, asking the kernel for
+//! that one vector (the whole table only if that is refused); nothing
+//! waits on it.
 //!
 //! Why not the `vfio-ioctls` crate: it offers no `VFIO_IOMMU_GET_INFO` (so no
 //! IOVA ranges), its region reads/writes and reset log failures instead of

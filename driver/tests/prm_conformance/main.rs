@@ -2,9 +2,12 @@
 //! `mlx5_ifc.h`/`device.h` (Debian `linux-headers-*-common`, both the 6.1
 //! and the 6.12 trees) and rdma-core's `mlx5dv.h` (Debian `libibverbs-dev`).
 //!
-//! In CI (`ERPC_CI=1`) missing headers fail the test; on a developer
-//! machine the test is reported as ignored (a libtest-mimic harness,
-//! `harness = false`) and names the packages to install.
+//! In CI missing headers fail the test: under `.ci/run` (`ERPC_CI=1`) and
+//! under any CI service that sets `CI` (GitHub Actions, GitLab, Buildkite,
+//! ... set `CI=true`). On a developer machine the test is reported as
+//! ignored (a libtest-mimic harness, `harness = false`) and names the
+//! packages to install; run anyway (`--ignored`, `--include-ignored`), it
+//! fails rather than pass without having compared anything.
 
 mod cexpr;
 mod compare;
@@ -15,7 +18,31 @@ use headers::{Facts, Headers, dv_facts, kernel_facts};
 use mlx5::prm::{ConstHeader, Kind, LayoutInfo, all_consts, all_layouts};
 
 fn ci() -> bool {
-    std::env::var_os("ERPC_CI").is_some_and(|v| v == "1")
+    is_ci(
+        std::env::var("ERPC_CI").ok().as_deref(),
+        std::env::var("CI").ok().as_deref(),
+    )
+}
+
+/// Whether these environment values mean CI: `ERPC_CI=1`, or `CI` set to
+/// anything but empty, `0` or `false` (`ERPC_CI=0` opts a CI machine out).
+fn is_ci(erpc_ci: Option<&str>, ci: Option<&str>) -> bool {
+    match erpc_ci {
+        Some("1") => true,
+        Some("0") => false,
+        _ => ci.is_some_and(|v| !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false")),
+    }
+}
+
+fn ci_detection() {
+    assert!(is_ci(Some("1"), None));
+    assert!(is_ci(None, Some("true")));
+    assert!(is_ci(None, Some("1")));
+    assert!(is_ci(Some(""), Some("yes")));
+    assert!(!is_ci(None, None));
+    assert!(!is_ci(None, Some("false")));
+    assert!(!is_ci(None, Some("")));
+    assert!(!is_ci(Some("0"), Some("true")));
 }
 
 /// The header facts, or None (after printing why) when they are missing on
@@ -40,14 +67,19 @@ fn main() -> std::process::ExitCode {
         Some(why) if ci() => {
             let why = why.clone();
             Trial::test(name, move || {
-                Err(format!("{why}; ERPC_CI=1 forbids skipping").into())
+                Err(format!("{why}; CI (ERPC_CI=1, or CI set) forbids skipping").into())
             })
         }
         Some(why) => {
             if !args.list {
                 eprintln!("{name}: ignored: {why}");
             }
-            Trial::test(name, || Ok(())).with_ignored_flag(true)
+            // Ignored, never passed: asked to run anyway, it fails.
+            let why = why.clone();
+            Trial::test(name, move || {
+                Err(format!("{why}: nothing was compared").into())
+            })
+            .with_ignored_flag(true)
         }
     };
     let trials = vec![
@@ -59,6 +91,7 @@ fn main() -> std::process::ExitCode {
             "one_bit_change_to_any_field_is_caught",
             one_bit_change_to_any_field_is_caught,
         ),
+        plain("ci_detection", ci_detection),
         plain(
             "cexpr::tests::evaluates_enums_defines_and_expressions",
             cexpr::tests::evaluates_enums_defines_and_expressions,
@@ -92,7 +125,7 @@ fn missing_packages() -> Option<String> {
 fn gather_uncached() -> Option<Vec<Facts>> {
     if let Some(msg) = missing_packages() {
         if ci() {
-            panic!("{msg}; ERPC_CI=1 forbids skipping");
+            panic!("{msg}; CI (ERPC_CI=1, or CI set) forbids skipping");
         }
         eprintln!("SKIPPED {msg}");
         return None;

@@ -18,6 +18,9 @@ pub(crate) struct Caps {
     pub eth_cur: Vec<u8>,
     /// NIC flow table capabilities (cap type 7; not settable).
     pub flow_table: Vec<u8>,
+    /// General-2 capabilities (cap type 0x20; not settable), when the
+    /// general block's `hca_cap_2` is set.
+    pub gen2: Option<Vec<u8>>,
 }
 
 fn log2_floor(n: u32) -> u64 {
@@ -73,13 +76,24 @@ impl Caps {
                 )
                 .set(C::LOG_MAX_L2_TABLE, u64::from(cfg.log_max_l2_table))
                 .set(C::SQ_TS_FORMAT, u64::from(cfg.sq_ts_format))
-                .set(C::RQ_TS_FORMAT, u64::from(cfg.rq_ts_format));
+                .set(C::RQ_TS_FORMAT, u64::from(cfg.rq_ts_format))
+                .set(C::HCA_CAP_2, u64::from(cfg.log_min_stride_wqe_sz.is_some()))
+                .set(C::ETH_VIRT, u64::from(cfg.eth_virt))
+                .set(C::MAX_QP_CNT, u64::from(l.max_q_counters.min(1023)));
         }
+        let gen2 = cfg.log_min_stride_wqe_sz.map(|v| {
+            let mut b = vec![0u8; CAP_BYTES];
+            mlx5::prm::ctx::set_cap2_log_min_stride_wqe_sz(&mut b, v);
+            b
+        });
         let mut cur = g.clone();
         {
-            // Settable fields start at their defaults.
+            // Settable fields start at their defaults. Q counters are given
+            // to the function at INIT_HCA (`init_hca`); until then the
+            // current value reads 0, so a driver must read the caps again
+            // after INIT_HCA (Linux `mlx5_function_open`).
             let mut v = ViewMut::<CmdHcaCap>::new(&mut cur).expect("4 KiB");
-            v.set(CmdHcaCap::UAR_4K, 0);
+            v.set(CmdHcaCap::UAR_4K, 0).set(CmdHcaCap::MAX_QP_CNT, 0);
         }
         let mut e = vec![0u8; CAP_BYTES];
         {
@@ -111,6 +125,20 @@ impl Caps {
             eth_cur: e.clone(),
             eth_max: e,
             flow_table: ft,
+            gen2,
+        }
+    }
+
+    /// The smallest striding WQE the device accepts (log2 bytes): the
+    /// general-2 cap, or 14 (16 KiB) when the device has none to report.
+    pub(crate) fn log_min_stride_wqe_sz(&self) -> u32 {
+        match self
+            .gen2
+            .as_deref()
+            .map(mlx5::prm::ctx::cap2_log_min_stride_wqe_sz)
+        {
+            Some(v) if v != 0 => u32::from(v),
+            _ => u32::from(mlx5::prm::ctx::MPRQ_LOG_MIN_STRIDE_WQE_SZ_DEFAULT),
         }
     }
 

@@ -35,7 +35,10 @@ pub const MAILBOX_ALIGN: u64 = 1024;
 /// Bytes per command-queue entry (`log_cmdq_stride` 6).
 pub const ENTRY_BYTES: u64 = 64;
 
-struct Fetched {
+/// A command as the firmware fetched it: what it runs, wherever the entry
+/// and the mailboxes are rewritten later.
+#[derive(Debug, Clone)]
+pub(crate) struct Fetched {
     entry_iova: u64,
     token: u8,
     input: Vec<u8>,
@@ -206,15 +209,19 @@ fn cmd_event(nic: &NicInner, dp: &Datapath, slot: u8) {
     }
 }
 
-/// Runs the command in `slot`. `resume` is true when a command held for
-/// pages is retried (it is then never held again).
-pub(crate) fn run_slot(
-    nic: &NicInner,
-    fw: &mut Firmware,
-    dp: &mut Datapath,
-    slot: u8,
-    resume: bool,
-) {
+/// A command held until pages arrive: the firmware already fetched it and
+/// finishes exactly that command later, whatever software writes into the
+/// entry or the mailboxes meanwhile (the slot stays owned by hardware; a
+/// doorbell for it is ignored).
+#[derive(Debug, Clone)]
+pub(crate) struct Held {
+    /// Command queue slot.
+    pub slot: u8,
+    fetched: Fetched,
+}
+
+/// Runs the command in `slot`.
+pub(crate) fn run_slot(nic: &NicInner, fw: &mut Firmware, dp: &mut Datapath, slot: u8) {
     let entry_iova = fw.regs.base() + u64::from(slot) * ENTRY_BYTES;
     let mut raw = [0u8; 64];
     if let Err(f) = nic.iommu.read(entry_iova, &mut raw) {
@@ -262,6 +269,19 @@ pub(crate) fn run_slot(
             return;
         }
     };
+    execute(nic, fw, dp, slot, f, rec, false);
+}
+
+/// Runs a fetched command (`resume`: one held for pages, never held again).
+fn execute(
+    nic: &NicInner,
+    fw: &mut Firmware,
+    dp: &mut Datapath,
+    slot: u8,
+    f: Fetched,
+    mut rec: CommandRecord,
+    resume: bool,
+) {
     let _ = f.token;
     let op = (be32(&f.input, 0) >> 16) as u16;
     let op_mod = be32(&f.input, 4) as u16;
@@ -300,7 +320,7 @@ pub(crate) fn run_slot(
         if let Some(n) = fw.inject.wait_for_pages.take() {
             tracing::debug!(slot, op = op_name(op), n, "command waits for pages");
             fw.seq -= 1;
-            fw.pending.push(slot);
+            fw.pending.push(Held { slot, fetched: f });
             super::pages::request(nic, fw, dp, n as i32);
             return;
         }
@@ -344,11 +364,26 @@ pub(crate) fn run_slot(
         let enough = fw.pages.held.len() as i64 >= fw.pages.target(fw.hca);
         let refused = op_mod == mlx5::prm::codes::manage_pages_op_mod::CANNOT_GIVE;
         if enough || refused {
-            for s in std::mem::take(&mut fw.pending) {
-                if refused && !enough {
-                    fail_pending(nic, fw, dp, s);
+            for h in std::mem::take(&mut fw.pending) {
+                if refused {
+                    fail_pending(nic, fw, dp, h);
                 } else {
-                    run_slot(nic, fw, dp, s, true);
+                    fw.seq += 1;
+                    let f = h.fetched;
+                    let rec = CommandRecord {
+                        seq: fw.seq,
+                        slot: h.slot,
+                        opcode: (be32(&f.input, 0) >> 16) as u16,
+                        name: op_name((be32(&f.input, 0) >> 16) as u16),
+                        op_mod: be32(&f.input, 4) as u16,
+                        delivery: DeliveryStatus::Ok,
+                        status: CmdStatus::Ok,
+                        syndrome: 0,
+                        reason: String::new(),
+                        injected: false,
+                        time_ns: nic.now_ns(),
+                    };
+                    execute(nic, fw, dp, h.slot, f, rec, true);
                 }
             }
         }
@@ -357,15 +392,9 @@ pub(crate) fn run_slot(
 
 /// Completes a command held for pages with NO_RESOURCES (the driver said
 /// it cannot give pages).
-fn fail_pending(nic: &NicInner, fw: &mut Firmware, dp: &mut Datapath, slot: u8) {
-    let entry_iova = fw.regs.base() + u64::from(slot) * ENTRY_BYTES;
-    let mut raw = [0u8; 64];
-    if nic.iommu.read(entry_iova, &mut raw).is_err() {
-        return;
-    }
-    let Ok(f) = fetch(nic, fw, slot, &raw, entry_iova) else {
-        return;
-    };
+fn fail_pending(nic: &NicInner, fw: &mut Firmware, dp: &mut Datapath, h: Held) {
+    let (slot, f) = (h.slot, h.fetched);
+    let entry_iova = f.entry_iova;
     let op = (be32(&f.input, 0) >> 16) as u16;
     let r = Reject::new(
         CmdStatus::NoResources,

@@ -197,10 +197,12 @@ pub(crate) struct Firmware {
     pub log_capacity: usize,
     pub seq: u64,
     pub inject: FwInject,
-    /// Slots whose command waits for pages.
-    pub pending: Vec<u8>,
+    /// Commands that wait for pages (fetched; finished as fetched).
+    pub pending: Vec<cmdq::Held>,
+    /// Fabric time of TEARDOWN_HCA (pages come back over time after it).
+    pub torn_down_at: Option<u64>,
     /// Page-request EQEs not yet written (no EQ takes them yet).
-    pub page_events: VecDeque<i32>,
+    pub page_events: VecDeque<(bool, u16, i32)>,
 }
 
 impl Firmware {
@@ -217,6 +219,7 @@ impl Firmware {
             seq: 0,
             inject: FwInject::default(),
             pending: Vec::new(),
+            torn_down_at: None,
             page_events: VecDeque::new(),
         }
     }

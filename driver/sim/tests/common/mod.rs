@@ -221,11 +221,16 @@ impl Host {
         }
     }
 
+    /// A ConnectX-5 with `mac` that accepts striding WQEs down to 512
+    /// bytes (8 strides of 64 bytes), so that the datapath tests can fill
+    /// WQEs and provoke filler CQEs with a few frames (the profile's
+    /// minimum is 16 KiB, DPDK's default `log_min_stride_wqe_sz`).
     pub fn with_mac(fabric: &Fabric, mac: [u8; 6]) -> Host {
         Host::new(
             fabric,
             NicConfig {
                 mac,
+                log_min_stride_wqe_sz: Some(9),
                 ..Default::default()
             },
         )
@@ -633,8 +638,17 @@ impl Host {
         let mac = &v[0x106..0x10c];
         assert_eq!(mac, &self.nic.config().mac);
         self.mtu = u16::from_be_bytes([v[0x10 + 0x26], v[0x10 + 0x27]]);
-        let st = self.ok(&simple(Opcode::QueryVportState, 0, 0), 0x10);
-        assert_eq!(be32(&st, 0xc) & 0xf, 1, "link up");
+        // The link comes up `link_up_delay` after INIT_HCA.
+        let mut waited = 0;
+        loop {
+            let st = self.ok(&simple(Opcode::QueryVportState, 0, 0), 0x10);
+            if be32(&st, 0xc) & 0xf == 1 {
+                break;
+            }
+            assert!(waited < 1000, "link up within a second");
+            self.hw.wait(Duration::from_millis(1));
+            waited += 1;
+        }
         // Unicast reaches the function only for MACs in its vport list
         // (a VF's e-switch) and, on an e-switch manager, its MPFS entry.
         let mac = self.nic.config().mac;
@@ -1030,10 +1044,15 @@ impl Host {
         }
         self.ok(&simple(Opcode::DeallocUar, 0, self.uar_eq), 0x10);
         self.ok(&simple(Opcode::TeardownHca, 0, 0), 0x10);
-        loop {
-            let k = self.take_pages(512, 0);
-            if k == 0 {
-                break;
+        // Firmware releases its pages a little after TEARDOWN_HCA
+        // (`NicConfig::page_release_delay`): ask until all are back.
+        let mut idle = 0;
+        while !self.fw_given.is_empty() && idle < 1000 {
+            if self.take_pages(512, 0) == 0 {
+                self.hw.wait(Duration::from_millis(1));
+                idle += 1;
+            } else {
+                idle = 0;
             }
         }
         self.ok(&simple(Opcode::DisableHca, 0, 0), 0x10);

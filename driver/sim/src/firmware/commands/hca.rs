@@ -2,10 +2,10 @@
 
 use std::sync::atomic::Ordering;
 
-use mlx5::prm::Layout;
 use mlx5::prm::cmd::*;
 use mlx5::prm::codes::{CmdStatus, cap_type, manage_pages_op_mod, reg};
 use mlx5::prm::ctx::*;
+use mlx5::prm::{Layout, View, ViewMut};
 
 use super::super::caps::CAP_BYTES;
 use super::super::pages::{self, PAGE_FILL};
@@ -31,9 +31,26 @@ impl Ctx<'_> {
         Ok(())
     }
 
+    /// The function ENABLE/DISABLE_HCA and QUERY_PAGES name: 0 or the own
+    /// id, with `embedded_cpu_function` exactly when the function is an
+    /// ECPF (Linux sets it from the init segment's `embedded_cpu`).
+    pub(super) fn own_ec_function(&self, ec: u64, func: u64) -> R {
+        let ecpf = u64::from(self.nic.cfg.ecpf);
+        if ec != ecpf {
+            return Err(param(
+                Why::Mismatch,
+                format!(
+                    "embedded_cpu_function {ec}: the function is {}an embedded-CPU function (init segment embedded_cpu = {ecpf})",
+                    if ecpf == 1 { "" } else { "not " }
+                ),
+            ));
+        }
+        self.own_function(0, func)
+    }
+
     pub(super) fn enable_hca(&mut self) -> R {
         let v = self.iv::<EnableHcaIn>()?;
-        self.own_function(
+        self.own_ec_function(
             v.get(EnableHcaIn::EMBEDDED_CPU_FUNCTION),
             v.get(EnableHcaIn::FUNCTION_ID),
         )?;
@@ -43,12 +60,12 @@ impl Ctx<'_> {
 
     pub(super) fn disable_hca(&mut self) -> R {
         let v = self.iv::<DisableHcaIn>()?;
-        self.own_function(
+        self.own_ec_function(
             v.get(DisableHcaIn::EMBEDDED_CPU_FUNCTION),
             v.get(DisableHcaIn::FUNCTION_ID),
         )?;
         let leaked = release_all(self.nic, self.dp);
-        let pages = self.fw.pages.held.len();
+        let pages = self.fw.pages.total();
         if pages > 0 {
             tracing::warn!(
                 pages,
@@ -59,14 +76,17 @@ impl Ctx<'_> {
                 .pages_leaked
                 .fetch_add(pages as u64, Ordering::Relaxed);
             self.fw.pages.held.clear();
+            self.fw.pages.host.clear();
             self.nic.stats.pages_held.store(0, Ordering::Relaxed);
         }
         if leaked > 0 {
             tracing::warn!(leaked, "DISABLE_HCA with objects alive (leaked)");
         }
         self.fw.hca = HcaState::Disabled;
+        self.dp.link_up_at_ns = None;
         self.fw.issi = 0;
         self.fw.pages.regular = 0;
+        self.fw.pages.host_demand = 0;
         self.fw.page_events.clear();
         self.fw.caps = super::super::caps::Caps::new(&self.nic.cfg);
         self.dp.cqe_version = 1;
@@ -90,7 +110,7 @@ impl Ctx<'_> {
 
     pub(super) fn query_pages(&mut self) -> R {
         let v = self.iv::<QueryPagesIn>()?;
-        self.own_function(
+        self.own_ec_function(
             v.get(QueryPagesIn::EMBEDDED_CPU_FUNCTION),
             v.get(QueryPagesIn::FUNCTION_ID),
         )?;
@@ -109,8 +129,10 @@ impl Ctx<'_> {
         };
         let n = n.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32;
         let own = u64::from(self.nic.cfg.function_id);
+        let ecpf = u64::from(self.nic.cfg.ecpf);
         let mut o = self.ov::<QueryPagesOut>()?;
         o.set(QueryPagesOut::FUNCTION_ID, own)
+            .set(QueryPagesOut::EMBEDDED_CPU_FUNCTION, ecpf)
             .set(QueryPagesOut::NUM_PAGES, u64::from(n as u32));
         Ok(())
     }
@@ -124,17 +146,36 @@ impl Ctx<'_> {
             v.get(ManagePagesIn::FUNCTION_ID),
         );
         let own = u64::from(self.nic.cfg.function_id);
-        if ec != 0 || func != own {
+        let ecpf = u64::from(self.nic.cfg.ecpf);
+        // On an ECPF, firmware also asks for the host PF's pages
+        // (function 0, ec 0): they are kept apart and must be taken back
+        // for that function.
+        let host = ecpf == 1 && ec == 0 && func == 0;
+        if !host && (ec != ecpf || func != own) {
             return Err(param(
                 Why::Mismatch,
                 format!(
-                    "MANAGE_PAGES for function {func} (ec {ec}); firmware asked for function {own} (ec 0)"
+                    "MANAGE_PAGES for function {func} (ec {ec}); firmware asked for function {own} (ec {ecpf})"
                 ),
             ));
         }
         let n = v.get(ManagePagesIn::INPUT_NUM_ENTRIES) as usize;
         match self.op_mod {
-            manage_pages_op_mod::CANNOT_GIVE => Ok(()),
+            manage_pages_op_mod::CANNOT_GIVE => {
+                // The driver cannot supply what was asked: the firmware
+                // stops waiting for those pages (a held command fails; see
+                // `cmdq`) and lowers its demand to what it holds.
+                if self.fw.hca == HcaState::Initialized {
+                    let p = &mut self.fw.pages;
+                    if host {
+                        p.host_demand = p.host.len() as u32;
+                    } else {
+                        let floor = i64::from(p.boot) + i64::from(p.init);
+                        p.regular = (p.held.len() as i64 - floor).max(0) as u32;
+                    }
+                }
+                Ok(())
+            }
             manage_pages_op_mod::GIVE => {
                 let need = 0x10 + 8 * n;
                 if self.inp.len() < need {
@@ -162,19 +203,26 @@ impl Ctx<'_> {
                             format!("page {i} at {a:#x} is not mapped"),
                         ));
                     }
-                    if self.fw.pages.held.contains(&a) || pages.contains(&a) {
+                    if self.fw.pages.held.contains(&a)
+                        || self.fw.pages.host.contains(&a)
+                        || pages.contains(&a)
+                    {
                         return Err(param(Why::Duplicate, format!("page {a:#x} given twice")));
                     }
                     pages.push(a);
                 }
                 for a in pages {
                     let _ = self.nic.iommu.fill(a, 4096, PAGE_FILL);
-                    self.fw.pages.held.insert(a);
+                    if host {
+                        self.fw.pages.host.insert(a);
+                    } else {
+                        self.fw.pages.held.insert(a);
+                    }
                 }
                 self.nic
                     .stats
                     .pages_held
-                    .store(self.fw.pages.held.len() as u64, Ordering::Relaxed);
+                    .store(self.fw.pages.total() as u64, Ordering::Relaxed);
                 Ok(())
             }
             manage_pages_op_mod::TAKE => {
@@ -189,10 +237,19 @@ impl Ctx<'_> {
                         ),
                     ));
                 }
-                let k = n.min(self.fw.pages.surplus(self.fw.hca));
-                let give_back: Vec<u64> = self.fw.pages.held.iter().copied().take(k).collect();
+                let now = self.nic.now_ns();
+                let delay = self.nic.cfg.page_release_delay.as_nanos() as u64;
+                let p = &mut self.fw.pages;
+                let (k, set) = if host {
+                    let k = p.reclaimable_host(self.fw.hca, self.fw.torn_down_at, now, delay);
+                    (n.min(k), &mut p.host)
+                } else {
+                    let k = p.reclaimable(self.fw.hca, self.fw.torn_down_at, now, delay);
+                    (n.min(k), &mut p.held)
+                };
+                let give_back: Vec<u64> = set.iter().copied().take(k).collect();
                 for (i, a) in give_back.iter().enumerate() {
-                    self.fw.pages.held.remove(a);
+                    set.remove(a);
                     self.out[0x10 + 8 * i..0x18 + 8 * i].copy_from_slice(&a.to_be_bytes());
                 }
                 let mut o = self.ov::<ManagePagesOut>()?;
@@ -200,7 +257,7 @@ impl Ctx<'_> {
                 self.nic
                     .stats
                     .pages_held
-                    .store(self.fw.pages.held.len() as u64, Ordering::Relaxed);
+                    .store(self.fw.pages.total() as u64, Ordering::Relaxed);
                 Ok(())
             }
             m => Err(param(Why::OpMod, format!("MANAGE_PAGES op_mod {m}"))),
@@ -263,11 +320,14 @@ impl Ctx<'_> {
             (cap_type::ETHERNET_OFFLOADS, true) => &self.fw.caps.eth_cur,
             (cap_type::ETHERNET_OFFLOADS, false) => &self.fw.caps.eth_max,
             (cap_type::NIC_FLOW_TABLE, _) => &self.fw.caps.flow_table,
+            (cap_type::GENERAL_2, _) if self.fw.caps.gen2.is_some() => {
+                self.fw.caps.gen2.as_ref().expect("checked")
+            }
             _ => {
                 return Err(param(
                     Why::NotSupported,
                     format!(
-                        "capability type {ty:#x} is not modeled (general 0, Ethernet 1 and NIC flow table 7 are)"
+                        "capability type {ty:#x} is not modeled (general 0, Ethernet 1, NIC flow table 7 and, with hca_cap_2, general-2 0x20 are)"
                     ),
                 ));
             }
@@ -335,11 +395,27 @@ impl Ctx<'_> {
             ));
         }
         self.fw.hca = HcaState::Initialized;
+        self.fw.torn_down_at = None;
+        self.dp.link_up_at_ns = Some(
+            self.nic
+                .now_ns()
+                .saturating_add(self.nic.cfg.link_up_delay.as_nanos() as u64),
+        );
+        let q = View::<CmdHcaCap>::new(&self.fw.caps.gen_max)
+            .expect("4 KiB")
+            .get(CmdHcaCap::MAX_QP_CNT);
+        ViewMut::<CmdHcaCap>::new(&mut self.fw.caps.gen_cur)
+            .expect("4 KiB")
+            .set(CmdHcaCap::MAX_QP_CNT, q);
         self.dp.hca_up = true;
         let regular = self.fw.pages.regular_default;
         self.fw.pages.regular = 0;
         if regular > 0 {
             pages::request(self.nic, self.fw, self.dp, regular as i32);
+        }
+        self.fw.pages.host_demand = 0;
+        if self.nic.cfg.ecpf && self.nic.cfg.host_pf_pages > 0 {
+            pages::request_host(self.nic, self.fw, self.dp, self.nic.cfg.host_pf_pages);
         }
         Ok(())
     }
@@ -364,7 +440,9 @@ impl Ctx<'_> {
             );
         }
         self.dp.hca_up = false;
+        self.dp.link_up_at_ns = None;
         self.fw.hca = HcaState::TornDown;
+        self.fw.torn_down_at = Some(self.nic.now_ns());
         self.fw.page_events.clear();
         Ok(())
     }

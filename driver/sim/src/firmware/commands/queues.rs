@@ -270,7 +270,10 @@ impl Ctx<'_> {
     pub(super) fn device_inline_mode(&self) -> u8 {
         match self.fw.caps.wqe_inline_mode() {
             0 => 1,
-            1 => self.dp.vport.min_inline,
+            1 if self.nic.cfg.eth_virt => self.dp.vport.min_inline,
+            // Without eth_virt the vport context does not define it: the
+            // device's own requirement (DPDK's device-id fallback).
+            1 => u8::from(matches!(self.nic.cfg.device_id, 0x1013..=0x1016)),
             _ => 0,
         }
     }
@@ -313,7 +316,9 @@ impl Ctx<'_> {
         // The field counts only when the Ethernet cap says the requirement
         // is in the vport context (Linux and DPDK set it only then); the
         // device enforces its own requirement either way.
-        let min_inline = if self.fw.caps.wqe_inline_mode() == inline_mode::VPORT_CONTEXT {
+        let min_inline = if self.fw.caps.wqe_inline_mode() == inline_mode::VPORT_CONTEXT
+            && self.nic.cfg.eth_virt
+        {
             if min_inline_field < dev {
                 return Err(param(
                     Why::Mismatch,
@@ -554,6 +559,15 @@ impl Ctx<'_> {
                     ));
                 }
                 let log_stride = w.get32(Wq::LOG_WQE_STRIDE_SIZE) + MPWQE_LOG_STRIDE_SZ_BASE;
+                let min = self.fw.caps.log_min_stride_wqe_sz();
+                if log_num + log_stride < min {
+                    return Err(param(
+                        Why::OutOfRange,
+                        format!(
+                            "striding WQE of 2^{log_num} strides x 2^{log_stride} bytes is below the minimum WQE size 2^{min} (log_min_stride_wqe_sz)"
+                        ),
+                    ));
+                }
                 Some(Striding {
                     log_num_strides: log_num,
                     log_stride,

@@ -104,7 +104,9 @@ impl Ctx<'_> {
         }
         if sel.get(ModifyNicVportFieldSelect::MTU) == 1 {
             let m = c.get(NicVportContext::MTU);
-            range("mtu", m, 68, 9978)?;
+            // A frame length (software MTU + 22, Linux `mlx5e_set_mtu`):
+            // 68..=9978 bytes of IP.
+            range("mtu", m, 68 + 22, 9978 + 22)?;
             vp.mtu = m as u16;
         }
         if sel.get(ModifyNicVportFieldSelect::PROMISC) == 1 {
@@ -148,6 +150,7 @@ impl Ctx<'_> {
                     ),
                 ));
             }
+            vp.uc_list_at_ns = Some(self.nic.now_ns());
             vp.uc_list = (0..n)
                 .map(|i| {
                     let mut m = [0u8; 6];
@@ -166,7 +169,7 @@ impl Ctx<'_> {
             v.get(QueryVportStateIn::OTHER_VPORT),
             v.get(QueryVportStateIn::VPORT_NUMBER),
         )?;
-        let up = !self.nic.fabric.link_is_down(self.nic.port);
+        let up = !self.nic.fabric.link_is_down(self.nic.port) && self.dp.link_up(self.nic.now_ns());
         let mut o = self.ov::<QueryVportStateOut>()?;
         o.set(QueryVportStateOut::ADMIN_STATE, 2)
             .set(QueryVportStateOut::STATE, u64::from(up));
@@ -186,6 +189,13 @@ impl Ctx<'_> {
         }
         let v = self.iv::<SetL2TableEntryIn>()?;
         let index = v.get32(SetL2TableEntryIn::TABLE_INDEX);
+        if self.nic.cfg.log_max_l2_table == 0 {
+            // One entry means no MPFS (Linux `mlx5_mpfs_init` skips it).
+            return Err(param(
+                Why::NotSupported,
+                "SET_L2_TABLE_ENTRY: log_max_l2_table is 0, the device has no MPFS",
+            ));
+        }
         let size = 1u64 << self.nic.cfg.log_max_l2_table;
         range("table_index", u64::from(index), 0, size - 1)?;
         must_be_zero(
