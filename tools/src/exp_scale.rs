@@ -217,7 +217,12 @@ fn cont(rpc: &mut Rpc<SimTransport, App>, app: &mut App, c: Completion) {
 }
 
 /// Sends the next request on the next session, reusing `req`/`resp`.
-fn issue(rpc: &mut Rpc<SimTransport, App>, app: &mut App, mut req: erpc::MsgBuf, resp: erpc::MsgBuf) {
+fn issue(
+    rpc: &mut Rpc<SimTransport, App>,
+    app: &mut App,
+    mut req: erpc::MsgBuf,
+    resp: erpc::MsgBuf,
+) {
     if app.todo == 0 {
         rpc.free_msg_buffer(req);
         rpc.free_msg_buffer(resp);
@@ -281,7 +286,10 @@ fn us(h: &Histogram<u64>, q: f64) -> f64 {
 /// Runs the experiment. `heap_now`, if given, reads the process's net
 /// heap bytes (a counting allocator of the caller's), to report heap per
 /// session end over the connect phase.
-pub fn run_scale(c: &ScaleConfig, heap_now: Option<&dyn Fn() -> i64>) -> Result<ScaleResult, BenchError> {
+pub fn run_scale(
+    c: &ScaleConfig,
+    heap_now: Option<&dyn Fn() -> i64>,
+) -> Result<ScaleResult, BenchError> {
     let wall = std::time::Instant::now();
     if c.server_rpcs == 0 || c.server_rpcs > usize::from(erpc::consts::MAX_RPC_ID) + 1 {
         return Err(BenchError::Usage(format!(
@@ -296,7 +304,8 @@ pub fn run_scale(c: &ScaleConfig, heap_now: Option<&dyn Fn() -> i64>) -> Result<
             transport::MAX_DATA_PER_PKT
         )));
     }
-    let setup = |what: String| move |e: &dyn std::fmt::Display| BenchError::Run(format!("{what}: {e}"));
+    let setup =
+        |what: String| move |e: &dyn std::fmt::Display| BenchError::Run(format!("{what}: {e}"));
     let net = SimNet::new(SimConfig {
         seed: c.seed,
         port: PortConfig::new((c.link_gbps * 1e9) as u64, c.buffer_bytes),
@@ -437,14 +446,17 @@ pub fn run_scale(c: &ScaleConfig, heap_now: Option<&dyn Fn() -> i64>) -> Result<
     let mut client_hw = 0u64;
     for n in &nodes[clients.clone()] {
         let h = n.app.lat.as_ref().expect("clients record latency");
-        all.add(h).map_err(|e| BenchError::Run(format!("latency histogram: {e}")))?;
+        all.add(h)
+            .map_err(|e| BenchError::Run(format!("latency histogram: {e}")))?;
         per_node.push((n.app.completed, us(h, 0.5), us(h, 0.99)));
         bad += n.app.bad;
         retransmissions += n.rpc.stats().retransmissions;
         client_hw = client_hw.max(net.rx_high_water(n.ep).0);
     }
     if bad != 0 {
-        return Err(BenchError::Run(format!("{bad} responses were not their request's")));
+        return Err(BenchError::Run(format!(
+            "{bad} responses were not their request's"
+        )));
     }
     let servers: Vec<ServerRow> = nodes[..c.server_rpcs]
         .iter()
@@ -471,7 +483,9 @@ pub fn run_scale(c: &ScaleConfig, heap_now: Option<&dyn Fn() -> i64>) -> Result<
         per_node
             .iter()
             .map(f)
-            .fold((f64::INFINITY, 0.0f64), |(lo, hi), x| (lo.min(x), hi.max(x)))
+            .fold((f64::INFINITY, 0.0f64), |(lo, hi), x| {
+                (lo.min(x), hi.max(x))
+            })
     };
     let (p50_min, p50_max) = fold(|x| x.1);
     let (p99_min, p99_max) = fold(|x| x.2);
@@ -523,7 +537,10 @@ pub fn report(r: &ScaleResult) -> String {
         c.link_gbps,
         c.delay_ns as f64 / 1e3
     );
-    let _ = writeln!(s, "server Rpc  sessions    served  ring high-water / entries  drops");
+    let _ = writeln!(
+        s,
+        "server Rpc  sessions    served  ring high-water / entries  drops"
+    );
     for sv in &r.servers {
         let _ = writeln!(
             s,

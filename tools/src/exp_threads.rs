@@ -87,7 +87,9 @@ fn pair_loop<T: Transport + 'static>(
     let t = Instant::now();
     while !nodes.iter().all(|(r, c)| r.is_connected(c.session())) {
         if t.elapsed() > Duration::from_secs(60) {
-            return Err(BenchError::Run(format!("thread {i}: sessions did not connect in 60 s")));
+            return Err(BenchError::Run(format!(
+                "thread {i}: sessions did not connect in 60 s"
+            )));
         }
         for (r, c) in nodes.iter_mut() {
             r.run_event_loop_once(c);
@@ -115,7 +117,9 @@ fn pair_loop<T: Transport + 'static>(
             let from = counted_from.unwrap_or(done);
             // Let the requests in flight finish before the buffers go.
             let t = Instant::now();
-            while nodes.iter().any(|(_, c)| c.in_flight() > 0) && t.elapsed() < Duration::from_secs(5) {
+            while nodes.iter().any(|(_, c)| c.in_flight() > 0)
+                && t.elapsed() < Duration::from_secs(5)
+            {
                 for (r, c) in nodes.iter_mut() {
                     r.run_event_loop_once(c);
                 }
@@ -189,18 +193,34 @@ fn measure(
                     },
                 );
                 devs.push(
-                    Device::open(nic.backend(), DeviceConfig { region, ..Default::default() })
-                        .map_err(|e| BenchError::setup(format!("bringing up device-model NIC {k}"), e))?,
+                    Device::open(
+                        nic.backend(),
+                        DeviceConfig {
+                            region,
+                            ..Default::default()
+                        },
+                    )
+                    .map_err(|e| {
+                        BenchError::setup(format!("bringing up device-model NIC {k}"), e)
+                    })?,
                 );
                 nics.push(nic);
             }
             let (nx, uris) = nexuses::<Mlx5Transport<SimBackend>>()?;
             (0..n)
                 .map(|i| {
-                    let (devs, nx, uris, phase, go) =
-                        (devs.clone(), nx.clone(), uris.clone(), phase.clone(), go.clone());
+                    let (devs, nx, uris, phase, go) = (
+                        devs.clone(),
+                        nx.clone(),
+                        uris.clone(),
+                        phase.clone(),
+                        go.clone(),
+                    );
                     std::thread::spawn(move || {
-                        let mk = |k: usize| -> Result<(Rpc<Mlx5Transport<SimBackend>, Ctx>, Ctx), BenchError> {
+                        let mk = |k: usize| -> Result<
+                            (Rpc<Mlx5Transport<SimBackend>, Ctx>, Ctx),
+                            BenchError,
+                        > {
                             let cfg = Mlx5Config::new(
                                 Ipv4Addr::new(10, 40, 0, k as u8 + 1),
                                 QueueConfig {
@@ -208,15 +228,25 @@ fn measure(
                                     ..Default::default()
                                 },
                             );
-                            let t = Mlx5Transport::new(&devs[k], cfg)
-                                .map_err(|e| BenchError::setup(format!("thread {i}: queue set on NIC {k}"), e))?;
+                            let t = Mlx5Transport::new(&devs[k], cfg).map_err(|e| {
+                                BenchError::setup(format!("thread {i}: queue set on NIC {k}"), e)
+                            })?;
                             let a = Allocator::new(
                                 devs[k].dma_mapper(),
-                                AllocatorConfig { initial_bytes: bytes, region, ..Default::default() },
+                                AllocatorConfig {
+                                    initial_bytes: bytes,
+                                    region,
+                                    ..Default::default()
+                                },
                             )
-                            .map_err(|e| BenchError::setup(format!("thread {i}: buffers on NIC {k}"), e))?;
-                            let mut rpc = Rpc::new(&nx[k], i as u8, t, a, RpcConfig::default(), None)
-                                .map_err(|e| BenchError::setup(format!("thread {i}: Rpc of node {k}"), e))?;
+                            .map_err(|e| {
+                                BenchError::setup(format!("thread {i}: buffers on NIC {k}"), e)
+                            })?;
+                            let mut rpc =
+                                Rpc::new(&nx[k], i as u8, t, a, RpcConfig::default(), None)
+                                    .map_err(|e| {
+                                        BenchError::setup(format!("thread {i}: Rpc of node {k}"), e)
+                                    })?;
                             let c = new_ctx(&mut rpc, p)?;
                             Ok((rpc, c))
                         };
@@ -231,15 +261,24 @@ fn measure(
             let (nx, uris) = nexuses::<UdpTransport>()?;
             (0..n)
                 .map(|i| {
-                    let (nx, uris, phase, go) = (nx.clone(), uris.clone(), phase.clone(), go.clone());
+                    let (nx, uris, phase, go) =
+                        (nx.clone(), uris.clone(), phase.clone(), go.clone());
                     std::thread::spawn(move || {
                         let mk = |k: usize| -> Result<(Rpc<UdpTransport, Ctx>, Ctx), BenchError> {
-                            let t = UdpTransport::new(&UdpConfig::loopback())
-                                .map_err(|e| BenchError::setup(format!("thread {i}: UDP transport of node {k}"), e))?;
-                            let a = erpc::sim::sim_allocator(bytes, region)
-                                .map_err(|e| BenchError::setup(format!("thread {i}: buffers of node {k}"), e))?;
-                            let mut rpc = Rpc::new(&nx[k], i as u8, t, a, RpcConfig::default(), None)
-                                .map_err(|e| BenchError::setup(format!("thread {i}: Rpc of node {k}"), e))?;
+                            let t = UdpTransport::new(&UdpConfig::loopback()).map_err(|e| {
+                                BenchError::setup(
+                                    format!("thread {i}: UDP transport of node {k}"),
+                                    e,
+                                )
+                            })?;
+                            let a = erpc::sim::sim_allocator(bytes, region).map_err(|e| {
+                                BenchError::setup(format!("thread {i}: buffers of node {k}"), e)
+                            })?;
+                            let mut rpc =
+                                Rpc::new(&nx[k], i as u8, t, a, RpcConfig::default(), None)
+                                    .map_err(|e| {
+                                        BenchError::setup(format!("thread {i}: Rpc of node {k}"), e)
+                                    })?;
                             let c = new_ctx(&mut rpc, p)?;
                             Ok((rpc, c))
                         };
@@ -314,11 +353,19 @@ pub fn run_threads(
 }
 
 /// The table `erpc-bench --threads N` prints.
-pub fn report(on: ThreadsOn, rows: &[ThreadsRow], window: usize, size: usize, secs: Duration) -> String {
+pub fn report(
+    on: ThreadsOn,
+    rows: &[ThreadsRow],
+    window: usize,
+    size: usize,
+    secs: Duration,
+) -> String {
     use std::fmt::Write;
     let mut s = String::new();
     let what = match on {
-        ThreadsOn::DeviceModel => "mlx5 transport on the device model (2 NICs, threaded; a queue set per Rpc)",
+        ThreadsOn::DeviceModel => {
+            "mlx5 transport on the device model (2 NICs, threaded; a queue set per Rpc)"
+        }
         ThreadsOn::Udp => "kernel UDP on loopback (a socket per Rpc)",
     };
     let _ = writeln!(
@@ -330,9 +377,16 @@ pub fn report(on: ThreadsOn, rows: &[ThreadsRow], window: usize, size: usize, se
         s,
         "efficiency: the total at N threads / (N x the one-thread total measured just before it)"
     );
-    let _ = writeln!(s, "   B  threads  1-thread Mrps  total Mrps  efficiency  per thread Mrps");
+    let _ = writeln!(
+        s,
+        "   B  threads  1-thread Mrps  total Mrps  efficiency  per thread Mrps"
+    );
     for r in rows {
-        let per: Vec<String> = r.per_thread_mrps.iter().map(|x| format!("{x:.3}")).collect();
+        let per: Vec<String> = r
+            .per_thread_mrps
+            .iter()
+            .map(|x| format!("{x:.3}"))
+            .collect();
         let _ = writeln!(
             s,
             "{:>4}  {:>7}  {:>13.3}  {:>10.3}  {:>10.2}  {}",

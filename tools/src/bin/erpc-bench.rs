@@ -470,7 +470,10 @@ fn run_scale(args: Args) -> Result<(), Quit> {
     refuse_other_options(&args, "scale")?;
     let usage = |m: String| Err(Quit::Err(BenchError::Usage(m)));
     if !(1..=10_000).contains(&args.client_nodes) {
-        return usage(format!("--client-nodes {}: must be 1 to 10000", args.client_nodes));
+        return usage(format!(
+            "--client-nodes {}: must be 1 to 10000",
+            args.client_nodes
+        ));
     }
     if !(1..=65_000).contains(&args.sessions_per_client) {
         return usage(format!(
@@ -488,7 +491,10 @@ fn run_scale(args: Args) -> Result<(), Quit> {
         return usage(format!("--window {}: must be 1 to 1024", args.window));
     }
     if !(0.1..=400.0).contains(&args.link_gbps) {
-        return usage(format!("--link-gbps {}: must be 0.1 to 400", args.link_gbps));
+        return usage(format!(
+            "--link-gbps {}: must be 0.1 to 400",
+            args.link_gbps
+        ));
     }
     let c = ScaleConfig {
         server_rpcs: args.server_rpcs,
