@@ -47,9 +47,10 @@ pub const fn rx_ring_entries_for(sessions: usize, credits: usize) -> usize {
     (sessions.saturating_mul(credits)).next_power_of_two()
 }
 
-/// Control-packet header slots (credit returns, requests for response):
-/// twice the 128-entry TX ring, so a slot is rewritten only after at least
-/// a full ring of later sends.
+/// Control-packet header slots (credit returns, requests for response,
+/// status packets), at least: an Rpc keeps twice what its transport may
+/// hold unread (`Transport::tx_depth`), if more, so a slot is rewritten
+/// only after the NIC has read it.
 pub const CTRL_BUFS: usize = 256;
 /// Largest TX batch eRPC accumulates before calling the transport.
 pub const TX_BATCH_MAX: usize = 64;

@@ -92,6 +92,10 @@ pub(crate) struct ClientInfo<T: Transport, C> {
     pub wheel_gen: u8,
     /// In the Rpc's credit-stall queue.
     pub in_stallq: bool,
+    /// Rolled back since it started: packets of it may have left (through
+    /// the timing wheel or the stall queue) after the loss scan's drains,
+    /// so its completion drains TX before the buffers go back.
+    pub resent: bool,
 }
 
 impl<T: Transport, C> ClientInfo<T, C> {
@@ -113,6 +117,7 @@ impl<T: Transport, C> ClientInfo<T, C> {
             wheel_count: 0,
             wheel_gen: 0,
             in_stallq: false,
+            resent: false,
         }
     }
 

@@ -203,6 +203,17 @@ pub const EXT_REQ_BASE: usize = 32;
 /// leaves the field zero and always uses (and reserves) its fixed 32
 /// credits (`kSessionCredits`), so 0 means 32.
 pub const EXT_CREDITS: usize = 20;
+/// Offset, in the server endpoint of a "server disconnected" notice (a
+/// connect response with `SmErr::SrvDisconnected` for a connected
+/// session), of the erpc-rs reason byte: [`END_RECLAIMED`] (or 0, from a
+/// server that predates it) or [`END_BY_SERVER`].
+pub const EXT_END_REASON: usize = 24;
+/// The server reclaimed the session unused: no request of it ran.
+pub const END_RECLAIMED: u8 = 1;
+/// The server ended the session (its application reset it, or it
+/// declared the client failed): a request may have run.
+pub const END_BY_SERVER: u8 = 2;
+const _: () = assert!(EXT_CREDITS + 4 <= EXT_END_REASON && EXT_END_REASON < EXT_REQ_BASE);
 const _: () = assert!(EXT_RPC_BITMAP_BYTES <= EXT_INCARNATION);
 const _: () = assert!(EXT_CREDITS + 4 <= EXT_REQ_BASE);
 const _: () = assert!(EXT_INCARNATION + 8 <= ROUTING_INFO_BYTES);
@@ -352,6 +363,17 @@ impl SmEndpoint {
     /// Writes the session-credit field.
     pub fn set_credits(&mut self, credits: u32) {
         self.routing_info[EXT_CREDITS..EXT_CREDITS + 4].copy_from_slice(&credits.to_le_bytes());
+    }
+
+    /// The reason byte of a "server disconnected" notice (see
+    /// [`EXT_END_REASON`]).
+    pub fn end_reason(&self) -> u8 {
+        self.routing_info[EXT_END_REASON]
+    }
+
+    /// Sets the reason byte of a "server disconnected" notice.
+    pub fn set_end_reason(&mut self, reason: u8) {
+        self.routing_info[EXT_END_REASON] = reason;
     }
 
     /// The bitmap of live Rpc ids a keep-alive ping carries (bit `i` of

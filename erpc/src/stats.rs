@@ -52,6 +52,11 @@ pub enum DropReason {
     DupReqInProgress,
     /// No memory for reassembly.
     OutOfMemory,
+    /// An acknowledgement (credit return or response packet) of a packet
+    /// that waits in the timing wheel to be sent again after a rollback:
+    /// of its earlier transmission. Ignored (as the C++ eRPC does), so the
+    /// wheel never sends an acknowledged packet beyond the credits.
+    AckInWheel,
     /// SM packet about a session we do not have (or in another state).
     SmStale,
     /// SM packet of a type an Rpc does not handle.
@@ -83,6 +88,7 @@ impl DropReason {
         DropReason::ServerSlotBusy,
         DropReason::DupReqInProgress,
         DropReason::OutOfMemory,
+        DropReason::AckInWheel,
         DropReason::SmStale,
         DropReason::SmUnexpected,
     ];
@@ -196,9 +202,12 @@ pub struct RpcStats {
     /// Server sessions that never received a request, reclaimed because
     /// the RX ring was short (see `RpcConfig::unused_session_reclaim_ms`).
     pub sessions_reclaimed: u64,
-    /// Reclaim notices sent again because the client sent data to the
-    /// reclaimed session.
+    /// Reclaim and end notices sent again because the client sent data to
+    /// the session the server ended.
     pub sm_reclaim_notices_resent: u64,
+    /// Server sessions ended by the server (reset by the application, or
+    /// their client declared failed) whose erpc-rs client was told.
+    pub sm_end_notices: u64,
     /// SM requests given up after the failure timeout (connect: the
     /// session fails; disconnect: it is freed locally).
     pub sm_timeouts: u64,

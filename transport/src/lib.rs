@@ -252,6 +252,16 @@ pub trait Transport {
     /// so the buffers may be reused. The rare path.
     fn tx_flush(&mut self);
 
+    /// The most sends this transport may still hold without having read
+    /// their bytes, after `tx_burst` returned (a NIC's send queue: the
+    /// mlx5 transport's WQEs; 0 for a transport that copies at
+    /// `tx_burst`). Memory a queued send refers to may be rewritten only
+    /// after this many later sends, or a `tx_flush` (eRPC sizes its
+    /// ring of control-packet headers from it).
+    fn tx_depth(&self) -> usize {
+        0
+    }
+
     /// Checks for new packets: returns how many arrived. They are in ring
     /// slots `head, head+1, ...` (mod [`RxRing::entries`]) where `head` is
     /// the sum of all previous `rx_burst` results.

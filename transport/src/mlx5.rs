@@ -434,6 +434,12 @@ impl<B: HwBackend> Transport for Mlx5Transport<B> {
         considered
     }
 
+    fn tx_depth(&self) -> usize {
+        // One WQE per frame at least one WQEBB: the send queue holds at
+        // most this many frames the NIC has not read yet.
+        1 << self.qs.config().sq_log_wqebbs
+    }
+
     fn tx_burst_max(&self) -> usize {
         self.postlist
     }

@@ -35,13 +35,25 @@
 //! received no request on the session. If that notice is lost, the client's
 //! next data packet to the reclaimed session number brings it again (at
 //! most once per SM retry interval), because the number stays reserved for
-//! the reclaimed session for [`RECLAIM_MEMORY_MS`] ([`RECLAIMED_MAX`] at
+//! the reclaimed session for [`RECLAIM_MEMORY_MS`] ([`NOTICES_MAX`] at
 //! most). A C++ client gets no notice (it has no way to take one): a
 //! request on a reclaimed session is never answered, and the C++ client
 //! does not detect it. So a C++ client that keeps an unused session for
 //! longer than the reclaim time, to a server that fills up meanwhile, must
 //! open a new session; `unused_session_reclaim_ms: None` turns reclaiming
 //! off.
+//!
+//! The same notice goes out whenever the server ends a session its
+//! erpc-rs client did not disconnect ([`Rpc::notify_server_end`]: the
+//! server's application reset it, or the client was declared failed,
+//! perhaps wrongly, from one side): otherwise the client would resend its
+//! requests forever to a session that is gone. The record is kept for
+//! [`NOTICE_MEMORY_MS`] and consulted when a data packet finds no live
+//! session under its number; the number itself is not reserved (it comes
+//! back after the usual quarantine). A reason byte in the notice's server
+//! endpoint (`sm_types::EXT_END_REASON`) tells the client which it was:
+//! reclaimed unused (nothing ran), or
+//! [`crate::SessionEventKind::ServerEnded`] (a request may have run).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -57,9 +69,9 @@ pub(crate) const SOURCES_MAX: usize = 4096;
 /// How long a reclaimed session's number stays reserved so that a late
 /// packet of its client brings the notice again.
 pub(crate) const RECLAIM_MEMORY_MS: u64 = 600_000;
-/// Reclaimed sessions remembered (the oldest go first, their numbers back
-/// to the free list).
-pub(crate) const RECLAIMED_MAX: usize = 1024;
+/// Sessions the server ended remembered, reclaimed ones included (the
+/// oldest go first, a reclaimed one's number back to the free list).
+pub(crate) const NOTICES_MAX: usize = 1024;
 
 /// Token buckets of connect requests, per source.
 #[derive(Debug, Default)]
@@ -111,15 +123,26 @@ impl ConnectLimiter {
     }
 }
 
-/// A server session reclaimed from an erpc-rs client: its number and the
-/// notice to send again.
+/// A server session ended without its erpc-rs client's disconnect
+/// (reclaimed, reset by the server's application, or its client declared
+/// failed): its number and the notice to send again when the client's
+/// packets come.
 #[derive(Debug)]
-pub(crate) struct Reclaimed {
+pub(crate) struct Notice {
     session: SessionNum,
     notice: SmPkt,
     at_ns: u64,
     last_sent_ns: u64,
+    /// The number stays reserved for the record (a reclaimed session's:
+    /// no new session takes it while a late packet may come); otherwise
+    /// the number goes back after its quarantine and the record is only
+    /// consulted while no session has it.
+    reserved: bool,
 }
+
+/// How long the record of a session ended by the server (not reclaimed)
+/// is kept: its client's packets stop within the stall bound at most.
+pub(crate) const NOTICE_MEMORY_MS: u64 = 60_000;
 
 impl<T: Transport, C> Rpc<T, C> {
     /// Rate-limits a connect request that would create a session.
@@ -201,12 +224,16 @@ impl<T: Transport, C> Rpc<T, C> {
     /// Frees unused server session `sn`, telling an erpc-rs client.
     fn reclaim(&mut self, sn: SessionNum, now: u64) {
         let s = self.session(sn).expect("a candidate");
-        let notice = (s.remote_incarnation != 0).then_some(SmPkt {
-            pkt_type: SmPktType::ConnectResp,
-            err: SmErr::SrvDisconnected,
-            uniq_token: s.uniq_token,
-            client: s.client_endpoint(),
-            server: s.server_endpoint(),
+        let notice = (s.remote_incarnation != 0).then(|| {
+            let mut server = s.server_endpoint();
+            server.set_end_reason(crate::sm_types::END_RECLAIMED);
+            SmPkt {
+                pkt_type: SmPktType::ConnectResp,
+                err: SmErr::SrvDisconnected,
+                uniq_token: s.uniq_token,
+                client: s.client_endpoint(),
+                server,
+            }
         });
         tracing::info!(
             session = sn,
@@ -222,44 +249,82 @@ impl<T: Transport, C> Rpc<T, C> {
         if let Some(k) = self.free_session_nums.iter().rposition(|&(n, _)| n == sn) {
             self.free_session_nums.remove(k);
         }
-        self.expire_reclaimed(now);
-        if self.reclaimed.len() >= RECLAIMED_MAX {
-            self.release_oldest_reclaimed(now);
+        self.keep_notice(sn, notice, true, now);
+    }
+
+    /// The server is ending server session `sn` itself (its application
+    /// reset it, or its client was declared failed): an erpc-rs client is
+    /// told now, and again when its packets keep coming (see
+    /// [`Rpc::renotify`]), so that it never waits for answers that cannot
+    /// come. A C++ client cannot be told. Call before the session goes.
+    pub(crate) fn notify_server_end(&mut self, sn: SessionNum) {
+        let Some(s) = self.session(sn) else { return };
+        if s.role != Role::Server || s.remote_incarnation == 0 || s.state != SessionState::Connected
+        {
+            return;
         }
-        self.reclaimed.push_back(Reclaimed {
+        let mut server = s.server_endpoint();
+        server.set_end_reason(crate::sm_types::END_BY_SERVER);
+        let notice = SmPkt {
+            pkt_type: SmPktType::ConnectResp,
+            err: SmErr::SrvDisconnected,
+            uniq_token: s.uniq_token,
+            client: s.client_endpoint(),
+            server,
+        };
+        self.stats.sm_end_notices += 1;
+        self.send_sm(&notice);
+        let now = self.now_ns;
+        self.keep_notice(sn, notice, false, now);
+    }
+
+    fn keep_notice(&mut self, sn: SessionNum, notice: SmPkt, reserved: bool, now: u64) {
+        self.expire_notices(now);
+        if self.notices.len() >= NOTICES_MAX {
+            self.release_oldest_notice(now);
+        }
+        self.notices.push_back(Notice {
             session: sn,
             notice,
             at_ns: now,
             last_sent_ns: now,
+            reserved,
         });
     }
 
-    fn release_oldest_reclaimed(&mut self, now: u64) {
-        if let Some(r) = self.reclaimed.pop_front() {
+    fn release_oldest_notice(&mut self, now: u64) {
+        if let Some(r) = self.notices.pop_front()
+            && r.reserved
+        {
             self.free_session_nums.push_back((r.session, now));
         }
     }
 
-    fn expire_reclaimed(&mut self, now: u64) {
-        let memory_ns = RECLAIM_MEMORY_MS * 1_000_000;
-        while self
-            .reclaimed
-            .front()
-            .is_some_and(|r| now.saturating_sub(r.at_ns) >= memory_ns)
-        {
-            self.release_oldest_reclaimed(now);
+    /// Forgets expired records (also at the loss-scan interval).
+    pub(crate) fn expire_notices(&mut self, now: u64) {
+        while self.notices.front().is_some_and(|r| {
+            let memory_ms = if r.reserved {
+                RECLAIM_MEMORY_MS
+            } else {
+                NOTICE_MEMORY_MS
+            };
+            now.saturating_sub(r.at_ns) >= memory_ms * 1_000_000
+        }) {
+            self.release_oldest_notice(now);
         }
+        super::tokens::shrink_if_sparse_deque(&mut self.notices);
     }
 
-    /// A data packet for session number `sn`, which has no session: if it
-    /// belonged to a reclaimed session, tell its client again (at most
-    /// once per SM retry interval).
+    /// A data packet for session number `sn`, which has no live session
+    /// (none, or one the server is ending): if it belonged to a session
+    /// the server ended, tell its client again (at most once per SM retry
+    /// interval per session).
     #[cold]
-    pub(crate) fn renotify_reclaimed(&mut self, sn: SessionNum) {
+    pub(crate) fn renotify(&mut self, sn: SessionNum) {
         let now = self.now_ns;
-        self.expire_reclaimed(now);
+        self.expire_notices(now);
         let retry_ns = self.config.sm_retry_ms * 1_000_000;
-        let Some(r) = self.reclaimed.iter_mut().find(|r| r.session == sn) else {
+        let Some(r) = self.notices.iter_mut().rev().find(|r| r.session == sn) else {
             return;
         };
         if now.saturating_sub(r.last_sent_ns) < retry_ns {
@@ -284,12 +349,20 @@ impl<T: Transport, C> Rpc<T, C> {
         if !ours {
             return false;
         }
+        // The notice says why (a server that predates the reason byte
+        // sends it only for reclaims).
+        let cause = if pkt.server.end_reason() == crate::sm_types::END_BY_SERVER {
+            super::reset::ResetCause::ServerEnded
+        } else {
+            super::reset::ResetCause::ServerReclaimed
+        };
         tracing::info!(
             session = sn,
             server = %pkt.server,
-            "the server reclaimed the session (it had received no request)"
+            ?cause,
+            "the server ended the session"
         );
-        self.reset_client_session(sn, super::reset::ResetCause::ServerReclaimed);
+        self.reset_client_session(sn, cause);
         true
     }
 }

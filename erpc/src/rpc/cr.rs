@@ -61,6 +61,10 @@ impl<T: Transport, C> Rpc<T, C> {
                 DropReason::OutOfOrder
             });
         }
+        if super::resp::in_wheel(c, pkt_num) {
+            // See `DropReason::AckInWheel`.
+            return self.stats.drop(DropReason::AckInWheel);
+        }
         c.num_rx += 1;
         c.progress_ns = now;
         self.stats.rx_accepted += 1;

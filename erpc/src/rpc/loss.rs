@@ -196,6 +196,7 @@ impl<T: Transport, C> Rpc<T, C> {
         // num_rx (never twice).
         c.wheel_gen = c.wheel_gen.wrapping_add(1);
         c.wheel_count = 0;
+        c.resent = true;
         s.retransmits += 1;
         self.stats.retransmissions += 1;
         self.stats.retransmitted_pkts += u64::from(delta);

@@ -166,6 +166,15 @@ pub enum RpcError {
         /// Session number.
         session: SessionNum,
     },
+    /// The server ended the session without being asked: its application
+    /// reset it, or it declared this client failed (e.g. after losing
+    /// session-management packets one way). The session is gone; the
+    /// request may or may not have run. Create a new session.
+    #[error("the server ended session {session}; create a new session")]
+    ServerEnded {
+        /// Session number.
+        session: SessionNum,
+    },
     /// The server answered the request with an error instead of a
     /// response (erpc-rs servers only; see [`ServerError`] for whether the
     /// request ran).
@@ -271,6 +280,9 @@ pub enum SessionEventKind {
     /// because it needed the RX ring entries (see
     /// [`RpcError::ServerReclaimed`]). The session is gone.
     ServerReclaimed,
+    /// The server ended the session without being asked (see
+    /// [`RpcError::ServerEnded`]). The session is gone.
+    ServerEnded,
 }
 
 impl fmt::Display for SessionEventKind {
@@ -284,6 +296,7 @@ impl fmt::Display for SessionEventKind {
             SessionEventKind::Reset => f.write_str("reset"),
             SessionEventKind::ReqNumsExhausted => f.write_str("request numbers exhausted"),
             SessionEventKind::ServerReclaimed => f.write_str("reclaimed by the server"),
+            SessionEventKind::ServerEnded => f.write_str("ended by the server"),
         }
     }
 }
@@ -475,6 +488,18 @@ pub enum CreateError {
         /// Configured scan interval.
         scan_us: u64,
     },
+    /// A retransmission timeout so short that a slot could roll back 255
+    /// times while a stale packet of it waits in the timing wheel.
+    #[error(
+        "retransmission timeout {rto_us} us: with congestion control on it must be at least \
+         {min_us} us (the timing wheel's horizon / 255)"
+    )]
+    RtoBelowWheel {
+        /// Configured retransmission timeout.
+        rto_us: u64,
+        /// The least it may be.
+        min_us: u64,
+    },
     /// Congestion-control settings out of range.
     #[error(
         "congestion control: link rate {link_gbps} Gbit/s must be at least Timely's minimum \
@@ -660,6 +685,8 @@ pub struct Rpc<T: Transport, C> {
     /// Header slots of control packets (always `Some` until drop).
     ctrl: Option<Buffer>,
     ctrl_next: usize,
+    /// Control header slots (a power of two; see `Rpc::new`).
+    ctrl_bufs: usize,
     tx_burst_max: usize,
     /// Client slots waiting for credits: (session, slot).
     stallq: Vec<(u16, u8)>,
@@ -674,9 +701,10 @@ pub struct Rpc<T: Transport, C> {
     /// The burst of that limiter (0: no limit; see
     /// `RpcConfig::connect_burst_per_source`).
     connect_burst: u32,
-    /// Server sessions reclaimed from erpc-rs clients, their numbers
-    /// reserved for a while (`admission.rs`).
-    reclaimed: VecDeque<admission::Reclaimed>,
+    /// Server sessions ended without their erpc-rs client's disconnect
+    /// (reclaimed ones with their numbers reserved for a while): the
+    /// notices their clients get again (`admission.rs`).
+    notices: VecDeque<admission::Notice>,
     /// Server sessions that may not have served a request yet, in
     /// creation order, as (session, client token) (`admission.rs`).
     unserved: VecDeque<(SessionNum, u64)>,
@@ -785,6 +813,20 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
                 scan_us: config.pkt_loss_scan_us,
             });
         }
+        // A slot's wheel entries carry an 8-bit rollback generation: a
+        // stale entry must leave the wheel (within its horizon) before the
+        // slot's generation comes round again, at most one rollback per
+        // retransmission timeout.
+        if cc.enabled {
+            let horizon_us = cc.wheel().horizon_ns.div_ceil(1000);
+            let min_us = horizon_us.div_ceil(u64::from(u8::MAX)) + 1;
+            if config.rto_us < min_us {
+                return Err(CreateError::RtoBelowWheel {
+                    rto_us: config.rto_us,
+                    min_us,
+                });
+            }
+        }
         let mut handlers = Box::new([HandlerSlot::None; 256]);
         for (t, slot) in handlers.iter_mut().enumerate() {
             match nexus.handler(t as u8) {
@@ -807,7 +849,13 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
         let sm_queue = nexus
             .register_rpc(rpc_id)
             .ok_or(CreateError::RpcId(rpc_id))?;
-        let ctrl = match alloc.alloc(CTRL_BUFS * CTRL_SLOT_BYTES) {
+        // Control headers are rewritten only after `ctrl_bufs` later
+        // control packets: at least twice what the transport may still
+        // hold unread (its send queue), so none is rewritten under the NIC.
+        let ctrl_bufs = (2 * transport.tx_depth())
+            .max(CTRL_BUFS)
+            .next_power_of_two();
+        let ctrl = match alloc.alloc(ctrl_bufs * CTRL_SLOT_BYTES) {
             Ok(c) => c,
             Err(e) => {
                 nexus.unregister_rpc(rpc_id);
@@ -841,6 +889,7 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             tx: TxBatch::new(),
             ctrl: Some(ctrl),
             ctrl_next: 0,
+            ctrl_bufs,
             tx_burst_max,
             stallq: Vec::with_capacity(64),
             active: active::Active::new(config.session_credits.next_power_of_two()),
@@ -852,7 +901,7 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
                     .unwrap_or(u32::MAX)
                     .max(CONNECT_BURST_PER_SOURCE)
             }),
-            reclaimed: VecDeque::new(),
+            notices: VecDeque::new(),
             unserved: VecDeque::new(),
             next_loss_scan_ns: now_ns + config.pkt_loss_scan_us * 1000,
             rto_ns: config.rto_us * 1000,

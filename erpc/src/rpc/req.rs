@@ -177,6 +177,7 @@ impl<T: Transport, C> Rpc<T, C> {
         c.in_flight_ns = 0;
         c.req_bytes = msg_size as u32;
         c.wheel_count = 0;
+        c.resent = false;
         write_msg_hdrs(
             &self.transport,
             route,

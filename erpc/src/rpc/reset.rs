@@ -40,6 +40,8 @@ pub(crate) enum ResetCause {
     ReqNumsExhausted,
     /// The server reclaimed the session (it had received no request).
     ServerReclaimed,
+    /// The server ended the session without being asked.
+    ServerEnded,
 }
 
 impl ResetCause {
@@ -50,6 +52,7 @@ impl ResetCause {
             ResetCause::ConnectTimedOut => RpcError::TimedOut { session },
             ResetCause::ReqNumsExhausted => RpcError::ReqNumsExhausted { session },
             ResetCause::ServerReclaimed => RpcError::ServerReclaimed { session },
+            ResetCause::ServerEnded => RpcError::ServerEnded { session },
         }
     }
 
@@ -60,6 +63,7 @@ impl ResetCause {
             ResetCause::ConnectTimedOut => SessionEventKind::ConnectTimedOut,
             ResetCause::ReqNumsExhausted => SessionEventKind::ReqNumsExhausted,
             ResetCause::ServerReclaimed => SessionEventKind::ServerReclaimed,
+            ResetCause::ServerEnded => SessionEventKind::ServerEnded,
         }
     }
 }
@@ -107,6 +111,7 @@ impl<T: Transport, C> Rpc<T, C> {
             }
             Role::Server => {
                 self.stats.sessions_reset += 1;
+                self.notify_server_end(sn);
                 self.retire_server_session(sn)
             }
         }
@@ -133,6 +138,9 @@ impl<T: Transport, C> Rpc<T, C> {
                 Role::Client => self.reset_client_session(sn, ResetCause::PeerFailed),
                 Role::Server => {
                     self.stats.sessions_reset += 1;
+                    // Perhaps a one-sided verdict (SM lost one way): a
+                    // client that is alive must hear of it.
+                    self.notify_server_end(sn);
                     self.retire_server_session(sn)
                 }
             }

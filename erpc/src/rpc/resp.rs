@@ -138,7 +138,11 @@ impl<T: Transport, C> Rpc<T, C> {
         // message's (a status packet: the server failed the request), goes
         // to the cold path.
         let pkt_num = u32::from(hdr.pkt_num());
-        if pkt_num + 1 < c.req_pkts || pkt_num != c.num_rx || msg_size > MAX_MSG_BYTES {
+        if pkt_num + 1 < c.req_pkts
+            || pkt_num != c.num_rx
+            || msg_size > MAX_MSG_BYTES
+            || in_wheel(c, pkt_num)
+        {
             return self.unexpected_resp_pkt(ctx, hdr);
         }
         debug_assert!(pkt_num < c.num_tx, "num_rx < num_tx while in flight");
@@ -231,6 +235,26 @@ impl<T: Transport, C> Rpc<T, C> {
         self.kick(sn, i as u8);
     }
 
+    /// [`Rpc::complete`] for a request that was rolled back: resent
+    /// packets of it may have left through the timing wheel or the stall
+    /// queue after the loss scan drained TX, so the transport lets go of
+    /// them before its buffers go back to the application.
+    #[cold]
+    #[inline(never)]
+    fn complete_resent(
+        &mut self,
+        ctx: &mut C,
+        sn: SessionNum,
+        i: usize,
+        result: Result<(), RpcError>,
+    ) {
+        self.drain_tx();
+        if let Some(s) = self.session_mut(sn) {
+            s.half.client_mut()[i].resent = false;
+        }
+        self.complete(ctx, sn, i, result);
+    }
+
     /// Client: a response header for the request in flight on its slot
     /// that is not the next expected response packet: a status packet
     /// (`rpc/status.rs`), or a drop counted by reason.
@@ -247,7 +271,14 @@ impl<T: Transport, C> Rpc<T, C> {
         if hdr.msg_size() as usize > MAX_MSG_BYTES {
             return self.process_status_pkt(ctx, hdr);
         }
-        let reason = if pkt_num + 1 < c.req_pkts || pkt_num >= c.num_tx {
+        let reason = if in_wheel(c, pkt_num) && pkt_num == c.num_rx {
+            // An acknowledgement of an earlier transmission of a packet
+            // that is waiting in the timing wheel to be sent again (a
+            // rollback resent it): ignored, as the C++ eRPC does, so the
+            // wheel never sends an acknowledged packet beyond the
+            // session's credits; the resent copy is acknowledged in turn.
+            DropReason::AckInWheel
+        } else if pkt_num + 1 < c.req_pkts || pkt_num >= c.num_tx {
             DropReason::PktNumOutOfRange
         } else if pkt_num < c.num_rx {
             DropReason::Duplicate
@@ -275,6 +306,9 @@ impl<T: Transport, C> Rpc<T, C> {
         // The request leaves the slot: none of its packets may stay queued.
         self.tx
             .forget_slot(slot.tx_epoch, sn, i as u8, &mut self.stats.tx_stale);
+        if s.half.client()[i].resent {
+            return self.complete_resent(ctx, sn, i, result);
+        }
         let c = &mut s.half.client_mut()[i];
         let cont = c.cont.take().expect("in flight");
         // Credits still out for this request (an early error) are returned.
@@ -300,4 +334,13 @@ impl<T: Transport, C> Rpc<T, C> {
         cont(self, ctx, comp);
         self.refill_slot(sn, i);
     }
+}
+
+/// Whether packet `pkt` of client slot `c` is among those waiting in the
+/// timing wheel (the last `wheel_count` it queued): an acknowledgement of
+/// it can only be of an earlier transmission, before a rollback. One
+/// compare when the slot has nothing in the wheel.
+#[inline(always)]
+pub(crate) fn in_wheel<T: Transport, C>(c: &crate::session::ClientInfo<T, C>, pkt: u32) -> bool {
+    c.wheel_count != 0 && pkt + u32::from(c.wheel_count) >= c.num_tx
 }

@@ -49,12 +49,16 @@ impl<T: Transport, C> Rpc<T, C> {
         };
         let data = &pkt[ERPC_HDR_BYTES..];
         let Some(s) = self.session(hdr.dest_session_num()) else {
-            if !self.reclaimed.is_empty() {
-                self.renotify_reclaimed(hdr.dest_session_num());
+            if !self.notices.is_empty() {
+                self.renotify(hdr.dest_session_num());
             }
             return self.stats.drop(DropReason::UnknownSession);
         };
         if s.state != SessionState::Connected {
+            if s.state == SessionState::Resetting && !self.notices.is_empty() {
+                // A server session being ended: its client hears again.
+                self.renotify(hdr.dest_session_num());
+            }
             return self.stats.drop(DropReason::SessionNotConnected);
         }
         match (hdr.pkt_type(), s.role) {

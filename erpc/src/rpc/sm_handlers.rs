@@ -110,6 +110,9 @@ impl<T: Transport, C> Rpc<T, C> {
         let now = self.now_ns;
         self.retired_tokens.expire(now);
         self.drop_stale_unserved();
+        if !self.notices.is_empty() {
+            self.expire_notices(now);
+        }
         let quarantine_ns = SESSION_NUM_QUARANTINE_MS * 1_000_000;
         if self.sessions.len() != 0
             && self.free_session_nums.len() == self.sessions.len()
@@ -748,6 +751,13 @@ impl<T: Transport, C> Rpc<T, C> {
         };
         let s = *s;
         debug_assert_eq!(s.local_num, sn);
+        if s.slots.iter().any(|sl| sl.tx_msgbuf.is_some()) {
+            // The transport may still hold sends of the session's messages
+            // (a server's responses, unsignaled): none may be when their
+            // buffers go back.
+            self.transport.tx_flush();
+            self.stats.tx_flushes += 1;
+        }
         if s.tracked {
             self.nexus
                 .router()

@@ -61,7 +61,7 @@ use std::ptr::NonNull;
 use transport::{ERPC_HDR_BYTES, HEADROOM_BYTES, PKTHDR_BYTES, Transport, TxItem};
 
 use super::{CTRL_SLOT_BYTES, Rpc};
-use crate::consts::{CTRL_BUFS, TX_BATCH_MAX, TX_REFUSED_TRIES};
+use crate::consts::{TX_BATCH_MAX, TX_REFUSED_TRIES};
 use crate::msgbuf::{MsgBuf, pkt_data_bytes};
 use crate::pkthdr::{PktHdr, PktType};
 use crate::session::Session;
@@ -427,17 +427,17 @@ impl<T: Transport, C> Rpc<T, C> {
             req_num,
         };
         let n = self.ctrl_next;
-        self.ctrl_next = (n + 1) % CTRL_BUFS;
+        self.ctrl_next = (n + 1) & (self.ctrl_bufs - 1);
         let buf = self.ctrl.as_ref().expect("control buffer lives until drop");
         let o = n * CTRL_SLOT_BYTES;
         assert!(
             o + CTRL_SLOT_BYTES <= buf.capacity(),
-            "the control buffer holds CTRL_BUFS slots"
+            "the control buffer holds ctrl_bufs slots"
         );
         // SAFETY: the slot's bytes lie within the control buffer (checked
         // above, so the offset pointer is in bounds), which lives as long
         // as the Rpc. Nothing else refers to them: queued entries hold raw
-        // addresses of other slots (a slot is reused only after CTRL_BUFS
+        // addresses of other slots (a slot is reused only after ctrl_bufs
         // more control packets, and the batch holds fewer), and no
         // reference to the buffer's bytes is kept. So the header is
         // written through a reference to this slot alone, never one to
@@ -468,9 +468,10 @@ impl<T: Transport, C> Rpc<T, C> {
         }
         // SAFETY: the route lives in the session's `Rc`; the header is in
         // the control buffer, which lives as long as the Rpc. Control
-        // slots are reused only after CTRL_BUFS more control packets, and
-        // the batch holds fewer (`consts`), so a queued control header is
-        // never rewritten.
+        // slots are reused only after ctrl_bufs more control packets: more
+        // than the batch holds (`consts`) and at least twice what the
+        // transport may hold unread (`Rpc::new`), so a control header is
+        // never rewritten while queued or under the NIC.
         let item = unsafe {
             TxItem::from_raw(
                 NonNull::from(&**route),

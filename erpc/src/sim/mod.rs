@@ -353,7 +353,10 @@ impl SimNet {
     /// Adds an endpoint whose RX ring has `entries` slots (a power of two;
     /// e.g. `erpc::rx_ring_entries_for(sessions, credits)`).
     pub fn add_transport_with_ring(&self, entries: usize) -> SimTransport {
-        assert!(entries.is_power_of_two(), "ring entries must be a power of two");
+        assert!(
+            entries.is_power_of_two(),
+            "ring entries must be a power of two"
+        );
         let mut n = self.inner.borrow_mut();
         let ep = n.net.port_count();
         assert!(ep < 60_000, "too many simulated endpoints");
