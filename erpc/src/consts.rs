@@ -84,6 +84,15 @@ pub const CONNECTS_PER_SEC_PER_SOURCE: u32 = 128;
 /// Default age after which a server session that never received a request
 /// may be reclaimed when the RX ring is short.
 pub const UNUSED_SESSION_RECLAIM_MS: u64 = 10_000;
+/// Default stall bound: a client request that got nothing back for this
+/// long (no credit return, response packet or "in progress" notice; time
+/// in which the client's own event loop did not run is not counted) fails
+/// with its session (`RpcConfig::stall_timeout_ms`). An erpc-rs server
+/// answers a retransmitted request whose handler still runs with an "in
+/// progress" notice, so a slow handler there never reaches the bound; a
+/// C++ eRPC server cannot, so toward one this is the longest a handler may
+/// take.
+pub const STALL_TIMEOUT_MS: u64 = 10_000;
 /// Tries of a TX batch the transport keeps refusing (with a TX flush
 /// between tries) before the oldest queued packet is given up to loss
 /// recovery (counted in `RpcStats::tx_given_up`).
@@ -109,6 +118,8 @@ const _: () = assert!(TX_BATCH_MAX <= CTRL_BUFS);
 const _: () = assert!(MAX_RPC_ID < u8::MAX);
 const _: () = assert!(PKT_LOSS_SCAN_US < RTO_US);
 const _: () = assert!(RTO_US < FAILURE_TIMEOUT_MS * 1000);
+// A request waits through many retransmissions before it stalls.
+const _: () = assert!(STALL_TIMEOUT_MS * 1000 >= 100 * RTO_US);
 const _: () =
     assert!(CONNECT_BURST_PER_SOURCE as usize >= RX_RING_ENTRIES_DEFAULT / SESSION_CREDITS);
 // A client retries a connect for the failure timeout: an unused session

@@ -166,6 +166,8 @@ fn rpc_stats(s: &RpcStats) -> RpcStatsView {
         reqs_failed_at_server,
         status_sent,
         status_received,
+        in_progress_sent,
+        in_progress_received,
         dup_req_cr_resent,
         dup_req_resp_resent,
         dup_rfr_resent,
@@ -186,6 +188,9 @@ fn rpc_stats(s: &RpcStats) -> RpcStatsView {
         sm_timeouts,
         sessions_reset,
         sessions_peer_failed,
+        sessions_stalled,
+        pauses_discounted,
+        reassemblies_expired,
         resps_discarded,
     } = s.clone();
     let counters = [
@@ -213,6 +218,8 @@ fn rpc_stats(s: &RpcStats) -> RpcStatsView {
         ("reqs_failed_at_server", reqs_failed_at_server),
         ("status_sent", status_sent),
         ("status_received", status_received),
+        ("in_progress_sent", in_progress_sent),
+        ("in_progress_received", in_progress_received),
         ("dup_req_cr_resent", dup_req_cr_resent),
         ("dup_req_resp_resent", dup_req_resp_resent),
         ("dup_rfr_resent", dup_rfr_resent),
@@ -233,6 +240,9 @@ fn rpc_stats(s: &RpcStats) -> RpcStatsView {
         ("sm_timeouts", sm_timeouts),
         ("sessions_reset", sessions_reset),
         ("sessions_peer_failed", sessions_peer_failed),
+        ("sessions_stalled", sessions_stalled),
+        ("pauses_discounted", pauses_discounted),
+        ("reassemblies_expired", reassemblies_expired),
         ("resps_discarded", resps_discarded),
     ]
     .into_iter()

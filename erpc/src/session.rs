@@ -268,6 +268,15 @@ impl<T: Transport, C> Half<T, C> {
         }
     }
 
+    /// The client halves, if this is a client session's.
+    #[inline]
+    pub fn as_client_mut(&mut self) -> Option<&mut [ClientInfo<T, C>; SESSION_REQ_WINDOW]> {
+        match self {
+            Half::Client(c) => Some(c),
+            Half::Server(_) => None,
+        }
+    }
+
     /// See [`Half::as_server_mut`].
     #[inline]
     pub fn as_server(&self) -> Option<&[ServerInfo; SESSION_REQ_WINDOW]> {

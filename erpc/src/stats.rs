@@ -164,6 +164,12 @@ pub struct RpcStats {
     /// Status packets received (requests completed with
     /// `RpcError::Server`).
     pub status_received: u64,
+    /// "In progress" notices a server sent for a retransmitted request whose
+    /// handler still runs (erpc-rs clients only).
+    pub in_progress_sent: u64,
+    /// "In progress" notices a client received (each counts as progress
+    /// for the stall bound).
+    pub in_progress_received: u64,
     /// Duplicate request packets answered with a credit return again.
     pub dup_req_cr_resent: u64,
     /// Duplicate request packets answered with the response again (the
@@ -215,6 +221,15 @@ pub struct RpcStats {
     pub sessions_reset: u64,
     /// Of those, sessions whose peer was declared failed.
     pub sessions_peer_failed: u64,
+    /// Client sessions failed because a request got no answer for the
+    /// stall bound (`RpcConfig::stall_timeout_ms`).
+    pub sessions_stalled: u64,
+    /// Loss scans that found the event loop had not run for more than a
+    /// scan interval; the pause was not counted against any request.
+    pub pauses_discounted: u64,
+    /// Half-received multi-packet requests whose packets stopped coming
+    /// for the stall bound; their reassembly buffers were freed.
+    pub reassemblies_expired: u64,
     /// Responses discarded because their session was reset while the
     /// handler ran.
     pub resps_discarded: u64,

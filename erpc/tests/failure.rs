@@ -433,42 +433,48 @@ fn a_connect_to_a_dead_peer_times_out_and_its_requests_fail() {
     );
 }
 
+/// A Nexus that presents itself as the C++ eRPC does (no erpc-rs
+/// extensions: never pinged, no "in progress" notices), with `cfg`.
+fn unpingable_pair(seed: u64, cfg: RpcConfig) -> (W, Vec<N<W>>) {
+    let mut w = W::new(seed);
+    let client_nexus = app::register::<<W as World>::T>(w.nexus(&uri(0)))
+        .build()
+        .unwrap();
+    let server_nexus = app::register::<<W as World>::T>(w.nexus(&uri(1)))
+        .sm_extensions(false)
+        .build()
+        .unwrap();
+    let ns = vec![
+        Node::new(
+            &mut w,
+            &client_nexus,
+            0,
+            Ctx::new(seed),
+            cfg,
+            Some(app::sm_handler),
+        ),
+        Node::new(
+            &mut w,
+            &server_nexus,
+            1,
+            Ctx::new(seed + 1),
+            cfg,
+            Some(app::sm_handler),
+        ),
+    ];
+    (w, ns)
+}
+
 #[test]
-fn sessions_to_an_unpingable_peer_fail_when_nothing_progresses() {
-    // A peer that presents itself as the C++ eRPC does (no erpc-rs
-    // extensions) is never pinged; its sessions fail when no request made
-    // progress for the failure timeout.
+fn sessions_to_an_unpingable_peer_fail_at_the_stall_bound() {
+    // A peer that cannot be pinged (a C++ eRPC process) is never declared
+    // failed; when it dies, its requests fail at the stall bound.
     with_seeds(
-        "sessions_to_an_unpingable_peer_fail_when_nothing_progresses",
+        "sessions_to_an_unpingable_peer_fail_at_the_stall_bound",
         FILE,
         &[10],
         |seed| {
-            let mut w = W::new(seed);
-            let client_nexus = app::register::<<W as World>::T>(w.nexus(&uri(0)))
-                .build()
-                .unwrap();
-            let server_nexus = app::register::<<W as World>::T>(w.nexus(&uri(1)))
-                .sm_extensions(false)
-                .build()
-                .unwrap();
-            let mut ns = vec![
-                Node::new(
-                    &mut w,
-                    &client_nexus,
-                    0,
-                    Ctx::new(seed),
-                    RpcConfig::default(),
-                    Some(app::sm_handler),
-                ),
-                Node::new(
-                    &mut w,
-                    &server_nexus,
-                    1,
-                    Ctx::new(seed + 1),
-                    RpcConfig::default(),
-                    Some(app::sm_handler),
-                ),
-            ];
+            let (mut w, mut ns) = unpingable_pair(seed, RpcConfig::default());
             connect(&mut w, &mut ns, 0, 1, 1);
             issue(&mut w, &mut ns, 0, ops(ECHO, 10, 100));
             run_until(&mut w, &mut ns, 100_000, "works", |ns| {
@@ -489,14 +495,49 @@ fn sessions_to_an_unpingable_peer_fail_when_nothing_progresses() {
                 ns[0].ctx.failed == 2
             });
             let took = w.now_ns() - t0;
-            assert!((495 * MS..=510 * MS).contains(&took), "{took}");
+            let bound = erpc::consts::STALL_TIMEOUT_MS * MS;
+            assert!((bound..=bound + 10 * MS).contains(&took), "{took}");
             assert!(
                 ns[0]
                     .ctx
                     .failures
                     .iter()
-                    .all(|e| matches!(e, RpcError::PeerFailed { .. }))
+                    .all(|e| matches!(e, RpcError::Stalled { .. }))
             );
+        },
+    );
+}
+
+#[test]
+fn a_handler_slower_than_the_failure_timeout_at_an_unpingable_peer_completes() {
+    // A C++ eRPC server's handler that runs for 2 s (four failure
+    // timeouts) is not a dead peer: the request completes, once.
+    with_seeds(
+        "a_handler_slower_than_the_failure_timeout_at_an_unpingable_peer_completes",
+        FILE,
+        &[10],
+        |seed| {
+            let (mut w, mut ns) = unpingable_pair(seed, RpcConfig::default());
+            connect(&mut w, &mut ns, 0, 1, 1);
+            issue(&mut w, &mut ns, 0, ops(DEFER, 2, 100));
+            run_until(&mut w, &mut ns, 100_000, "held", |ns| {
+                ns[1].ctx.deferred.len() == 2
+            });
+            let t0 = w.now_ns();
+            while w.now_ns() - t0 < 2_000 * MS {
+                for n in ns.iter_mut() {
+                    n.poll();
+                }
+                w.step();
+            }
+            assert_eq!(ns[0].ctx.failed, 0, "{:?}", ns[0].ctx.failures);
+            let n = &mut ns[1];
+            app::respond_deferred(&mut n.rpc, &mut n.ctx);
+            run_until(&mut w, &mut ns, 100_000, "done", |ns| {
+                ns[0].ctx.completed == 2
+            });
+            assert_eq!(ns[1].ctx.handled, 2);
+            assert_eq!(ns[1].rpc.stats().in_progress_sent, 0, "a C++ client is never sent one");
         },
     );
 }

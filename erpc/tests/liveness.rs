@@ -167,3 +167,223 @@ fn a_client_declared_failed_by_the_server_alone_is_told() {
         },
     );
 }
+
+const MS: u64 = 1_000_000;
+
+fn with_stall(ms: u64) -> RpcConfig {
+    RpcConfig {
+        stall_timeout_ms: Some(ms),
+        ..RpcConfig::default()
+    }
+}
+
+/// Steps the world for `dur` ns of virtual time, polling only the nodes
+/// in `polled` (the others' Rpcs do not run; their Nexuses do).
+fn run_for(w: &mut W, ns: &mut [N<W>], dur: u64, polled: &[usize]) {
+    let end = w.now_ns() + dur;
+    while w.now_ns() < end {
+        for &i in polled {
+            ns[i].poll();
+        }
+        w.step();
+    }
+}
+
+/// A handler that takes far longer than the stall bound, at an erpc-rs
+/// server, never fails its request: the client's retransmissions are
+/// answered "in progress", which the bound counts as progress.
+#[test]
+fn a_slow_handler_at_an_erpc_rs_server_never_stalls_its_request() {
+    with_seeds(
+        "a_slow_handler_at_an_erpc_rs_server_never_stalls_its_request",
+        FILE,
+        &[11, 12],
+        |seed| {
+            let mut w = W::new(seed);
+            let mut ns = nodes_with(&mut w, 2, seed, with_stall(200));
+            connect(&mut w, &mut ns, 0, 1, 1);
+            issue(&mut ns, 0, ops(DEFER, 2, 64));
+            run_until(&mut w, &mut ns, 100_000, "held", |ns| {
+                ns[1].ctx.deferred.len() == 2
+            });
+            run_for(&mut w, &mut ns, 2_000 * MS, &[0, 1]);
+            assert_eq!(ns[0].ctx.failed, 0, "{:?}", ns[0].ctx.failures);
+            let (c, s) = (ns[0].rpc.stats(), ns[1].rpc.stats());
+            assert!(c.in_progress_received > 0, "{c}");
+            assert!(s.in_progress_sent >= c.in_progress_received, "{s}");
+            assert_eq!(c.sessions_stalled, 0);
+            let n = &mut ns[1];
+            app::respond_deferred(&mut n.rpc, &mut n.ctx);
+            run_until(&mut w, &mut ns, 100_000, "responses", |ns| {
+                ns[0].ctx.completed == 2
+            });
+            assert_eq!(ns[1].ctx.handled, 2, "never run twice");
+            assert!(events(&ns[0]).iter().all(|e| *e == SessionEventKind::Connected));
+        },
+    );
+}
+
+/// The server's Rpc stops running while its Nexus still answers pings:
+/// nothing declares the server failed, and the stall bound ends the
+/// client's requests (they were resent every retransmission timeout,
+/// forever).
+#[test]
+fn requests_to_a_server_rpc_that_stopped_running_fail_at_the_stall_bound() {
+    with_seeds(
+        "requests_to_a_server_rpc_that_stopped_running_fail_at_the_stall_bound",
+        FILE,
+        &[13, 14],
+        |seed| {
+            let mut w = W::new(seed);
+            let mut ns = nodes_with(&mut w, 2, seed, with_stall(2_000));
+            connect(&mut w, &mut ns, 0, 1, 1);
+            issue(&mut ns, 0, ops(ECHO, 4, 64));
+            run_until(&mut w, &mut ns, 100_000, "echoes", |ns| {
+                ns[0].ctx.completed == 4
+            });
+            // From here on, only the client's Rpc runs.
+            issue(&mut ns, 0, ops(ECHO, 3, 64));
+            let t0 = w.now_ns();
+            while ns[0].ctx.failed < 3 {
+                assert!(w.now_ns() - t0 < 60_000 * MS, "still waiting after 60 s");
+                ns[0].poll();
+                w.step();
+            }
+            let took = w.now_ns() - t0;
+            let cfg = ns[0].rpc.config();
+            let slack = cfg.rto_us * 1_000 + 2 * cfg.pkt_loss_scan_us * 1_000 + MS;
+            assert!(
+                (2_000 * MS..=2_000 * MS + slack).contains(&took),
+                "failed after {took} ns"
+            );
+            assert!(
+                ns[0]
+                    .ctx
+                    .failures
+                    .iter()
+                    .all(|e| matches!(e, RpcError::Stalled { .. })),
+                "{:?}",
+                ns[0].ctx.failures
+            );
+            assert_eq!(events(&ns[0]).last(), Some(&SessionEventKind::Stalled));
+            assert_eq!(ns[0].rpc.stats().sessions_stalled, 1);
+            assert_eq!(ns[0].rpc.num_sessions(), 0);
+            assert_eq!(
+                ns[0].rpc.nexus().liveness_stats().failed_silent,
+                0,
+                "the server's Nexus answered every ping"
+            );
+        },
+    );
+}
+
+/// Both ends stop for longer than the retransmission timeout (one
+/// process descheduled, or two on a loaded machine) with requests sent
+/// and unanswered. The client runs first: time in which its event loop
+/// did not run is evidence against nobody, so nothing is resent.
+#[test]
+fn a_pause_of_both_ends_is_not_taken_for_loss() {
+    with_seeds(
+        "a_pause_of_both_ends_is_not_taken_for_loss",
+        FILE,
+        &[15, 16],
+        |seed| {
+            let (mut w, mut ns) = two(seed);
+            connect(&mut w, &mut ns, 0, 1, 1);
+            issue(&mut ns, 0, ops(ECHO, 8, 64));
+            ns[0].poll();
+            assert_eq!(ns[0].rpc.stats().tx_pkts, 8, "all sent at once");
+            let rto = ns[0].rpc.config().rto_us * 1_000;
+            w.net.advance(20 * rto);
+            run_until(&mut w, &mut ns, 100_000, "echoes", |ns| {
+                ns[0].ctx.completed == 8
+            });
+            let c = ns[0].rpc.stats();
+            assert_eq!(c.retransmissions, 0, "{c}");
+            assert!(c.pauses_discounted >= 1, "{c}");
+            assert_eq!(ns[1].rpc.stats().dup_req_resp_resent, 0);
+        },
+    );
+}
+
+/// A client whose event loop stops for several stall bounds while its
+/// request waits for a slow handler does not fail the request when it
+/// runs again: the bound counts only time in which the client ran.
+#[test]
+fn a_paused_client_does_not_stall_its_own_requests() {
+    with_seeds(
+        "a_paused_client_does_not_stall_its_own_requests",
+        FILE,
+        &[17],
+        |seed| {
+            let mut w = W::new(seed);
+            let mut ns = nodes_with(&mut w, 2, seed, with_stall(200));
+            connect(&mut w, &mut ns, 0, 1, 1);
+            issue(&mut ns, 0, ops(DEFER, 1, 64));
+            run_until(&mut w, &mut ns, 100_000, "held", |ns| {
+                ns[1].ctx.deferred.len() == 1
+            });
+            // The client is off the CPU for 1 s; the server runs.
+            run_for(&mut w, &mut ns, 1_000 * MS, &[1]);
+            let n = &mut ns[1];
+            app::respond_deferred(&mut n.rpc, &mut n.ctx);
+            run_until(&mut w, &mut ns, 100_000, "response", |ns| {
+                ns[0].ctx.completed == 1
+            });
+            assert_eq!(ns[0].ctx.failed, 0, "{:?}", ns[0].ctx.failures);
+            assert_eq!(ns[0].rpc.stats().sessions_stalled, 0);
+        },
+    );
+}
+
+/// A client stops in the middle of sending a multi-packet request (its
+/// Rpc stops running; its Nexus answers pings, so it is not declared
+/// failed): the server frees the half-received request after the stall
+/// bound instead of pinning its buffer for ever, and tells the client
+/// when it comes back.
+#[test]
+fn a_half_received_request_is_freed_after_the_stall_bound() {
+    with_seeds(
+        "a_half_received_request_is_freed_after_the_stall_bound",
+        FILE,
+        &[18, 19],
+        |seed| {
+            let mut w = W::new(seed);
+            let cfg = RpcConfig {
+                session_credits: 2,
+                ..with_stall(500)
+            };
+            let mut ns = nodes_with(&mut w, 2, seed, cfg);
+            connect(&mut w, &mut ns, 0, 1, 1);
+            // 20 packets, at most two in flight.
+            issue(&mut ns, 0, ops(ECHO, 1, 20 * 968));
+            run_until(&mut w, &mut ns, 100_000, "begun", |ns| {
+                ns[1].rpc.stats().rx_accepted >= 4
+            });
+            run_for(&mut w, &mut ns, 600 * MS, &[1]);
+            let s = ns[1].rpc.stats();
+            assert_eq!(s.reassemblies_expired, 1, "{s}");
+            assert_eq!(s.reqs_failed_at_server, 1, "{s}");
+            assert_eq!(ns[1].ctx.handled, 0);
+            run_until(&mut w, &mut ns, 1_000_000, "told", |ns| {
+                ns[0].ctx.failed == 1
+            });
+            assert!(
+                matches!(
+                    ns[0].ctx.failures[0],
+                    RpcError::Server {
+                        err: erpc::ServerError::Incomplete,
+                        ..
+                    }
+                ),
+                "{:?}",
+                ns[0].ctx.failures
+            );
+            // The session goes on.
+            issue(&mut ns, 0, ops(ECHO, 3, 3000));
+            run_until(&mut w, &mut ns, 1_000_000, "more", |ns| {
+                ns[0].ctx.completed == 3
+            });
+        },
+    );
+}

@@ -28,10 +28,25 @@
 //! the retransmissions (none is held when the request completes). Both
 //! are counted (`RpcStats::tx_flushes`); they happen only on loss.
 //!
-//! Sessions to a peer that cannot be pinged (a C++ eRPC process, see
-//! `nexus/liveness.rs`) have no keep-alive: when none of their requests
-//! made progress for the failure timeout, the session is reset with
-//! [`crate::RpcError::PeerFailed`].
+//! The stall bound (`RpcConfig::stall_timeout_ms`): a slot with packets
+//! in flight that got nothing back for the bound (`progress_ns`: its
+//! enqueue or first send, a credit return, a response packet, an "in
+//! progress" notice) fails with its session, [`crate::RpcError::Stalled`].
+//! It is what ends a request whose server's Nexus answers pings while its
+//! Rpc does not run, or whose data path alone is cut, and the only failure
+//! detection toward a C++ eRPC peer, which cannot be pinged. An erpc-rs
+//! server answers a retransmission of a request whose handler still runs
+//! with an "in progress" notice (`rpc/status.rs`), so a slow handler there
+//! never stalls its request. A slot waiting for credits (nothing in
+//! flight) is not judged: the slots holding the credits are.
+//!
+//! Time in which the event loop did not run is evidence against nobody:
+//! a scan that starts late by more than a scan interval (the thread was
+//! descheduled, a handler ran long, the application stopped polling)
+//! moves every active slot's clocks forward by the lateness before it
+//! judges, so neither the retransmission timeout nor the stall bound
+//! counts it, and what arrived meanwhile was read first (the scan runs
+//! after the iteration's receive).
 
 use transport::Transport;
 
@@ -49,7 +64,11 @@ impl<T: Transport, C> Rpc<T, C> {
         if !self.pkt_loss_scan_due() {
             return;
         }
+        let late = self.now_ns - self.next_loss_scan_ns;
         self.next_loss_scan_ns = self.now_ns + self.loss_scan_ns;
+        if late > self.loss_scan_ns {
+            self.discount_pause(late);
+        }
         self.pkt_loss_scan();
         self.sweep_quiet_state();
         // The SM timers (request retries, connect timeouts, expiry of
@@ -81,15 +100,43 @@ impl<T: Transport, C> Rpc<T, C> {
         self.stats.tx_flushes += 1;
     }
 
+    /// The event loop did not run for about `late` ns (the loss scan is
+    /// that late): none of it counts against any request. Every active
+    /// client slot's clocks move forward by it (never past now).
+    #[cold]
+    #[inline(never)]
+    fn discount_pause(&mut self, late: u64) {
+        let now = self.now_ns;
+        self.stats.pauses_discounted += 1;
+        for k in 0..self.active.len() {
+            let sn = self.active.get(k);
+            let Some(s) = self.sessions.session_mut(sn) else {
+                continue;
+            };
+            let Some(cs) = s.half.as_client_mut() else {
+                continue;
+            };
+            for c in cs.iter_mut() {
+                c.progress_ns = (c.progress_ns + late).min(now);
+                if c.in_flight_ns != 0 {
+                    c.in_flight_ns = (c.in_flight_ns + late).min(now);
+                }
+            }
+        }
+    }
+
     #[inline(never)]
     fn pkt_loss_scan(&mut self) {
         let now = self.now_ns;
         let rto = self.rto_ns;
-        let failure_ns = self.config.failure_timeout_ms * 1_000_000;
-        // Slots due for a rollback, as (session, slot bitmask); sessions of
-        // unpingable peers that went silent.
+        let stall_ns = self
+            .config
+            .stall_timeout_ms
+            .map_or(u64::MAX, |ms| ms.saturating_mul(1_000_000));
+        // Slots due for a rollback, as (session, slot bitmask); sessions
+        // with a slot past the stall bound.
         let mut due: Vec<(u16, u8)> = Vec::new();
-        let mut silent: Vec<u16> = Vec::new();
+        let mut stalled: Vec<u16> = Vec::new();
         let cc = self.pacing.cc_on();
         self.trim_active();
         // The active client sessions (`active.rs`): those with requests.
@@ -116,17 +163,17 @@ impl<T: Transport, C> Rpc<T, C> {
                 continue;
             }
             let mut mask = 0u8;
-            let mut quiet = s.remote_incarnation == 0;
+            let mut stall = false;
             for (i, (slot, c)) in s.slots.iter().zip(s.half.client().iter()).enumerate() {
                 if slot.tx_msgbuf.is_none() {
                     continue;
                 }
-                if now.saturating_sub(c.progress_ns) < failure_ns {
-                    quiet = false;
-                }
                 if c.num_tx == c.num_rx {
                     // Waiting for credits, not for the network.
                     continue;
+                }
+                if now.saturating_sub(c.progress_ns) >= stall_ns {
+                    stall = true;
                 }
                 let mut since = c.progress_ns.max(c.in_flight_ns);
                 if cc {
@@ -145,8 +192,8 @@ impl<T: Transport, C> Rpc<T, C> {
                     mask |= 1 << i;
                 }
             }
-            if quiet {
-                silent.push(sn);
+            if stall {
+                stalled.push(sn);
             } else if mask != 0 {
                 due.push((sn, mask));
             }
@@ -164,12 +211,8 @@ impl<T: Transport, C> Rpc<T, C> {
             // Nothing resent is held once the request can complete.
             self.drain_tx();
         }
-        for sn in silent {
-            tracing::info!(
-                session = sn,
-                "no progress for the failure timeout on a session to an unpingable peer; resetting it"
-            );
-            self.reset_client_session(sn, ResetCause::PeerFailed);
+        for sn in stalled {
+            self.stall_session(sn);
         }
     }
 
@@ -201,5 +244,25 @@ impl<T: Transport, C> Rpc<T, C> {
         self.stats.retransmissions += 1;
         self.stats.retransmitted_pkts += u64::from(delta);
         self.kick(sn, i as u8);
+    }
+
+    /// A request of client session `sn` got no answer for the stall
+    /// bound: the session fails ([`crate::RpcError::Stalled`]). An erpc-rs
+    /// server is told (it frees its end once its handlers respond); a C++
+    /// eRPC server is not, since it cannot take a disconnect while a
+    /// request of the session is unfinished (README, "Talking to C++
+    /// eRPC").
+    #[cold]
+    #[inline(never)]
+    fn stall_session(&mut self, sn: u16) {
+        tracing::info!(
+            session = sn,
+            "a request got no answer for the stall bound; failing its session"
+        );
+        self.stats.sessions_stalled += 1;
+        if self.session(sn).is_some_and(|s| s.remote_incarnation != 0) {
+            self.send_disconnect_once(sn);
+        }
+        self.reset_client_session(sn, ResetCause::Stalled);
     }
 }

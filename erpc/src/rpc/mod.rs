@@ -38,7 +38,7 @@ use transport::{MAX_DATA_PER_PKT, RxRing, Transport};
 
 use crate::clock::Clock;
 use crate::consts::{
-    CONNECT_BURST_PER_SOURCE, CONNECTS_PER_SEC_PER_SOURCE, CTRL_BUFS, FAILURE_TIMEOUT_MS,
+    CONNECT_BURST_PER_SOURCE, CONNECTS_PER_SEC_PER_SOURCE, CTRL_BUFS, FAILURE_TIMEOUT_MS, STALL_TIMEOUT_MS,
     MAX_RPC_ID, PKT_LOSS_SCAN_US, RTO_US, SESSION_CREDITS, SM_RETRY_MS, UNUSED_SESSION_RECLAIM_MS,
 };
 use crate::msgbuf::{MsgBuf, MsgBufError, Origin};
@@ -175,6 +175,17 @@ pub enum RpcError {
         /// Session number.
         session: SessionNum,
     },
+    /// A request of the session got nothing back from the server for
+    /// [`RpcConfig::stall_timeout_ms`] although the server was not declared
+    /// failed: the server's Rpc stopped running, only the data path to it
+    /// is cut, or (toward a C++ eRPC server, which cannot say "in
+    /// progress") its handler ran longer than the bound. The session is
+    /// gone; the request may or may not have run. Create a new session.
+    #[error("a request of session {session} got no answer for the stall bound; the session is gone")]
+    Stalled {
+        /// Session number.
+        session: SessionNum,
+    },
     /// The server answered the request with an error instead of a
     /// response (erpc-rs servers only; see [`ServerError`] for whether the
     /// request ran).
@@ -209,6 +220,11 @@ pub enum ServerError {
     /// of its work. The worker thread lives on.
     #[error("the handler panicked")]
     HandlerPanicked,
+    /// The request's packets stopped arriving before it was whole, for
+    /// the server's stall bound; the server freed what it had received.
+    /// The request did not run.
+    #[error("the request's packets stopped arriving before it was whole")]
+    Incomplete,
     /// A status this version does not know (a newer server's).
     #[error("unknown status {0}")]
     Other(u8),
@@ -222,6 +238,7 @@ impl ServerError {
             ServerError::NoHandler => 1,
             ServerError::OutOfMemory => 2,
             ServerError::HandlerPanicked => 3,
+            ServerError::Incomplete => 4,
             ServerError::Other(c) => c,
         }
     }
@@ -233,6 +250,7 @@ impl ServerError {
             1 => ServerError::NoHandler,
             2 => ServerError::OutOfMemory,
             3 => ServerError::HandlerPanicked,
+            4 => ServerError::Incomplete,
             c => ServerError::Other(c),
         })
     }
@@ -283,6 +301,9 @@ pub enum SessionEventKind {
     /// The server ended the session without being asked (see
     /// [`RpcError::ServerEnded`]). The session is gone.
     ServerEnded,
+    /// A request of the session got no answer for the stall bound (see
+    /// [`RpcError::Stalled`]). The session is gone.
+    Stalled,
 }
 
 impl fmt::Display for SessionEventKind {
@@ -297,6 +318,7 @@ impl fmt::Display for SessionEventKind {
             SessionEventKind::ReqNumsExhausted => f.write_str("request numbers exhausted"),
             SessionEventKind::ServerReclaimed => f.write_str("reclaimed by the server"),
             SessionEventKind::ServerEnded => f.write_str("ended by the server"),
+            SessionEventKind::Stalled => f.write_str("stalled"),
         }
     }
 }
@@ -394,10 +416,23 @@ pub struct RpcConfig {
     /// A connect request unanswered for this long fails the session with
     /// [`SessionEventKind::ConnectTimedOut`]; an unanswered disconnect
     /// request frees the session locally (default 500 ms, the failure
-    /// timeout). Sessions to a C++ eRPC peer (which cannot be pinged) are
-    /// also declared failed when none of their requests made progress for
-    /// this long.
+    /// timeout).
     pub failure_timeout_ms: u64,
+    /// The stall bound (default 10 s, `consts::STALL_TIMEOUT_MS`): a
+    /// request that got nothing back for this long (no credit return, no
+    /// response packet, no "in progress" notice) fails with its session,
+    /// [`RpcError::Stalled`]. Time in which this Rpc's event loop did not
+    /// run (the thread was descheduled, or the application did not poll)
+    /// is not counted. It is the bound on how long any continuation waits
+    /// when the peer's Nexus still answers pings but its Rpc does not run,
+    /// or only the data path is cut, and the only failure detection toward
+    /// a C++ eRPC peer, which cannot be pinged: an erpc-rs server answers
+    /// a retransmission of a request its handler still runs with an "in
+    /// progress" notice, so a slow handler there never stalls a request; a
+    /// C++ server cannot, so toward one this is also the longest a handler
+    /// may take. `None`: no bound (a request waits as long as the peer is
+    /// not declared failed).
+    pub stall_timeout_ms: Option<u64>,
     /// Congestion control: Timely, the timing wheel and their bypasses
     /// (all on by default).
     pub cc: crate::cc::CcConfig,
@@ -437,6 +472,7 @@ impl Default for RpcConfig {
             rto_us: RTO_US,
             pkt_loss_scan_us: PKT_LOSS_SCAN_US,
             failure_timeout_ms: FAILURE_TIMEOUT_MS,
+            stall_timeout_ms: Some(STALL_TIMEOUT_MS),
             cc: crate::cc::CcConfig::default(),
             zero_copy_rx: true,
             prealloc_responses: true,
@@ -705,6 +741,10 @@ pub struct Rpc<T: Transport, C> {
     /// (reclaimed ones with their numbers reserved for a while): the
     /// notices their clients get again (`admission.rs`).
     notices: VecDeque<admission::Notice>,
+    /// Server slots that began a multi-packet request, as (session, slot,
+    /// request number): the sweep frees a reassembly whose packets
+    /// stopped coming (`req.rs`, `expire_reassembly`).
+    reassembling: Vec<(SessionNum, u8, u64)>,
     /// Server sessions that may not have served a request yet, in
     /// creation order, as (session, client token) (`admission.rs`).
     unserved: VecDeque<(SessionNum, u64)>,
@@ -902,6 +942,7 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
                     .max(CONNECT_BURST_PER_SOURCE)
             }),
             notices: VecDeque::new(),
+            reassembling: Vec::new(),
             unserved: VecDeque::new(),
             next_loss_scan_ns: now_ns + config.pkt_loss_scan_us * 1000,
             rto_ns: config.rto_us * 1000,

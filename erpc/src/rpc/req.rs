@@ -286,6 +286,9 @@ impl<T: Transport, C> Rpc<T, C> {
         if pkt == c.num_rx {
             // As in `kick`: nothing was in flight.
             c.in_flight_ns = now;
+            if !c.resent {
+                c.progress_ns = now;
+            }
         }
         c.num_tx = pkt + 1;
         s.credits = 0;
@@ -340,6 +343,13 @@ impl<T: Transport, C> Rpc<T, C> {
                 // Nothing was in flight: the retransmission timeout starts
                 // now, not when the request was enqueued or last acked.
                 c.in_flight_ns = now;
+                if !c.resent {
+                    // Nor does the stall bound: the slot waited for its
+                    // session's credits or the TX queue, not for the
+                    // server. (After a rollback it does: a resend is
+                    // no answer.)
+                    c.progress_ns = now;
+                }
             }
             c.num_tx += n;
             s.credits -= n;
@@ -482,7 +492,53 @@ impl<T: Transport, C> Rpc<T, C> {
         let sv = &mut s.half.server_mut()[i];
         sv.req_msgbuf = Some(m);
         sv.state = SrvState::Receiving;
+        self.reassembling.push((sn, i as u8, hdr.req_num()));
         self.enqueue_cr(sn, i as u8, hdr);
+    }
+
+    /// Frees the reassembly of every multi-packet request whose packets
+    /// stopped coming for the stall bound (`RpcConfig::stall_timeout_ms`,
+    /// its default if none), and fails it ([`ServerError::Incomplete`]):
+    /// a client that went away mid-request no longer pins up to 7.9 MB per
+    /// slot. Entries of requests that completed are dropped. Called by the
+    /// periodic sweep, only when a multi-packet request began.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn expire_reassembly(&mut self) {
+        let now = self.now_ns;
+        let bound_ns = self
+            .config
+            .stall_timeout_ms
+            .unwrap_or(crate::consts::STALL_TIMEOUT_MS)
+            .saturating_mul(1_000_000);
+        let mut k = 0;
+        while k < self.reassembling.len() {
+            let (sn, i, req_num) = self.reassembling[k];
+            let state = self.session(sn).and_then(|s| {
+                let sv = s.half.as_server()?.get(usize::from(i))?;
+                let live = sv.state == SrvState::Receiving
+                    && s.slots[usize::from(i)].cur_req_num == req_num;
+                Some((live, sv.progress_ns))
+            });
+            match state {
+                Some((true, progress)) if now.saturating_sub(progress) < bound_ns => k += 1,
+                Some((true, _)) => {
+                    self.reassembling.swap_remove(k);
+                    self.stats.reassemblies_expired += 1;
+                    self.fail_request(sn, usize::from(i), ServerError::Incomplete);
+                }
+                _ => {
+                    self.reassembling.swap_remove(k);
+                }
+            }
+        }
+        // Kept at its high-water mark (the multi-packet requests begun in
+        // one sweep interval, usually a few dozen entries), so that the
+        // steady state allocates nothing; given back only when a burst
+        // left it large and nearly empty.
+        if self.reassembling.capacity() > 4096 {
+            super::tokens::shrink_if_sparse(&mut self.reassembling);
+        }
     }
 
     /// A request packet of a type with no handler here. A C++ client
@@ -605,15 +661,16 @@ impl<T: Transport, C> Rpc<T, C> {
         }
         let pkt_num = u32::from(hdr.pkt_num());
         let last = sv.req_pkts - 1;
+        if sv.state == SrvState::Failed && pkt_num <= sv.num_rx {
+            // The request was failed (`rpc/status.rs`): a duplicate of a
+            // packet it had, or the next one (the client resuming a
+            // request whose reassembly expired, go-back-N from its last
+            // acknowledged packet), gets the status again. Later packets
+            // of a multi-packet request are out of order, below.
+            self.stats.rx_accepted += 1;
+            return self.send_status(sn, i);
+        }
         if pkt_num < sv.num_rx {
-            if sv.state == SrvState::Failed {
-                // The request was failed (`rpc/status.rs`): a
-                // retransmission starts at packet 0 (the only one counted
-                // received) and gets the status again. Later packets of a
-                // multi-packet request are out of order, below.
-                self.stats.rx_accepted += 1;
-                return self.send_status(sn, i);
-            }
             // Duplicate (or a go-back-N retransmission). Never run the
             // handler again: re-send what the client may have missed.
             if pkt_num < last {
@@ -630,7 +687,10 @@ impl<T: Transport, C> Rpc<T, C> {
                 // hold this extra copy.
                 return self.drain_tx();
             }
-            return self.stats.drop(DropReason::DupReqInProgress);
+            // The handler still runs: an erpc-rs client is told, so the
+            // request is not taken for stalled (`rpc/status.rs`).
+            self.stats.drop(DropReason::DupReqInProgress);
+            return self.send_in_progress(sn, i);
         }
         if pkt_num > sv.num_rx || sv.state != SrvState::Receiving {
             return self.stats.drop(DropReason::OutOfOrder);

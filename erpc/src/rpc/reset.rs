@@ -42,6 +42,8 @@ pub(crate) enum ResetCause {
     ServerReclaimed,
     /// The server ended the session without being asked.
     ServerEnded,
+    /// A request got no answer for the stall bound.
+    Stalled,
 }
 
 impl ResetCause {
@@ -53,6 +55,7 @@ impl ResetCause {
             ResetCause::ReqNumsExhausted => RpcError::ReqNumsExhausted { session },
             ResetCause::ServerReclaimed => RpcError::ServerReclaimed { session },
             ResetCause::ServerEnded => RpcError::ServerEnded { session },
+            ResetCause::Stalled => RpcError::Stalled { session },
         }
     }
 
@@ -64,6 +67,7 @@ impl ResetCause {
             ResetCause::ReqNumsExhausted => SessionEventKind::ReqNumsExhausted,
             ResetCause::ServerReclaimed => SessionEventKind::ServerReclaimed,
             ResetCause::ServerEnded => SessionEventKind::ServerEnded,
+            ResetCause::Stalled => SessionEventKind::Stalled,
         }
     }
 }

@@ -113,6 +113,9 @@ impl<T: Transport, C> Rpc<T, C> {
         if !self.notices.is_empty() {
             self.expire_notices(now);
         }
+        if !self.reassembling.is_empty() {
+            self.expire_reassembly();
+        }
         let quarantine_ns = SESSION_NUM_QUARANTINE_MS * 1_000_000;
         if self.sessions.len() != 0
             && self.free_session_nums.len() == self.sessions.len()
@@ -573,7 +576,13 @@ impl<T: Transport, C> Rpc<T, C> {
         for (sv, m) in s.half.server_mut().iter_mut().zip(pre) {
             sv.pre_resp = Some(m);
         }
-        s.remote_incarnation = pkt.client.incarnation();
+        // Zero ("a C++ peer": no pings, notices or status packets) unless
+        // both ends speak the erpc-rs extensions.
+        s.remote_incarnation = if self.nexus.sm_extensions() {
+            pkt.client.incarnation()
+        } else {
+            0
+        };
         self.sessions[usize::from(sn)] = Some(Box::new(s));
         self.open_sessions += 1;
         self.ring_entries_available -= credits as usize;
@@ -630,10 +639,15 @@ impl<T: Transport, C> Rpc<T, C> {
             Ok(route) => {
                 let base_override = self.req_base_override;
                 let ext_server = self.ext_peer(&pkt.server);
+                let ext = self.nexus.sm_extensions();
                 let s = self.session_mut(sn).expect("matched above");
                 s.set_server_endpoint(&pkt.server);
                 s.remote_num = pkt.server.session_num;
-                s.remote_incarnation = pkt.server.incarnation();
+                s.remote_incarnation = if ext {
+                    pkt.server.incarnation()
+                } else {
+                    0
+                };
                 // Never more credits than the server reserved for us: what
                 // an erpc-rs server granted, 32 at a C++ server. The spare
                 // part of our own reservation goes back to the ring.

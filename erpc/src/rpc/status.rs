@@ -14,6 +14,13 @@
 //! response. The client's next request on the slot buries the failed one,
 //! as it buries a response.
 //!
+//! A retransmission of a request whose handler still runs (a slow
+//! handler, a background one, a deferred response) gets an "in progress"
+//! status packet (code 0) instead of silence: the client's stall bound
+//! (`RpcConfig::stall_timeout_ms`) counts it as progress, so it can tell
+//! a slow handler from a server whose Rpc stopped running. It completes
+//! nothing; the retransmission timeout keeps asking.
+//!
 //! Status packets go only to erpc-rs clients (their SM endpoints carry an
 //! incarnation). A C++ eRPC client would take the size for a response's,
 //! so toward one the server keeps the C++ behaviour: a request without a
@@ -27,6 +34,9 @@ use crate::consts::SESSION_REQ_WINDOW;
 use crate::pkthdr::{PktType, RxHdr, STATUS_SIZE_BASE};
 use crate::session::SrvState;
 use crate::stats::DropReason;
+
+/// The status code that says "in progress", never an error.
+const IN_PROGRESS: u8 = 0;
 
 impl<T: Transport, C> Rpc<T, C> {
     /// Whether the client of server session `sn` reads status packets (an
@@ -64,16 +74,40 @@ impl<T: Transport, C> Rpc<T, C> {
         let Some(s) = self.session(sn) else {
             return;
         };
+        let sv = &s.half.server()[i];
+        debug_assert_eq!(sv.state, SrvState::Failed);
+        let code = sv.status;
+        if self.send_status_code(sn, i, code) {
+            self.stats.status_sent += 1;
+        }
+    }
+
+    /// Server: a retransmission of the request on slot `i` of session `sn`
+    /// arrived while its handler still runs: an erpc-rs client is told
+    /// "in progress" (status code 0), which its stall bound counts as
+    /// progress. A C++ client gets nothing, as from a C++ server.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn send_in_progress(&mut self, sn: SessionNum, i: usize) {
+        if self.send_status_code(sn, i, IN_PROGRESS) {
+            self.stats.in_progress_sent += 1;
+        }
+    }
+
+    /// Queues a status packet with `code` for the current request of slot
+    /// `i` of server session `sn`, if its client reads status packets.
+    fn send_status_code(&mut self, sn: SessionNum, i: usize, code: u8) -> bool {
+        let Some(s) = self.session(sn) else {
+            return false;
+        };
         if s.remote_incarnation == 0 {
             // A C++ client cannot read one (see the module doc).
-            return;
+            return false;
         }
         let slot = &s.slots[i];
         let sv = &s.half.server()[i];
-        debug_assert_eq!(sv.state, SrvState::Failed);
         let (req_type, pkt_num, req_num) = (sv.req_type, sv.req_pkts - 1, slot.cur_req_num);
-        let size = STATUS_SIZE_BASE + u32::from(sv.status);
-        self.stats.status_sent += 1;
+        let size = STATUS_SIZE_BASE + u32::from(code);
         // The first response packet's number: below 2^14 because the
         // request's packets are (a request of `MAX_MSG_BYTES` at most).
         self.enqueue_ctrl_sized(
@@ -85,6 +119,7 @@ impl<T: Transport, C> Rpc<T, C> {
             req_num,
             size,
         );
+        true
     }
 
     /// Client: a response header whose size is beyond any message's. The
@@ -110,8 +145,14 @@ impl<T: Transport, C> Rpc<T, C> {
             return self.stats.drop(DropReason::PktNumOutOfRange);
         }
         let Some(err) = ServerError::from_code((size - STATUS_SIZE_BASE) as u8) else {
-            // Code 0 ("in progress") is not sent by this version.
-            return self.stats.drop(DropReason::MsgTooLarge);
+            // "In progress": the server has the request and its handler
+            // runs. Progress for the stall bound, not an acknowledgement:
+            // the retransmission timeout keeps asking.
+            let now = self.now_ns;
+            s.half.client_mut()[i].progress_ns = now;
+            self.stats.rx_accepted += 1;
+            self.stats.in_progress_received += 1;
+            return;
         };
         let epoch = slot.tx_epoch;
         self.stats.rx_accepted += 1;

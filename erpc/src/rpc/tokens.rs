@@ -91,6 +91,13 @@ pub(crate) fn shrink_if_sparse_deque<T>(q: &mut VecDeque<T>) {
     }
 }
 
+/// [`shrink_if_sparse_map`] for a list.
+pub(crate) fn shrink_if_sparse<T>(v: &mut Vec<T>) {
+    if v.capacity() > SHRINK_FLOOR && v.len() * 4 <= v.capacity() {
+        v.shrink_to(v.len() * 2);
+    }
+}
+
 /// Tables this small are never shrunk.
 const SHRINK_FLOOR: usize = 64;
 
