@@ -93,6 +93,9 @@ pub const UNUSED_SESSION_RECLAIM_MS: u64 = 10_000;
 /// C++ eRPC server cannot, so toward one this is the longest a handler may
 /// take.
 pub const STALL_TIMEOUT_MS: u64 = 10_000;
+/// Default idle time after which a served server session of an erpc-rs
+/// client may be reclaimed when the RX ring is short.
+pub const IDLE_SESSION_RECLAIM_MS: u64 = 60_000;
 /// Tries of a TX batch the transport keeps refusing (with a TX flush
 /// between tries) before the oldest queued packet is given up to loss
 /// recovery (counted in `RpcStats::tx_given_up`).

@@ -183,6 +183,7 @@ fn rpc_stats(s: &RpcStats) -> RpcStatsView {
         sm_abandoned_cleanups,
         sm_connect_rate_limited,
         sessions_reclaimed,
+        sessions_reclaimed_idle,
         sm_reclaim_notices_resent,
         sm_end_notices,
         sm_timeouts,
@@ -192,6 +193,8 @@ fn rpc_stats(s: &RpcStats) -> RpcStatsView {
         pauses_discounted,
         reassemblies_expired,
         resps_discarded,
+        sessions_drained,
+        drained_reqs,
     } = s.clone();
     let counters = [
         ("rx_pkts", rx_pkts),
@@ -235,6 +238,7 @@ fn rpc_stats(s: &RpcStats) -> RpcStatsView {
         ("sm_abandoned_cleanups", sm_abandoned_cleanups),
         ("sm_connect_rate_limited", sm_connect_rate_limited),
         ("sessions_reclaimed", sessions_reclaimed),
+        ("sessions_reclaimed_idle", sessions_reclaimed_idle),
         ("sm_reclaim_notices_resent", sm_reclaim_notices_resent),
         ("sm_end_notices", sm_end_notices),
         ("sm_timeouts", sm_timeouts),
@@ -244,6 +248,8 @@ fn rpc_stats(s: &RpcStats) -> RpcStatsView {
         ("pauses_discounted", pauses_discounted),
         ("reassemblies_expired", reassemblies_expired),
         ("resps_discarded", resps_discarded),
+        ("sessions_drained", sessions_drained),
+        ("drained_reqs", drained_reqs),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))

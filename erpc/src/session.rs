@@ -351,6 +351,12 @@ pub(crate) struct Session<T: Transport, C> {
     /// Server: a request arrived on the session (it is never reclaimed;
     /// see `rpc/admission.rs`).
     pub served_any: bool,
+    /// Client, toward a C++ eRPC server: destroyed while requests of it
+    /// were unfinished there. Its slots finish with the Rpc's own buffers
+    /// (their requests already failed to the application), then the
+    /// disconnect goes out (`rpc/reset.rs`, `begin_drain`). It takes no
+    /// new requests and reads as disconnecting.
+    pub closing: bool,
 }
 
 impl<T: Transport, C> Session<T, C> {
@@ -402,6 +408,7 @@ impl<T: Transport, C> Session<T, C> {
             active: false,
             created_ns: 0,
             served_any: false,
+            closing: false,
         }
     }
 

@@ -208,6 +208,9 @@ pub struct RpcStats {
     /// Server sessions that never received a request, reclaimed because
     /// the RX ring was short (see `RpcConfig::unused_session_reclaim_ms`).
     pub sessions_reclaimed: u64,
+    /// Of those, served sessions reclaimed after `RpcConfig::idle_session_reclaim_ms`
+    /// without a request.
+    pub sessions_reclaimed_idle: u64,
     /// Reclaim and end notices sent again because the client sent data to
     /// the session the server ended.
     pub sm_reclaim_notices_resent: u64,
@@ -233,6 +236,13 @@ pub struct RpcStats {
     /// Responses discarded because their session was reset while the
     /// handler ran.
     pub resps_discarded: u64,
+    /// Client sessions to a C++ eRPC server destroyed with requests
+    /// unfinished there, whose slots were run to the end before the
+    /// disconnect (a C++ server cannot take one earlier).
+    pub sessions_drained: u64,
+    /// Requests of such sessions that finished after their failure was
+    /// reported (not counted in `reqs_completed` again).
+    pub drained_reqs: u64,
 }
 
 impl RpcStats {

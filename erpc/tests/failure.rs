@@ -541,3 +541,74 @@ fn a_handler_slower_than_the_failure_timeout_at_an_unpingable_peer_completes() {
         },
     );
 }
+
+#[test]
+fn destroying_a_session_to_a_cpp_server_mid_request_disconnects_once_its_slots_finished() {
+    // A C++ eRPC server asserts that every slot of a session it is asked
+    // to disconnect is finished. Destroying a session with requests
+    // running there fails them to the application at once, and sends the
+    // disconnect only after their responses came back.
+    with_seeds(
+        "destroying_a_session_to_a_cpp_server_mid_request_disconnects_once_its_slots_finished",
+        FILE,
+        &[21, 22],
+        |seed| {
+            let (mut w, mut ns) = unpingable_pair(seed, RpcConfig::default());
+            connect(&mut w, &mut ns, 0, 1, 1);
+            issue(&mut w, &mut ns, 0, ops(DEFER, 2, 100));
+            issue(&mut w, &mut ns, 0, ops(ECHO, 1, 3000));
+            run_until(&mut w, &mut ns, 100_000, "held", |ns| {
+                ns[1].ctx.deferred.len() == 2 && ns[0].ctx.completed == 1
+            });
+            // One more waits in the backlog behind a full window.
+            issue(&mut w, &mut ns, 0, ops(DEFER, 7, 100));
+            run_until(&mut w, &mut ns, 100_000, "window full", |ns| {
+                ns[1].ctx.deferred.len() == 8
+            });
+            let sn = ns[0].ctx.sessions[0];
+            ns[0].rpc.destroy_session(sn).unwrap();
+            run_until(&mut w, &mut ns, 100_000, "failed locally", |ns| {
+                ns[0].ctx.failed == 9
+            });
+            assert!(
+                ns[0]
+                    .ctx
+                    .failures
+                    .iter()
+                    .all(|e| matches!(e, RpcError::SessionDestroyed { .. }))
+            );
+            assert_eq!(
+                ns[0].rpc.session_state(sn),
+                Some(erpc::SessionState::DisconnectInProgress)
+            );
+            let t0 = w.now_ns();
+            while w.now_ns() - t0 < 100 * MS {
+                for n in ns.iter_mut() {
+                    n.poll();
+                }
+                w.step();
+            }
+            let srv = ns[1].rpc.session_nums()[0];
+            assert_eq!(
+                ns[1].rpc.session_state(srv),
+                Some(erpc::SessionState::Connected),
+                "no disconnect while requests of the session run"
+            );
+            let n = &mut ns[1];
+            app::respond_deferred(&mut n.rpc, &mut n.ctx);
+            run_until(&mut w, &mut ns, 1_000_000, "disconnected", |ns| {
+                ns[1].rpc.num_sessions() == 0 && ns[0].rpc.num_sessions() == 0
+            });
+            assert_eq!(
+                events(&ns[0]),
+                vec![SessionEventKind::Connected, SessionEventKind::Disconnected]
+            );
+            let c = ns[0].rpc.stats();
+            assert_eq!((c.sessions_drained, c.drained_reqs), (1, 8), "{c}");
+            assert_eq!(c.reqs_completed, c.reqs_enqueued, "{c}");
+            assert_eq!(ns[1].rpc.stats().resps_discarded, 0);
+            // Nothing leaked at the client: its allocator is back to empty.
+            assert_eq!(ns[0].rpc.num_sessions(), 0);
+        },
+    );
+}

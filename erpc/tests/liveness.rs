@@ -387,3 +387,102 @@ fn a_half_received_request_is_freed_after_the_stall_bound() {
         },
     );
 }
+
+/// A client resets its session and its disconnect request is lost: the
+/// request is sent again until the server answers, so the server does
+/// not hold a session (its RX ring entries and buffers) that nobody uses
+/// for ever.
+#[test]
+fn a_lost_disconnect_is_sent_again() {
+    with_seeds("a_lost_disconnect_is_sent_again", FILE, &[23, 24], |seed| {
+        let (mut w, mut ns) = two(seed);
+        connect(&mut w, &mut ns, 0, 1, 1);
+        issue(&mut ns, 0, ops(ECHO, 4, 64));
+        run_until(&mut w, &mut ns, 100_000, "echoes", |ns| {
+            ns[0].ctx.completed == 4
+        });
+        let server = Uri::parse(&uri(1)).unwrap();
+        w.net.sm_hub().set_cut_off(&server, true);
+        let sn = ns[0].ctx.sessions[0];
+        ns[0].rpc.reset_session(sn).unwrap();
+        run_steps(&mut w, &mut ns, 10);
+        w.net.sm_hub().set_cut_off(&server, false);
+        assert_eq!(ns[1].rpc.num_sessions(), 1, "the first disconnect was lost");
+        run_until(&mut w, &mut ns, 1_000_000, "server session freed", |ns| {
+            ns[1].rpc.num_sessions() == 0
+        });
+        assert_eq!(ns[0].rpc.num_sessions(), 0);
+    });
+}
+
+/// A client forgets a session it used without the server hearing of it
+/// (its disconnect was lost for longer than it retries). When the
+/// server's RX ring is full and a new client asks for a session, the
+/// long-idle served session is reclaimed for it, and its client, alive,
+/// is told.
+#[test]
+fn a_long_idle_served_session_is_reclaimed_when_the_ring_is_full() {
+    with_seeds(
+        "a_long_idle_served_session_is_reclaimed_when_the_ring_is_full",
+        FILE,
+        &[25],
+        |seed| {
+            let mut w = W::new(seed);
+            let cfg = RpcConfig {
+                idle_session_reclaim_ms: Some(2_000),
+                ..RpcConfig::default()
+            };
+            let mut ns: Vec<N<W>> = (0..3)
+                .map(|i| {
+                    // Keep-alive tolerates the SM outage below.
+                    let nexus = app::register::<<W as World>::T>(w.nexus(&uri(i)))
+                        .failure_timeout_ms(5_000)
+                        .build()
+                        .unwrap();
+                    // The server's ring holds two sessions of 32 credits.
+                    let t = w.net.add_transport_with_ring(if i == 1 { 64 } else { 4096 });
+                    let rpc = erpc::Rpc::new(
+                        &nexus,
+                        i as u8,
+                        t,
+                        w.allocator(8 << 20),
+                        cfg,
+                        Some(app::sm_handler),
+                    )
+                    .unwrap();
+                    common::Node {
+                        rpc,
+                        ctx: app::Ctx::new(seed + i as u64),
+                    }
+                })
+                .collect();
+            connect(&mut w, &mut ns, 0, 1, 1);
+            issue(&mut ns, 0, ops(ECHO, 4, 64));
+            run_until(&mut w, &mut ns, 100_000, "echoes", |ns| {
+                ns[0].ctx.completed == 4
+            });
+            // Client 0 forgets its session while every SM packet to the
+            // server is lost for longer than its disconnect is retried.
+            let server = Uri::parse(&uri(1)).unwrap();
+            w.net.sm_hub().set_cut_off(&server, true);
+            let sn = ns[0].ctx.sessions.remove(0);
+            ns[0].rpc.reset_session(sn).unwrap();
+            run_for(&mut w, &mut ns, 600 * MS, &[0, 1, 2]);
+            w.net.sm_hub().set_cut_off(&server, false);
+            assert_eq!(ns[1].rpc.num_sessions(), 1, "the server never heard");
+            // Client 2 takes the free half of the ring...
+            connect(&mut w, &mut ns, 2, 1, 1);
+            // ... and, once the forgotten session has been idle for the
+            // reclaim time, the other half.
+            run_for(&mut w, &mut ns, 2_000 * MS, &[0, 1, 2]);
+            connect(&mut w, &mut ns, 2, 1, 1);
+            let s = ns[1].rpc.stats();
+            assert_eq!((s.sessions_reclaimed, s.sessions_reclaimed_idle), (1, 1), "{s}");
+            assert_eq!(ns[1].rpc.num_sessions(), 2);
+            issue(&mut ns, 2, ops(ECHO, 4, 64));
+            run_until(&mut w, &mut ns, 100_000, "echoes", |ns| {
+                ns[2].ctx.completed == 4
+            });
+        },
+    );
+}

@@ -26,6 +26,14 @@
 //!   session that served a request, so a legitimate client that connects
 //!   and stays idle keeps its session as long as the Rpc is not full.
 //!
+//! * **Reclaiming sessions nobody uses any more.** If that is not enough,
+//!   server sessions of erpc-rs clients that served requests but received
+//!   none for `RpcConfig::idle_session_reclaim_ms` (default 60 s) and run
+//!   none are reclaimed, least recently used first (found by one walk of
+//!   the sessions, at most once a second). This frees sessions whose
+//!   client forgot them without a delivered disconnect. C++ clients'
+//!   served sessions are never reclaimed (they cannot be told).
+//!
 //! What a reclaimed session's client sees: an erpc-rs client (its endpoint
 //! carries the SM extensions) is told with a connect response carrying
 //! "server disconnected" (C++ clients ignore such a response for a
@@ -168,29 +176,98 @@ impl<T: Transport, C> Rpc<T, C> {
         if self.ring_entries_available >= credits {
             return true;
         }
-        let Some(idle_ms) = self.config.unused_session_reclaim_ms else {
+        let now = self.clock.now_ns();
+        if let Some(idle_ms) = self.config.unused_session_reclaim_ms {
+            let idle_ns = idle_ms * 1_000_000;
+            while self.ring_entries_available < credits {
+                // The oldest server session that may still be unused: the
+                // queue is in creation order (entries of sessions that
+                // served a request or are gone are dropped as they come
+                // up), so finding it costs O(1) amortised, not a walk of
+                // all sessions.
+                self.drop_stale_unserved();
+                let Some(&(sn, _)) = self.unserved.front() else {
+                    break;
+                };
+                let old_enough = self
+                    .session(sn)
+                    .is_some_and(|s| now.saturating_sub(s.created_ns) >= idle_ns);
+                if !old_enough {
+                    // Every later one is younger.
+                    break;
+                }
+                self.unserved.pop_front();
+                self.reclaim(sn, now, "never received a request");
+            }
+        }
+        if self.ring_entries_available >= credits {
+            return true;
+        }
+        self.reclaim_idle_served(credits, now)
+    }
+
+    /// The last resort of [`Rpc::make_ring_room`]: server sessions of
+    /// erpc-rs clients that served requests but received none for
+    /// `RpcConfig::idle_session_reclaim_ms` and run none, least recently
+    /// used first (a client that forgot its session without a delivered
+    /// disconnect, e.g. after declaring this server failed from its side
+    /// alone, would otherwise hold it for ever; the client, if alive, is
+    /// told with the reclaim notice). Candidates come from one walk of the
+    /// sessions, at most once a second, and are checked again when used.
+    /// A C++ client's session is never reclaimed this way: it could not be
+    /// told, and it does not detect a session that stopped answering.
+    fn reclaim_idle_served(&mut self, credits: usize, now: u64) -> bool {
+        let Some(idle_ms) = self.config.idle_session_reclaim_ms else {
             return false;
         };
-        let now = self.clock.now_ns();
-        let idle_ns = idle_ms * 1_000_000;
+        let idle_ns = idle_ms.saturating_mul(1_000_000);
+        let idle_since = |s: &crate::session::Session<T, C>| -> Option<u64> {
+            let svs = s.half.as_server()?;
+            let quiet = s.state == SessionState::Connected
+                && s.remote_incarnation != 0
+                && s.served_any
+                && svs
+                    .iter()
+                    .all(|sv| !sv.busy() && sv.state != crate::session::SrvState::Receiving);
+            let last = svs
+                .iter()
+                .map(|sv| sv.progress_ns)
+                .max()
+                .unwrap_or(0)
+                .max(s.created_ns);
+            (quiet && now.saturating_sub(last) >= idle_ns).then_some(last)
+        };
         while self.ring_entries_available < credits {
-            // The oldest server session that may still be unused: the
-            // queue is in creation order (entries of sessions that served
-            // a request or are gone are dropped as they come up), so
-            // finding it costs O(1) amortised, not a walk of all sessions.
-            self.drop_stale_unserved();
-            let Some(&(sn, _)) = self.unserved.front() else {
+            if self.idle_candidates.is_empty() {
+                if self.last_idle_walk_ns != 0
+                    && now.saturating_sub(self.last_idle_walk_ns) < 1_000_000_000
+                {
+                    return false;
+                }
+                self.last_idle_walk_ns = now.max(1);
+                let mut found: Vec<(u64, SessionNum, u64)> = self
+                    .sessions
+                    .iter()
+                    .flatten()
+                    .filter_map(|s| idle_since(s).map(|t| (t, s.local_num, s.uniq_token)))
+                    .collect();
+                // Least recently used last: popped first.
+                found.sort_unstable_by(|a, b| b.cmp(a));
+                self.idle_candidates = found;
+                if self.idle_candidates.is_empty() {
+                    return false;
+                }
+            }
+            let Some((_, sn, token)) = self.idle_candidates.pop() else {
                 return false;
             };
-            let old_enough = self
+            let still = self
                 .session(sn)
-                .is_some_and(|s| now.saturating_sub(s.created_ns) >= idle_ns);
-            if !old_enough {
-                // Every later one is younger.
-                return false;
+                .is_some_and(|s| s.uniq_token == token && idle_since(s).is_some());
+            if still {
+                self.stats.sessions_reclaimed_idle += 1;
+                self.reclaim(sn, now, "received no request for the idle reclaim time");
             }
-            self.unserved.pop_front();
-            self.reclaim(sn, now);
         }
         true
     }
@@ -222,7 +299,7 @@ impl<T: Transport, C> Rpc<T, C> {
     }
 
     /// Frees unused server session `sn`, telling an erpc-rs client.
-    fn reclaim(&mut self, sn: SessionNum, now: u64) {
+    fn reclaim(&mut self, sn: SessionNum, now: u64, why: &'static str) {
         let s = self.session(sn).expect("a candidate");
         let notice = (s.remote_incarnation != 0).then(|| {
             let mut server = s.server_endpoint();
@@ -238,7 +315,8 @@ impl<T: Transport, C> Rpc<T, C> {
         tracing::info!(
             session = sn,
             client = %s.client_endpoint(),
-            "RX ring short: reclaiming a server session that never received a request"
+            why,
+            "RX ring short: reclaiming a server session"
         );
         self.stats.sessions_reclaimed += 1;
         self.retire_server_session(sn);

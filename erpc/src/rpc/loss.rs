@@ -261,7 +261,7 @@ impl<T: Transport, C> Rpc<T, C> {
         );
         self.stats.sessions_stalled += 1;
         if self.session(sn).is_some_and(|s| s.remote_incarnation != 0) {
-            self.send_disconnect_once(sn);
+            self.send_disconnect_retried(sn);
         }
         self.reset_client_session(sn, ResetCause::Stalled);
     }

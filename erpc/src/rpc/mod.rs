@@ -38,7 +38,7 @@ use transport::{MAX_DATA_PER_PKT, RxRing, Transport};
 
 use crate::clock::Clock;
 use crate::consts::{
-    CONNECT_BURST_PER_SOURCE, CONNECTS_PER_SEC_PER_SOURCE, CTRL_BUFS, FAILURE_TIMEOUT_MS, STALL_TIMEOUT_MS,
+    CONNECT_BURST_PER_SOURCE, CONNECTS_PER_SEC_PER_SOURCE, CTRL_BUFS, FAILURE_TIMEOUT_MS, IDLE_SESSION_RECLAIM_MS, STALL_TIMEOUT_MS,
     MAX_RPC_ID, PKT_LOSS_SCAN_US, RTO_US, SESSION_CREDITS, SM_RETRY_MS, UNUSED_SESSION_RECLAIM_MS,
 };
 use crate::msgbuf::{MsgBuf, MsgBufError, Origin};
@@ -159,7 +159,8 @@ pub enum RpcError {
         session: SessionNum,
     },
     /// The server reclaimed the session: it had received no request on it
-    /// for `unused_session_reclaim_ms` and needed its RX ring entries for
+    /// (`unused_session_reclaim_ms`), or none for a long time
+    /// (`idle_session_reclaim_ms`), and needed its RX ring entries for
     /// another session. The request did not run. Create a new session.
     #[error("the server reclaimed session {session}, unused; create a new session")]
     ServerReclaimed {
@@ -461,6 +462,14 @@ pub struct RpcConfig {
     /// told ([`SessionEventKind::ServerReclaimed`]); a C++ client cannot
     /// be, and its next request on that session goes unanswered.
     pub unused_session_reclaim_ms: Option<u64>,
+    /// When a new session finds the RX ring short and no unused session
+    /// can be reclaimed, server sessions of erpc-rs clients that served
+    /// requests but received none for this long, and run none, are
+    /// reclaimed, least recently used first (default 60 s; `None`:
+    /// never). The client, if it is alive, is told
+    /// ([`SessionEventKind::ServerReclaimed`]); its next request would not
+    /// have run. A C++ client's sessions are never reclaimed this way.
+    pub idle_session_reclaim_ms: Option<u64>,
 }
 
 impl Default for RpcConfig {
@@ -479,6 +488,7 @@ impl Default for RpcConfig {
             connect_burst_per_source: None,
             connects_per_sec_per_source: CONNECTS_PER_SEC_PER_SOURCE,
             unused_session_reclaim_ms: Some(UNUSED_SESSION_RECLAIM_MS),
+            idle_session_reclaim_ms: Some(IDLE_SESSION_RECLAIM_MS),
         }
     }
 }
@@ -745,6 +755,11 @@ pub struct Rpc<T: Transport, C> {
     /// request number): the sweep frees a reassembly whose packets
     /// stopped coming (`req.rs`, `expire_reassembly`).
     reassembling: Vec<(SessionNum, u8, u64)>,
+    /// Idle served sessions that may be reclaimed, as (last request,
+    /// session, token), least recently used last (`admission.rs`).
+    idle_candidates: Vec<(u64, SessionNum, u64)>,
+    /// When the sessions were last walked for those (0: never).
+    last_idle_walk_ns: u64,
     /// Server sessions that may not have served a request yet, in
     /// creation order, as (session, client token) (`admission.rs`).
     unserved: VecDeque<(SessionNum, u64)>,
@@ -943,6 +958,8 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             }),
             notices: VecDeque::new(),
             reassembling: Vec::new(),
+            idle_candidates: Vec::new(),
+            last_idle_walk_ns: 0,
             unserved: VecDeque::new(),
             next_loss_scan_ns: now_ns + config.pkt_loss_scan_us * 1000,
             rto_ns: config.rto_us * 1000,
@@ -1019,7 +1036,13 @@ impl<T: Transport, C> Rpc<T, C> {
 
     /// State of a session, if it exists.
     pub fn session_state(&self, sn: SessionNum) -> Option<crate::SessionState> {
-        self.session(sn).map(|s| s.state)
+        self.session(sn).map(|s| {
+            if s.closing {
+                SessionState::DisconnectInProgress
+            } else {
+                s.state
+            }
+        })
     }
 
     /// A snapshot of session `sn`.
@@ -1219,8 +1242,11 @@ impl<T: Transport, C> Drop for Rpc<T, C> {
             .iter()
             .flatten()
             .filter(|s| s.role == session::Role::Client && s.state == SessionState::Connected)
+            .filter(|s| s.remote_incarnation != 0 || s.busy_slots() == 0)
             .map(|s| s.local_num)
             .collect();
+        // (Not to a C++ server with requests of the session unfinished:
+        // it cannot take one then. Its own failure detection frees them.)
         for sn in connected {
             self.send_disconnect_once(sn);
         }

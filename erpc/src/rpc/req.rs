@@ -78,6 +78,9 @@ impl<T: Transport, C> Rpc<T, C> {
                 return err(EnqueueErrorKind::Disconnecting, req, resp);
             }
             SessionState::ConnectInProgress => None,
+            SessionState::Connected if s.closing => {
+                return err(EnqueueErrorKind::Disconnecting, req, resp);
+            }
             SessionState::Connected if !s.backlog.is_empty() => None,
             SessionState::Connected => s.free_slot(),
         };

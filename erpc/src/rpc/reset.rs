@@ -23,7 +23,7 @@
 use transport::Transport;
 
 use super::{Completion, RespondError, Rpc, RpcError, SessionError, SessionEventKind, SessionNum};
-use crate::msgbuf::MsgBuf;
+use crate::msgbuf::{MsgBuf, Origin};
 use crate::nexus::PeerFailure;
 use crate::session::{Role, SessionState, SrvState};
 
@@ -107,9 +107,15 @@ impl<T: Transport, C> Rpc<T, C> {
         };
         match role {
             Role::Client => {
-                let connected = self.session(sn).map(|s| s.state) == Some(SessionState::Connected);
-                if connected {
-                    self.send_disconnect_once(sn);
+                // Not to a C++ server with requests of the session
+                // unfinished: it cannot take a disconnect then.
+                let tell = self.session(sn).is_some_and(|s| {
+                    s.state == SessionState::Connected
+                        && !s.closing
+                        && (s.remote_incarnation != 0 || s.busy_slots() == 0)
+                });
+                if tell {
+                    self.send_disconnect_retried(sn);
                 }
                 self.reset_client_session(sn, ResetCause::Requested);
             }
@@ -139,7 +145,18 @@ impl<T: Transport, C> Rpc<T, C> {
         for (sn, role) in hit {
             self.stats.sessions_peer_failed += 1;
             match role {
-                Role::Client => self.reset_client_session(sn, ResetCause::PeerFailed),
+                Role::Client => {
+                    // Perhaps a one-sided verdict too: a server that is
+                    // alive frees its end. (An erpc-rs one: a C++ server
+                    // cannot take a disconnect with requests unfinished.)
+                    let tell = self.session(sn).is_some_and(|s| {
+                        s.state == SessionState::Connected && s.remote_incarnation != 0
+                    });
+                    if tell {
+                        self.send_disconnect_retried(sn);
+                    }
+                    self.reset_client_session(sn, ResetCause::PeerFailed)
+                }
                 Role::Server => {
                     self.stats.sessions_reset += 1;
                     // Perhaps a one-sided verdict (SM lost one way): a
@@ -241,6 +258,99 @@ impl<T: Transport, C> Rpc<T, C> {
         self.owed
             .push_back(Owed::Event(super::SessionEvent { session, kind }));
         self.gate |= super::ev_loop::GATE_OWED;
+    }
+
+    /// `destroy_session` of client session `sn`, to a C++ eRPC server,
+    /// with requests in its slots. A C++ server takes a disconnect only
+    /// when every slot of the session is finished (its request handled
+    /// and buried, its response fully pulled; it asserts this), so the
+    /// slots run to the end first: each request fails to the application
+    /// now with `err`, as any destroyed request does, handed back in
+    /// copies (the request's bytes, an empty response buffer of the same
+    /// capacity), while the slot keeps the originals and goes on with a
+    /// continuation of the Rpc's own (`drain_sink`). The backlog fails
+    /// as usual. Once the last slot completes (or fails: a stall ends it
+    /// like any session), the disconnect request goes out and the session
+    /// ends as a destroyed one does. False, with nothing changed, if the
+    /// copies cannot be allocated: then the session is destroyed at once.
+    pub(crate) fn begin_drain(&mut self, sn: SessionNum, err: RpcError) -> bool {
+        let mut copies: Vec<(usize, MsgBuf, MsgBuf)> = Vec::new();
+        let mut short = false;
+        if let Some(s) = self.sessions.session(sn) {
+            for (i, (slot, c)) in s.slots.iter().zip(s.half.client().iter()).enumerate() {
+                let (Some(req), Some(resp)) = (&slot.tx_msgbuf, &c.resp_msgbuf) else {
+                    continue;
+                };
+                let rq = MsgBuf::alloc(&mut self.alloc, req.len(), Origin::Dynamic);
+                let rs = MsgBuf::alloc(&mut self.alloc, resp.max_len(), Origin::Dynamic);
+                match (rq, rs) {
+                    (Ok(mut rq), Ok(rs)) => {
+                        rq.data_mut().copy_from_slice(req.data());
+                        copies.push((i, rq, rs));
+                    }
+                    (a, b) => {
+                        short = true;
+                        for m in [a, b].into_iter().flatten() {
+                            self.alloc.free(m.into_buffer());
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+        if short || copies.is_empty() {
+            for (_, a, b) in copies {
+                self.alloc.free(a.into_buffer());
+                self.alloc.free(b.into_buffer());
+            }
+            return false;
+        }
+        let s = self.sessions.session_mut(sn).expect("looked up above");
+        for (i, req, resp) in copies {
+            let c = &mut s.half.client_mut()[i];
+            let cont = c.cont.replace(drain_sink::<T, C>).expect("in flight");
+            self.owed.push_back(Owed::Failed(FailedReq {
+                session: sn,
+                req,
+                resp,
+                cont,
+                tag: c.tag,
+                err,
+            }));
+        }
+        for p in std::mem::take(&mut s.backlog) {
+            self.owed.push_back(Owed::Failed(FailedReq {
+                session: sn,
+                req: p.req,
+                resp: p.resp,
+                cont: p.cont,
+                tag: p.tag,
+                err,
+            }));
+        }
+        s.closing = true;
+        self.gate |= super::ev_loop::GATE_OWED;
+        self.stats.sessions_drained += 1;
+        true
+    }
+
+    /// A slot of a draining session (`begin_drain`) completed: once none
+    /// is left, the disconnect request goes out.
+    fn drained_slot(&mut self, sn: SessionNum) {
+        let now = self.clock.now_ns();
+        let Some(s) = self.session_mut(sn) else {
+            return;
+        };
+        if !s.closing || s.busy_slots() != 0 {
+            return;
+        }
+        s.closing = false;
+        s.state = SessionState::DisconnectInProgress;
+        s.sm_pending_since_ns = Some(now);
+        s.sm_first_sent_ns = now;
+        self.deactivate(sn);
+        self.sm_pending.push(sn);
+        self.send_sm_req(sn);
     }
 
     /// Fails every outstanding request of client session `sn` with `err`,
@@ -349,4 +459,20 @@ impl<T: Transport, C> Rpc<T, C> {
             req_num,
         }
     }
+}
+
+/// The continuation of a draining session's slots (`Rpc::begin_drain`):
+/// their requests already failed to the application, so the outcome is
+/// not reported (nor counted as a completion again); the buffers are the
+/// Rpc's own copies' originals, freed.
+fn drain_sink<T: Transport, C>(rpc: &mut Rpc<T, C>, _ctx: &mut C, c: Completion) {
+    rpc.stats.reqs_completed -= 1;
+    if c.result.is_err() {
+        rpc.stats.reqs_failed -= 1;
+    }
+    rpc.stats.drained_reqs += 1;
+    let sn = c.session;
+    rpc.free_msg_buffer(c.req);
+    rpc.free_msg_buffer(c.resp);
+    rpc.drained_slot(sn);
 }

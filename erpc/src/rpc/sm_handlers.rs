@@ -65,6 +65,10 @@ pub(crate) struct AbandonedConnect {
     last_sent_ns: u64,
     /// The server answered: disconnecting its session.
     disconnecting: bool,
+    /// Given up at this time (a disconnect for a session the client
+    /// already forgot: `send_disconnect_retried`); 0: after
+    /// `TOKEN_MEMORY_MS`.
+    give_up_ns: u64,
 }
 
 impl<T: Transport, C> Rpc<T, C> {
@@ -250,12 +254,23 @@ impl<T: Transport, C> Rpc<T, C> {
         let Some(s) = self.session_mut(sn).filter(|s| s.role == Role::Client) else {
             return Err(SessionError::NoSuchSession(sn));
         };
-        if s.state != SessionState::Connected {
-            return Err(SessionError::NotConnected {
-                session: sn,
-                state: s.state,
-            });
+        if s.state != SessionState::Connected || s.closing {
+            let state = if s.closing {
+                SessionState::DisconnectInProgress
+            } else {
+                s.state
+            };
+            return Err(SessionError::NotConnected { session: sn, state });
         }
+        if s.remote_incarnation == 0
+            && s.busy_slots() != 0
+            && self.begin_drain(sn, RpcError::SessionDestroyed { session: sn })
+        {
+            // A C++ server asserts that every slot of a session it is
+            // asked to disconnect is finished: the slots finish first.
+            return Ok(());
+        }
+        let s = self.session_mut(sn).expect("looked up above");
         s.state = SessionState::DisconnectInProgress;
         s.sm_pending_since_ns = Some(now);
         s.sm_first_sent_ns = now;
@@ -266,9 +281,34 @@ impl<T: Transport, C> Rpc<T, C> {
         Ok(())
     }
 
+    /// A disconnect request for connected client session `sn`, which is
+    /// about to be freed (a reset, a stall, its peer declared failed):
+    /// sent now and again every SM retry interval until the server
+    /// answers or for the failure timeout, from a record that outlives
+    /// the session (the abandoned-connect list's), so that a lost packet
+    /// does not leave the server holding the session for ever.
+    pub(crate) fn send_disconnect_retried(&mut self, sn: SessionNum) {
+        let now = self.clock.now_ns();
+        let Some(s) = self.session(sn) else { return };
+        let record = AbandonedConnect {
+            token: s.uniq_token,
+            uri: s.remote_uri.clone(),
+            client: s.client_endpoint(),
+            server: s.server_endpoint(),
+            since_ns: now,
+            last_sent_ns: now,
+            disconnecting: true,
+            give_up_ns: now + self.config.failure_timeout_ms * 1_000_000,
+        };
+        if self.abandoned.len() >= ABANDONED_MAX {
+            self.abandoned.remove(0);
+        }
+        self.abandoned.push(record);
+        self.send_disconnect_once(sn);
+    }
+
     /// One disconnect request for a connected client session, not retried
-    /// (a reset, an Rpc going away): the server frees its end if it
-    /// arrives.
+    /// (the Rpc going away): the server frees its end if it arrives.
     pub(crate) fn send_disconnect_once(&mut self, sn: SessionNum) {
         let Some(s) = self.session(sn) else { return };
         let pkt = SmPkt {
@@ -284,7 +324,7 @@ impl<T: Transport, C> Rpc<T, C> {
     }
 
     /// Sends (or resends) the SM request of client session `sn`.
-    fn send_sm_req(&mut self, sn: SessionNum) {
+    pub(crate) fn send_sm_req(&mut self, sn: SessionNum) {
         let Some(s) = self.session(sn) else { return };
         let pkt_type = match s.state {
             SessionState::ConnectInProgress => SmPktType::ConnectReq,
@@ -317,8 +357,9 @@ impl<T: Transport, C> Rpc<T, C> {
     fn process_abandoned(&mut self, now: u64) {
         let retry_ns = self.config.sm_retry_ms * 1_000_000;
         let timeout_ns = super::tokens::TOKEN_MEMORY_MS * 1_000_000;
-        self.abandoned
-            .retain(|a| now.saturating_sub(a.since_ns) < timeout_ns);
+        self.abandoned.retain(|a| {
+            now.saturating_sub(a.since_ns) < timeout_ns && (a.give_up_ns == 0 || now < a.give_up_ns)
+        });
         let mut out = Vec::new();
         for a in self.abandoned.iter_mut() {
             if now.saturating_sub(a.last_sent_ns) < retry_ns {
@@ -439,6 +480,7 @@ impl<T: Transport, C> Rpc<T, C> {
                             since_ns: now,
                             last_sent_ns: now,
                             disconnecting: false,
+                            give_up_ns: 0,
                         });
                         self.reset_client_session(sn, super::reset::ResetCause::ConnectTimedOut)
                     }
