@@ -202,6 +202,9 @@ pub struct RpcStats {
     /// Sessions a server created for a connect this client had given up
     /// on, disconnected when the late answer came.
     pub sm_abandoned_cleanups: u64,
+    /// Disconnect requests for server sessions made for a connect of a
+    /// dropped earlier Rpc with this id (its answer came to this one).
+    pub sm_orphan_disconnects: u64,
     /// Connect requests dropped unanswered because their source sent
     /// more than its share (`RpcConfig::connect_burst_per_source`).
     pub sm_connect_rate_limited: u64,

@@ -7,13 +7,23 @@
 //! (dispatch, deferred and background handlers; sizes from 0 bytes to the
 //! largest message), random session create/destroy churn, and sometimes a
 //! node crash followed by a restart (before or after the failure timeout).
+//! On the simulated network, seeds also draw the faults that end requests
+//! without a crash: an Rpc dropped and re-created on its live Nexus (its
+//! peers' pings never notice), a node's data path cut while its SM keeps
+//! working, a one-way SM partition (a node's SM packets lost, what it
+//! receives not), `reset_session` at random at clients and servers, a
+//! deferred handler that never answers (until the teardown), and a
+//! background handler that panics.
 //! Everything runs in one thread on a virtual clock, so a seed replays
 //! exactly.
 //!
 //! Invariants: every request a surviving client enqueued completes exactly
 //! once, with exactly the handler's bytes or an error; a request whose
 //! response arrived ran its handler exactly once, and no handler ever runs
-//! twice for one request; the credit invariant holds throughout; after the
+//! twice for one request; no continuation waits longer than
+//! [`WAIT_BOUND_NS`] of virtual time (the stall bound is
+//! [`STALL_MS`], the failure timeout 500 ms) unless its handler was one
+//! that never answers; the credit invariant holds throughout; after the
 //! run (all sessions destroyed) no session, buffer, RX ring reservation or
 //! RX ring entry is left anywhere.
 //!
@@ -42,6 +52,19 @@ use transport::Transport;
 const MS: u64 = 1_000_000;
 const US: u64 = 1_000;
 
+/// The stall bound of every Rpc in the sweep.
+const STALL_MS: u64 = 1_000;
+/// The longest any continuation may wait (issue to completion), except
+/// for requests whose handler never answers: the stall bound, the
+/// failure timeout and a connect timeout, with room for slow transfers
+/// of the largest message on a lossy 0.2 Gbit/s link.
+const WAIT_BOUND_NS: u64 = 10_000 * MS;
+/// A deferred request's delay field that means "never answer" (until the
+/// teardown).
+const NEVER: u32 = u32::MAX;
+/// A background request's delay field that makes its handler panic.
+const PANIC: u32 = u32::MAX - 1;
+
 // ------------------------------------------------------------ the world
 
 /// A network the sweep runs on.
@@ -62,6 +85,21 @@ trait Net {
     fn rx_held(&self, i: usize) -> u64;
     /// Something was sent: keep time moving in small steps.
     fn busy_hint(&mut self) {}
+    /// Cuts (`true`) or restores node `i`'s data path, both ways, its SM
+    /// untouched. False where this network cannot.
+    fn data_cut(&mut self, _i: usize, _cut: bool) -> bool {
+        false
+    }
+    /// Drops (`true`) or passes again what node `i`'s Nexus sends on SM
+    /// (a one-way partition). False where this network cannot.
+    fn sm_mute(&mut self, _i: usize, _mute: bool) -> bool {
+        false
+    }
+    /// A new transport at node `i`'s address for a new Rpc on its live
+    /// Nexus (the old Rpc is gone). None where this network cannot.
+    fn rpc_transport(&mut self, _i: usize) -> Option<Self::T> {
+        None
+    }
 }
 
 /// Fault settings of one seed.
@@ -74,6 +112,7 @@ struct Faults {
 struct SimNetWorld {
     net: SimNet,
     started: Vec<bool>,
+    link: LinkConfig,
 }
 
 impl Net for SimNetWorld {
@@ -89,6 +128,7 @@ impl Net for SimNetWorld {
         SimNetWorld {
             net,
             started: vec![false; nodes],
+            link: f.link,
         }
     }
 
@@ -136,6 +176,40 @@ impl Net for SimNetWorld {
 
     fn rx_held(&self, i: usize) -> u64 {
         self.net.rx_held(i)
+    }
+
+    fn data_cut(&mut self, i: usize, cut: bool) -> bool {
+        let clean = LinkConfig {
+            delay_ns: 0,
+            jitter_ns: 0,
+            loss_ppm: 0,
+            dup_ppm: 0,
+            reorder_ppm: 0,
+            corrupt_ppm: 0,
+            corrupt_undetected_ppm: 0,
+        };
+        let dead = |l: LinkConfig| LinkConfig {
+            loss_ppm: 1_000_000,
+            ..l
+        };
+        if cut {
+            self.net.set_link(i, dead(self.link));
+            self.net.set_link_to(i, dead(clean));
+        } else {
+            self.net.set_link(i, self.link);
+            self.net.set_link_to(i, clean);
+        }
+        true
+    }
+
+    fn sm_mute(&mut self, i: usize, mute: bool) -> bool {
+        self.net.sm_hub().set_mute(&node_uri(i), mute);
+        true
+    }
+
+    fn rpc_transport(&mut self, i: usize) -> Option<Self::T> {
+        self.net.crash(i);
+        Some(self.net.restart(i))
     }
 }
 
@@ -336,6 +410,11 @@ struct ReqRec {
     void: bool,
     done: u32,
     ok: bool,
+    /// Issued and completed, virtual ns.
+    issued_ns: u64,
+    done_ns: u64,
+    /// Its handler never answers (until the teardown).
+    held: bool,
 }
 
 /// World-wide bookkeeping, shared by every node's context.
@@ -380,6 +459,8 @@ struct Ctx {
     deferred: Vec<(ReqHandle, u64, usize, u64)>,
     now_ns: u64,
     outstanding: usize,
+    /// Of those, requests whose handler never answers.
+    held: usize,
 }
 
 fn sm_handler<T: Transport>(_rpc: &mut Rpc<T, Ctx>, ctx: &mut Ctx, ev: SessionEvent) {
@@ -427,15 +508,22 @@ fn h_defer<T: Transport>(rpc: &mut Rpc<T, Ctx>, ctx: &mut Ctx, req: Request<'_>)
     };
     count_run(&ctx.book, id);
     // A delay damaged past the frame check may be absurd: 2 ms at most, as
-    // requests are made.
-    ctx.deferred
-        .push((req.handle, id, len, ctx.now_ns + delay.min(2000) * US));
+    // requests are made, or never (until the teardown).
+    let due = if delay == u64::from(NEVER) {
+        u64::MAX
+    } else {
+        ctx.now_ns + delay.min(2000) * US
+    };
+    ctx.deferred.push((req.handle, id, len, due));
 }
 
 fn bg_handler(runs: Arc<Mutex<HashMap<u64, u32>>>) -> impl Fn(&[u8], &mut erpc::BgResponse<'_>) {
     move |data, resp| match parse(data) {
-        Some((id, len, _)) => {
+        Some((id, len, delay)) => {
             *runs.lock().unwrap().entry(id).or_insert(0) += 1;
+            if delay == u64::from(PANIC) {
+                panic!("dst: a background handler panics (injected)");
+            }
             // A length damaged past the frame check may be absurd.
             let len = if len <= MAX_MSG_BYTES { len } else { 0 };
             fill(resp.buf(len), resp_key(id));
@@ -448,6 +536,9 @@ fn cont<T: Transport>(rpc: &mut Rpc<T, Ctx>, ctx: &mut Ctx, c: Completion) {
     let id = c.tag as u64;
     ctx.outstanding -= 1;
     let book = ctx.book.clone();
+    if book.reqs.borrow().get(&id).is_some_and(|r| r.held) {
+        ctx.held -= 1;
+    }
     {
         let mut reqs = book.reqs.borrow_mut();
         let Some(rec) = reqs.get_mut(&id) else {
@@ -455,6 +546,7 @@ fn cont<T: Transport>(rpc: &mut Rpc<T, Ctx>, ctx: &mut Ctx, c: Completion) {
             return;
         };
         rec.done += 1;
+        rec.done_ns = ctx.now_ns;
         if rec.done > 1 {
             book.violation(format!("request {id:#x} completed {} times", rec.done));
         }
@@ -521,6 +613,21 @@ struct Plan {
     huge: bool,
     crash: Option<(usize, u64, u64)>,
     churn_ppm: u32,
+    /// The faults below are drawn from their own generator, so that the
+    /// rest of a seed's plan is what it was before they existed. Where the
+    /// network cannot inject one (the device model), it is skipped.
+    /// An Rpc-only restart: (node, at).
+    rpc_restart: Option<(usize, u64)>,
+    /// A data-path cut, SM untouched: (node, at, for).
+    data_cut: Option<(usize, u64, u64)>,
+    /// A one-way SM partition (the node's SM sends lost): (node, at, for).
+    sm_mute: Option<(usize, u64, u64)>,
+    /// `reset_session` of a random session, per node and step.
+    reset_ppm: u32,
+    /// Deferred requests whose handler never answers, per mille.
+    never_per_mille: u64,
+    /// Background requests whose handler panics, per mille.
+    panic_per_mille: u64,
 }
 
 fn plan(seed: u64) -> Plan {
@@ -593,6 +700,42 @@ fn plan(seed: u64) -> Plan {
         huge: loss <= 10_000 && r.below(20) == 0,
         crash,
         churn_ppm: pick(&mut r, 20_000),
+        rpc_restart: None,
+        data_cut: None,
+        sm_mute: None,
+        reset_ppm: 0,
+        never_per_mille: 0,
+        panic_per_mille: 0,
+    }
+    .with_liveness_faults(seed)
+}
+
+impl Plan {
+    fn with_liveness_faults(mut self, seed: u64) -> Plan {
+        let mut r = Rng::new(seed ^ 0x11fe_2e55);
+        let nodes = self.nodes as u64;
+        let window = |r: &mut Rng| (r.below(30 * MS), 50 * MS + r.below(2_950 * MS));
+        if r.below(6) == 0 {
+            self.rpc_restart = Some((r.below(nodes) as usize, r.below(30 * MS)));
+        }
+        if r.below(6) == 0 {
+            let (at, dur) = window(&mut r);
+            self.data_cut = Some((r.below(nodes) as usize, at, dur));
+        }
+        if r.below(6) == 0 {
+            let (at, dur) = window(&mut r);
+            self.sm_mute = Some((r.below(nodes) as usize, at, dur));
+        }
+        if r.below(4) == 0 {
+            self.reset_ppm = 1 + r.below(5_000) as u32;
+        }
+        if r.below(4) == 0 {
+            self.never_per_mille = 1 + r.below(50);
+        }
+        if r.below(4) == 0 {
+            self.panic_per_mille = 1 + r.below(20);
+        }
+        self
     }
 }
 
@@ -605,7 +748,6 @@ fn start_node<N: Net>(
     rto_us: u64,
 ) -> Node<N::T> {
     let t = net.transport(i);
-    let alloc = net.allocator();
     let nexus = net
         .nexus(&node_uri(i).to_string(), (i as u64) << 32 | generation)
         .handler::<N::T, Ctx>(H_DISPATCH, h_dispatch::<N::T>)
@@ -613,8 +755,22 @@ fn start_node<N: Net>(
         .bg_handler(H_BG, bg_handler(book.bg_runs.clone()))
         .build()
         .expect("nexus");
+    new_rpc(net, &nexus, t, i, book, cc, rto_us)
+}
+
+/// An Rpc on `nexus` with transport `t`, for node `i`.
+fn new_rpc<N: Net>(
+    net: &mut N,
+    nexus: &Arc<Nexus>,
+    t: N::T,
+    i: usize,
+    book: &Rc<Book>,
+    cc: erpc::cc::CcConfig,
+    rto_us: u64,
+) -> Node<N::T> {
+    let alloc = net.allocator();
     let rpc = Rpc::new(
-        &nexus,
+        nexus,
         0,
         t,
         alloc,
@@ -622,6 +778,7 @@ fn start_node<N: Net>(
             cc,
             rto_us,
             pkt_loss_scan_us: rto_us / 10,
+            stall_timeout_ms: Some(STALL_MS),
             ..RpcConfig::default()
         },
         Some(sm_handler::<N::T>),
@@ -637,6 +794,7 @@ fn start_node<N: Net>(
             deferred: Vec::new(),
             now_ns: 0,
             outstanding: 0,
+            held: 0,
         },
         baseline,
     }
@@ -674,7 +832,14 @@ fn issue<T: Transport + 'static>(n: &mut Node<T>, r: &mut Rng, p: &Plan, huge: &
         }
     }
     let kind = [H_DISPATCH, H_DISPATCH, H_DEFER, H_BG][r.below(4) as usize];
-    let delay = r.below(2000) as u32;
+    let mut delay = r.below(2000) as u32;
+    let mut held = false;
+    if kind == H_DEFER && r.below(1000) < p.never_per_mille {
+        delay = NEVER;
+        held = true;
+    } else if kind == H_BG && r.below(1000) < p.panic_per_mille {
+        delay = PANIC;
+    }
     let mut req = n.rpc.alloc_msg_buffer(req_len).expect("alloc request");
     let d = req.data_mut();
     d[..8].copy_from_slice(&id.to_le_bytes());
@@ -686,6 +851,8 @@ fn issue<T: Transport + 'static>(n: &mut Node<T>, r: &mut Rng, p: &Plan, huge: &
         id,
         ReqRec {
             client: n.ctx.node,
+            issued_ns: n.ctx.now_ns,
+            held,
             ..ReqRec::default()
         },
     );
@@ -693,7 +860,10 @@ fn issue<T: Transport + 'static>(n: &mut Node<T>, r: &mut Rng, p: &Plan, huge: &
         .rpc
         .enqueue_request(sn, kind, req, resp, cont::<T>, id as usize)
     {
-        Ok(()) => n.ctx.outstanding += 1,
+        Ok(()) => {
+            n.ctx.outstanding += 1;
+            n.ctx.held += usize::from(held);
+        }
         Err(e) => {
             // The session went away under us (reset, destroyed): not a
             // request then.
@@ -709,6 +879,8 @@ fn issue<T: Transport + 'static>(n: &mut Node<T>, r: &mut Rng, p: &Plan, huge: &
 /// What one seed did (for the sweep's summary line).
 #[derive(Debug, Default, Clone, Copy)]
 struct Tally {
+    /// The longest a continuation waited (virtual ns), held ones aside.
+    max_wait_ns: u64,
     ok: u64,
     failed: u64,
     void: u64,
@@ -725,6 +897,10 @@ fn run<N: Net>(seed: u64) -> (Vec<String>, Tally) {
         eprintln!(
             "seed {seed}: {} nodes, {} requests, window {}, max size {}, huge {}, crash {:?}, churn {} ppm, {:?}, {:?}",
             p.nodes, p.requests, p.window, p.max_size, p.huge, p.crash, p.churn_ppm, p.faults, p.cc
+        );
+        eprintln!(
+            "seed {seed}: rpc restart {:?}, data cut {:?}, SM mute {:?}, resets {} ppm, never {}/1000, panics {}/1000",
+            p.rpc_restart, p.data_cut, p.sm_mute, p.reset_ppm, p.never_per_mille, p.panic_per_mille
         );
     }
     let mut net = N::new(seed, &p.faults, p.nodes);
@@ -748,6 +924,10 @@ fn run<N: Net>(seed: u64) -> (Vec<String>, Tally) {
     let mut huge = vec![p.huge; p.nodes];
     let mut crashed_at: Option<u64> = None;
     let mut restarted = false;
+    let mut rpc_restarted = false;
+    // Whether a cut or mute began, and whether it is over.
+    let mut cut = (false, false);
+    let mut mute = (false, false);
     let t0 = net.now_ns();
     let mut steps: u64 = 0;
     let step_limit: u64 = 40_000_000;
@@ -788,6 +968,48 @@ fn run<N: Net>(seed: u64) -> (Vec<String>, Tally) {
                 nodes[who] = Some(n);
             }
         }
+        // An Rpc dropped and re-created on its live Nexus, within one
+        // ping interval: its peers' failure detection never notices.
+        if let Some((who, at)) = p.rpc_restart
+            && !rpc_restarted
+            && now - t0 >= at
+        {
+            rpc_restarted = true;
+            if nodes[who].is_some()
+                && let Some(t) = net.rpc_transport(who)
+            {
+                let old = nodes[who].take().expect("checked");
+                for rec in book.reqs.borrow_mut().values_mut() {
+                    if rec.client == who && rec.done == 0 {
+                        rec.void = true;
+                    }
+                }
+                let nexus = old.rpc.nexus().clone();
+                drop(old);
+                let mut n = new_rpc(&mut net, &nexus, t, who, &book, p.cc, p.rto_us);
+                n.ctx.now_ns = now;
+                open_session(&mut n, (who + 1) % p.nodes);
+                nodes[who] = Some(n);
+            }
+        }
+        if let Some((who, at, dur)) = p.data_cut {
+            if !cut.0 && now - t0 >= at {
+                cut.0 = net.data_cut(who, true);
+                cut.1 = !cut.0;
+            } else if cut.0 && !cut.1 && now - t0 >= at + dur {
+                net.data_cut(who, false);
+                cut.1 = true;
+            }
+        }
+        if let Some((who, at, dur)) = p.sm_mute {
+            if !mute.0 && now - t0 >= at {
+                mute.0 = net.sm_mute(who, true);
+                mute.1 = !mute.0;
+            } else if mute.0 && !mute.1 && now - t0 >= at + dur {
+                net.sm_mute(who, false);
+                mute.1 = true;
+            }
+        }
         let sent_before: u64 = nodes.iter().flatten().map(|n| n.rpc.stats().tx_pkts).sum();
         for (i, slot) in nodes.iter_mut().enumerate() {
             let Some(n) = slot.as_mut() else { continue };
@@ -804,11 +1026,19 @@ fn run<N: Net>(seed: u64) -> (Vec<String>, Tally) {
             }
             // Closed loop with a window; churn.
             while issued[i] < p.requests
-                && n.ctx.outstanding < p.window
+                && n.ctx.outstanding - n.ctx.held < p.window
                 && !n.ctx.sessions.is_empty()
             {
                 issued[i] += 1;
                 issue(n, &mut r, &p, &mut huge[i]);
+            }
+            if p.reset_ppm != 0 && r.chance_ppm(p.reset_ppm) {
+                // A client or a server session, at random.
+                let all = n.rpc.session_nums();
+                if !all.is_empty() {
+                    let sn = all[r.below(all.len() as u64) as usize];
+                    let _ = n.rpc.reset_session(sn);
+                }
             }
             if r.chance_ppm(p.churn_ppm) {
                 if r.below(2) == 0 && !n.ctx.sessions.is_empty() {
@@ -834,11 +1064,16 @@ fn run<N: Net>(seed: u64) -> (Vec<String>, Tally) {
                 book.violation(format!("node {i}: {e}"));
             }
         }
-        let crash_pending = p.crash.is_some() && !restarted;
+        let crash_pending =
+            (p.crash.is_some() && !restarted) || (cut.0 && !cut.1) || (mute.0 && !mute.1);
+        // Done when every request is answered but those whose handler
+        // never answers (the teardown ends them).
         let all_done = !crash_pending
             && nodes.iter().enumerate().all(|(i, n)| {
                 n.as_ref().is_none_or(|n| {
-                    issued[i] >= p.requests && n.ctx.outstanding == 0 && n.ctx.deferred.is_empty()
+                    issued[i] >= p.requests
+                        && n.ctx.outstanding == n.ctx.held
+                        && n.ctx.deferred.iter().all(|d| d.3 == u64::MAX)
                 })
             });
         if all_done {
@@ -893,6 +1128,14 @@ fn run<N: Net>(seed: u64) -> (Vec<String>, Tally) {
             book.violation(format!(
                 "request {id:#x} from node {} completed {} times",
                 rec.client, rec.done
+            ));
+        }
+        let waited = rec.done_ns.saturating_sub(rec.issued_ns);
+        if !rec.held && !book.lax && waited > WAIT_BOUND_NS {
+            book.violation(format!(
+                "request {id:#x} from node {} waited {} ms for its continuation",
+                rec.client,
+                waited / MS
             ));
         }
         let n = runs_total(*id);
@@ -965,6 +1208,9 @@ fn run<N: Net>(seed: u64) -> (Vec<String>, Tally) {
         ..Tally::default()
     };
     for rec in book.reqs.borrow().values() {
+        if !rec.void && !rec.held {
+            t.max_wait_ns = t.max_wait_ns.max(rec.done_ns.saturating_sub(rec.issued_ns));
+        }
         if rec.void {
             t.void += 1;
         } else if rec.ok {
@@ -1034,6 +1280,7 @@ fn sweep_range<N: Net>(test: &str, first: u64, count: u64) {
                             a.timely_updates += t.timely_updates;
                             a.wheel_inserted += t.wheel_inserted;
                             a.wheel_stale += t.wheel_stale;
+                            a.max_wait_ns = a.max_wait_ns.max(t.max_wait_ns);
                             v
                         }
                         Err(e) => vec![format!(
@@ -1067,7 +1314,8 @@ fn sweep_range<N: Net>(test: &str, first: u64, count: u64) {
     eprintln!(
         "{test}: {count} seeds clean: {} requests succeeded, {} failed with an error, {} died \
          with their client, {} crashes, {} go-back-N rollbacks, {} Timely updates, {} packets \
-         paced by the wheel ({} dropped there by rollbacks)",
+         paced by the wheel ({} dropped there by rollbacks); the longest wait for a \
+         continuation {} ms (bound {} ms)",
         t.ok,
         t.failed,
         t.void,
@@ -1075,7 +1323,9 @@ fn sweep_range<N: Net>(test: &str, first: u64, count: u64) {
         t.retransmissions,
         t.timely_updates,
         t.wheel_inserted,
-        t.wheel_stale
+        t.wheel_stale,
+        t.max_wait_ns / MS,
+        WAIT_BOUND_NS / MS
     );
     assert!(t.ok > 0, "nothing succeeded: the sweep tested nothing");
 }

@@ -20,6 +20,7 @@ mod workers;
 
 use std::any::Any;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -372,6 +373,8 @@ impl NexusBuilder {
             link,
             clock,
             rng: Mutex::new(rng),
+            orphans: Mutex::new(Orphans::default()),
+            orphans_pending: AtomicBool::new(false),
         }))
     }
 }
@@ -387,7 +390,36 @@ pub struct Nexus {
     clock: Clock,
     rng: Mutex<Rng>,
     inspect: Option<crate::inspect::NexusInspect>,
+    /// Disconnect requests of dropped Rpcs, resent a few times by the
+    /// Nexus's Rpcs that live on (`resend_orphans`).
+    orphans: Mutex<Orphans>,
+    /// `orphans` is not empty (read without the lock).
+    orphans_pending: AtomicBool,
 }
+
+/// What dropped Rpcs left to the Nexus.
+#[derive(Default)]
+struct Orphans {
+    /// SM requests to send again.
+    resend: Vec<Orphan>,
+    /// Tokens of connects still unanswered when their Rpc was dropped,
+    /// with when they are forgotten: a server session made for one is
+    /// disconnected by whichever Rpc its answer reaches.
+    connects: Vec<(u64, u64)>,
+}
+
+/// A disconnect request an Rpc sent as it was dropped, to send again.
+struct Orphan {
+    to: Uri,
+    pkt: [u8; SM_PKT_BYTES],
+    /// Sends left.
+    left: u32,
+    next_ns: u64,
+}
+
+/// Sends of a dropped Rpc's disconnect request after its first, one SM
+/// retry interval apart.
+const ORPHAN_RESENDS: u32 = 4;
 
 impl fmt::Debug for Nexus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -543,6 +575,67 @@ impl Nexus {
 
     pub(crate) fn sm_send(&self, to: &Uri, pkt: &[u8; SM_PKT_BYTES]) {
         self.link.send(&self.uri, to, pkt);
+    }
+
+    /// An Rpc being dropped sent these disconnect requests (and connect
+    /// requests still unanswered, whose answers then reach the next Rpc
+    /// with its id, which disconnects what they made) once and can retry
+    /// none: the Nexus sends each again [`ORPHAN_RESENDS`] times,
+    /// `interval_ns` apart, from the event loops of its other Rpcs (or of
+    /// the next one with the same id), so that one lost packet does not
+    /// leave the server holding the session. The server answers
+    /// duplicates; the answers reach no session and are counted stale.
+    pub(crate) fn adopt_disconnects(
+        &self,
+        pkts: Vec<(Uri, [u8; SM_PKT_BYTES])>,
+        connect_tokens: &[u64],
+        now_ns: u64,
+        interval_ns: u64,
+    ) {
+        if pkts.is_empty() {
+            return;
+        }
+        let mut g = self.orphans.lock().unwrap_or_else(|e| e.into_inner());
+        let forget_ns = now_ns + crate::rpc::TOKEN_MEMORY_NS;
+        g.connects.retain(|&(_, until)| until > now_ns);
+        g.connects
+            .extend(connect_tokens.iter().map(|&t| (t, forget_ns)));
+        g.resend.extend(pkts.into_iter().map(|(to, pkt)| Orphan {
+            to,
+            pkt,
+            left: ORPHAN_RESENDS,
+            next_ns: now_ns + interval_ns,
+        }));
+        self.orphans_pending.store(true, Ordering::Release);
+    }
+
+    /// Sends the adopted disconnect requests that are due (one atomic load
+    /// when there are none).
+    pub(crate) fn resend_orphans(&self, now_ns: u64, interval_ns: u64) {
+        if !self.orphans_pending.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(mut g) = self.orphans.try_lock() else {
+            // Another Rpc is at it.
+            return;
+        };
+        for o in g.resend.iter_mut().filter(|o| o.next_ns <= now_ns) {
+            self.link.send(&self.uri, &o.to, &o.pkt);
+            o.left -= 1;
+            o.next_ns = now_ns + interval_ns;
+        }
+        g.resend.retain(|o| o.left > 0);
+        self.orphans_pending
+            .store(!g.resend.is_empty(), Ordering::Release);
+    }
+
+    /// Whether `token` is a connect that a dropped Rpc of this Nexus left
+    /// unanswered (see [`Nexus::adopt_disconnects`]).
+    pub(crate) fn orphan_connect(&self, token: u64, now_ns: u64) -> bool {
+        let g = self.orphans.lock().unwrap_or_else(|e| e.into_inner());
+        g.connects
+            .iter()
+            .any(|&(t, until)| t == token && until > now_ns)
     }
 
     /// A debug-endpoint publisher for a new Rpc, if this Nexus is exposed.

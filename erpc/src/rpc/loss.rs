@@ -78,6 +78,10 @@ impl<T: Transport, C> Rpc<T, C> {
         if !self.sm_pending.is_empty() || !self.abandoned.is_empty() {
             self.process_sm();
         }
+        // Disconnects of this Nexus's dropped Rpcs (one atomic load when
+        // there are none).
+        self.nexus
+            .resend_orphans(self.now_ns, self.config.sm_retry_ms * 1_000_000);
         // The debug endpoint, at the same cadence (a request also wakes
         // the Rpc through its SM queue, `SmItem::Inspect`, which a
         // virtual clock that stands still needs): the iterations between

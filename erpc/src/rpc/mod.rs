@@ -26,6 +26,9 @@ mod rx;
 mod sm_handlers;
 mod status;
 mod tokens;
+
+/// How long freed tokens are remembered, in ns (see `tokens.rs`).
+pub(crate) const TOKEN_MEMORY_NS: u64 = tokens::TOKEN_MEMORY_MS * 1_000_000;
 mod tx;
 
 use std::collections::{HashMap, VecDeque};
@@ -38,8 +41,9 @@ use transport::{MAX_DATA_PER_PKT, RxRing, Transport};
 
 use crate::clock::Clock;
 use crate::consts::{
-    CONNECT_BURST_PER_SOURCE, CONNECTS_PER_SEC_PER_SOURCE, CTRL_BUFS, FAILURE_TIMEOUT_MS, IDLE_SESSION_RECLAIM_MS, STALL_TIMEOUT_MS,
-    MAX_RPC_ID, PKT_LOSS_SCAN_US, RTO_US, SESSION_CREDITS, SM_RETRY_MS, UNUSED_SESSION_RECLAIM_MS,
+    CONNECT_BURST_PER_SOURCE, CONNECTS_PER_SEC_PER_SOURCE, CTRL_BUFS, FAILURE_TIMEOUT_MS,
+    IDLE_SESSION_RECLAIM_MS, MAX_RPC_ID, PKT_LOSS_SCAN_US, RTO_US, SESSION_CREDITS, SM_RETRY_MS,
+    STALL_TIMEOUT_MS, UNUSED_SESSION_RECLAIM_MS,
 };
 use crate::msgbuf::{MsgBuf, MsgBufError, Origin};
 use crate::nexus::{BgLinks, HandlerEntry, Job, Nexus, SmQueue};
@@ -182,7 +186,9 @@ pub enum RpcError {
     /// is cut, or (toward a C++ eRPC server, which cannot say "in
     /// progress") its handler ran longer than the bound. The session is
     /// gone; the request may or may not have run. Create a new session.
-    #[error("a request of session {session} got no answer for the stall bound; the session is gone")]
+    #[error(
+        "a request of session {session} got no answer for the stall bound; the session is gone"
+    )]
     Stalled {
         /// Session number.
         session: SessionNum,
@@ -1247,9 +1253,38 @@ impl<T: Transport, C> Drop for Rpc<T, C> {
             .collect();
         // (Not to a C++ server with requests of the session unfinished:
         // it cannot take one then. Its own failure detection frees them.)
+        // The Nexus sends each again a few times (this Rpc cannot).
+        let mut orphans = Vec::with_capacity(connected.len());
         for sn in connected {
-            self.send_disconnect_once(sn);
+            if let Some(p) = self.disconnect_pkt(sn) {
+                self.stats.sm_tx += 1;
+                self.nexus.sm_send(&p.0, &p.1);
+                orphans.push(p);
+            }
         }
+        // A connect still unanswered may have made a server session: its
+        // request goes again, and the answer, reaching the next Rpc with
+        // this id, gets that session disconnected (`orphan_connect_resp`;
+        // erpc-rs servers only).
+        let mut tokens = Vec::new();
+        if self.nexus.sm_extensions() {
+            let connecting: Vec<(u16, u64)> = self
+                .sessions
+                .iter()
+                .flatten()
+                .filter(|s| s.state == SessionState::ConnectInProgress)
+                .map(|s| (s.local_num, s.uniq_token))
+                .collect();
+            for (sn, token) in connecting {
+                if let Some(p) = self.sm_req_pkt(sn) {
+                    orphans.push(p);
+                    tokens.push(token);
+                }
+            }
+        }
+        let now = self.clock.now_ns();
+        self.nexus
+            .adopt_disconnects(orphans, &tokens, now, self.config.sm_retry_ms * 1_000_000);
         self.nexus.unregister_rpc(self.rpc_id);
         // Let the transport let go of every buffer before they are freed.
         self.tx.clear();

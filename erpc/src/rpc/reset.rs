@@ -109,13 +109,23 @@ impl<T: Transport, C> Rpc<T, C> {
             Role::Client => {
                 // Not to a C++ server with requests of the session
                 // unfinished: it cannot take a disconnect then.
-                let tell = self.session(sn).is_some_and(|s| {
-                    s.state == SessionState::Connected
-                        && !s.closing
-                        && (s.remote_incarnation != 0 || s.busy_slots() == 0)
+                let (state, tell) = self.session(sn).map_or((None, false), |s| {
+                    let tell = matches!(
+                        s.state,
+                        SessionState::Connected | SessionState::DisconnectInProgress
+                    ) && !s.closing
+                        && (s.remote_incarnation != 0 || s.busy_slots() == 0);
+                    (Some(s.state), tell)
                 });
                 if tell {
+                    // (A disconnect already under way goes on being
+                    // retried from the record.)
                     self.send_disconnect_retried(sn);
+                } else if state == Some(SessionState::ConnectInProgress) {
+                    // The server may have made the session already: a
+                    // late answer gets a disconnect.
+                    let now = self.clock.now_ns();
+                    self.abandon_connect(sn, now);
                 }
                 self.reset_client_session(sn, ResetCause::Requested);
             }

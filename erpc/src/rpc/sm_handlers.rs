@@ -17,7 +17,7 @@ use crate::consts::{
 use crate::msgbuf::{MsgBuf, Origin};
 use crate::nexus::{SmItem, Uri};
 use crate::session::{Role, Session, SessionState};
-use crate::sm_types::{SmEndpoint, SmErr, SmPkt, SmPktType, TransportType};
+use crate::sm_types::{SM_PKT_BYTES, SmEndpoint, SmErr, SmPkt, SmPktType, TransportType};
 use crate::stats::DropReason;
 
 /// Request-number bases a client proposes are below 2^40, so a session
@@ -281,6 +281,28 @@ impl<T: Transport, C> Rpc<T, C> {
         Ok(())
     }
 
+    /// Client session `sn`, whose connect request is outstanding, is
+    /// given up (timed out, or reset by the application): if the server
+    /// answers later, the session it made is disconnected (the record
+    /// keeps asking for `TOKEN_MEMORY_MS`).
+    pub(crate) fn abandon_connect(&mut self, sn: SessionNum, now: u64) {
+        let Some(s) = self.session(sn) else { return };
+        let record = AbandonedConnect {
+            token: s.uniq_token,
+            uri: s.remote_uri.clone(),
+            client: s.client_endpoint(),
+            server: s.server_endpoint(),
+            since_ns: now,
+            last_sent_ns: now,
+            disconnecting: false,
+            give_up_ns: 0,
+        };
+        if self.abandoned.len() >= ABANDONED_MAX {
+            self.abandoned.remove(0);
+        }
+        self.abandoned.push(record);
+    }
+
     /// A disconnect request for connected client session `sn`, which is
     /// about to be freed (a reset, a stall, its peer declared failed):
     /// sent now and again every SM retry interval until the server
@@ -308,9 +330,18 @@ impl<T: Transport, C> Rpc<T, C> {
     }
 
     /// One disconnect request for a connected client session, not retried
-    /// (the Rpc going away): the server frees its end if it arrives.
+    /// here (see `send_disconnect_retried`).
     pub(crate) fn send_disconnect_once(&mut self, sn: SessionNum) {
-        let Some(s) = self.session(sn) else { return };
+        let Some((to, pkt)) = self.disconnect_pkt(sn) else {
+            return;
+        };
+        self.stats.sm_tx += 1;
+        self.nexus.sm_send(&to, &pkt);
+    }
+
+    /// The disconnect request of client session `sn`, and where it goes.
+    pub(crate) fn disconnect_pkt(&self, sn: SessionNum) -> Option<(Uri, [u8; SM_PKT_BYTES])> {
+        let s = self.session(sn)?;
         let pkt = SmPkt {
             pkt_type: SmPktType::DisconnectReq,
             err: SmErr::NoError,
@@ -318,18 +349,26 @@ impl<T: Transport, C> Rpc<T, C> {
             client: s.client_endpoint(),
             server: s.server_endpoint(),
         };
-        let to = s.remote_uri.clone();
-        self.stats.sm_tx += 1;
-        self.nexus.sm_send(&to, &pkt.encode());
+        Some((s.remote_uri.clone(), pkt.encode()))
     }
 
     /// Sends (or resends) the SM request of client session `sn`.
     pub(crate) fn send_sm_req(&mut self, sn: SessionNum) {
-        let Some(s) = self.session(sn) else { return };
+        let Some((to, pkt)) = self.sm_req_pkt(sn) else {
+            return;
+        };
+        self.stats.sm_tx += 1;
+        self.nexus.sm_send(&to, &pkt);
+    }
+
+    /// The SM request client session `sn` has outstanding (connect or
+    /// disconnect), and where it goes.
+    pub(crate) fn sm_req_pkt(&self, sn: SessionNum) -> Option<(Uri, [u8; SM_PKT_BYTES])> {
+        let s = self.session(sn)?;
         let pkt_type = match s.state {
             SessionState::ConnectInProgress => SmPktType::ConnectReq,
             SessionState::DisconnectInProgress => SmPktType::DisconnectReq,
-            SessionState::Connected | SessionState::Resetting => return,
+            SessionState::Connected | SessionState::Resetting => return None,
         };
         let pkt = SmPkt {
             pkt_type,
@@ -338,9 +377,7 @@ impl<T: Transport, C> Rpc<T, C> {
             client: s.client_endpoint(),
             server: s.server_endpoint(),
         };
-        let to = s.remote_uri.clone();
-        self.stats.sm_tx += 1;
-        self.nexus.sm_send(&to, &pkt.encode());
+        Some((s.remote_uri.clone(), pkt.encode()))
     }
 
     /// Sends an SM response (to the client endpoint's URI).
@@ -468,20 +505,7 @@ impl<T: Transport, C> Rpc<T, C> {
                 self.sm_pending.remove(k);
                 match state {
                     SessionState::ConnectInProgress => {
-                        if self.abandoned.len() >= ABANDONED_MAX {
-                            self.abandoned.remove(0);
-                        }
-                        let s = self.session(sn).expect("looked up above");
-                        self.abandoned.push(AbandonedConnect {
-                            token: s.uniq_token,
-                            uri: s.remote_uri.clone(),
-                            client: s.client_endpoint(),
-                            server: s.server_endpoint(),
-                            since_ns: now,
-                            last_sent_ns: now,
-                            disconnecting: false,
-                            give_up_ns: 0,
-                        });
+                        self.abandon_connect(sn, now);
                         self.reset_client_session(sn, super::reset::ResetCause::ConnectTimedOut)
                     }
                     SessionState::DisconnectInProgress => self.finish_disconnect(sn),
@@ -670,6 +694,7 @@ impl<T: Transport, C> Rpc<T, C> {
             if self.abandoned_resp(pkt) {
                 return;
             }
+            self.orphan_connect_resp(pkt);
             return self.stats.drop(DropReason::SmStale);
         };
         self.sm_pending.retain(|&x| x != sn);
@@ -685,11 +710,7 @@ impl<T: Transport, C> Rpc<T, C> {
                 let s = self.session_mut(sn).expect("matched above");
                 s.set_server_endpoint(&pkt.server);
                 s.remote_num = pkt.server.session_num;
-                s.remote_incarnation = if ext {
-                    pkt.server.incarnation()
-                } else {
-                    0
-                };
+                s.remote_incarnation = if ext { pkt.server.incarnation() } else { 0 };
                 // Never more credits than the server reserved for us: what
                 // an erpc-rs server granted, 32 at a C++ server. The spare
                 // part of our own reservation goes back to the ring.
@@ -746,6 +767,46 @@ impl<T: Transport, C> Rpc<T, C> {
         }
         // Answer duplicates too: the first response may have been lost.
         self.send_sm(&pkt.response(SmErr::NoError));
+    }
+
+    /// A server accepted a connect that no session of this Rpc (nor an
+    /// abandoned-connect record) owns, and that an earlier Rpc of this
+    /// Nexus left unanswered when it was dropped (an Rpc dropped and
+    /// re-created on a live Nexus; the Nexus keeps those tokens). Nobody will ever use that server
+    /// session: it is disconnected, once (a duplicate of this answer asks
+    /// again). Only toward erpc-rs servers, which check the session's
+    /// token; a C++ server would take a disconnect for a session number
+    /// since given to another client for its own (and assert on it).
+    fn orphan_connect_resp(&mut self, pkt: &SmPkt) {
+        if pkt.err != SmErr::NoError || !self.ext_peer(&pkt.server) {
+            return;
+        }
+        let ours = self
+            .session(pkt.client.session_num)
+            .is_some_and(|s| s.role == Role::Client && s.uniq_token == pkt.uniq_token);
+        if ours {
+            // A duplicate answer for a session of ours (already connected).
+            return;
+        }
+        // Only for a connect a dropped Rpc left (a stale or forged answer
+        // is counted and ignored, never reflected as a disconnect).
+        if !self
+            .nexus
+            .orphan_connect(pkt.uniq_token, self.clock.now_ns())
+        {
+            return;
+        }
+        let Some(to) = pkt.server.uri() else { return };
+        let req = SmPkt {
+            pkt_type: SmPktType::DisconnectReq,
+            err: SmErr::NoError,
+            uniq_token: pkt.uniq_token,
+            client: pkt.client,
+            server: pkt.server,
+        };
+        self.stats.sm_orphan_disconnects += 1;
+        self.stats.sm_tx += 1;
+        self.nexus.sm_send(&to, &req.encode());
     }
 
     fn handle_disconnect_resp(&mut self, pkt: &SmPkt) {

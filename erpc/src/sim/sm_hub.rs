@@ -106,6 +106,8 @@ struct HubInner {
     /// Recorded packets per tapped URI.
     taps: BTreeMap<Uri, Vec<[u8; SM_PKT_BYTES]>>,
     cut_off: BTreeSet<Uri>,
+    /// Nexuses whose outgoing SM packets are dropped (`set_mute`).
+    muted: BTreeSet<Uri>,
     last_tick_ns: u64,
     /// The failure-detection cadence: a quarter of the shortest ping
     /// interval of the Nexuses present, at most 1 ms (kept up to date as
@@ -146,6 +148,7 @@ impl SimSmHub {
                 routers: BTreeMap::new(),
                 taps: BTreeMap::new(),
                 cut_off: BTreeSet::new(),
+                muted: BTreeSet::new(),
                 last_tick_ns: 0,
                 tick_ns: tick_ns(&BTreeMap::new()),
                 pings: Vec::new(),
@@ -196,11 +199,24 @@ impl SimSmHub {
         }
     }
 
+    /// Cuts one direction only (`true`: every SM packet the Nexus at `uri`
+    /// sends is dropped; what is sent to it still arrives), as a one-way
+    /// partition: its peers stop hearing it while it hears them.
+    pub fn set_mute(&self, uri: &Uri, mute: bool) {
+        let mut g = self.lock();
+        if mute {
+            g.muted.insert(uri.clone());
+        } else {
+            g.muted.remove(uri);
+        }
+    }
+
     fn push(g: &mut HubInner, now_ns: u64, to: Uri, pkt: [u8; SM_PKT_BYTES]) {
         g.stats.sent += 1;
         let cfg = g.cfg;
-        if !g.cut_off.is_empty()
-            && (g.cut_off.contains(&to) || sender(&pkt).is_some_and(|u| g.cut_off.contains(&u)))
+        let from_cut = |set: &BTreeSet<Uri>| sender(&pkt).is_some_and(|u| set.contains(&u));
+        if (!g.cut_off.is_empty() && (g.cut_off.contains(&to) || from_cut(&g.cut_off)))
+            || (!g.muted.is_empty() && from_cut(&g.muted))
         {
             g.stats.blackholed += 1;
             return;
