@@ -537,7 +537,11 @@ fn a_handler_slower_than_the_failure_timeout_at_an_unpingable_peer_completes() {
                 ns[0].ctx.completed == 2
             });
             assert_eq!(ns[1].ctx.handled, 2);
-            assert_eq!(ns[1].rpc.stats().in_progress_sent, 0, "a C++ client is never sent one");
+            assert_eq!(
+                ns[1].rpc.stats().in_progress_sent,
+                0,
+                "a C++ client is never sent one"
+            );
         },
     );
 }

@@ -218,7 +218,11 @@ fn a_slow_handler_at_an_erpc_rs_server_never_stalls_its_request() {
                 ns[0].ctx.completed == 2
             });
             assert_eq!(ns[1].ctx.handled, 2, "never run twice");
-            assert!(events(&ns[0]).iter().all(|e| *e == SessionEventKind::Connected));
+            assert!(
+                events(&ns[0])
+                    .iter()
+                    .all(|e| *e == SessionEventKind::Connected)
+            );
         },
     );
 }
@@ -440,7 +444,9 @@ fn a_long_idle_served_session_is_reclaimed_when_the_ring_is_full() {
                         .build()
                         .unwrap();
                     // The server's ring holds two sessions of 32 credits.
-                    let t = w.net.add_transport_with_ring(if i == 1 { 64 } else { 4096 });
+                    let t = w
+                        .net
+                        .add_transport_with_ring(if i == 1 { 64 } else { 4096 });
                     let rpc = erpc::Rpc::new(
                         &nexus,
                         i as u8,
@@ -477,7 +483,11 @@ fn a_long_idle_served_session_is_reclaimed_when_the_ring_is_full() {
             run_for(&mut w, &mut ns, 2_000 * MS, &[0, 1, 2]);
             connect(&mut w, &mut ns, 2, 1, 1);
             let s = ns[1].rpc.stats();
-            assert_eq!((s.sessions_reclaimed, s.sessions_reclaimed_idle), (1, 1), "{s}");
+            assert_eq!(
+                (s.sessions_reclaimed, s.sessions_reclaimed_idle),
+                (1, 1),
+                "{s}"
+            );
             assert_eq!(ns[1].rpc.num_sessions(), 2);
             issue(&mut ns, 2, ops(ECHO, 4, 64));
             run_until(&mut w, &mut ns, 100_000, "echoes", |ns| {
