@@ -24,8 +24,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use liveness::{LivenessStats, PeerFailure};
+pub(crate) use sm_link::PktFrom;
 pub(crate) use sm_link::SmItem;
-pub use sm_link::{SmLink, SmQueue, SmRouter, SmRouterStats};
+pub use sm_link::{SmLink, SmQueue, SmRouter, SmRouterStats, SmSource};
 pub use udp_sm::{Resolver, UdpSmLink, UdpSmStats, system_resolver};
 #[cfg(feature = "sim")]
 pub use workers::SteppedJob;
@@ -343,12 +344,22 @@ impl NexusBuilder {
             Some(s) => Rng::new(s),
             None => Rng::from_entropy(),
         };
-        let incarnation = rng.next_u64() | 1;
+        // Ordered by creation time (see `nexus::liveness`): wall-clock
+        // milliseconds, or virtual microseconds in a simulation.
+        let created = if clock.is_virtual() {
+            clock.now_ns() / 1_000
+        } else {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64)
+        };
+        let incarnation = liveness::incarnation_at(created, rng.next_u64());
         let router = Arc::new(SmRouter::new(
             self.uri.clone(),
             clock.clone(),
             incarnation,
             self.failure_timeout_ms * 1_000_000,
+            rng.next_u64(),
         ));
         link.start(&self.uri, router.clone())?;
         let inspect = (self.inspect || debug_endpoint::env_enabled())
@@ -444,8 +455,12 @@ impl Nexus {
         self.router.liveness_stats()
     }
 
-    /// This Nexus's incarnation: random and non-zero, new for every Nexus
-    /// (so a restarted process is told apart from its predecessor).
+    /// This Nexus's incarnation: non-zero, new for every Nexus, and larger
+    /// for a Nexus created later (its creation time in milliseconds since
+    /// the Unix epoch, or in microseconds of virtual time, above 20 random
+    /// bits), so that a restarted process is told apart from its
+    /// predecessor and a packet of the predecessor is recognised as
+    /// stale.
     pub fn incarnation(&self) -> u64 {
         self.router.incarnation()
     }

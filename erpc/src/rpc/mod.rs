@@ -38,8 +38,9 @@ use transport::{MAX_DATA_PER_PKT, RxRing, Transport};
 
 use crate::clock::Clock;
 use crate::consts::{
-    CONNECT_BURST_PER_SOURCE, CONNECTS_PER_SEC_PER_SOURCE, CTRL_BUFS, FAILURE_TIMEOUT_MS, IDLE_SESSION_RECLAIM_MS, STALL_TIMEOUT_MS,
-    MAX_RPC_ID, PKT_LOSS_SCAN_US, RTO_US, SESSION_CREDITS, SM_RETRY_MS, UNUSED_SESSION_RECLAIM_MS,
+    CONNECT_BURST_PER_SOURCE, CONNECTS_PER_SEC_PER_SOURCE, CTRL_BUFS, FAILURE_TIMEOUT_MS,
+    IDLE_SESSION_RECLAIM_MS, MAX_RPC_ID, MIN_SESSION_CREDITS, PKT_LOSS_SCAN_US, RTO_US,
+    SESSION_CREDITS, SM_RETRY_MS, STALL_TIMEOUT_MS, UNUSED_SESSION_RECLAIM_MS,
 };
 use crate::msgbuf::{MsgBuf, MsgBufError, Origin};
 use crate::nexus::{BgLinks, HandlerEntry, Job, Nexus, SmQueue};
@@ -182,7 +183,9 @@ pub enum RpcError {
     /// is cut, or (toward a C++ eRPC server, which cannot say "in
     /// progress") its handler ran longer than the bound. The session is
     /// gone; the request may or may not have run. Create a new session.
-    #[error("a request of session {session} got no answer for the stall bound; the session is gone")]
+    #[error(
+        "a request of session {session} got no answer for the stall bound; the session is gone"
+    )]
     Stalled {
         /// Session number.
         session: SessionNum,
@@ -445,8 +448,8 @@ pub struct RpcConfig {
     /// MTU-size buffer (default on). Off, `response_buffer` allocates every
     /// response (for measuring what preallocation saves).
     pub prealloc_responses: bool,
-    /// Connect requests that would create a session, per source (the
-    /// client URI they name): a burst of this many (`None`, the default:
+    /// Connect requests that would create a session, per source (the host
+    /// they came from, whatever client URI they name): a burst of this many (`None`, the default:
     /// as many sessions as the RX ring holds at `session_credits`, at
     /// least 256, so one client may always fill an empty Rpc at once;
     /// `Some(0)`: no limit) ...
@@ -456,6 +459,18 @@ pub struct RpcConfig {
     /// `rpc/admission.rs` and the README's "Session management and
     /// hostile networks".
     pub connects_per_sec_per_source: u32,
+    /// The RX ring entries the server sessions of one source host may hold
+    /// at once (`None`, the default: all of the ring but room for two
+    /// sessions of `session_credits`, so that one host always leaves room
+    /// for others; `Some(0)`: no limit). A connect request beyond it is
+    /// refused with "RX ring exhausted".
+    pub ring_entries_per_source: Option<usize>,
+    /// The least credits (RX ring entries) a server reserves for an
+    /// erpc-rs client's session, whatever fewer it asks for (default 8;
+    /// never more than `session_credits`): a host cannot hold thousands of
+    /// sessions by asking for one credit each. The client still uses no
+    /// more credits than it asked for.
+    pub min_session_credits: usize,
     /// When a new session finds the RX ring short, server sessions that
     /// never received a request and are at least this old are reclaimed,
     /// oldest first (default 10 s; `None`: never). An erpc-rs client is
@@ -487,6 +502,8 @@ impl Default for RpcConfig {
             prealloc_responses: true,
             connect_burst_per_source: None,
             connects_per_sec_per_source: CONNECTS_PER_SEC_PER_SOURCE,
+            ring_entries_per_source: None,
+            min_session_credits: MIN_SESSION_CREDITS,
             unused_session_reclaim_ms: Some(UNUSED_SESSION_RECLAIM_MS),
             idle_session_reclaim_ms: Some(IDLE_SESSION_RECLAIM_MS),
         }
@@ -747,6 +764,10 @@ pub struct Rpc<T: Transport, C> {
     /// The burst of that limiter (0: no limit; see
     /// `RpcConfig::connect_burst_per_source`).
     connect_burst: u32,
+    /// The server sessions of each source host (admission).
+    source_shares: admission::SourceShares,
+    /// Ring entries one source's server sessions may hold (0: no limit).
+    ring_share_per_source: usize,
     /// Server sessions ended without their erpc-rs client's disconnect
     /// (reclaimed ones with their numbers reserved for a while): the
     /// notices their clients get again (`admission.rs`).
@@ -951,6 +972,10 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             owed: VecDeque::new(),
             req_base_override: None,
             connect_limiter: admission::ConnectLimiter::default(),
+            source_shares: admission::SourceShares::default(),
+            ring_share_per_source: config.ring_entries_per_source.unwrap_or_else(|| {
+                admission::default_ring_share(ring_entries, config.session_credits)
+            }),
             connect_burst: config.connect_burst_per_source.unwrap_or_else(|| {
                 u32::try_from(ring_entries / config.session_credits)
                     .unwrap_or(u32::MAX)

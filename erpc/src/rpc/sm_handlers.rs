@@ -15,7 +15,7 @@ use crate::consts::{
     MAX_RPC_ID, MAX_SESSIONS, SESSION_CREDITS, SESSION_NUM_QUARANTINE_MS, SESSION_REQ_WINDOW,
 };
 use crate::msgbuf::{MsgBuf, Origin};
-use crate::nexus::{SmItem, Uri};
+use crate::nexus::{PktFrom, SmItem, Uri};
 use crate::session::{Role, Session, SessionState};
 use crate::sm_types::{SmEndpoint, SmErr, SmPkt, SmPktType, TransportType};
 use crate::stats::DropReason;
@@ -426,8 +426,8 @@ impl<T: Transport, C> Rpc<T, C> {
             let Some(item) = self.sm_queue.pop() else {
                 break;
             };
-            let pkt = match item {
-                SmItem::Pkt(p) => p,
+            let (pkt, from) = match item {
+                SmItem::Pkt(p, from) => (p, from),
                 SmItem::PeerFailed(f) => {
                     self.handle_peer_failed(&f);
                     continue;
@@ -438,7 +438,7 @@ impl<T: Transport, C> Rpc<T, C> {
                 }
             };
             match pkt.pkt_type {
-                SmPktType::ConnectReq => self.handle_connect_req(&pkt),
+                SmPktType::ConnectReq => self.handle_connect_req(&pkt, &from),
                 SmPktType::DisconnectReq => self.handle_disconnect_req(&pkt),
                 SmPktType::ConnectResp => self.handle_connect_resp(&pkt),
                 SmPktType::DisconnectResp => self.handle_disconnect_resp(&pkt),
@@ -502,7 +502,7 @@ impl<T: Transport, C> Rpc<T, C> {
         }
     }
 
-    fn handle_connect_req(&mut self, pkt: &SmPkt) {
+    fn handle_connect_req(&mut self, pkt: &SmPkt, from: &PktFrom) {
         // A retransmitted request: answer again with the same session.
         if let Some(&sn) = self.token_map.get(&pkt.uniq_token) {
             if let Some(s) = self.session(sn)
@@ -525,12 +525,26 @@ impl<T: Transport, C> Rpc<T, C> {
             self.stats.sm_stale_connect += 1;
             return self.stats.drop(DropReason::SmStale);
         }
-        // A new session: charged to its source.
-        if !self.admit_connect(pkt) {
+        let ext_client = self.ext_peer(&pkt.client);
+        // A request naming an incarnation of its client older than the one
+        // we track (a dead process's, late or replayed), or a newer one not
+        // from the client's address, would fail live sessions or make a
+        // session to a dead process: dropped (see `nexus::liveness`).
+        if ext_client
+            && let Some(uri) = pkt.client.uri()
+            && !self
+                .nexus
+                .router()
+                .may_track(&uri, pkt.client.incarnation(), from.verified)
+        {
+            self.stats.sm_connect_stale_incarnation += 1;
+            return self.stats.drop(DropReason::SmStale);
+        }
+        // A new session: charged to the host it came from.
+        if !self.admit_connect(&from.host) {
             return;
         }
         let fail = |rpc: &mut Self, err| rpc.send_sm(&pkt.response(err));
-        let ext_client = self.ext_peer(&pkt.client);
         if !self.accepts_transport(pkt.client.transport_type, ext_client)
             || !self.accepts_transport(pkt.server.transport_type, ext_client)
         {
@@ -543,7 +557,7 @@ impl<T: Transport, C> Rpc<T, C> {
         // reserves here: an erpc-rs client asks (and gets at most our
         // configured credits); a C++ client always uses its fixed 32.
         let credits = if ext_client {
-            granted_credits(pkt.client.credits()).min(self.config.session_credits as u32)
+            self.credits_to_grant(pkt.client.credits())
         } else {
             SESSION_CREDITS as u32
         };
@@ -554,6 +568,10 @@ impl<T: Transport, C> Rpc<T, C> {
                 return fail(self, SmErr::RoutingResolutionFailure);
             }
         };
+        // One host's sessions hold at most its share of the ring.
+        if !self.source_has_room(&from.host, credits as usize) {
+            return fail(self, SmErr::RingExhausted);
+        }
         // Only a request that would otherwise succeed may reclaim an
         // unused session for its room.
         if !self.make_ring_room(credits as usize) {
@@ -630,15 +648,18 @@ impl<T: Transport, C> Rpc<T, C> {
         self.ring_entries_available -= credits as usize;
         self.token_map.insert(pkt.uniq_token, sn);
         self.note_unserved(sn, pkt.uniq_token);
-        self.track_session(sn);
+        self.note_source_share(&from.host, sn, pkt.uniq_token, credits as usize);
+        self.track_session(sn, from.verified);
         let mut r = pkt.response(SmErr::NoError);
         r.server = server_ep;
         self.send_sm(&r);
     }
 
     /// Registers an established session with the Nexus's keep-alive pings
-    /// (erpc-rs peers only: a C++ peer carries no incarnation).
-    fn track_session(&mut self, sn: SessionNum) {
+    /// (erpc-rs peers only: a C++ peer carries no incarnation). `verified`:
+    /// the packet that named the peer's incarnation came from its address
+    /// or answered our token (see `SmRouter::track`).
+    fn track_session(&mut self, sn: SessionNum, verified: bool) {
         let Some(s) = self.session_mut(sn) else {
             return;
         };
@@ -651,7 +672,7 @@ impl<T: Transport, C> Rpc<T, C> {
             s.remote_rpc_id(),
             s.remote_incarnation,
         );
-        self.nexus.router().track(&uri, rpc_id, inc);
+        self.nexus.router().track(&uri, rpc_id, inc, verified);
     }
 
     /// The client session `sn` for an SM response, if it matches.
@@ -685,11 +706,7 @@ impl<T: Transport, C> Rpc<T, C> {
                 let s = self.session_mut(sn).expect("matched above");
                 s.set_server_endpoint(&pkt.server);
                 s.remote_num = pkt.server.session_num;
-                s.remote_incarnation = if ext {
-                    pkt.server.incarnation()
-                } else {
-                    0
-                };
+                s.remote_incarnation = if ext { pkt.server.incarnation() } else { 0 };
                 // Never more credits than the server reserved for us: what
                 // an erpc-rs server granted, 32 at a C++ server. The spare
                 // part of our own reservation goes back to the ring.
@@ -713,7 +730,8 @@ impl<T: Transport, C> Rpc<T, C> {
                 s.state = SessionState::Connected;
                 s.sm_pending_since_ns = None;
                 self.ring_entries_available += spare;
-                self.track_session(sn);
+                // The response answered our random token.
+                self.track_session(sn, true);
                 self.owe_event(sn, SessionEventKind::Connected);
                 self.drain_backlog(sn);
             }
