@@ -452,7 +452,10 @@ impl Liveness {
         }
         self.stats.pongs_received += 1;
         let p = self.peers.get_mut(&uri).expect("tracked");
-        p.last_heard_ns = p.last_heard_ns.max(now_ns);
+        // It proves the peer alive after the ping left, not at arrival: a
+        // response held back (or replayed once, its first copy lost)
+        // cannot stretch a dead peer's life.
+        p.last_heard_ns = p.last_heard_ns.max(sent.min(now_ns));
         let gone: Vec<u8> = p
             .rpcs
             .iter()
