@@ -491,18 +491,24 @@ fn a_server_grants_at_least_the_minimum_credits() {
     );
 }
 
-/// One host, however many client URIs it claims, holds at most its share
-/// of the ring: a real client on another host still gets a session.
+/// With `ring_entries_per_source`, one host, however many client URIs it
+/// claims, holds at most its share of the ring: a real client on another
+/// host still gets a session.
 #[test]
 fn one_host_cannot_take_the_whole_ring() {
     with_seeds("one_host_cannot_take_the_whole_ring", FILE, &[5], |seed| {
-        // 1024-entry rings and 32 credits: 32 sessions per Rpc.
+        // 1024-entry rings and 32 credits: 32 sessions per Rpc, of which
+        // one host may hold 30.
         let mut w = W::with_config(erpc::sim::SimConfig {
             seed,
             ring_entries: 1024,
             ..erpc::sim::SimConfig::default()
         });
-        let mut ns = nodes(&mut w, 2, seed);
+        let cfg = RpcConfig {
+            ring_entries_per_source: Some(1024 - 2 * 32),
+            ..RpcConfig::default()
+        };
+        let mut ns = nodes_with(&mut w, 2, seed, cfg);
         let routing = w.net.add_transport().local_routing_info();
         for k in 0..40u64 {
             let p = forged_connect(&format!("claimed-{k}"), 0x2000 + k, routing, &uri(0), 0);

@@ -7,7 +7,7 @@
 mod common;
 
 use common::app::{self, Ctx, ECHO, Op, SIZED};
-use common::scenarios::{N, check_done, connect, nodes, nodes_with};
+use common::scenarios::{N, check_done, connect, nodes};
 use common::{Node, SimWorld, World, run_until, with_seeds};
 use erpc::pkthdr::MAX_REQ_NUM;
 use erpc::rng::Rng;
@@ -640,12 +640,7 @@ fn a_lost_reclaim_notice_comes_again_with_the_clients_next_packet() {
                 ring_entries: 1024,
                 ..erpc::sim::SimConfig::default()
             });
-            // Node 2 takes the whole ring: no per-host share limit.
-            let cfg = RpcConfig {
-                ring_entries_per_source: Some(0),
-                ..RpcConfig::default()
-            };
-            let mut ns = nodes_with(&mut w, 3, seed, cfg);
+            let mut ns = nodes(&mut w, 3, seed);
             connect(&mut w, &mut ns, 1, 0, 1);
             let idle = ns[1].ctx.sessions[0];
             connect(&mut w, &mut ns, 2, 0, 31);

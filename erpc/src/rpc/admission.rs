@@ -20,11 +20,14 @@
 //!   token table for free); over the limit they are dropped unanswered, and
 //!   the client's retry comes back later. The table keeps the
 //!   [`SOURCES_MAX`] most recently seen sources (first in, first out).
-//! * **RX ring per source.** The server sessions of one source may hold
-//!   at most `RpcConfig::ring_entries_per_source` RX ring entries (by
-//!   default all but two sessions' worth, `2 × session_credits`), so that
-//!   one host, however patient, always leaves room for others; a request
-//!   beyond it is refused with "RX ring exhausted".
+//! * **RX ring per source** (opt-in). With
+//!   `RpcConfig::ring_entries_per_source` set, the server sessions of one
+//!   source hold at most that many RX ring entries, so that one host,
+//!   however patient, always leaves room for others; a request beyond it
+//!   is refused with "RX ring exhausted". It is off by default because one
+//!   client host using a whole Rpc is a legitimate deployment; without it,
+//!   a host that fills the ring is bounded by its connect rate, and the
+//!   sessions it leaves idle are reclaimed (below).
 //! * **A floor on credits.** An erpc-rs client asks for its session
 //!   credits, and the server reserves that many ring entries; a client
 //!   asking for 1 could hold thousands of sessions. The server grants at
@@ -153,17 +156,6 @@ impl ConnectLimiter {
 pub(crate) struct SourceShares {
     /// Source → (session, its client's token, ring entries reserved).
     by_source: HashMap<SmSource, Vec<(SessionNum, u64, usize)>>,
-}
-
-/// The default share of the RX ring one source's server sessions may hold
-/// (`RpcConfig::ring_entries_per_source: None`): all of it but room for two
-/// sessions of `session_credits` (and never less than one), so that one
-/// host, whatever it does, leaves room for others, while a single client
-/// host may still use nearly the whole Rpc.
-pub(crate) fn default_ring_share(ring_entries: usize, session_credits: usize) -> usize {
-    ring_entries
-        .saturating_sub(2 * session_credits)
-        .max(session_credits)
 }
 
 /// A server session ended without its erpc-rs client's disconnect

@@ -460,10 +460,10 @@ pub struct RpcConfig {
     /// hostile networks".
     pub connects_per_sec_per_source: u32,
     /// The RX ring entries the server sessions of one source host may hold
-    /// at once (`None`, the default: all of the ring but room for two
-    /// sessions of `session_credits`, so that one host always leaves room
-    /// for others; `Some(0)`: no limit). A connect request beyond it is
-    /// refused with "RX ring exhausted".
+    /// at once (`None`, the default: no limit, so one client host may use
+    /// the whole Rpc; `Some(n)`: so that one host always leaves room for
+    /// others, e.g. the ring less a few sessions' worth). A connect request
+    /// beyond it is refused with "RX ring exhausted".
     pub ring_entries_per_source: Option<usize>,
     /// The least credits (RX ring entries) a server reserves for an
     /// erpc-rs client's session, whatever fewer it asks for (default 8;
@@ -973,9 +973,7 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             req_base_override: None,
             connect_limiter: admission::ConnectLimiter::default(),
             source_shares: admission::SourceShares::default(),
-            ring_share_per_source: config.ring_entries_per_source.unwrap_or_else(|| {
-                admission::default_ring_share(ring_entries, config.session_credits)
-            }),
+            ring_share_per_source: config.ring_entries_per_source.unwrap_or(0),
             connect_burst: config.connect_burst_per_source.unwrap_or_else(|| {
                 u32::try_from(ring_entries / config.session_credits)
                     .unwrap_or(u32::MAX)
