@@ -214,6 +214,10 @@ pub struct RpcStats {
     /// request, late or replayed), or a newer one from a source that is
     /// not the client's address.
     pub sm_connect_stale_incarnation: u64,
+    /// Connect responses for sessions this client never asked for (a
+    /// forged or replayed connect request naming it), whose server session
+    /// it disconnected.
+    pub sm_disowned: u64,
     /// Server sessions that never received a request, reclaimed because
     /// the RX ring was short (see `RpcConfig::unused_session_reclaim_ms`).
     pub sessions_reclaimed: u64,

@@ -528,3 +528,41 @@ fn one_host_cannot_take_the_whole_ring() {
         check_done::<W>(&ns);
     });
 }
+
+/// A forged connect request naming a live erpc-rs client, with its real
+/// incarnation and a token of the forger's, makes the server create a
+/// session; its response goes to the client named, which never asked for
+/// it and disconnects it. The client's own sessions are untouched.
+#[test]
+fn a_session_made_by_a_forged_connect_is_disowned_by_its_client() {
+    with_seeds(
+        "a_session_made_by_a_forged_connect_is_disowned_by_its_client",
+        FILE,
+        &[6],
+        |seed| {
+            let mut w = W::new(seed);
+            let mut ns = nodes(&mut w, 2, seed);
+            w.net.sm_hub().tap(&uri(1));
+            connect(&mut w, &mut ns, 0, 1, 2);
+            let genuine = w
+                .net
+                .sm_hub()
+                .take_tapped(&uri(1))
+                .into_iter()
+                .map(|b| SmPkt::decode(&b).unwrap())
+                .find(|p| p.pkt_type == SmPktType::ConnectReq)
+                .expect("a connect request");
+            let mut forged = genuine;
+            forged.uniq_token = 0xf0f0_f0f0;
+            forge(&w, &forger(), &uri(1), &forged.encode());
+            run_steps(&mut w, &mut ns, 100);
+            assert_eq!(ns[0].rpc.stats().sm_disowned, 1);
+            assert_eq!(ns[1].rpc.num_sessions(), 2, "the forged session is gone");
+            start_load(&mut ns, 100, seed);
+            run_until(&mut w, &mut ns, 1_000_000, "requests", |ns| {
+                ns[0].ctx.completed == 100
+            });
+            assert_untouched(&ns, 2);
+        },
+    );
+}

@@ -522,6 +522,40 @@ impl<T: Transport, C> Rpc<T, C> {
         self.send_sm(&notice);
     }
 
+    /// A connect response that answers none of our connects (nor an
+    /// abandoned one): an erpc-rs server made a session for us that we
+    /// never asked for — a forged connect request naming us, or one of
+    /// ours replayed to a server that has no memory of its token (it
+    /// restarted). Nobody would ever use or disconnect that session, so
+    /// we disconnect it, once (the server retires only a session with the
+    /// response's token, which a forger of this response cannot know for a
+    /// session we use). A duplicate response for one of our connected
+    /// sessions is not one of these.
+    pub(crate) fn disown_server_session(&mut self, pkt: &SmPkt) {
+        if pkt.err != SmErr::NoError
+            || pkt.server.incarnation() == 0
+            || !self.nexus.sm_extensions()
+            || pkt.server.session_num == crate::consts::INVALID_SESSION_NUM
+        {
+            return;
+        }
+        let ours = self.session(pkt.client.session_num).is_some_and(|s| {
+            s.role == Role::Client
+                && s.uniq_token == pkt.uniq_token
+                && s.remote_num == pkt.server.session_num
+                && s.remote_incarnation == pkt.server.incarnation()
+        });
+        let Some(to) = pkt.server.uri() else { return };
+        if ours {
+            return;
+        }
+        let mut d = *pkt;
+        d.pkt_type = SmPktType::DisconnectReq;
+        self.stats.sm_disowned += 1;
+        self.stats.sm_tx += 1;
+        self.nexus.sm_send(&to, &d.encode());
+    }
+
     /// An SM response saying the server reclaimed (or otherwise ended) a
     /// connected client session. True if it was for one of ours.
     pub(crate) fn handle_server_disconnected(&mut self, pkt: &SmPkt) -> bool {

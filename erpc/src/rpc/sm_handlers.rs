@@ -691,6 +691,7 @@ impl<T: Transport, C> Rpc<T, C> {
             if self.abandoned_resp(pkt) {
                 return;
             }
+            self.disown_server_session(pkt);
             return self.stats.drop(DropReason::SmStale);
         };
         self.sm_pending.retain(|&x| x != sn);
