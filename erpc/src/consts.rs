@@ -81,6 +81,11 @@ pub const PINGS_PER_FAILURE_TIMEOUT: u64 = 10;
 pub const CONNECT_BURST_PER_SOURCE: u32 = 256;
 /// Default refill of that burst, per second.
 pub const CONNECTS_PER_SEC_PER_SOURCE: u32 = 128;
+/// Default least credits a server grants an erpc-rs client's session
+/// (`RpcConfig::min_session_credits`): a quarter of the default 32, so a
+/// 4096-entry ring holds at most 512 sessions however few credits their
+/// clients ask for.
+pub const MIN_SESSION_CREDITS: usize = 8;
 /// Default age after which a server session that never received a request
 /// may be reclaimed when the RX ring is short.
 pub const UNUSED_SESSION_RECLAIM_MS: u64 = 10_000;

@@ -197,7 +197,9 @@ pub mod sm_types;
 pub mod stats;
 
 pub use clock::{Clock, VirtualClock};
-pub use consts::{MAX_MSG_BYTES, SESSION_CREDITS, SESSION_REQ_WINDOW, rx_ring_entries_for};
+pub use consts::{
+    MAX_MSG_BYTES, MIN_SESSION_CREDITS, SESSION_CREDITS, SESSION_REQ_WINDOW, rx_ring_entries_for,
+};
 pub use msgbuf::{MsgBuf, MsgBufError};
 #[cfg(feature = "sim")]
 pub use nexus::SteppedJob;

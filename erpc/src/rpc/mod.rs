@@ -26,9 +26,6 @@ mod rx;
 mod sm_handlers;
 mod status;
 mod tokens;
-
-/// How long freed tokens are remembered, in ns (see `tokens.rs`).
-pub(crate) const TOKEN_MEMORY_NS: u64 = tokens::TOKEN_MEMORY_MS * 1_000_000;
 mod tx;
 
 use std::collections::{HashMap, VecDeque};
@@ -42,8 +39,8 @@ use transport::{MAX_DATA_PER_PKT, RxRing, Transport};
 use crate::clock::Clock;
 use crate::consts::{
     CONNECT_BURST_PER_SOURCE, CONNECTS_PER_SEC_PER_SOURCE, CTRL_BUFS, FAILURE_TIMEOUT_MS,
-    IDLE_SESSION_RECLAIM_MS, MAX_RPC_ID, PKT_LOSS_SCAN_US, RTO_US, SESSION_CREDITS, SM_RETRY_MS,
-    STALL_TIMEOUT_MS, UNUSED_SESSION_RECLAIM_MS,
+    IDLE_SESSION_RECLAIM_MS, MAX_RPC_ID, MIN_SESSION_CREDITS, PKT_LOSS_SCAN_US, RTO_US,
+    SESSION_CREDITS, SM_RETRY_MS, STALL_TIMEOUT_MS, UNUSED_SESSION_RECLAIM_MS,
 };
 use crate::msgbuf::{MsgBuf, MsgBufError, Origin};
 use crate::nexus::{BgLinks, HandlerEntry, Job, Nexus, SmQueue};
@@ -451,8 +448,8 @@ pub struct RpcConfig {
     /// MTU-size buffer (default on). Off, `response_buffer` allocates every
     /// response (for measuring what preallocation saves).
     pub prealloc_responses: bool,
-    /// Connect requests that would create a session, per source (the
-    /// client URI they name): a burst of this many (`None`, the default:
+    /// Connect requests that would create a session, per source (the host
+    /// they came from, whatever client URI they name): a burst of this many (`None`, the default:
     /// as many sessions as the RX ring holds at `session_credits`, at
     /// least 256, so one client may always fill an empty Rpc at once;
     /// `Some(0)`: no limit) ...
@@ -462,6 +459,18 @@ pub struct RpcConfig {
     /// `rpc/admission.rs` and the README's "Session management and
     /// hostile networks".
     pub connects_per_sec_per_source: u32,
+    /// The RX ring entries the server sessions of one source host may hold
+    /// at once (`None`, the default: no limit, so one client host may use
+    /// the whole Rpc; `Some(n)`: so that one host always leaves room for
+    /// others, e.g. the ring less a few sessions' worth). A connect request
+    /// beyond it is refused with "RX ring exhausted".
+    pub ring_entries_per_source: Option<usize>,
+    /// The least credits (RX ring entries) a server reserves for an
+    /// erpc-rs client's session, whatever fewer it asks for (default 8;
+    /// never more than `session_credits`): a host cannot hold thousands of
+    /// sessions by asking for one credit each. The client still uses no
+    /// more credits than it asked for.
+    pub min_session_credits: usize,
     /// When a new session finds the RX ring short, server sessions that
     /// never received a request and are at least this old are reclaimed,
     /// oldest first (default 10 s; `None`: never). An erpc-rs client is
@@ -493,6 +502,8 @@ impl Default for RpcConfig {
             prealloc_responses: true,
             connect_burst_per_source: None,
             connects_per_sec_per_source: CONNECTS_PER_SEC_PER_SOURCE,
+            ring_entries_per_source: None,
+            min_session_credits: MIN_SESSION_CREDITS,
             unused_session_reclaim_ms: Some(UNUSED_SESSION_RECLAIM_MS),
             idle_session_reclaim_ms: Some(IDLE_SESSION_RECLAIM_MS),
         }
@@ -753,6 +764,10 @@ pub struct Rpc<T: Transport, C> {
     /// The burst of that limiter (0: no limit; see
     /// `RpcConfig::connect_burst_per_source`).
     connect_burst: u32,
+    /// The server sessions of each source host (admission).
+    source_shares: admission::SourceShares,
+    /// Ring entries one source's server sessions may hold (0: no limit).
+    ring_share_per_source: usize,
     /// Server sessions ended without their erpc-rs client's disconnect
     /// (reclaimed ones with their numbers reserved for a while): the
     /// notices their clients get again (`admission.rs`).
@@ -957,6 +972,8 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             owed: VecDeque::new(),
             req_base_override: None,
             connect_limiter: admission::ConnectLimiter::default(),
+            source_shares: admission::SourceShares::default(),
+            ring_share_per_source: config.ring_entries_per_source.unwrap_or(0),
             connect_burst: config.connect_burst_per_source.unwrap_or_else(|| {
                 u32::try_from(ring_entries / config.session_credits)
                     .unwrap_or(u32::MAX)
@@ -1264,27 +1281,21 @@ impl<T: Transport, C> Drop for Rpc<T, C> {
         }
         // A connect still unanswered may have made a server session: its
         // request goes again, and the answer, reaching the next Rpc with
-        // this id, gets that session disconnected (`orphan_connect_resp`;
+        // this id, gets that session disowned (`disown_server_session`;
         // erpc-rs servers only).
-        let mut tokens = Vec::new();
         if self.nexus.sm_extensions() {
-            let connecting: Vec<(u16, u64)> = self
+            let connecting: Vec<u16> = self
                 .sessions
                 .iter()
                 .flatten()
                 .filter(|s| s.state == SessionState::ConnectInProgress)
-                .map(|s| (s.local_num, s.uniq_token))
+                .map(|s| s.local_num)
                 .collect();
-            for (sn, token) in connecting {
-                if let Some(p) = self.sm_req_pkt(sn) {
-                    orphans.push(p);
-                    tokens.push(token);
-                }
-            }
+            orphans.extend(connecting.into_iter().filter_map(|sn| self.sm_req_pkt(sn)));
         }
         let now = self.clock.now_ns();
         self.nexus
-            .adopt_disconnects(orphans, &tokens, now, self.config.sm_retry_ms * 1_000_000);
+            .adopt_disconnects(orphans, now, self.config.sm_retry_ms * 1_000_000);
         self.nexus.unregister_rpc(self.rpc_id);
         // Let the transport let go of every buffer before they are freed.
         self.tx.clear();

@@ -15,7 +15,7 @@ use crate::consts::{
     MAX_RPC_ID, MAX_SESSIONS, SESSION_CREDITS, SESSION_NUM_QUARANTINE_MS, SESSION_REQ_WINDOW,
 };
 use crate::msgbuf::{MsgBuf, Origin};
-use crate::nexus::{SmItem, Uri};
+use crate::nexus::{PktFrom, SmItem, Uri};
 use crate::session::{Role, Session, SessionState};
 use crate::sm_types::{SM_PKT_BYTES, SmEndpoint, SmErr, SmPkt, SmPktType, TransportType};
 use crate::stats::DropReason;
@@ -463,8 +463,8 @@ impl<T: Transport, C> Rpc<T, C> {
             let Some(item) = self.sm_queue.pop() else {
                 break;
             };
-            let pkt = match item {
-                SmItem::Pkt(p) => p,
+            let (pkt, from) = match item {
+                SmItem::Pkt(p, from) => (p, from),
                 SmItem::PeerFailed(f) => {
                     self.handle_peer_failed(&f);
                     continue;
@@ -475,7 +475,7 @@ impl<T: Transport, C> Rpc<T, C> {
                 }
             };
             match pkt.pkt_type {
-                SmPktType::ConnectReq => self.handle_connect_req(&pkt),
+                SmPktType::ConnectReq => self.handle_connect_req(&pkt, &from),
                 SmPktType::DisconnectReq => self.handle_disconnect_req(&pkt),
                 SmPktType::ConnectResp => self.handle_connect_resp(&pkt),
                 SmPktType::DisconnectResp => self.handle_disconnect_resp(&pkt),
@@ -526,7 +526,7 @@ impl<T: Transport, C> Rpc<T, C> {
         }
     }
 
-    fn handle_connect_req(&mut self, pkt: &SmPkt) {
+    fn handle_connect_req(&mut self, pkt: &SmPkt, from: &PktFrom) {
         // A retransmitted request: answer again with the same session.
         if let Some(&sn) = self.token_map.get(&pkt.uniq_token) {
             if let Some(s) = self.session(sn)
@@ -549,12 +549,26 @@ impl<T: Transport, C> Rpc<T, C> {
             self.stats.sm_stale_connect += 1;
             return self.stats.drop(DropReason::SmStale);
         }
-        // A new session: charged to its source.
-        if !self.admit_connect(pkt) {
+        let ext_client = self.ext_peer(&pkt.client);
+        // A request naming an incarnation of its client older than the one
+        // we track (a dead process's, late or replayed), or a newer one not
+        // from the client's address, would fail live sessions or make a
+        // session to a dead process: dropped (see `nexus::liveness`).
+        if ext_client
+            && let Some(uri) = pkt.client.uri()
+            && !self
+                .nexus
+                .router()
+                .may_track(&uri, pkt.client.incarnation(), from.verified)
+        {
+            self.stats.sm_connect_stale_incarnation += 1;
+            return self.stats.drop(DropReason::SmStale);
+        }
+        // A new session: charged to the host it came from.
+        if !self.admit_connect(&from.host) {
             return;
         }
         let fail = |rpc: &mut Self, err| rpc.send_sm(&pkt.response(err));
-        let ext_client = self.ext_peer(&pkt.client);
         if !self.accepts_transport(pkt.client.transport_type, ext_client)
             || !self.accepts_transport(pkt.server.transport_type, ext_client)
         {
@@ -567,7 +581,7 @@ impl<T: Transport, C> Rpc<T, C> {
         // reserves here: an erpc-rs client asks (and gets at most our
         // configured credits); a C++ client always uses its fixed 32.
         let credits = if ext_client {
-            granted_credits(pkt.client.credits()).min(self.config.session_credits as u32)
+            self.credits_to_grant(pkt.client.credits())
         } else {
             SESSION_CREDITS as u32
         };
@@ -578,6 +592,10 @@ impl<T: Transport, C> Rpc<T, C> {
                 return fail(self, SmErr::RoutingResolutionFailure);
             }
         };
+        // One host's sessions hold at most its share of the ring.
+        if !self.source_has_room(&from.host, credits as usize) {
+            return fail(self, SmErr::RingExhausted);
+        }
         // Only a request that would otherwise succeed may reclaim an
         // unused session for its room.
         if !self.make_ring_room(credits as usize) {
@@ -654,15 +672,18 @@ impl<T: Transport, C> Rpc<T, C> {
         self.ring_entries_available -= credits as usize;
         self.token_map.insert(pkt.uniq_token, sn);
         self.note_unserved(sn, pkt.uniq_token);
-        self.track_session(sn);
+        self.note_source_share(&from.host, sn, pkt.uniq_token, credits as usize);
+        self.track_session(sn, from.verified);
         let mut r = pkt.response(SmErr::NoError);
         r.server = server_ep;
         self.send_sm(&r);
     }
 
     /// Registers an established session with the Nexus's keep-alive pings
-    /// (erpc-rs peers only: a C++ peer carries no incarnation).
-    fn track_session(&mut self, sn: SessionNum) {
+    /// (erpc-rs peers only: a C++ peer carries no incarnation). `verified`:
+    /// the packet that named the peer's incarnation came from its address
+    /// or answered our token (see `SmRouter::track`).
+    fn track_session(&mut self, sn: SessionNum, verified: bool) {
         let Some(s) = self.session_mut(sn) else {
             return;
         };
@@ -675,7 +696,7 @@ impl<T: Transport, C> Rpc<T, C> {
             s.remote_rpc_id(),
             s.remote_incarnation,
         );
-        self.nexus.router().track(&uri, rpc_id, inc);
+        self.nexus.router().track(&uri, rpc_id, inc, verified);
     }
 
     /// The client session `sn` for an SM response, if it matches.
@@ -694,7 +715,7 @@ impl<T: Transport, C> Rpc<T, C> {
             if self.abandoned_resp(pkt) {
                 return;
             }
-            self.orphan_connect_resp(pkt);
+            self.disown_server_session(pkt);
             return self.stats.drop(DropReason::SmStale);
         };
         self.sm_pending.retain(|&x| x != sn);
@@ -734,7 +755,8 @@ impl<T: Transport, C> Rpc<T, C> {
                 s.state = SessionState::Connected;
                 s.sm_pending_since_ns = None;
                 self.ring_entries_available += spare;
-                self.track_session(sn);
+                // The response answered our random token.
+                self.track_session(sn, true);
                 self.owe_event(sn, SessionEventKind::Connected);
                 self.drain_backlog(sn);
             }
@@ -767,46 +789,6 @@ impl<T: Transport, C> Rpc<T, C> {
         }
         // Answer duplicates too: the first response may have been lost.
         self.send_sm(&pkt.response(SmErr::NoError));
-    }
-
-    /// A server accepted a connect that no session of this Rpc (nor an
-    /// abandoned-connect record) owns, and that an earlier Rpc of this
-    /// Nexus left unanswered when it was dropped (an Rpc dropped and
-    /// re-created on a live Nexus; the Nexus keeps those tokens). Nobody will ever use that server
-    /// session: it is disconnected, once (a duplicate of this answer asks
-    /// again). Only toward erpc-rs servers, which check the session's
-    /// token; a C++ server would take a disconnect for a session number
-    /// since given to another client for its own (and assert on it).
-    fn orphan_connect_resp(&mut self, pkt: &SmPkt) {
-        if pkt.err != SmErr::NoError || !self.ext_peer(&pkt.server) {
-            return;
-        }
-        let ours = self
-            .session(pkt.client.session_num)
-            .is_some_and(|s| s.role == Role::Client && s.uniq_token == pkt.uniq_token);
-        if ours {
-            // A duplicate answer for a session of ours (already connected).
-            return;
-        }
-        // Only for a connect a dropped Rpc left (a stale or forged answer
-        // is counted and ignored, never reflected as a disconnect).
-        if !self
-            .nexus
-            .orphan_connect(pkt.uniq_token, self.clock.now_ns())
-        {
-            return;
-        }
-        let Some(to) = pkt.server.uri() else { return };
-        let req = SmPkt {
-            pkt_type: SmPktType::DisconnectReq,
-            err: SmErr::NoError,
-            uniq_token: pkt.uniq_token,
-            client: pkt.client,
-            server: pkt.server,
-        };
-        self.stats.sm_orphan_disconnects += 1;
-        self.stats.sm_tx += 1;
-        self.nexus.sm_send(&to, &req.encode());
     }
 
     fn handle_disconnect_resp(&mut self, pkt: &SmPkt) {

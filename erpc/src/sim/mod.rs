@@ -41,7 +41,7 @@ use transport::{
 
 pub use crate::clock::VirtualClock;
 pub use netsim::{PortConfig, QueueSample, QueueStats};
-pub use sm_hub::{SimSmHub, SmHubConfig, SmHubStats};
+pub use sm_hub::{FORGER_URI, SimSmHub, SmHubConfig, SmHubStats};
 
 use ring::RingMem;
 

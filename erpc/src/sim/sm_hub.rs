@@ -6,7 +6,11 @@
 //! runs each Nexus's failure detection on the virtual clock (the job of
 //! the SM thread in production), and can cut a Nexus off (a crash). A
 //! tap records what reaches a URI, so a test can stand in for a peer (a
-//! C++ eRPC process) or replay a packet later.
+//! C++ eRPC process) or replay a packet later; [`SimSmHub::inject_from`]
+//! hands a Nexus bytes from any source, as a forger's (or a replayed
+//! packet's) datagram would arrive. Each packet carries its true source
+//! (the sending Nexus's URI), as a UDP datagram carries its source
+//! address, whatever the packet claims.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -15,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::clock::VirtualClock;
-use crate::nexus::{NexusError, SmLink, SmRouter, Uri};
+use crate::nexus::{NexusError, SmLink, SmRouter, SmSource, Uri};
 use crate::rng::Rng;
 use crate::sm_types::SM_PKT_BYTES;
 
@@ -61,24 +65,34 @@ pub struct SmHubStats {
     pub blackholed: u64,
     /// Delivered to a tap at a URI no Nexus has (see [`SimSmHub::tap`]).
     pub tapped: u64,
+    /// Forged or replayed packets the hub added (see
+    /// [`SimSmHub::set_forgery`]).
+    pub forged: u64,
 }
 
 struct Pending {
     at_ns: u64,
     seq: u64,
+    /// The Nexus that sent it (its true source).
+    from: Uri,
     to: Uri,
     pkt: [u8; SM_PKT_BYTES],
 }
 
-/// The sender of an SM packet (the client endpoint of requests, the server
-/// endpoint of responses, as the SM thread routes them).
-fn sender(pkt: &[u8; SM_PKT_BYTES]) -> Option<Uri> {
+/// The sender an SM packet names (the client endpoint of requests, the
+/// server endpoint of responses, as the SM thread routes them).
+fn claimed_sender(pkt: &[u8]) -> Option<Uri> {
     let p = crate::sm_types::SmPkt::decode(pkt).ok()?;
     if p.pkt_type.is_req() {
         p.client.uri()
     } else {
         p.server.uri()
     }
+}
+
+/// Where the packets of the Nexus at `uri` come from in the hub.
+fn resolve(uri: &Uri) -> Option<SmSource> {
+    Some(SmSource::Sim(uri.clone()))
 }
 
 impl PartialEq for Pending {
@@ -101,6 +115,13 @@ impl Ord for Pending {
 /// Most packets a tap keeps before it stops recording (counted).
 const TAP_MAX: usize = 1 << 16;
 
+/// Packets the forger remembers to replay.
+const FORGER_MEMORY: usize = 64;
+
+/// The source of forged packets that do not pretend to come from their
+/// sender's address (no Nexus has it).
+pub const FORGER_URI: (&str, u16) = ("forger", 6666);
+
 struct HubInner {
     routers: BTreeMap<Uri, Arc<SmRouter>>,
     /// Recorded packets per tapped URI.
@@ -120,6 +141,10 @@ struct HubInner {
     cfg: SmHubConfig,
     seq: u64,
     stats: SmHubStats,
+    /// Forged or replayed packets per million sent.
+    forge_ppm: u32,
+    /// Recent packets (source, destination, bytes), for replays.
+    recent: std::collections::VecDeque<(Uri, Uri, [u8; SM_PKT_BYTES])>,
 }
 
 /// The in-memory SM network of a simulation.
@@ -157,6 +182,8 @@ impl SimSmHub {
                 cfg,
                 seq: 0,
                 stats: SmHubStats::default(),
+                forge_ppm: 0,
+                recent: std::collections::VecDeque::new(),
             }),
             due_ns: AtomicU64::new(0),
         }
@@ -176,6 +203,27 @@ impl SimSmHub {
     /// Changes loss/delay from now on.
     pub fn set_config(&self, cfg: SmHubConfig) {
         self.lock().cfg = cfg;
+    }
+
+    /// An attacker on the SM network, from now on: for `ppm` of every
+    /// million packets sent, the hub also delivers a forged or replayed
+    /// one, chosen at random (seeded) among
+    ///
+    /// * a recent packet replayed, from its true source or from
+    ///   [`FORGER_URI`];
+    /// * a copy of the packet claiming a newer incarnation of its sender,
+    ///   from [`FORGER_URI`] (ping requests and responses; connect
+    ///   requests with a fresh token);
+    /// * a copy claiming an older incarnation (a dead process's packet),
+    ///   from the sender's own address (same types);
+    /// * a ping response naming the packet's sender, with no live Rpcs and
+    ///   a random token, from the sender's address.
+    ///
+    /// Packets of C++-style endpoints (no incarnation) are only replayed.
+    /// None of it may reset a session or keep a request from completing
+    /// (`tests/forged_sm.rs`).
+    pub fn set_forgery(&self, ppm: u32) {
+        self.lock().forge_ppm = ppm;
     }
 
     /// Counters.
@@ -211,12 +259,11 @@ impl SimSmHub {
         }
     }
 
-    fn push(g: &mut HubInner, now_ns: u64, to: Uri, pkt: [u8; SM_PKT_BYTES]) {
+    fn push(g: &mut HubInner, now_ns: u64, from: &Uri, to: Uri, pkt: [u8; SM_PKT_BYTES]) {
         g.stats.sent += 1;
         let cfg = g.cfg;
-        let from_cut = |set: &BTreeSet<Uri>| sender(&pkt).is_some_and(|u| set.contains(&u));
-        if (!g.cut_off.is_empty() && (g.cut_off.contains(&to) || from_cut(&g.cut_off)))
-            || (!g.muted.is_empty() && from_cut(&g.muted))
+        if (!g.cut_off.is_empty() && (g.cut_off.contains(&to) || g.cut_off.contains(from)))
+            || (!g.muted.is_empty() && g.muted.contains(from))
         {
             g.stats.blackholed += 1;
             return;
@@ -232,20 +279,109 @@ impl SimSmHub {
             1
         };
         for _ in 0..copies {
-            g.seq += 1;
-            let seq = g.seq;
-            let jitter = if cfg.jitter_ns > 0 {
-                g.rng.below(cfg.jitter_ns + 1)
-            } else {
-                0
-            };
-            g.q.push(Reverse(Pending {
-                at_ns: now_ns + cfg.delay_ns + jitter,
-                seq,
-                to: to.clone(),
-                pkt,
-            }));
+            Self::enqueue(g, now_ns, from.clone(), to.clone(), pkt);
         }
+        if g.forge_ppm > 0 {
+            Self::forge(g, now_ns, from, &to, &pkt);
+        }
+    }
+
+    fn enqueue(g: &mut HubInner, now_ns: u64, from: Uri, to: Uri, pkt: [u8; SM_PKT_BYTES]) {
+        let cfg = g.cfg;
+        g.seq += 1;
+        let seq = g.seq;
+        let jitter = if cfg.jitter_ns > 0 {
+            g.rng.below(cfg.jitter_ns + 1)
+        } else {
+            0
+        };
+        g.q.push(Reverse(Pending {
+            at_ns: now_ns + cfg.delay_ns + jitter,
+            seq,
+            from,
+            to,
+            pkt,
+        }));
+    }
+
+    /// The attacker of [`SimSmHub::set_forgery`] sees `pkt` go from `from`
+    /// to `to`, and perhaps adds a packet of its own.
+    fn forge(g: &mut HubInner, now_ns: u64, from: &Uri, to: &Uri, pkt: &[u8; SM_PKT_BYTES]) {
+        use crate::sm_types::{EXT_RPC_BITMAP_BYTES, SmPkt, SmPktType as T};
+        if g.recent.len() >= FORGER_MEMORY {
+            g.recent.pop_front();
+        }
+        g.recent.push_back((from.clone(), to.clone(), *pkt));
+        if !g.rng.chance_ppm(g.forge_ppm) {
+            return;
+        }
+        let forger = Uri::new(FORGER_URI.0, FORGER_URI.1);
+        let Ok(p) = SmPkt::decode(pkt) else { return };
+        let claimed_inc = if p.pkt_type.is_req() {
+            p.client.incarnation()
+        } else {
+            p.server.incarnation()
+        };
+        let mutable =
+            claimed_inc > 1 && matches!(p.pkt_type, T::PingReq | T::PingResp | T::ConnectReq);
+        let kind = if mutable {
+            g.rng.below(5)
+        } else {
+            g.rng.below(2)
+        };
+        let mut f = p;
+        let set_inc = |f: &mut SmPkt, inc: u64| {
+            if f.pkt_type.is_req() {
+                f.client.set_incarnation(inc);
+            } else {
+                f.server.set_incarnation(inc);
+            }
+        };
+        let (src, dst, bytes) = match kind {
+            0 | 1 => {
+                let k = g.rng.below(g.recent.len() as u64) as usize;
+                let (src, dst, bytes) = g.recent[k].clone();
+                (if kind == 0 { src } else { forger }, dst, bytes)
+            }
+            2 => {
+                set_inc(&mut f, claimed_inc + ((1 + g.rng.below(1 << 20)) << 20));
+                if f.pkt_type == T::ConnectReq {
+                    f.uniq_token = g.rng.next_u64();
+                }
+                (forger, to.clone(), f.encode())
+            }
+            3 => {
+                set_inc(&mut f, 1 + g.rng.below(claimed_inc - 1));
+                if f.pkt_type == T::ConnectReq {
+                    f.uniq_token = g.rng.next_u64();
+                }
+                (from.clone(), to.clone(), f.encode())
+            }
+            _ => {
+                // A ping response naming the sender, from its address.
+                let sender = if p.pkt_type.is_req() {
+                    p.client
+                } else {
+                    p.server
+                };
+                let mut r = SmPkt {
+                    pkt_type: T::PingResp,
+                    err: crate::sm_types::SmErr::NoError,
+                    uniq_token: g.rng.next_u64(),
+                    client: if p.pkt_type.is_req() {
+                        p.server
+                    } else {
+                        p.client
+                    },
+                    server: sender,
+                };
+                r.server.set_rpc_bitmap(&[0; EXT_RPC_BITMAP_BYTES]);
+                r.server.set_incarnation(claimed_inc);
+                (from.clone(), to.clone(), r.encode())
+            }
+        };
+        g.stats.forged += 1;
+        Self::enqueue(g, now_ns, src, dst, bytes);
     }
 
     /// Delivers every packet due by `now_ns` (replies the routers produce
@@ -263,12 +399,24 @@ impl SimSmHub {
         if now_ns.saturating_sub(g.last_tick_ns) >= g.tick_ns {
             g.last_tick_ns = now_ns;
             let mut pings = std::mem::take(&mut g.pings);
-            for r in g.routers.values() {
+            // Who sent which pings (allocated only when a ping is due).
+            let mut senders: Vec<(Uri, usize)> = Vec::new();
+            for (u, r) in g.routers.iter() {
                 r.tick(&mut pings);
+                if pings.len() > senders.last().map_or(0, |s| s.1) {
+                    senders.push((u.clone(), pings.len()));
+                }
             }
-            for (to, ping) in pings.drain(..) {
-                Self::push(&mut g, now_ns, to, ping);
+            let mut due = pings.drain(..);
+            let mut k = 0;
+            for (from, end) in senders {
+                while k < end {
+                    let (to, ping) = due.next().expect("counted above");
+                    k += 1;
+                    Self::push(&mut g, now_ns, &from, to, ping);
+                }
             }
+            drop(due);
             g.pings = pings;
         }
         let bound = 2 * g.q.len() + 1;
@@ -300,8 +448,8 @@ impl SimSmHub {
                 continue;
             };
             g.stats.delivered += 1;
-            if let Some((to, reply)) = router.deliver(&p.pkt) {
-                Self::push(&mut g, now_ns, to, reply);
+            if let Some((to, reply)) = router.deliver(&p.pkt, &SmSource::Sim(p.from), &resolve) {
+                Self::push(&mut g, now_ns, &p.to, to, reply);
             }
         }
         self.publish_due(&g);
@@ -341,16 +489,27 @@ impl SimSmHub {
     }
 
     /// Hands arbitrary bytes to the Nexus at `to` right now, as if they
-    /// arrived on its SM port (fuzzing). Replies go through the hub.
+    /// arrived on its SM port from the Nexus they name as their sender (a
+    /// peer the hub does not know, such as a C++ eRPC process a test plays;
+    /// fuzzing). Replies go through the hub.
     pub fn inject(&self, to: &Uri, bytes: &[u8]) {
+        let from = claimed_sender(bytes).unwrap_or_else(|| Uri::new("?", 0));
+        self.inject_from(&from, to, bytes);
+    }
+
+    /// Hands arbitrary bytes to the Nexus at `to` right now, as if they
+    /// arrived on its SM port from `from`, whatever they claim: a forger's
+    /// datagram, or a packet replayed from elsewhere. Replies go through
+    /// the hub (to whoever the packet names).
+    pub fn inject_from(&self, from: &Uri, to: &Uri, bytes: &[u8]) {
         let now = self.clock.now_ns();
         let mut g = self.lock();
         let Some(router) = g.routers.get(to).cloned() else {
             g.stats.no_such_nexus += 1;
             return;
         };
-        if let Some((to, reply)) = router.deliver(bytes) {
-            Self::push(&mut g, now, to, reply);
+        if let Some((dst, reply)) = router.deliver(bytes, &SmSource::Sim(from.clone()), &resolve) {
+            Self::push(&mut g, now, to, dst, reply);
         }
         self.publish_due(&g);
     }
@@ -371,10 +530,10 @@ impl SmLink for SimSmHub {
         Ok(())
     }
 
-    fn send(&self, _from: &Uri, to: &Uri, pkt: &[u8; SM_PKT_BYTES]) {
+    fn send(&self, from: &Uri, to: &Uri, pkt: &[u8; SM_PKT_BYTES]) {
         let now = self.clock.now_ns();
         let mut g = self.lock();
-        Self::push(&mut g, now, to.clone(), *pkt);
+        Self::push(&mut g, now, from, to.clone(), *pkt);
         self.publish_due(&g);
     }
 
