@@ -397,6 +397,11 @@ impl Ctx<'_> {
             last_error: None,
             fail_next: None,
             wqe_buf: vec![0u8; crate::tx::WQE_BUF_BYTES].into_boxed_slice(),
+            held: self
+                .nic
+                .cfg
+                .deferred_tx
+                .map(|d| crate::tx::HeldQueue::new(d, sqn)),
         };
         self.dp.sqs.insert(sqn, Arc::new(Mutex::new(sq)));
         self.ov::<CreateSqOut>()?
@@ -460,6 +465,10 @@ impl Ctx<'_> {
         if new == WqState::Rst {
             sq.cc = 0;
             sq.sw_counter = 0;
+            // Held WQEs (deferred gather) die with the queue's state.
+            if let Some(q) = sq.held.as_mut() {
+                q.clear();
+            }
         }
         sq.state = new;
         Ok(())
