@@ -10,7 +10,8 @@
 //! set, each packet handed over with registered memory is *posted*: its
 //! bytes are copied as they are at `tx_burst` (the snapshot), its addresses
 //! are kept, and the NIC reads the memory again later — at the endpoint's
-//! next `tx_flush` (every pending send), at a later `tx_burst` once the
+//! next `tx_flush` or when its transport is dropped (every pending send),
+//! at a later `tx_burst` once the
 //! send's draw of later sends has been posted, or at the first
 //! [`super::SimNet::advance`] past the send's draw of delay; never inside
 //! the `tx_burst` that posted it, and always in posting order. What it

@@ -204,8 +204,8 @@ pub struct NetStats {
     /// Deferred DMA: sends in memory not registered with the network's
     /// IOMMU, at `tx_burst` or (unregistered meanwhile) at the read.
     pub dma_faults: u64,
-    /// Deferred DMA: pending sends forgotten because their transport went
-    /// away or its endpoint restarted.
+    /// Deferred DMA: pending sends forgotten because their endpoint
+    /// restarted (the crashed process's queue died with it).
     pub dma_discarded: u64,
 }
 
@@ -941,19 +941,22 @@ impl SimTransport {
 }
 
 impl Drop for SimTransport {
-    /// Deferred DMA: the NIC forgets what it has not read of a transport
-    /// that goes away (its memory may go with it).
+    /// Deferred DMA: the NIC reads what it has not read yet of a transport
+    /// that goes away, as a flush would (its send queue is torn down only
+    /// once the NIC let go): a buffer freed before the owner's last drain
+    /// shows here. The owner drops its transport before its allocator.
     fn drop(&mut self) {
         let Ok(mut guard) = self.net.try_borrow_mut() else {
             return;
         };
-        if !self.current(&guard) {
+        if !self.current(&guard) || guard.cfg.deferred_dma.is_none() {
             return;
         }
-        let NetInner { net, extra, .. } = &mut *guard;
-        if let Some(q) = net.device_mut(port(self.ep)).dma.as_mut() {
-            extra.dma_discarded += q.clear().count() as u64;
-        }
+        let now = self.clock.now_ns();
+        let NetInner {
+            net, extra, iommu, ..
+        } = &mut *guard;
+        read_due(net, extra, iommu, self.ep, now, false, true);
     }
 }
 
