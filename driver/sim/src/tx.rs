@@ -134,12 +134,6 @@ impl HeldQueue {
     pub(crate) fn len(&self) -> usize {
         self.held.len()
     }
-
-    /// Forgets every held WQE (the SQ went to RST or away: nothing of
-    /// them is sent or completed).
-    pub(crate) fn clear(&mut self) {
-        self.held.clear();
-    }
 }
 
 /// The PF's spoof check on a VF's frame (`VfPolicy::spoofchk`): the
@@ -667,6 +661,43 @@ pub(crate) fn release(
         if let Some(se) = h.cqe {
             sq.req_cqe(nic, io, dp, h.idx, h.opcode, se);
             nic.stats.tx_cqes.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Deferred gather: `sq` is reset or destroyed with WQEs held. Nothing of
+/// them is sent or completed, but their data is read once more, as the NIC
+/// may have read it before it stopped: a buffer given back before its
+/// drain is still reported. (Memory already gone is not: a teardown may
+/// deregister before it destroys.)
+pub(crate) fn check_abandoned(nic: &NicInner, dp: &Datapath, sq: &mut Sq) {
+    let Some(q) = sq.held.as_mut() else {
+        return;
+    };
+    let held = std::mem::take(&mut q.held);
+    let panic = q.cfg.panic;
+    let io = nic.iommu.session();
+    let mut again = Vec::new();
+    for h in held {
+        let Some(f) = h.frame else {
+            continue;
+        };
+        nic.fabric.recycle(f);
+        again.clear();
+        if regather(&io, dp, sq.pd, &h.rec, &mut again).is_ok() && again != h.rec.snapshot {
+            nic.stats
+                .tx_deferred_mismatches
+                .fetch_add(1, Ordering::Relaxed);
+            report(
+                &format!(
+                    "device model, deferred gather: SQ {:#x} WQE {}: gathered bytes changed \
+                     while the send was held, found when the SQ was reset or destroyed: the \
+                     buffer was rewritten or freed while no CQE covered the send. A TX drain \
+                     is missing.",
+                    sq.sqn, h.idx
+                ),
+                panic,
+            );
         }
     }
 }

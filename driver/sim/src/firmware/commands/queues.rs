@@ -466,9 +466,7 @@ impl Ctx<'_> {
             sq.cc = 0;
             sq.sw_counter = 0;
             // Held WQEs (deferred gather) die with the queue's state.
-            if let Some(q) = sq.held.as_mut() {
-                q.clear();
-            }
+            crate::tx::check_abandoned(self.nic, self.dp, &mut sq);
         }
         sq.state = new;
         Ok(())
@@ -476,7 +474,8 @@ impl Ctx<'_> {
 
     pub(super) fn destroy_sq(&mut self) -> R {
         let n = self.iv::<DestroySqIn>()?.get32(DestroySqIn::SQN);
-        self.need_sq(n)?;
+        let sq = self.need_sq(n)?;
+        crate::tx::check_abandoned(self.nic, self.dp, &mut lock(&sq));
         self.dp.sqs.remove(&n);
         self.free24(n);
         Ok(())
