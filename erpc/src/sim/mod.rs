@@ -1373,12 +1373,12 @@ mod tests {
         a.tx_flush();
         assert_eq!(net.stats().dma_mismatches, 2);
         // Memory the IOMMU never saw: a fault at tx_burst, nothing sent.
-        let other = test_allocator(2 << 20).alloc(1024).unwrap();
-        let mut other = other;
+        let mut other_alloc = test_allocator(2 << 20);
+        let mut other = other_alloc.alloc(1024).unwrap();
         send_buf(&mut a, &r, &mut other, 1);
         assert_eq!(net.stats().dma_faults, 1);
         assert_eq!(net.dma_pending(0), 0);
-        std::mem::forget(other);
+        other_alloc.free(other);
     }
 
     #[test]
