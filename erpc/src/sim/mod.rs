@@ -1338,10 +1338,13 @@ mod tests {
         );
         net.advance(1_000);
         assert_eq!(b.rx_burst(), 1);
-        // A delay bound: read at the first advance past it.
+        // Drained before the buffers go back (the second send is still
+        // held, and a dropped transport reads what it holds).
+        a.tx_flush();
         for buf in bufs {
             alloc.free(buf);
         }
+        // A delay bound: read at the first advance past it.
         let (net, mut a, mut b, r, mut alloc) = deferred(1000, 5_000, true);
         let mut buf = alloc.alloc(1024).unwrap();
         send_buf(&mut a, &r, &mut buf, 3);
