@@ -573,6 +573,10 @@ pub(crate) fn release(
     out: &mut Vec<Vec<u8>>,
     all: bool,
 ) {
+    // Off, or nothing held: nothing to do (not even a clock read).
+    if sq.held.as_ref().is_none_or(|q| q.held.is_empty()) {
+        return;
+    }
     let now = nic.now_ns();
     let mut again = Vec::new();
     loop {
