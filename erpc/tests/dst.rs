@@ -45,7 +45,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use erpc::rng::Rng;
-use erpc::sim::{LinkConfig, SimConfig, SimNet, SmHubConfig};
+use erpc::sim::{DeferredDma, LinkConfig, SimConfig, SimNet, SmHubConfig};
 use erpc::{
     Completion, MAX_MSG_BYTES, Nexus, NexusBuilder, ReqHandle, Request, Rpc, RpcConfig, RpcError,
     SessionEvent, SessionEventKind, SessionNum, Uri,
@@ -103,6 +103,10 @@ trait Net {
     fn rpc_transport(&mut self, _i: usize) -> Option<Self::T> {
         None
     }
+    /// Sends the NIC read after their `tx_burst` (deferred DMA), so far.
+    fn dma_deferred(&self) -> u64 {
+        0
+    }
 }
 
 /// Fault settings of one seed.
@@ -116,20 +120,30 @@ struct Faults {
     forge_ppm: Option<u32>,
 }
 
-struct SimNetWorld {
+/// The simulated network; with `DMA`, in its deferred-DMA mode (the NIC
+/// reads a send after `tx_burst`, at a later send, a flush or a seeded
+/// delay, and a buffer reused or freed before a TX drain panics).
+struct SimNetWorld<const DMA: bool> {
     net: SimNet,
     started: Vec<bool>,
     link: LinkConfig,
 }
 
-impl Net for SimNetWorld {
+impl<const DMA: bool> Net for SimNetWorld<DMA> {
     type T = erpc::sim::SimTransport;
 
     fn new(seed: u64, f: &Faults, nodes: usize) -> Self {
+        // How many later sends a send may wait for varies by seed: 0 (read
+        // at the next burst), a few, or many.
+        let deferred_dma = DMA.then(|| DeferredDma {
+            max_later_sends: [0, 4, 64][(seed % 3) as usize],
+            ..DeferredDma::default()
+        });
         let net = SimNet::new(SimConfig {
             seed,
             link: f.link,
             sm: f.sm,
+            deferred_dma,
             ..SimConfig::default()
         });
         if let Some(ppm) = f.forge_ppm {
@@ -155,7 +169,7 @@ impl Net for SimNetWorld {
     }
 
     fn allocator(&mut self) -> mempool::Allocator {
-        erpc::sim::test_allocator(4 << 20)
+        self.net.allocator(4 << 20)
     }
 
     fn nexus(&mut self, uri: &str, seed: u64) -> NexusBuilder {
@@ -221,6 +235,10 @@ impl Net for SimNetWorld {
         self.net.crash(i);
         Some(self.net.restart(i))
     }
+
+    fn dma_deferred(&self) -> u64 {
+        self.net.stats().dma_deferred
+    }
 }
 
 /// The device model: one software ConnectX per node on a deterministic
@@ -228,8 +246,11 @@ impl Net for SimNetWorld {
 /// crash takes the node's link down and drops its process (the driver's
 /// teardown runs, as the kernel's reset of a VFIO device would); a restart
 /// brings the same NIC up again. SM stays on the simulated hub, whose
-/// virtual clock moves with the fabric's.
-struct DevNet {
+/// virtual clock moves with the fabric's. With `DMA`, each NIC gathers a
+/// send's data later than its doorbell (`NicConfig::deferred_tx`) and
+/// freed buffers are poisoned: a missing TX drain fails the seed.
+struct DevNet<const DMA: bool> {
+    seed: u64,
     net: SimNet,
     fabric: mlx5_sim::Fabric,
     nics: Vec<mlx5_sim::SimNic>,
@@ -239,11 +260,12 @@ struct DevNet {
     busy: bool,
 }
 
-impl Net for DevNet {
+impl<const DMA: bool> Net for DevNet<DMA> {
     type T = transport::mlx5::Mlx5Transport<mlx5_sim::SimBackend>;
 
     fn new(seed: u64, f: &Faults, _nodes: usize) -> Self {
         DevNet {
+            seed,
             net: SimNet::new(SimConfig {
                 seed,
                 sm: f.sm,
@@ -269,6 +291,11 @@ impl Net for DevNet {
                 &self.fabric,
                 mlx5_sim::NicConfig {
                     mac: [0x02, 0, 0, 0, 0x20, i as u8 + 1],
+                    deferred_tx: DMA.then(|| mlx5_sim::DeferredTx {
+                        max_later_wqes: [0, 4, 32][(self.seed % 3) as usize],
+                        seed: self.seed ^ i as u64,
+                        ..mlx5_sim::DeferredTx::default()
+                    }),
                     ..Default::default()
                 },
             );
@@ -316,6 +343,7 @@ impl Net for DevNet {
             mempool::AllocatorConfig {
                 initial_bytes: 4 << 20,
                 region: common::devmodel::region(),
+                poison_on_free: DMA.then_some(0xa5),
                 ..Default::default()
             },
         )
@@ -351,7 +379,17 @@ impl Net for DevNet {
             .filter(|&t| t > now)
             .fold(d, |d, t| d.min(t - now));
         self.net.advance(d.max(1));
+        if DMA {
+            // Held sends whose delay has passed are read at the step.
+            for nic in &self.nics {
+                nic.release_deferred_tx();
+            }
+        }
         self.busy = self.fabric.advance(Duration::from_nanos(d.max(1))) > 0;
+    }
+
+    fn dma_deferred(&self) -> u64 {
+        self.nics.iter().map(|n| n.stats().tx_deferred_reads).sum()
     }
 
     fn now_ns(&self) -> u64 {
@@ -918,6 +956,7 @@ struct Tally {
     timely_updates: u64,
     wheel_inserted: u64,
     wheel_stale: u64,
+    dma_deferred: u64,
 }
 
 fn run<N: Net>(seed: u64) -> (Vec<String>, Tally) {
@@ -1234,6 +1273,7 @@ fn run<N: Net>(seed: u64) -> (Vec<String>, Tally) {
             .flatten()
             .map(|n| n.rpc.stats().wheel_stale)
             .sum(),
+        dma_deferred: net.dma_deferred(),
         ..Tally::default()
     };
     for rec in book.reqs.borrow().values() {
@@ -1282,7 +1322,7 @@ fn sweep<N: Net>(test: &str, default: u64) {
     sweep_range::<N>(test, first, count);
 }
 
-fn sweep_range<N: Net>(test: &str, first: u64, count: u64) {
+fn sweep_range<N: Net>(test: &str, first: u64, count: u64) -> Tally {
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(4) as u64;
@@ -1310,6 +1350,7 @@ fn sweep_range<N: Net>(test: &str, first: u64, count: u64) {
                             a.wheel_inserted += t.wheel_inserted;
                             a.wheel_stale += t.wheel_stale;
                             a.max_wait_ns = a.max_wait_ns.max(t.max_wait_ns);
+                            a.dma_deferred += t.dma_deferred;
                             v
                         }
                         Err(e) => vec![format!(
@@ -1343,8 +1384,8 @@ fn sweep_range<N: Net>(test: &str, first: u64, count: u64) {
     eprintln!(
         "{test}: {count} seeds clean: {} requests succeeded, {} failed with an error, {} died \
          with their client, {} crashes, {} go-back-N rollbacks, {} Timely updates, {} packets \
-         paced by the wheel ({} dropped there by rollbacks); the longest wait for a \
-         continuation {} ms (bound {} ms)",
+         paced by the wheel ({} dropped there by rollbacks), {} sends read late (deferred DMA); \
+         the longest wait for a continuation {} ms (bound {} ms)",
         t.ok,
         t.failed,
         t.void,
@@ -1353,15 +1394,31 @@ fn sweep_range<N: Net>(test: &str, first: u64, count: u64) {
         t.timely_updates,
         t.wheel_inserted,
         t.wheel_stale,
+        t.dma_deferred,
         t.max_wait_ns / MS,
         WAIT_BOUND_NS / MS
     );
     assert!(t.ok > 0, "nothing succeeded: the sweep tested nothing");
+    t
 }
 
 #[test]
 fn sweep_simulated_network() {
-    sweep::<SimNetWorld>("sweep_simulated_network", 1000);
+    sweep::<SimNetWorld<false>>("sweep_simulated_network", 1000);
+}
+
+/// The sweep with the NIC reading every send later than `tx_burst`: a TX
+/// drain missing before a buffer is reused or freed fails the seed. A
+/// tenth of the seeds (at least 20) of the plain sweep.
+#[test]
+fn sweep_simulated_network_deferred_dma() {
+    let seeds = std::env::var("ERPC_DST_SEEDS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .map_or(100, |n| (n / 10).max(20));
+    let (first, count) = seeds_or(seeds);
+    let t = sweep_range::<SimNetWorld<true>>("sweep_simulated_network_deferred_dma", first, count);
+    assert!(t.dma_deferred > 0, "no send was read late: the mode is off");
 }
 
 #[test]
@@ -1371,5 +1428,19 @@ fn sweep_device_model() {
         .and_then(|s| s.parse::<u64>().ok())
         .map_or(100, |n| (n / 10).max(20));
     let (first, count) = seeds_or(seeds);
-    sweep_range::<DevNet>("sweep_device_model", first, count);
+    sweep_range::<DevNet<false>>("sweep_device_model", first, count);
+}
+
+/// The device-model sweep with the NICs gathering every send later than
+/// its doorbell: a TX drain missing before a buffer is reused or freed
+/// fails the seed. A fifth of the device-model seeds (at least 10).
+#[test]
+fn sweep_device_model_deferred_dma() {
+    let seeds = std::env::var("ERPC_DST_SEEDS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .map_or(20, |n| (n / 50).max(10));
+    let (first, count) = seeds_or(seeds);
+    let t = sweep_range::<DevNet<true>>("sweep_device_model_deferred_dma", first, count);
+    assert!(t.dma_deferred > 0, "no send was read late: the mode is off");
 }

@@ -11,7 +11,7 @@ use common::scenarios::{N, check_done, connect, nodes, nodes_with};
 use common::{SimWorld, World, run_until, with_seeds};
 use erpc::cc::CcConfig;
 use erpc::rng::Rng;
-use erpc::sim::{LinkConfig, PortConfig, SimConfig};
+use erpc::sim::{DeferredDma, LinkConfig, PortConfig, SimConfig};
 use erpc::{DropReason, RpcConfig, RpcError};
 
 const FILE: &str = "loss";
@@ -19,10 +19,14 @@ const MS: u64 = 1_000_000;
 
 type W = SimWorld;
 
+/// Every world of this file runs in the deferred-DMA mode: the NIC reads
+/// a send later than `tx_burst`, and a buffer reused or freed before a TX
+/// drain panics with the packet's name.
 fn world(seed: u64, link: LinkConfig) -> W {
     W::with_config(SimConfig {
         seed,
         link,
+        deferred_dma: Some(DeferredDma::default()),
         ..SimConfig::default()
     })
 }
@@ -425,6 +429,7 @@ fn a_request_waiting_for_credits_is_not_retransmitted() {
                         delay_ns: 1_000,
                         ..LinkConfig::default()
                     },
+                    deferred_dma: Some(DeferredDma::default()),
                     ..SimConfig::default()
                 });
                 let cfg = RpcConfig {

@@ -613,6 +613,7 @@ fn routing_resolution_failures_and_server_out_of_memory() {
                             fallback,
                             ..RegionOptions::default()
                         },
+                        poison_on_free: None,
                     },
                 )
                 .unwrap()

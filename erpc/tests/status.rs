@@ -196,6 +196,7 @@ fn small_node(w: &mut W, i: usize, seed: u64, max_bytes: usize) -> N<W> {
                 fallback: mempool::Fallback::SmallPages,
                 ..Default::default()
             },
+            poison_on_free: None,
         },
     )
     .unwrap();

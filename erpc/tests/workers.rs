@@ -108,6 +108,7 @@ fn small_node(w: &mut W, nexus: &Arc<Nexus>, max_bytes: usize, seed: u64) -> N<W
                 fallback: mempool::Fallback::SmallPages,
                 ..Default::default()
             },
+            poison_on_free: None,
         },
     )
     .unwrap();

@@ -70,6 +70,13 @@ pub struct AllocatorConfig {
     pub max_bytes: usize,
     /// Page size and fallback policy for every region.
     pub region: RegionOptions,
+    /// Test and debug aid: when set, [`Allocator::free`] fills every freed
+    /// block with this byte (the whole class size), so that whatever still
+    /// reads it (a NIC that was not drained, a dangling copy) sees the
+    /// pattern instead of the old bytes. `None` (the default) costs one
+    /// branch per free. The simulated transports' deferred-DMA mode uses it
+    /// to show a buffer given back while a send still referred to it.
+    pub poison_on_free: Option<u8>,
 }
 
 impl Default for AllocatorConfig {
@@ -78,6 +85,7 @@ impl Default for AllocatorConfig {
             initial_bytes: 8 << 20,
             max_bytes: usize::MAX,
             region: RegionOptions::default(),
+            poison_on_free: None,
         }
     }
 }
@@ -219,6 +227,9 @@ impl Allocator {
         let class = buf.class as usize;
         self.in_use[class] -= 1;
         self.in_use_bytes -= class_size(class);
+        if let Some(byte) = self.config.poison_on_free {
+            poison(&mut buf, byte);
+        }
         // Grows (amortised) only when more blocks of the class are free at
         // once than ever before: in a steady state, never.
         self.free[class].push(buf);
@@ -419,6 +430,13 @@ impl Allocator {
     }
 }
 
+/// Fills a freed block with `byte` (the allocator's poison option).
+#[cold]
+#[inline(never)]
+fn poison(buf: &mut Buffer, byte: u8) {
+    buf.as_mut_slice().fill(byte);
+}
+
 impl Drop for Allocator {
     fn drop(&mut self) {
         let outstanding: u64 = self.in_use.iter().sum::<u64>() + self.dedicated.len() as u64;
@@ -439,6 +457,46 @@ impl Drop for Allocator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Fallback, IdentityMapper};
+
+    fn small(poison_on_free: Option<u8>) -> Allocator {
+        Allocator::new(
+            Arc::new(IdentityMapper::new()),
+            AllocatorConfig {
+                initial_bytes: 2 << 20,
+                region: RegionOptions {
+                    fallback: Fallback::SmallPages,
+                    ..RegionOptions::default()
+                },
+                poison_on_free,
+                ..AllocatorConfig::default()
+            },
+        )
+        .expect("allocator")
+    }
+
+    #[test]
+    fn freed_blocks_are_poisoned_only_when_asked() {
+        for poison in [None, Some(0xa5)] {
+            let mut a = small(poison);
+            let mut b = a.alloc(100).unwrap();
+            b.as_mut_slice().fill(7);
+            let p = b.as_ptr();
+            let cap = b.capacity();
+            a.free(b);
+            // The same block comes back (a LIFO free list).
+            let b = a.alloc(100).unwrap();
+            assert_eq!(b.as_ptr(), p);
+            assert_eq!(b.capacity(), cap);
+            let want = poison.unwrap_or(7);
+            assert!(
+                b.as_slice().iter().all(|&x| x == want),
+                "poison {poison:?}: {:?}",
+                &b.as_slice()[..8]
+            );
+            a.free(b);
+        }
+    }
 
     #[test]
     fn class_boundaries() {

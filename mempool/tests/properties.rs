@@ -24,6 +24,7 @@ fn allocator(max_bytes: usize) -> (Allocator, Arc<BumpMapper>) {
             fallback: Fallback::SmallPages,
             ..Default::default()
         },
+        poison_on_free: None,
     };
     (Allocator::new(mapper.clone(), cfg).unwrap(), mapper)
 }

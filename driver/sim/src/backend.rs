@@ -76,6 +76,9 @@ impl HwBackend for SimBackend {
     /// delivers what is due. Threaded: yields for waits under 100 µs,
     /// sleeps otherwise.
     fn wait(&self, duration: Duration) {
+        // The NIC goes on while the host waits: held sends (deferred
+        // gather) are read and their CQEs written.
+        self.nic.release_deferred_tx(true);
         let f = &self.nic.fabric;
         if f.deterministic() {
             f.check_thread();

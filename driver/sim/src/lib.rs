@@ -79,4 +79,4 @@ pub use profile::Profile;
 pub use stats::{
     CqInfo, DropReason, EqInfo, NicStats, ObjectCounts, Queues, RqInfo, SqInfo, WqState,
 };
-pub use tx::MIN_FRAME;
+pub use tx::{DeferredTx, MIN_FRAME};

@@ -42,6 +42,7 @@ use crate::queues::Cq;
 use crate::rx::Rq;
 use crate::stats::{Counters, DropReason, NicStats, ObjectCounts, Queues};
 use crate::steering::Verdict;
+use crate::tx::DeferredTx;
 use crate::util::{lock, mac_str, read, write};
 use crate::{backend::SimBackend, rx, tx};
 use netsim::Frames;
@@ -282,6 +283,10 @@ pub struct NicConfig {
     /// with ENOMEM past the process's locked-memory limit (`ulimit -l`)
     /// when it does not run as root. `None`: no limit.
     pub dma_lock_limit: Option<u64>,
+    /// Test aid: the TX engine gathers a send's data again later than its
+    /// doorbell and reports any change ([`DeferredTx`]). `None` (the
+    /// default): everything happens inside the doorbell.
+    pub deferred_tx: Option<DeferredTx>,
 }
 
 impl Default for NicConfig {
@@ -333,6 +338,7 @@ impl NicConfig {
             bar_write_combining: false,
             command_log_capacity: 4096,
             dma_lock_limit: None,
+            deferred_tx: None,
         }
     }
 }
@@ -441,6 +447,22 @@ struct TxOrigin {
     td: u32,
     disable_uc_lb: bool,
     disable_mc_lb: bool,
+}
+
+/// The loopback facts of `sq`'s frames in `out` (and whether each goes to
+/// one of the function's own addresses, into `out.own`).
+fn tx_origin(dp: &Datapath, sq: &tx::Sq, out: &mut TxScratch) -> TxOrigin {
+    let TxScratch { frames, own } = out;
+    own.extend(frames.iter().map(|f| {
+        let dmac: [u8; 6] = f[0..6].try_into().unwrap_or([0; 6]);
+        dp.vport.owns(&dmac)
+    }));
+    TxOrigin {
+        own: false,
+        td: dp.tises.get(&sq.tisn).map_or(0, |t| t.td),
+        disable_uc_lb: dp.vport.disable_uc_lb,
+        disable_mc_lb: dp.vport.disable_mc_lb,
+    }
 }
 
 impl TxOrigin {
@@ -730,18 +752,44 @@ impl NicInner {
             // nested doorbell would simply start with empty ones).
             out = TX_SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
             tx::doorbell(self, &dp, &mut sq, bf, &mut out.frames);
-            let TxScratch { frames, own } = &mut out;
-            own.extend(frames.iter().map(|f| {
-                let dmac: [u8; 6] = f[0..6].try_into().unwrap_or([0; 6]);
-                dp.vport.owns(&dmac)
-            }));
-            origin = TxOrigin {
-                own: false,
-                td: dp.tises.get(&sq.tisn).map_or(0, |t| t.td),
-                disable_uc_lb: dp.vport.disable_uc_lb,
-                disable_mc_lb: dp.vport.disable_mc_lb,
-            };
+            origin = tx_origin(&dp, &sq, &mut out);
         }
+        self.send_frames(out, origin);
+    }
+
+    /// Deferred gather ([`DeferredTx`]): every SQ reads its held WQEs that
+    /// are due (all of them with `all`), in SQ-number order, and sends
+    /// what it read.
+    pub(crate) fn release_deferred_tx(&self, all: bool) {
+        if self.cfg.deferred_tx.is_none() {
+            return;
+        }
+        // In SQ-number order (the map's): a replay sends the same frames in
+        // the same order.
+        let sqs: Vec<Arc<Mutex<tx::Sq>>> = read(&self.dp).sqs.values().cloned().collect();
+        for sq in sqs {
+            let out;
+            let origin;
+            {
+                let dp = read(&self.dp);
+                let mut sq = lock(&sq);
+                if sq.held.as_ref().is_none_or(|q| q.len() == 0) {
+                    continue;
+                }
+                let mut o = TX_SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+                let io = self.iommu.session();
+                tx::release(self, &io, &dp, &mut sq, &mut o.frames, all);
+                drop(io);
+                origin = tx_origin(&dp, &sq, &mut o);
+                out = o;
+            }
+            self.send_frames(out, origin);
+        }
+    }
+
+    /// Sends the frames of a doorbell (or of a deferred read) after every
+    /// lock is dropped, and gives the scratch vectors back to the thread.
+    fn send_frames(&self, mut out: TxScratch, origin: TxOrigin) {
         // Frames that only go to the wire (no loopback inside the NIC) are
         // handed to the fabric a run at a time, in order; the others one
         // by one between them, as before.
@@ -1160,6 +1208,14 @@ impl SimNic {
         let sink: Weak<dyn PortSink> = Arc::downgrade(&inner) as Weak<dyn PortSink>;
         fab.set_sink(port, sink);
         SimNic { inner }
+    }
+
+    /// Deferred gather ([`NicConfig::deferred_tx`]): the NIC reads the
+    /// held WQEs whose delay has passed on the fabric clock, as a step of
+    /// time would have it do (a harness that moves the clock calls this;
+    /// doorbells and the driver's waits do it themselves).
+    pub fn release_deferred_tx(&self) {
+        self.inner.release_deferred_tx(false);
     }
 
     /// The backend the driver talks to.

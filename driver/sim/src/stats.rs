@@ -188,6 +188,15 @@ counters! {
         loopback_frames,
         /// Send CQEs written (success).
         tx_cqes,
+        /// Deferred gather ([`crate::DeferredTx`]): held WQEs read after
+        /// their doorbell.
+        tx_deferred_reads,
+        /// Deferred gather: sends whose gathered bytes changed between the
+        /// doorbell and the read (a buffer reused before a CQE covered it).
+        tx_deferred_mismatches,
+        /// Deferred gather: sends whose memory key or IOMMU mapping was
+        /// gone at the read.
+        tx_deferred_faults,
         /// Error CQEs written (send and receive, including flushes).
         error_cqes,
         /// Frames that arrived at the port.

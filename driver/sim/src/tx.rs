@@ -3,7 +3,33 @@
 //! parse control + Ethernet (+ inline header) + data segments, gather the
 //! frame, and hand it to the port; write a CQE when the WQE asks for one,
 //! and an error CQE (moving the SQ to ERR) when it is malformed.
+//!
+//! # Deferred gather
+//!
+//! A real ConnectX reads a send's data some time after the doorbell, and
+//! says it is done with a WQE only through a CQE (sends are mostly
+//! unsignaled). Gathering inside the doorbell, as this engine does by
+//! default, hides a driver or application that reuses, frees or
+//! unregisters a buffer before a CQE covered its send. With
+//! [`crate::NicConfig::deferred_tx`] ([`DeferredTx`]) the engine still
+//! checks and gathers each WQE at the doorbell (a snapshot), but holds its
+//! frame and its CQE, and gathers its data segments again later: at a
+//! later doorbell of the same SQ once a seeded number of later WQEs were
+//! posted, at the first doorbell or [`crate::SimNic::release_deferred_tx`]
+//! past a seeded delay, or when the driver waits
+//! ([`mlx5::hw::HwBackend::wait`]: the NIC goes on while the host
+//! polls), and never inside the doorbell that posted it. What it gathers
+//! then goes on the wire, and held CQEs are written in WQE order after the
+//! sends before them were read (a CQE still means that the NIC is done
+//! with every earlier WQE). Bytes that differ from the snapshot (a buffer
+//! rewritten, or freed and poisoned) count as
+//! [`crate::NicStats::tx_deferred_mismatches`]; a memory key or IOMMU
+//! mapping that is gone counts as [`crate::NicStats::tx_deferred_faults`]
+//! and completes the WQE with an error CQE, as the hardware would. Either
+//! panics by default ([`DeferredTx::panic`]) with a message that names the
+//! SQ and the WQE. Nothing in the driver's path changes.
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
@@ -25,6 +51,90 @@ use crate::util::{be32, be64, lock};
 
 /// Smallest frame on the wire (without FCS); shorter frames are padded.
 pub const MIN_FRAME: usize = 60;
+
+/// Settings of the deferred-gather mode ([`crate::NicConfig::deferred_tx`];
+/// see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeferredTx {
+    /// A send is gathered again once at most this many later WQEs of its SQ
+    /// were posted (drawn per WQE in `0..=max_later_wqes`), at a later
+    /// doorbell.
+    pub max_later_wqes: u32,
+    /// ... or once the fabric clock passed its doorbell by a delay drawn
+    /// per WQE in `1..=max_delay_ns` (0: no time bound).
+    pub max_delay_ns: u64,
+    /// Panic at the first mismatch or fault (else only count them).
+    pub panic: bool,
+    /// Seed of the draws (mixed with the SQ number).
+    pub seed: u64,
+}
+
+impl Default for DeferredTx {
+    fn default() -> Self {
+        DeferredTx {
+            max_later_wqes: 32,
+            max_delay_ns: 20_000,
+            panic: true,
+            seed: 0,
+        }
+    }
+}
+
+/// A pointer data segment of a held send, and where its bytes sit in the
+/// frame.
+#[derive(Debug, Clone, Copy)]
+struct Gather {
+    lkey: u32,
+    addr: u64,
+    len: u64,
+    at: usize,
+}
+
+/// What a send recorded of its gather for a later read.
+#[derive(Debug, Default)]
+struct Record {
+    gathers: Vec<Gather>,
+    /// The gathered bytes as read at the doorbell, in segment order.
+    snapshot: Vec<u8>,
+    cs: u8,
+}
+
+/// A WQE whose frame and CQE wait for the later read.
+#[derive(Debug)]
+struct Held {
+    idx: u16,
+    opcode: u8,
+    /// Signaled: its CQE (with the solicited flag) is written at the read.
+    cqe: Option<bool>,
+    frame: Option<Vec<u8>>,
+    rec: Record,
+    doorbell: u64,
+    read_at_wqe: u64,
+    due_ns: u64,
+}
+
+/// An SQ's held WQEs, oldest first (deferred-gather mode).
+#[derive(Debug)]
+pub(crate) struct HeldQueue {
+    cfg: DeferredTx,
+    rng: crate::rng::Rng,
+    held: VecDeque<Held>,
+}
+
+impl HeldQueue {
+    pub(crate) fn new(cfg: DeferredTx, sqn: u32) -> HeldQueue {
+        HeldQueue {
+            cfg,
+            rng: crate::rng::Rng::with_stream(cfg.seed, u64::from(sqn)),
+            held: VecDeque::new(),
+        }
+    }
+
+    /// WQEs held now.
+    pub(crate) fn len(&self) -> usize {
+        self.held.len()
+    }
+}
 
 /// The PF's spoof check on a VF's frame (`VfPolicy::spoofchk`): the
 /// source MAC must be the admin MAC, and without one nothing passes
@@ -89,6 +199,8 @@ pub(crate) struct Sq {
     /// SEND_WQE_MAX_WQEBBS; allocated with the SQ, so a doorbell neither
     /// allocates nor zeroes one). Only meaningful during a doorbell.
     pub wqe_buf: Box<[u8]>,
+    /// Deferred-gather mode: the WQEs whose frame and CQE are held.
+    pub held: Option<HeldQueue>,
 }
 
 /// Bytes of [`Sq::wqe_buf`].
@@ -290,10 +402,13 @@ pub(crate) fn doorbell(
     if let Some(bf) = bf {
         check_bf(nic, io, sq, bf);
     }
+    // Held WQEs of earlier doorbells whose time has come are read first.
+    release(nic, io, dp, sq, out, false);
     let ring = sq.wqebbs() as u16;
     let ahead = pc.wrapping_sub(sq.cc);
     if u32::from(ahead) > sq.wqebbs() {
         if sq.state == WqState::Rdy {
+            release(nic, io, dp, sq, out, true);
             let e = err(
                 CqeSyndrome::LocalQpOperation,
                 vendor::RING_OVERRUN,
@@ -329,6 +444,7 @@ pub(crate) fn doorbell(
             Ok(()) => {}
             Err(f) => {
                 let e = err(CqeSyndrome::LocalAccess, vendor::DMA_FAULT, f.to_string());
+                release(nic, io, dp, sq, out, true);
                 fail_and_flush(nic, io, sq, idx, 0, 1, &e);
                 continue;
             }
@@ -357,6 +473,7 @@ pub(crate) fn doorbell(
         // CE 0b10 (CQE) and 0b11 (CQE + EQE) both have the CQ_UPDATE bit.
         let signaled = fm_ce_se.contains(FmCeSe::CQ_UPDATE);
         let se = fm_ce_se.contains(FmCeSe::SOLICITED);
+        let mut rec = sq.held.as_ref().map(|_| Record::default());
         let result = check_ctrl(sq, idx, opmod_idx_opcode, qpn_ds, ds, left).and_then(|()| {
             if let Some(s) = sq.fail_next.take() {
                 return Err(err(
@@ -371,9 +488,33 @@ pub(crate) fn doorbell(
                 &mut wqe_buf[SEND_WQE_BB..wqebbs * SEND_WQE_BB],
             )
             .map_err(|f| err(CqeSyndrome::LocalAccess, vendor::DMA_FAULT, f.to_string()))?;
-            execute(nic, io, dp, sq, &wqe_buf[..ds * 16], opcode)
+            execute(nic, io, dp, sq, &wqe_buf[..ds * 16], opcode, rec.as_mut())
         });
         match result {
+            Ok(frame) if hold(sq, frame.is_some()) => {
+                if let Some(f) = &frame {
+                    sq.frames += 1;
+                    sq.bytes += f.len() as u64;
+                }
+                let (doorbell, wqes, now) = (sq.doorbells, sq.wqes, nic.now_ns());
+                let q = sq.held.as_mut().expect("hold() checked");
+                let later = q.rng.below(u64::from(q.cfg.max_later_wqes) + 1);
+                let due_ns = match q.cfg.max_delay_ns {
+                    0 => u64::MAX,
+                    d => now.saturating_add(1 + q.rng.below(d)),
+                };
+                q.held.push_back(Held {
+                    idx,
+                    opcode,
+                    cqe: signaled.then_some(se),
+                    frame,
+                    rec: rec.take().unwrap_or_default(),
+                    doorbell,
+                    read_at_wqe: wqes + later,
+                    due_ns,
+                });
+                sq.cc = sq.cc.wrapping_add(adv);
+            }
             Ok(frame) => {
                 if let Some(f) = frame {
                     sq.frames += 1;
@@ -396,6 +537,8 @@ pub(crate) fn doorbell(
             }
             Err(e) => {
                 tracing::debug!(sqn = sq.sqn, idx, reason = %e.reason, "send WQE error");
+                // The error CQE comes after the CQEs of what was held.
+                release(nic, io, dp, sq, out, true);
                 fail_and_flush(nic, io, sq, idx, opcode, adv, &e);
             }
         }
@@ -408,6 +551,193 @@ pub(crate) fn doorbell(
         (&c.tx_bytes, sq.bytes - bytes),
         (&c.tx_cqes, req_cqes),
     ]);
+}
+
+/// Deferred-gather mode: whether a WQE that executed is held (a send, or
+/// a WQE behind held ones, whose CQE must not overtake theirs).
+fn hold(sq: &Sq, sends: bool) -> bool {
+    sq.held
+        .as_ref()
+        .is_some_and(|q| sends || !q.held.is_empty())
+}
+
+/// Deferred-gather mode: reads the held WQEs of `sq` that are due (every
+/// one with `all`), oldest first: gathers each send's data again, checks
+/// it against the doorbell's snapshot, appends what it read to `out` and
+/// writes the held CQEs.
+pub(crate) fn release(
+    nic: &NicInner,
+    io: &DmaSession<'_>,
+    dp: &Datapath,
+    sq: &mut Sq,
+    out: &mut Vec<Vec<u8>>,
+    all: bool,
+) {
+    // Off, or nothing held: nothing to do (not even a clock read).
+    if sq.held.as_ref().is_none_or(|q| q.held.is_empty()) {
+        return;
+    }
+    let now = nic.now_ns();
+    let mut again = Vec::new();
+    loop {
+        let (doorbells, wqes) = (sq.doorbells, sq.wqes);
+        let Some(q) = sq.held.as_mut() else {
+            return;
+        };
+        let due = q.held.front().is_some_and(|h| {
+            all || h.due_ns <= now || (h.doorbell < doorbells && wqes >= h.read_at_wqe)
+        });
+        if !due {
+            return;
+        }
+        let h = q.held.pop_front().expect("due");
+        let panic = q.cfg.panic;
+        nic.stats.tx_deferred_reads.fetch_add(1, Ordering::Relaxed);
+        if let Some(mut f) = h.frame {
+            again.clear();
+            if let Err(why) = regather(io, dp, sq.pd, &h.rec, &mut again) {
+                nic.stats.tx_deferred_faults.fetch_add(1, Ordering::Relaxed);
+                let msg = format!(
+                    "device model, deferred gather: SQ {:#x} WQE {}: {why} when the NIC read it \
+                     at {now} ns, after the doorbell. The memory was unregistered or unmapped \
+                     while no CQE covered the send: a TX drain is missing.",
+                    sq.sqn, h.idx
+                );
+                report(&msg, panic);
+                nic.fabric.recycle(f);
+                let e = err(CqeSyndrome::LocalProtection, vendor::BAD_LKEY, msg);
+                sq.error_cqe(nic, io, h.idx, h.opcode, &e);
+                sq.enter_error(&e.reason);
+                continue;
+            }
+            if again != h.rec.snapshot {
+                nic.stats
+                    .tx_deferred_mismatches
+                    .fetch_add(1, Ordering::Relaxed);
+                let differ = again
+                    .iter()
+                    .zip(&h.rec.snapshot)
+                    .filter(|(a, b)| a != b)
+                    .count();
+                let first = again
+                    .iter()
+                    .zip(&h.rec.snapshot)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(0);
+                report(
+                    &format!(
+                        "device model, deferred gather: SQ {:#x} WQE {}: {differ} of {} gathered \
+                         bytes changed between the doorbell and the NIC's read at {now} ns \
+                         (first at gathered byte {first}: {:#04x} -> {:#04x}): the buffer was \
+                         rewritten or freed while no CQE covered the send. A TX drain is missing.",
+                        sq.sqn,
+                        h.idx,
+                        again.len(),
+                        h.rec.snapshot[first],
+                        again[first],
+                    ),
+                    panic,
+                );
+                // What goes on the wire is what the NIC reads now.
+                let mut from = 0;
+                for g in &h.rec.gathers {
+                    let n = g.len as usize;
+                    f[g.at..g.at + n].copy_from_slice(&again[from..from + n]);
+                    from += n;
+                }
+                let cs = CsFlags::from_bits_retain(h.rec.cs);
+                if cs.intersects(CsFlags::L3_CSUM | CsFlags::L4_CSUM) {
+                    packet::offload_checksums(
+                        &mut f,
+                        cs.contains(CsFlags::L3_CSUM),
+                        cs.contains(CsFlags::L4_CSUM),
+                    );
+                }
+            }
+            if !dp.link_up(now) {
+                nic.drop_frame(crate::stats::DropReason::LinkDown);
+            } else if !spoof_check_passes(&nic.cfg, &f) {
+                nic.drop_frame(crate::stats::DropReason::Eswitch);
+            } else {
+                out.push(f);
+            }
+        }
+        if let Some(se) = h.cqe {
+            sq.req_cqe(nic, io, dp, h.idx, h.opcode, se);
+            nic.stats.tx_cqes.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Deferred gather: `sq` is reset or destroyed with WQEs held. Nothing of
+/// them is sent or completed, but their data is read once more, as the NIC
+/// may have read it before it stopped: a buffer given back before its
+/// drain is still reported. (Memory already gone is not: a teardown may
+/// deregister before it destroys.)
+pub(crate) fn check_abandoned(nic: &NicInner, dp: &Datapath, sq: &mut Sq) {
+    let Some(q) = sq.held.as_mut() else {
+        return;
+    };
+    let held = std::mem::take(&mut q.held);
+    let panic = q.cfg.panic;
+    let io = nic.iommu.session();
+    let mut again = Vec::new();
+    for h in held {
+        let Some(f) = h.frame else {
+            continue;
+        };
+        nic.fabric.recycle(f);
+        again.clear();
+        if regather(&io, dp, sq.pd, &h.rec, &mut again).is_ok() && again != h.rec.snapshot {
+            nic.stats
+                .tx_deferred_mismatches
+                .fetch_add(1, Ordering::Relaxed);
+            report(
+                &format!(
+                    "device model, deferred gather: SQ {:#x} WQE {}: gathered bytes changed \
+                     while the send was held, found when the SQ was reset or destroyed: the \
+                     buffer was rewritten or freed while no CQE covered the send. A TX drain \
+                     is missing.",
+                    sq.sqn, h.idx
+                ),
+                panic,
+            );
+        }
+    }
+}
+
+/// Gathers a held send's data segments again into `out`, translating
+/// their keys anew.
+fn regather(
+    io: &DmaSession<'_>,
+    dp: &Datapath,
+    pd: u32,
+    rec: &Record,
+    out: &mut Vec<u8>,
+) -> Result<(), String> {
+    let mut pieces = IovaPieces::new();
+    for g in &rec.gathers {
+        pieces.clear();
+        let key = dp
+            .mkey(g.lkey, pd)
+            .map_err(|e| mkey_err(e, g.lkey, g.addr, g.len).reason)?;
+        key.translate(g.addr, g.len, false, &mut pieces)
+            .map_err(|e| mkey_err(e, g.lkey, g.addr, g.len).reason)?;
+        for &(iova, n) in &pieces {
+            io.read_append(iova, n as usize, out)
+                .map_err(|f| f.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+/// A deferred-gather error: logged, and a panic if asked (not while
+/// already unwinding).
+fn report(msg: &str, panic: bool) {
+    tracing::error!("{msg}");
+    if panic && !std::thread::panicking() {
+        panic!("{msg}");
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -478,10 +808,11 @@ fn execute(
     sq: &Sq,
     wqe: &[u8],
     opcode: u8,
+    rec: Option<&mut Record>,
 ) -> Result<Option<Vec<u8>>, TxError> {
     match WqeOpcode::from_raw(opcode) {
         Some(WqeOpcode::Nop) => Ok(None),
-        Some(WqeOpcode::Send) => send(nic, io, dp, sq, wqe).map(Some),
+        Some(WqeOpcode::Send) => send(nic, io, dp, sq, wqe, rec).map(Some),
         _ => Err(err(
             CqeSyndrome::LocalQpOperation,
             vendor::BAD_OPCODE,
@@ -496,6 +827,7 @@ fn send(
     dp: &Datapath,
     sq: &Sq,
     wqe: &[u8],
+    mut rec: Option<&mut Record>,
 ) -> Result<Vec<u8>, TxError> {
     if wqe.len() < 32 {
         return Err(err(
@@ -569,11 +901,24 @@ fn send(
             .map_err(|e| mkey_err(e, lkey, addr, len))?;
         key.translate(addr, len, false, &mut pieces)
             .map_err(|e| mkey_err(e, lkey, addr, len))?;
+        let start = frame.len();
         for &(iova, n) in &pieces {
             io.read_append(iova, n as usize, &mut frame)
                 .map_err(|f| err(CqeSyndrome::LocalAccess, vendor::DMA_FAULT, f.to_string()))?;
         }
+        if let Some(r) = rec.as_deref_mut() {
+            r.gathers.push(Gather {
+                lkey,
+                addr,
+                len,
+                at: start,
+            });
+            r.snapshot.extend_from_slice(&frame[start..]);
+        }
         at += 16;
+    }
+    if let Some(r) = rec {
+        r.cs = cs_flags.bits();
     }
     let max = max_frame(dp.vport.mtu);
     if frame.len() < 14 || frame.len() > max {

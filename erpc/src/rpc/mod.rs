@@ -1239,6 +1239,22 @@ impl<T: Transport, C> Rpc<T, C> {
         self.alloc.free(m.into_buffer());
     }
 
+    /// The fuzz harness's view of live state: each session's number, its
+    /// SM token, and its slots' current request numbers.
+    #[cfg(feature = "sim")]
+    pub(crate) fn live_sessions(
+        &self,
+    ) -> impl Iterator<Item = (SessionNum, u64, [u64; crate::consts::SESSION_REQ_WINDOW])> + '_
+    {
+        self.sessions.iter().flatten().map(|s| {
+            (
+                s.local_num,
+                s.uniq_token,
+                std::array::from_fn(|i| s.slots[i].cur_req_num),
+            )
+        })
+    }
+
     #[inline]
     pub(crate) fn session(&self, sn: SessionNum) -> Option<&Session<T, C>> {
         self.sessions.session(sn)

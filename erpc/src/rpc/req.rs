@@ -587,6 +587,13 @@ impl<T: Transport, C> Rpc<T, C> {
                 self.stats.drop(DropReason::StaleReqNum);
                 return Begin::Dropped;
             }
+            // A slot that never had a request holds the number before its
+            // first one: a packet with it duplicates nothing (and finds no
+            // request to compare with). Only a forged packet carries it.
+            Ok(0) if s.half.server()[i].state == SrvState::Idle => {
+                self.stats.drop(DropReason::StaleReqNum);
+                return Begin::Dropped;
+            }
             Ok(0) => return Begin::Same,
             Ok(d) => d,
         };

@@ -3,16 +3,22 @@
 //! arbitrary byte string that mixes legitimate requests with hostile data
 //! packets (raw frames, and headers aimed at live sessions and slots) and
 //! hostile SM packets. [`run`] panics if anything panics inside, or if a
-//! received packet is neither acted on nor counted as dropped.
+//! received packet is neither acted on nor counted as dropped. Headers are
+//! aimed at the receiver's live sessions and at its slots' current,
+//! previous and next request numbers (read from the Rpc when the packet is
+//! made), and structured SM packets often carry a live session's token,
+//! so that what is dropped is dropped by validation, not because it named
+//! nothing ([`FuzzReport::aimed_live`]). The network runs in the
+//! deferred-DMA mode (see [`super`]).
 
 use std::sync::Arc;
 
 use transport::{MAX_DATA_PER_PKT, Transport};
 
-use super::{SimConfig, SimNet, SimTransport, test_allocator};
+use super::{DeferredDma, SimConfig, SimNet, SimTransport};
 use crate::pkthdr::{PktHdr, PktType};
 use crate::sm_types::{SM_PKT_BYTES, SmEndpoint, SmErr, SmPkt, SmPktType, TransportType};
-use crate::{Completion, Nexus, Request, Rpc, RpcConfig, Uri};
+use crate::{Completion, DropReason, Nexus, Request, Rpc, RpcConfig, Uri};
 
 const ECHO: u8 = 1;
 
@@ -53,6 +59,18 @@ pub struct FuzzReport {
     pub completed: u64,
     /// SM packets the Nexuses rejected as malformed.
     pub sm_malformed: u64,
+    /// Hostile data headers aimed at live state that named, when sent, a
+    /// live session of the receiving Rpc and one of its slots' current,
+    /// previous or next request numbers.
+    pub aimed_live: u64,
+    /// Of those, at the slot's current request number exactly.
+    pub aimed_current: u64,
+    /// Structured SM packets that carried the token of a live session.
+    pub sm_live_token: u64,
+    /// Data packets dropped by a check that needs the session found
+    /// (every drop but a malformed ring entry, a short packet, a bad magic
+    /// number or an unknown session): what aimed headers reach.
+    pub dropped_in_session: u64,
 }
 
 struct Bytes<'a>(&'a [u8]);
@@ -83,9 +101,12 @@ impl Bytes<'_> {
 
 /// Runs one fuzz input. Panics on any violated invariant.
 pub fn run(input: &[u8]) -> FuzzReport {
+    // In the deferred-DMA mode: a hostile packet that makes an Rpc reuse
+    // or free a buffer the NIC may still read panics too.
     let net = SimNet::new(SimConfig {
         seed: 1,
         ring_entries: 256,
+        deferred_dma: Some(DeferredDma::default()),
         ..SimConfig::default()
     });
     let nexus = |uri: &str| -> Arc<Nexus> {
@@ -103,7 +124,7 @@ pub fn run(input: &[u8]) -> FuzzReport {
             n,
             0,
             net.add_transport(),
-            test_allocator(2 << 20),
+            net.allocator(2 << 20),
             RpcConfig::default(),
             None,
         )
@@ -125,6 +146,7 @@ pub fn run(input: &[u8]) -> FuzzReport {
         }
     };
     poll(&mut rpcs, &mut ctxs, 200);
+    let mut report = FuzzReport::default();
     let mut b = Bytes(input);
     // Bounded by the input length: every command consumes at least a byte.
     while !b.0.is_empty() {
@@ -138,9 +160,26 @@ pub fn run(input: &[u8]) -> FuzzReport {
                 net.inject_frame(dst, &f);
             }
             1 | 2 => {
-                // A header aimed near live state, with some data.
+                // A header aimed at live state, with some data: three times
+                // in four at a live session of the receiver and one of its
+                // slots' current, previous or next request number; else at
+                // small raw numbers (sessions that may not exist, request
+                // numbers below every live one).
                 let to = usize::from(b.u8() & 1);
                 let sel = b.u8();
+                let aim = b.u8();
+                let live: Vec<_> = rpcs[to].live_sessions().collect();
+                let target = (aim & 3 != 0 && !live.is_empty()).then(|| {
+                    let (sn, _, reqs) = live[usize::from((aim >> 2) & 3) % live.len()];
+                    let slot = usize::from(aim >> 4) % reqs.len();
+                    let w = crate::consts::SESSION_REQ_WINDOW as u64;
+                    let req_num = match aim & 3 {
+                        1 => reqs[slot],
+                        2 => reqs[slot] + w,
+                        _ => reqs[slot].saturating_sub(w),
+                    };
+                    (sn, req_num, aim & 3 == 1)
+                });
                 let hdr = PktHdr {
                     req_type: if sel & 1 == 0 { ECHO } else { b.u8() },
                     msg_size: match sel >> 5 {
@@ -154,6 +193,18 @@ pub fn run(input: &[u8]) -> FuzzReport {
                     pkt_type: PktType::from_bits(u64::from(b.u8())),
                     pkt_num: b.u16() % 20,
                     req_num: u64::from(b.u8()) % 64,
+                };
+                let hdr = match target {
+                    Some((sn, req_num, current)) => {
+                        report.aimed_live += 1;
+                        report.aimed_current += u64::from(current);
+                        PktHdr {
+                            dest_session_num: sn,
+                            req_num,
+                            ..hdr
+                        }
+                    }
+                    None => hdr,
                 };
                 let mut p = hdr.encode().expect("fields in range").to_vec();
                 if sel & 2 != 0 {
@@ -193,7 +244,23 @@ pub fn run(input: &[u8]) -> FuzzReport {
                     let pkt = SmPkt {
                         pkt_type: SmPktType::from_i32(i32::from(b.u8() % 7)).expect("in range"),
                         err: SmErr::from_i32(i32::from(b.u8() % 7)).expect("in range"),
-                        uniq_token: u64::from(b.u8() % 4),
+                        // Half the time a live session's token (either
+                        // Rpc's): such a packet is as good as authentic
+                        // (the token is all SM checks), so the other half
+                        // keeps sessions alive for the data-path attacks.
+                        uniq_token: {
+                            let k = b.u8();
+                            let tokens: Vec<u64> = rpcs
+                                .iter()
+                                .flat_map(|r| r.live_sessions().map(|(_, t, _)| t))
+                                .collect();
+                            if k & 1 != 0 && !tokens.is_empty() {
+                                report.sm_live_token += 1;
+                                tokens[usize::from(k >> 2) % tokens.len()]
+                            } else {
+                                u64::from(k % 4)
+                            }
+                        },
                         client: ep(&mut b, "client"),
                         server: ep(&mut b, "server"),
                     };
@@ -221,11 +288,8 @@ pub fn run(input: &[u8]) -> FuzzReport {
         }
     }
     poll(&mut rpcs, &mut ctxs, 400);
-    let mut report = FuzzReport {
-        completed: ctxs[0].completed,
-        sm_malformed: nc.sm_stats().malformed + ns.sm_stats().malformed,
-        ..FuzzReport::default()
-    };
+    report.completed = ctxs[0].completed;
+    report.sm_malformed = nc.sm_stats().malformed + ns.sm_stats().malformed;
     for (i, r) in rpcs.iter().enumerate() {
         let s = r.stats();
         assert_eq!(
@@ -235,6 +299,16 @@ pub fn run(input: &[u8]) -> FuzzReport {
         );
         report.rx_pkts += s.rx_pkts;
         report.dropped += s.data_drops();
+        report.dropped_in_session += s.data_drops()
+            - [
+                DropReason::RingMalformed,
+                DropReason::TooShort,
+                DropReason::BadMagic,
+                DropReason::UnknownSession,
+            ]
+            .iter()
+            .map(|&r| s.drops(r))
+            .sum::<u64>();
     }
     assert_eq!(ctxs[0].bad, 0, "a completed echo returned wrong data");
     report

@@ -20,7 +20,28 @@
 //! The RX ring has the shape of a NIC ring ([`transport::RxRing`]): packets
 //! land in slots, the Rpc reads them in place, and slots come back with
 //! `post_recvs`; a full ring drops (and counts) arrivals.
+//!
+//! # Deferred DMA
+//!
+//! By default a packet's bytes are copied inside `tx_burst`, so a buffer
+//! that eRPC frees or rewrites while a real NIC could still read it (sends
+//! are unsignaled: only `tx_flush` says the NIC let go) goes unnoticed.
+//! [`SimConfig::deferred_dma`] turns on a NIC that reads later: each send
+//! is copied as it is at `tx_burst` (a snapshot) and read again at the
+//! endpoint's next `tx_flush`, at a later `tx_burst` once a seeded number
+//! of later sends were posted, or at the first [`SimNet::advance`] past a
+//! seeded delay ([`DeferredDma`]); never inside the `tx_burst` that posted
+//! it, always in order. What is read then goes on the wire; bytes that
+//! differ from the snapshot mean the buffer was rewritten, or freed (the
+//! allocators of [`SimNet::allocator`] poison freed blocks in this mode),
+//! while the NIC still owned it: a missing TX drain, counted in
+//! [`NetStats::dma_mismatches`] and, by default, a panic that names the
+//! packet. Memory must be registered with the network's IOMMU
+//! ([`SimNet::allocator`], [`SimNet::iommu`]); a read of memory
+//! unregistered meanwhile is a DMA fault ([`NetStats::dma_faults`]). The
+//! details are in the `dma` module's documentation.
 
+mod dma;
 pub mod fuzz;
 mod ring;
 mod sm_hub;
@@ -40,6 +61,7 @@ use transport::{
 };
 
 pub use crate::clock::VirtualClock;
+pub use dma::{DeferredDma, SimIommu};
 pub use netsim::{PortConfig, QueueSample, QueueStats};
 pub use sm_hub::{FORGER_URI, SimSmHub, SmHubConfig, SmHubStats};
 
@@ -127,6 +149,9 @@ pub struct SimConfig {
     pub tx_burst_max: usize,
     /// Session-management hub settings.
     pub sm: SmHubConfig,
+    /// The NIC reads sent packets later, and freed buffers are poisoned
+    /// (see the module doc). Off by default.
+    pub deferred_dma: Option<DeferredDma>,
 }
 
 impl Default for SimConfig {
@@ -138,6 +163,7 @@ impl Default for SimConfig {
             ring_entries: crate::consts::RX_RING_ENTRIES_DEFAULT,
             tx_burst_max: 16,
             sm: SmHubConfig::default(),
+            deferred_dma: None,
         }
     }
 }
@@ -170,6 +196,17 @@ pub struct NetStats {
     pub endpoint_down: u64,
     /// `tx_burst` calls refused on purpose (a full send queue).
     pub tx_refused_bursts: u64,
+    /// Deferred DMA: sends read after their `tx_burst`.
+    pub dma_deferred: u64,
+    /// Deferred DMA: sends whose bytes changed between `tx_burst` and the
+    /// NIC's read (a buffer reused before a drain).
+    pub dma_mismatches: u64,
+    /// Deferred DMA: sends in memory not registered with the network's
+    /// IOMMU, at `tx_burst` or (unregistered meanwhile) at the read.
+    pub dma_faults: u64,
+    /// Deferred DMA: pending sends forgotten because their endpoint
+    /// restarted (the crashed process's queue died with it).
+    pub dma_discarded: u64,
 }
 
 /// One endpoint: the device plugged into a port of the network model.
@@ -192,6 +229,8 @@ struct Endpoint {
     link_set: bool,
     /// Copies of the frames that reached this endpoint (`SimNet::capture`).
     captured: Option<Vec<Box<[u8]>>>,
+    /// Deferred DMA: what the NIC has not read yet.
+    dma: Option<dma::DmaQueue>,
 }
 
 /// Counters the network model does not keep.
@@ -202,12 +241,106 @@ struct Extra {
     rx_ring_full: u64,
     endpoint_down: u64,
     tx_refused_bursts: u64,
+    dma_deferred: u64,
+    dma_mismatches: u64,
+    dma_faults: u64,
+    dma_discarded: u64,
+    /// The first deferred-DMA mismatch or fault.
+    dma_first: Option<String>,
+}
+
+impl Extra {
+    /// Records a deferred-DMA error; panics (unless `panic` is off or the
+    /// thread is already unwinding) with its message.
+    fn dma_error(&mut self, fault: bool, msg: String, panic: bool) {
+        if fault {
+            self.dma_faults += 1;
+        } else {
+            self.dma_mismatches += 1;
+        }
+        tracing::error!("{msg}");
+        if self.dma_first.is_none() {
+            self.dma_first = Some(msg.clone());
+        }
+        if panic && !std::thread::panicking() {
+            panic!("{msg}");
+        }
+    }
 }
 
 struct NetInner {
     net: Network<Endpoint>,
     cfg: SimConfig,
     extra: Extra,
+    iommu: Arc<SimIommu>,
+}
+
+/// A frame of endpoint `ep` leaves its NIC towards endpoint `dst`: looped
+/// back to itself, or onto its link.
+fn send_frame(
+    net: &mut Network<Endpoint>,
+    extra: &mut Extra,
+    ep: usize,
+    dst: usize,
+    now: u64,
+    f: Vec<u8>,
+) {
+    let me = port(ep);
+    extra.sent += 1;
+    if net.device(me).down {
+        extra.endpoint_down += 1;
+        net.recycle(f);
+        return;
+    }
+    if dst == ep {
+        // To itself: the NIC loops the frame back without the wire.
+        deliver(extra, net.device_mut(me), &f);
+        net.recycle(f);
+        return;
+    }
+    net.transmit(now, me, f, &mut into_ring(extra));
+}
+
+/// Deferred DMA: the NIC of endpoint `ep` reads the pending sends that
+/// are due (all of them at a flush) and sends what it reads.
+fn read_due(
+    net: &mut Network<Endpoint>,
+    extra: &mut Extra,
+    iommu: &SimIommu,
+    ep: usize,
+    now: u64,
+    at_burst: bool,
+    flush: bool,
+) {
+    loop {
+        let Some(q) = net.device_mut(port(ep)).dma.as_mut() else {
+            return;
+        };
+        let Some(p) = q.pop_due(now, at_burst, flush) else {
+            return;
+        };
+        let (poison, panic) = (q.cfg().poison, q.cfg().panic);
+        extra.dma_deferred += 1;
+        let mut f = net.frame_buf();
+        let r = dma::read(iommu, ep, &p, now, poison, &mut f);
+        let dst = p.dst;
+        net.recycle(p.snapshot);
+        match r {
+            Ok(()) => {}
+            Err(dma::ReadError::Mismatch(m)) => extra.dma_error(false, m, panic),
+            Err(dma::ReadError::Fault(m)) => {
+                net.recycle(f);
+                extra.dma_error(true, m, panic);
+                continue;
+            }
+        }
+        send_frame(net, extra, ep, dst, now, f);
+    }
+}
+
+/// The seed of endpoint `ep`'s deferred-DMA draws in its `generation`.
+fn dma_seed(seed: u64, ep: usize, generation: u32) -> u64 {
+    seed ^ 0xd3a_0000_0000 ^ ((ep as u64) << 16) ^ (u64::from(generation) << 40)
 }
 
 /// A frame arrives at endpoint `ep`.
@@ -312,6 +445,7 @@ impl SimNet {
                 net,
                 cfg,
                 extra: Extra::default(),
+                iommu: Arc::new(SimIommu::new()),
             })),
             clock,
             hub,
@@ -371,6 +505,11 @@ impl SimNet {
             rss_table_size: 1,
         };
         let ring = RingMem::new(entries);
+        let seed = n.cfg.seed;
+        let dma = n
+            .cfg
+            .deferred_dma
+            .map(|d| dma::DmaQueue::new(d, dma_seed(seed, ep, 0)));
         let port = n.net.add_port(
             Some(routing.mac),
             Endpoint {
@@ -386,6 +525,7 @@ impl SimNet {
                 generation: 0,
                 link_set: false,
                 captured: None,
+                dma,
             },
         );
         let faults = n.cfg.link.faults();
@@ -429,6 +569,14 @@ impl SimNet {
         e.generation += 1;
         let generation = e.generation;
         let routing = e.routing;
+        // The crashed process's sends die with its queue.
+        let seed = n.cfg.seed;
+        let NetInner { net, extra, .. } = &mut *n;
+        if let Some(q) = net.device_mut(port(ep)).dma.as_mut() {
+            let cfg = *q.cfg();
+            extra.dma_discarded += q.clear().count() as u64;
+            *q = dma::DmaQueue::new(cfg, dma_seed(seed, ep, generation));
+        }
         SimTransport {
             net: self.inner.clone(),
             clock: self.clock.clone(),
@@ -565,13 +713,35 @@ impl SimNet {
     pub fn advance(&self, ns: u64) {
         self.clock.advance_ns(ns);
         let now = self.clock.now_ns();
-        self.inner.borrow_mut().run_until(now);
+        let mut n = self.inner.borrow_mut();
+        if n.cfg.deferred_dma.is_some() {
+            // The NICs read what is due by now (before delivery: a frame
+            // read now goes on the wire now).
+            let NetInner {
+                net, extra, iommu, ..
+            } = &mut *n;
+            for ep in 0..net.port_count() {
+                read_due(net, extra, iommu, ep, now, false, false);
+            }
+        }
+        n.run_until(now);
+        drop(n);
         self.hub.deliver_due(now);
     }
 
     /// Time of the next pending delivery (data or SM), if any.
     pub fn next_event_ns(&self) -> Option<u64> {
-        let d = self.inner.borrow().net.next_event_ns();
+        let n = self.inner.borrow();
+        let reads = n
+            .net
+            .devices()
+            .filter_map(|e| e.dma.as_ref().and_then(|q| q.next_due_ns()))
+            .min();
+        let d = match (n.net.next_event_ns(), reads) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        drop(n);
         match (d, self.hub.next_event_ns()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -649,6 +819,50 @@ impl SimNet {
             no_such_endpoint: s.unknown_unicast_drops,
             endpoint_down: x.endpoint_down,
             tx_refused_bursts: x.tx_refused_bursts,
+            dma_deferred: x.dma_deferred,
+            dma_mismatches: x.dma_mismatches,
+            dma_faults: x.dma_faults,
+            dma_discarded: x.dma_discarded,
+        }
+    }
+
+    /// Deferred DMA: the network's IOMMU, which the memory of every send
+    /// must be registered with ([`SimNet::allocator`] does it).
+    pub fn iommu(&self) -> Arc<SimIommu> {
+        self.inner.borrow().iommu.clone()
+    }
+
+    /// The deferred-DMA settings, if the mode is on.
+    pub fn deferred_dma(&self) -> Option<DeferredDma> {
+        self.inner.borrow().cfg.deferred_dma
+    }
+
+    /// Deferred DMA: the first mismatch or fault, in words.
+    pub fn dma_first_error(&self) -> Option<String> {
+        self.inner.borrow().extra.dma_first.clone()
+    }
+
+    /// Sends endpoint `ep`'s NIC has not read yet (deferred DMA).
+    pub fn dma_pending(&self, ep: usize) -> usize {
+        self.inner
+            .borrow()
+            .net
+            .device(port(ep))
+            .dma
+            .as_ref()
+            .map_or(0, |q| q.len())
+    }
+
+    /// An allocator for an Rpc on this network, reserving `initial_bytes`
+    /// up front with [`test_allocator`]'s choice of pages. Without deferred
+    /// DMA it is [`test_allocator`]'s; with it, its memory is registered
+    /// with the network's IOMMU and freed blocks are poisoned with
+    /// [`DeferredDma::poison`].
+    pub fn allocator(&self, initial_bytes: usize) -> mempool::Allocator {
+        let n = self.inner.borrow();
+        match n.cfg.deferred_dma {
+            None => test_allocator(initial_bytes),
+            Some(d) => test_allocator_with(initial_bytes, n.iommu.clone(), Some(d.poison)),
         }
     }
 
@@ -726,6 +940,26 @@ impl SimTransport {
     }
 }
 
+impl Drop for SimTransport {
+    /// Deferred DMA: the NIC reads what it has not read yet of a transport
+    /// that goes away, as a flush would (its send queue is torn down only
+    /// once the NIC let go): a buffer freed before the owner's last drain
+    /// shows here. The owner drops its transport before its allocator.
+    fn drop(&mut self) {
+        let Ok(mut guard) = self.net.try_borrow_mut() else {
+            return;
+        };
+        if !self.current(&guard) || guard.cfg.deferred_dma.is_none() {
+            return;
+        }
+        let now = self.clock.now_ns();
+        let NetInner {
+            net, extra, iommu, ..
+        } = &mut *guard;
+        read_due(net, extra, iommu, self.ep, now, false, true);
+    }
+}
+
 impl Transport for SimTransport {
     type Route = SimRoute;
     type Ring = SimRing;
@@ -782,7 +1016,9 @@ impl Transport for SimTransport {
         if !self.current(&guard) {
             return items.len();
         }
-        let NetInner { net, extra, .. } = &mut *guard;
+        let NetInner {
+            net, extra, iommu, ..
+        } = &mut *guard;
         let me = port(self.ep);
         {
             let ep = net.device_mut(me);
@@ -792,6 +1028,10 @@ impl Transport for SimTransport {
                 extra.tx_refused_bursts += 1;
                 return 0;
             }
+        }
+        let deferred = net.device(me).dma.is_some();
+        if let Some(q) = net.device_mut(me).dma.as_mut() {
+            q.start_burst();
         }
         for it in items {
             let ep = net.device_mut(me);
@@ -806,21 +1046,25 @@ impl Transport for SimTransport {
             }
             ep.stats.tx_pkts += 1;
             ep.stats.tx_bytes += len as u64;
-            extra.sent += 1;
-            if ep.down {
-                extra.endpoint_down += 1;
+            let mut f = net.frame_buf();
+            if deferred && it.pkt_iova() != 0 {
+                // The NIC reads it later: a snapshot now, the bytes then.
+                let ep = net.device_mut(me);
+                let q = ep.dma.as_mut().expect("deferred");
+                let panic = q.cfg().panic;
+                if let Err((f, msg)) = q.post(iommu, it, it.route().ep, now, f) {
+                    net.recycle(f);
+                    extra.dma_error(true, msg, panic);
+                }
                 continue;
             }
-            let mut f = net.frame_buf();
             f.reserve(len);
             f.extend_from_slice(it.pkt());
             f.extend_from_slice(it.data());
-            if it.route().ep == self.ep {
-                // To itself: the NIC loops the frame back without the wire.
-                deliver(extra, net.device_mut(me), &f);
-                continue;
-            }
-            net.transmit(now, me, f, &mut into_ring(extra));
+            send_frame(net, extra, self.ep, it.route().ep, now, f);
+        }
+        if deferred {
+            read_due(net, extra, iommu, self.ep, now, true, false);
         }
         net.device_mut(me).stats.tx_doorbells += 1;
         items.len()
@@ -830,7 +1074,17 @@ impl Transport for SimTransport {
         self.tx_burst_max
     }
 
-    fn tx_flush(&mut self) {}
+    fn tx_flush(&mut self) {
+        let mut guard = self.net.borrow_mut();
+        if !self.current(&guard) || guard.cfg.deferred_dma.is_none() {
+            return;
+        }
+        let now = self.clock.now_ns();
+        let NetInner {
+            net, extra, iommu, ..
+        } = &mut *guard;
+        read_due(net, extra, iommu, self.ep, now, false, true);
+    }
 
     #[inline]
     fn rx_burst(&mut self) -> usize {
@@ -900,7 +1154,21 @@ pub fn sim_allocator(
 /// test's opt-in. In CI a shortage is an error. Tools and examples decide
 /// for themselves and call [`sim_allocator`].
 pub fn test_allocator(initial_bytes: usize) -> mempool::Allocator {
-    use mempool::{Fallback, RegionOptions};
+    test_allocator_with(
+        initial_bytes,
+        Arc::new(mempool::IdentityMapper::new()),
+        None,
+    )
+}
+
+/// [`test_allocator`] with memory registered with `mapper` and freed
+/// blocks filled with `poison` (if set).
+fn test_allocator_with(
+    initial_bytes: usize,
+    mapper: Arc<dyn mempool::DmaMapper>,
+    poison: Option<u8>,
+) -> mempool::Allocator {
+    use mempool::{Allocator, AllocatorConfig, Fallback, RegionOptions};
     let pages = (initial_bytes as u64).div_ceil(2 << 20).max(1) + 8;
     let fallback = if mempool::hugepages_available(pages) {
         Fallback::Never
@@ -917,7 +1185,13 @@ pub fn test_allocator(initial_bytes: usize) -> mempool::Allocator {
         fallback,
         ..RegionOptions::default()
     };
-    match sim_allocator(initial_bytes, region) {
+    let cfg = AllocatorConfig {
+        initial_bytes,
+        region,
+        poison_on_free: poison,
+        ..AllocatorConfig::default()
+    };
+    match Allocator::new(mapper, cfg) {
         Ok(a) => a,
         Err(e) => panic!("test allocator of {initial_bytes} bytes: {e}"),
     }
@@ -989,6 +1263,135 @@ mod tests {
         assert_eq!(b.rx_burst(), 64);
         assert_eq!(s.delivered, 64);
         assert_eq!(s.rx_ring_full, 1000 - s.lost + s.duplicated - 64);
+    }
+
+    /// A network in deferred-DMA mode (reads only at flushes and after
+    /// `later` later sends unless `delay_ns`), two endpoints, and a buffer
+    /// from the network's allocator.
+    fn deferred(
+        later: u32,
+        delay_ns: u64,
+        panic: bool,
+    ) -> (
+        SimNet,
+        SimTransport,
+        SimTransport,
+        SimRoute,
+        mempool::Allocator,
+    ) {
+        let cfg = SimConfig {
+            deferred_dma: Some(DeferredDma {
+                max_later_sends: later,
+                max_delay_ns: delay_ns,
+                panic,
+                poison: 0xa5,
+            }),
+            ..SimConfig::default()
+        };
+        let (net, a, b, r) = pair(cfg);
+        let alloc = net.allocator(2 << 20);
+        (net, a, b, r, alloc)
+    }
+
+    /// Writes a frame with payload byte `v` into `buf` and hands it over.
+    fn send_buf(t: &mut SimTransport, r: &SimRoute, buf: &mut mempool::Buffer, v: u8) -> usize {
+        let len = HEADROOM_BYTES + 100;
+        let b = buf.as_mut_slice();
+        t.fill_headroom(r, &mut b[..HEADROOM_BYTES], len);
+        b[HEADROOM_BYTES..len].fill(v);
+        let item = TxItem::contiguous(r, &buf.as_slice()[..len], buf.iova(), buf.lkey());
+        t.tx_burst(std::slice::from_ref(&item))
+    }
+
+    #[test]
+    fn deferred_dma_reads_at_the_flush_what_the_buffer_holds_then() {
+        let (net, mut a, mut b, r, mut alloc) = deferred(1000, 0, true);
+        let mut buf = alloc.alloc(1024).unwrap();
+        assert_eq!(send_buf(&mut a, &r, &mut buf, 1), 1);
+        net.advance(10_000);
+        assert_eq!(b.rx_burst(), 0, "not read yet: nothing on the wire");
+        assert_eq!(net.dma_pending(0), 1);
+        a.tx_flush();
+        assert_eq!(net.dma_pending(0), 0);
+        net.advance(1_000);
+        assert_eq!(b.rx_burst(), 1);
+        let mut ring = b.take_rx_ring().unwrap();
+        assert_eq!(ring.packet(0).unwrap(), &[1u8; 100][..]);
+        b.post_recvs(&mut ring, 1);
+        let s = net.stats();
+        assert_eq!((s.dma_deferred, s.dma_mismatches, s.dma_faults), (1, 0, 0));
+        alloc.free(buf);
+    }
+
+    #[test]
+    fn deferred_dma_reads_after_later_sends_or_a_delay_never_in_the_same_burst() {
+        // Every send is read at the next burst (0 later sends drawn).
+        let (net, mut a, mut b, r, mut alloc) = deferred(0, 0, true);
+        let mut bufs: Vec<_> = (0..2).map(|_| alloc.alloc(1024).unwrap()).collect();
+        send_buf(&mut a, &r, &mut bufs[0], 1);
+        assert_eq!(net.dma_pending(0), 1, "never read in its own burst");
+        send_buf(&mut a, &r, &mut bufs[1], 2);
+        assert_eq!(
+            net.dma_pending(0),
+            1,
+            "the first was read at the second burst"
+        );
+        net.advance(1_000);
+        assert_eq!(b.rx_burst(), 1);
+        // Drained before the buffers go back (the second send is still
+        // held, and a dropped transport reads what it holds).
+        a.tx_flush();
+        for buf in bufs {
+            alloc.free(buf);
+        }
+        // A delay bound: read at the first advance past it.
+        let (net, mut a, mut b, r, mut alloc) = deferred(1000, 5_000, true);
+        let mut buf = alloc.alloc(1024).unwrap();
+        send_buf(&mut a, &r, &mut buf, 3);
+        assert!(net.next_event_ns().is_some_and(|t| t <= 5_000));
+        net.advance(5_000);
+        net.advance(1_000);
+        assert_eq!(b.rx_burst(), 1);
+        assert_eq!(net.dma_pending(0), 0);
+        alloc.free(buf);
+    }
+
+    #[test]
+    fn deferred_dma_counts_a_buffer_rewritten_or_freed_before_the_read() {
+        let (net, mut a, _b, r, mut alloc) = deferred(1000, 0, false);
+        let mut buf = alloc.alloc(1024).unwrap();
+        send_buf(&mut a, &r, &mut buf, 1);
+        // Rewritten while the NIC owns it.
+        buf.as_mut_slice()[HEADROOM_BYTES + 50] = 9;
+        a.tx_flush();
+        assert_eq!(net.stats().dma_mismatches, 1);
+        let m = net.dma_first_error().unwrap();
+        assert!(
+            m.contains("was rewritten while") && m.contains("first at byte 92"),
+            "{m}"
+        );
+        // Freed (and poisoned) while the NIC owns it.
+        send_buf(&mut a, &r, &mut buf, 1);
+        alloc.free(buf);
+        a.tx_flush();
+        assert_eq!(net.stats().dma_mismatches, 2);
+        // Memory the IOMMU never saw: a fault at tx_burst, nothing sent.
+        let mut other_alloc = test_allocator(2 << 20);
+        let mut other = other_alloc.alloc(1024).unwrap();
+        send_buf(&mut a, &r, &mut other, 1);
+        assert_eq!(net.stats().dma_faults, 1);
+        assert_eq!(net.dma_pending(0), 0);
+        other_alloc.free(other);
+    }
+
+    #[test]
+    #[should_panic(expected = "was freed (it now holds the allocator's poison 0xa5)")]
+    fn deferred_dma_panics_naming_a_freed_buffer() {
+        let (_net, mut a, _b, r, mut alloc) = deferred(1000, 0, true);
+        let mut buf = alloc.alloc(1024).unwrap();
+        send_buf(&mut a, &r, &mut buf, 1);
+        alloc.free(buf);
+        a.tx_flush();
     }
 
     #[test]

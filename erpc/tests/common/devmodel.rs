@@ -115,6 +115,12 @@ impl World for DevWorld {
             &self.fabric,
             NicConfig {
                 mac: [0x02, 0, 0, 0, 0x10, i],
+                // ERPC_DEFERRED_DMA=1: the NIC gathers sends later than
+                // their doorbell (and buffers are poisoned when freed).
+                deferred_tx: super::deferred_dma_from_env().then(|| mlx5_sim::DeferredTx {
+                    seed: self.seed ^ u64::from(i),
+                    ..mlx5_sim::DeferredTx::default()
+                }),
                 ..Default::default()
             },
         );
@@ -184,6 +190,10 @@ impl World for DevWorld {
             };
         }
         self.net.advance(d);
+        for nic in &self.nics {
+            // Deferred gather: held sends whose delay passed leave now.
+            nic.release_deferred_tx();
+        }
         self.busy = self.fabric.advance(Duration::from_nanos(d)) > 0;
     }
 
@@ -218,6 +228,7 @@ impl World for DevWorld {
             AllocatorConfig {
                 initial_bytes,
                 region: region(),
+                poison_on_free: super::deferred_dma_from_env().then_some(0xa5),
                 ..Default::default()
             },
         )

@@ -101,7 +101,14 @@ impl SimWorld {
         })
     }
 
-    pub fn with_config(cfg: SimConfig) -> SimWorld {
+    /// A world on a network with settings `cfg`. `ERPC_DEFERRED_DMA=1`
+    /// turns on the deferred-DMA mode (`SimConfig::deferred_dma`, default
+    /// settings) in every world that does not set it, so that any test
+    /// file can be run in it.
+    pub fn with_config(mut cfg: SimConfig) -> SimWorld {
+        if cfg.deferred_dma.is_none() && deferred_dma_from_env() {
+            cfg.deferred_dma = Some(erpc::sim::DeferredDma::default());
+        }
         SimWorld {
             net: SimNet::new(cfg),
             seed: cfg.seed,
@@ -112,11 +119,22 @@ impl SimWorld {
     }
 }
 
+/// Whether `ERPC_DEFERRED_DMA` asks for the deferred-DMA mode.
+pub fn deferred_dma_from_env() -> bool {
+    std::env::var("ERPC_DEFERRED_DMA").is_ok_and(|v| v != "0" && !v.is_empty())
+}
+
 impl World for SimWorld {
     type T = SimTransport;
 
     fn transport(&mut self) -> SimTransport {
         self.net.add_transport()
+    }
+
+    /// The network's allocator: registered with its IOMMU and poisoned on
+    /// free in the deferred-DMA mode.
+    fn allocator(&mut self, initial_bytes: usize) -> mempool::Allocator {
+        self.net.allocator(initial_bytes)
     }
 
     fn nexus(&mut self, uri: &str) -> NexusBuilder {

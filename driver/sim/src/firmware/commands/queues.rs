@@ -397,6 +397,11 @@ impl Ctx<'_> {
             last_error: None,
             fail_next: None,
             wqe_buf: vec![0u8; crate::tx::WQE_BUF_BYTES].into_boxed_slice(),
+            held: self
+                .nic
+                .cfg
+                .deferred_tx
+                .map(|d| crate::tx::HeldQueue::new(d, sqn)),
         };
         self.dp.sqs.insert(sqn, Arc::new(Mutex::new(sq)));
         self.ov::<CreateSqOut>()?
@@ -460,6 +465,8 @@ impl Ctx<'_> {
         if new == WqState::Rst {
             sq.cc = 0;
             sq.sw_counter = 0;
+            // Held WQEs (deferred gather) die with the queue's state.
+            crate::tx::check_abandoned(self.nic, self.dp, &mut sq);
         }
         sq.state = new;
         Ok(())
@@ -467,7 +474,8 @@ impl Ctx<'_> {
 
     pub(super) fn destroy_sq(&mut self) -> R {
         let n = self.iv::<DestroySqIn>()?.get32(DestroySqIn::SQN);
-        self.need_sq(n)?;
+        let sq = self.need_sq(n)?;
+        crate::tx::check_abandoned(self.nic, self.dp, &mut lock(&sq));
         self.dp.sqs.remove(&n);
         self.free24(n);
         Ok(())
