@@ -1,5 +1,6 @@
 //! The event loop: RX, credit-stall queue, background completions,
-//! session management, the packet-loss scan, TX flush. Continuations and
+//! session management, the packet-loss scan (receive before timers: the
+//! transport is drained first), TX flush. Continuations and
 //! dispatch handlers run inside it; so do the error continuations and
 //! session events that resets and failures owe the application.
 
@@ -154,9 +155,35 @@ impl<T: Transport, C> Rpc<T, C> {
         if !self.sm_queue.is_empty() {
             self.process_sm();
         }
+        if self.pkt_loss_scan_due() {
+            self.drain_rx(ctx);
+        }
         self.maybe_pkt_loss_scan();
         if !self.owed.is_empty() {
             self.pay_owed(ctx);
+        }
+    }
+
+    /// Receive before timers: processes what the transport already holds,
+    /// burst after burst, until it reports nothing (or [`Rpc`]'s RX ring
+    /// has been gone through once), so that the loss scan that follows
+    /// never rolls back a request whose answer is waiting to be read. A
+    /// transport may hand out less than it holds per `rx_burst` (the UDP
+    /// transport reads one datagram per call while datagrams come one at
+    /// a time), and after a stall longer than the retransmission timeout
+    /// (a descheduled thread, a long handler) the answers to every request
+    /// in flight can be queued there. Runs only when a scan is due, so the
+    /// common iteration pays nothing for it.
+    #[inline(never)]
+    fn drain_rx(&mut self, ctx: &mut C) {
+        let mut budget = self.ring_entries;
+        while budget != 0 {
+            let n = self.transport.rx_burst();
+            if n == 0 {
+                break;
+            }
+            self.process_rx(ctx, n);
+            budget = budget.saturating_sub(n);
         }
     }
 
