@@ -65,10 +65,11 @@ impl<T: Transport, C> Rpc<T, C> {
         // The stall queue, background jobs, SM packets and timers, the
         // wheel, in that order (`process_pending`); with none of the
         // queues marked, only the SM queue and the timers are looked at.
+        // (`n`: whether the transport may hold more; see `drain_rx`.)
         if self.pending != 0 {
-            self.process_pending(ctx);
+            self.process_pending(ctx, n);
         } else if self.sm_or_timers_due() {
-            self.process_sm_and_timers(ctx);
+            self.process_sm_and_timers(ctx, n);
         }
         self.flush_tx();
         self.gate &= !GATE_IN_LOOP;
@@ -102,7 +103,7 @@ impl<T: Transport, C> Rpc<T, C> {
     /// The queues `pending` marks, the SM queue and the timers, in the
     /// event loop's order; then `pending` is recomputed from the queues.
     #[inline(never)]
-    fn process_pending(&mut self, ctx: &mut C) {
+    fn process_pending(&mut self, ctx: &mut C, rx: usize) {
         if !self.stallq.is_empty() {
             self.process_stallq();
         }
@@ -110,7 +111,7 @@ impl<T: Transport, C> Rpc<T, C> {
             self.process_bg();
         }
         if self.sm_or_timers_due() {
-            self.process_sm_and_timers(ctx);
+            self.process_sm_and_timers(ctx, rx);
         }
         if self.wheel_busy() {
             self.process_wheel();
@@ -149,13 +150,15 @@ impl<T: Transport, C> Rpc<T, C> {
         !self.sm_queue.is_empty() || self.pkt_loss_scan_due()
     }
 
-    /// SM packets, the periodic loss scan, and what they owe.
+    /// SM packets, the periodic loss scan, and what they owe. `rx` is what
+    /// this iteration's `rx_burst` returned: 0 says the transport held
+    /// nothing a moment ago, so a loss scan need not drain it first.
     #[inline(never)]
-    fn process_sm_and_timers(&mut self, ctx: &mut C) {
+    fn process_sm_and_timers(&mut self, ctx: &mut C, rx: usize) {
         if !self.sm_queue.is_empty() {
             self.process_sm();
         }
-        if self.pkt_loss_scan_due() {
+        if rx != 0 && self.pkt_loss_scan_due() {
             self.drain_rx(ctx);
         }
         self.maybe_pkt_loss_scan();
@@ -172,8 +175,10 @@ impl<T: Transport, C> Rpc<T, C> {
     /// transport reads one datagram per call while datagrams come one at
     /// a time), and after a stall longer than the retransmission timeout
     /// (a descheduled thread, a long handler) the answers to every request
-    /// in flight can be queued there. Runs only when a scan is due, so the
-    /// common iteration pays nothing for it.
+    /// in flight can be queued there. Runs only when a scan is due and the
+    /// iteration's own burst found packets (an empty one says there is
+    /// nothing to drain, and a busy Rpc would otherwise pay an empty poll
+    /// per scan), so the common iteration pays nothing for it.
     #[inline(never)]
     fn drain_rx(&mut self, ctx: &mut C) {
         let mut budget = self.ring_entries;
