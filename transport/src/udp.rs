@@ -337,8 +337,17 @@ enum RxMode {
 }
 
 /// Polls in a row that each got one datagram with `recvfrom` before
-/// `rx_burst` tries `recvmmsg` to see whether datagrams queue up.
-const RX_PROBE_AFTER: u32 = 8;
+/// `rx_burst` tries `recvmmsg` to see whether datagrams queue up: one, so
+/// a poll that found a datagram is followed by one that takes whatever
+/// queued behind it. A burst that ends (a `recvmmsg` that gets one or
+/// none, as the loss scan's drain always ends) drops to single mode; with
+/// 8 here the next 8 polls read one datagram each however many waited,
+/// and with 60 requests in flight per node the queue that built up in
+/// those polls kept the event loop behind a full window: the median RPC
+/// waited 5-7 times the raw echo's (BENCHMARKS.md, issue 32). After a lone
+/// datagram the probe is an empty `recvmmsg` (about 50 ns more than an
+/// empty `recvfrom`), once per datagram received, not per poll.
+const RX_PROBE_AFTER: u32 = 1;
 
 /// Marks a batch message the kernel refused for good.
 const REFUSED: usize = usize::MAX;
@@ -921,6 +930,32 @@ fn capture_rx(cap: &mut Capture, ts: std::time::Duration, me: &RoutingInfo, d: &
 mod tests {
     use super::*;
 
+    /// A poll that got one datagram with `recvfrom` is followed by one
+    /// that takes what queued behind it with one `recvmmsg`: a queue is
+    /// never read one datagram per poll (it was for 8 polls).
+    #[test]
+    fn a_queue_behind_a_single_read_is_taken_in_one_burst() {
+        let mut a = UdpTransport::new(&UdpConfig::loopback()).unwrap();
+        let mut b = UdpTransport::new(&UdpConfig::loopback()).unwrap();
+        let route = a.resolve(&b.local_routing_info()).unwrap();
+        let pkts: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; PKTHDR_BYTES + 10]).collect();
+        let items: Vec<_> = pkts
+            .iter()
+            .map(|pkt| TxItem::unregistered(&route, pkt, &[]))
+            .collect();
+        assert_eq!(b.rx_burst(), 0);
+        assert_eq!(b.rx_mode, RxMode::Single { run: 0 });
+        // Loopback delivers within the send: all ten are queued.
+        assert_eq!(a.tx_burst(&items), 10);
+        assert_eq!(b.rx_burst(), 1, "single mode: one datagram");
+        assert_eq!(b.rx_burst(), 9, "then the rest in one burst");
+        assert_eq!(b.rx_mode, RxMode::Batch);
+        assert_eq!(b.rx_burst(), 0);
+        assert_eq!(b.rx_mode, RxMode::Single { run: 0 });
+        let mut ring = b.take_rx_ring().unwrap();
+        b.post_recvs(&mut ring, 10);
+    }
+
     /// On a socket whose path refuses GSO (UDP checksums off), a burst
     /// that would go as one GSO send goes out datagram by datagram, all of
     /// it, and the transport stops trying GSO.
@@ -950,12 +985,9 @@ mod tests {
         // Loopback delivers within the send: all are queued already.
         for _ in 0..64 {
             let n = b.rx_burst();
+            let head = got.len();
             for k in 0..n {
-                got.push(
-                    ring.packet((got.len() + k) % ring.entries())
-                        .unwrap()
-                        .to_vec(),
-                );
+                got.push(ring.packet((head + k) % ring.entries()).unwrap().to_vec());
             }
             b.post_recvs(&mut ring, n);
         }
