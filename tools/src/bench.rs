@@ -1504,6 +1504,29 @@ pub fn udp_erpc_until(
     capture: Option<&Capture>,
     inspect: bool,
 ) -> Result<Outcome, BenchError> {
+    udp_erpc_with(
+        plan,
+        p,
+        stop,
+        progress,
+        capture,
+        inspect,
+        RpcConfig::default(),
+    )
+}
+
+/// [`udp_erpc_until`] with the Rpcs' settings `cfg` (e.g. congestion
+/// control switched on, which over kernel UDP needs
+/// `cfg.cc.on_software_stack`).
+pub fn udp_erpc_with(
+    plan: &MemoryPlan,
+    p: Point,
+    stop: Stop,
+    progress: &Progress,
+    capture: Option<&Capture>,
+    inspect: bool,
+    cfg: RpcConfig,
+) -> Result<Outcome, BenchError> {
     let free_port = || {
         std::net::UdpSocket::bind("127.0.0.1:0")
             .and_then(|s| s.local_addr())
@@ -1555,7 +1578,7 @@ pub fn udp_erpc_until(
             node_bytes(p.size, p.window),
             &format!("message buffers of node {i}"),
         )?;
-        let mut rpc = Rpc::new(&nexus, i as u8, t, alloc, RpcConfig::default(), None)
+        let mut rpc = Rpc::new(&nexus, i as u8, t, alloc, cfg, None)
             .map_err(|e| BenchError::setup(format!("Rpc of node {i}"), e))?;
         let c = new_ctx(&mut rpc, p)?;
         nodes.push((rpc, c));
