@@ -301,6 +301,9 @@ pub struct UdpTransport {
     rx: sys::RxQueue,
     /// How the next `rx_burst` receives (see [`RxMode`]).
     rx_mode: RxMode,
+    /// The last `rx_burst` may have left datagrams in the socket
+    /// ([`Transport::rx_may_hold_more`]).
+    rx_more: bool,
     ring_taken: bool,
     tx: sys::TxQueue,
     /// For each message of the TX batch being sent, the index of its item
@@ -416,6 +419,7 @@ impl UdpTransport {
             },
             rx: sys::RxQueue::new(config.rx_ring_entries, rx_burst, pcap.is_some()),
             rx_mode: RxMode::Single { run: 0 },
+            rx_more: true,
             ring_taken: false,
             tx: sys::TxQueue::new(config.tx_burst_max),
             tx_item_of: vec![0; config.tx_burst_max].into_boxed_slice(),
@@ -832,11 +836,21 @@ impl Transport for UdpTransport {
             RxMode::Batch => true,
             RxMode::Single { run } => run >= RX_PROBE_AFTER,
         };
-        let got = if batch && self.rx_burst_max > 1 {
-            self.rx.recv(self.socket.as_fd(), classify)
+        // A `recvmmsg` that fills fewer slots than it offered, or a
+        // receive that finds nothing, emptied the socket.
+        let room = self.rx.ring().free().min(self.rx_burst_max);
+        let (got, more) = if batch && self.rx_burst_max > 1 {
+            let got = self.rx.recv(self.socket.as_fd(), classify);
+            let more = matches!(got, Ok(n) if n >= room);
+            (got, more)
         } else {
-            self.rx.recv_one(self.socket.as_fd(), classify)
+            let got = self.rx.recv_one(self.socket.as_fd(), classify);
+            // One datagram says nothing of what follows it; with no free
+            // slot (`Ok(0)` without a call) the socket was not looked at.
+            let more = got.is_ok();
+            (got, more)
         };
+        self.rx_more = more;
         self.rx_mode = match (&got, self.rx_mode) {
             (Ok(n), _) if batch => {
                 if *n >= 2 {
@@ -857,6 +871,12 @@ impl Transport for UdpTransport {
                 0
             }
         }
+    }
+
+    /// `false` after a `recvmmsg` that filled fewer slots than it offered
+    /// or a receive that found the socket empty.
+    fn rx_may_hold_more(&self) -> bool {
+        self.rx_more
     }
 
     /// # Panics
@@ -948,9 +968,12 @@ mod tests {
         // Loopback delivers within the send: all ten are queued.
         assert_eq!(a.tx_burst(&items), 10);
         assert_eq!(b.rx_burst(), 1, "single mode: one datagram");
+        assert!(b.rx_may_hold_more(), "recvfrom cannot tell");
         assert_eq!(b.rx_burst(), 9, "then the rest in one burst");
+        assert!(!b.rx_may_hold_more(), "9 of 32 slots filled: emptied");
         assert_eq!(b.rx_mode, RxMode::Batch);
         assert_eq!(b.rx_burst(), 0);
+        assert!(!b.rx_may_hold_more());
         assert_eq!(b.rx_mode, RxMode::Single { run: 0 });
         let mut ring = b.take_rx_ring().unwrap();
         b.post_recvs(&mut ring, 10);

@@ -158,7 +158,7 @@ impl<T: Transport, C> Rpc<T, C> {
         if !self.sm_queue.is_empty() {
             self.process_sm();
         }
-        if rx != 0 && self.pkt_loss_scan_due() {
+        if rx != 0 && self.pkt_loss_scan_due() && self.transport.rx_may_hold_more() {
             self.drain_rx(ctx);
         }
         self.maybe_pkt_loss_scan();
@@ -176,9 +176,9 @@ impl<T: Transport, C> Rpc<T, C> {
     /// a time), and after a stall longer than the retransmission timeout
     /// (a descheduled thread, a long handler) the answers to every request
     /// in flight can be queued there. Runs only when a scan is due and the
-    /// iteration's own burst found packets (an empty one says there is
-    /// nothing to drain, and a busy Rpc would otherwise pay an empty poll
-    /// per scan), so the common iteration pays nothing for it.
+    /// iteration's own burst found packets and may have left some
+    /// ([`Transport::rx_may_hold_more`]; a busy Rpc would otherwise pay an
+    /// empty poll per scan), so the common iteration pays nothing for it.
     #[inline(never)]
     fn drain_rx(&mut self, ctx: &mut C) {
         let mut budget = self.ring_entries;
@@ -189,6 +189,11 @@ impl<T: Transport, C> Rpc<T, C> {
             }
             self.process_rx(ctx, n);
             budget = budget.saturating_sub(n);
+            // A burst that came back short emptied the transport: no
+            // empty poll (a system call over UDP) to learn it.
+            if !self.transport.rx_may_hold_more() {
+                break;
+            }
         }
     }
 
