@@ -248,3 +248,93 @@ fn answers_queued_during_a_stall_are_read_before_the_loss_scan() {
         "all completed in the first iteration"
     );
 }
+
+/// A stall of the whole host is not loss. Both nodes stop for twice the
+/// retransmission timeout right after the client sent 64 requests (the
+/// two nodes of a one-thread benchmark descheduled together, or two
+/// processes on a loaded machine): the requests are still in the server's
+/// socket, unanswered. When the client runs again first, its loss scan is
+/// a whole stall late, and it must give the server a scan interval to
+/// answer instead of resending every request.
+#[test]
+fn a_stall_of_both_ends_is_not_taken_for_loss() {
+    use common::scenarios::{check_done, connect, nodes};
+    let mut w = UdpWorld {
+        net: erpc::sim::SimNet::new(erpc::sim::SimConfig::default()),
+    };
+    let mut ns = nodes(&mut w, 2, 8);
+    connect(&mut w, &mut ns, 0, 1, 8);
+    let total = 64;
+    ns[0].ctx.todo = (0..total)
+        .map(|_| app::Op {
+            req_type: app::ECHO,
+            req_len: 32,
+            resp_len: 32,
+        })
+        .collect();
+    {
+        let n = &mut ns[0];
+        app::start(&mut n.rpc, &mut n.ctx, total);
+        n.poll();
+    }
+    assert_eq!(ns[0].rpc.stats().tx_pkts, total as u64, "all sent at once");
+    let rto_ns = ns[0].rpc.config().rto_us * 1_000;
+    w.net.advance(2 * rto_ns);
+    // The client runs first, then the server, as a one-thread loop does.
+    common::run_until(&mut w, &mut ns, 100_000, "completions", |ns| {
+        ns[0].ctx.completed == total as u64
+    });
+    check_done::<UdpWorld>(&ns);
+    let (c, s) = (ns[0].rpc.stats(), ns[1].rpc.stats());
+    assert_eq!(c.retransmissions, 0, "{c}");
+    assert_eq!(s.reqs_handled, total as u64, "{s}");
+    assert_eq!(s.dup_req_cr_resent + s.dup_req_resp_resent, 0, "{s}");
+}
+
+/// The deferral of a late loss scan happens once, never twice in a row:
+/// a loop that keeps coming back late still scans at every other
+/// iteration. The server does not run (to the client, its requests are
+/// lost); the client stalls for twice the retransmission timeout before
+/// each of two iterations. The first puts its scan off, the second must
+/// scan and resend every request.
+#[test]
+fn a_slow_loop_puts_off_a_loss_scan_once_not_forever() {
+    use common::scenarios::{check_done, connect, nodes};
+    let mut w = UdpWorld {
+        net: erpc::sim::SimNet::new(erpc::sim::SimConfig::default()),
+    };
+    let mut ns = nodes(&mut w, 2, 9);
+    connect(&mut w, &mut ns, 0, 1, 8);
+    let total = 64;
+    ns[0].ctx.todo = (0..total)
+        .map(|_| app::Op {
+            req_type: app::ECHO,
+            req_len: 32,
+            resp_len: 32,
+        })
+        .collect();
+    {
+        let n = &mut ns[0];
+        app::start(&mut n.rpc, &mut n.ctx, total);
+        n.poll();
+    }
+    assert_eq!(ns[0].rpc.stats().tx_pkts, total as u64, "all sent at once");
+    let rto_ns = ns[0].rpc.config().rto_us * 1_000;
+    w.net.advance(2 * rto_ns);
+    ns[0].poll();
+    assert_eq!(
+        ns[0].rpc.stats().retransmissions,
+        0,
+        "the late scan is put off"
+    );
+    w.net.advance(2 * rto_ns);
+    ns[0].poll();
+    let c = ns[0].rpc.stats();
+    assert_eq!(c.retransmissions, total as u64, "{c}");
+    // The server wakes up to every request twice; it answers each once.
+    common::run_until(&mut w, &mut ns, 100_000, "completions", |ns| {
+        ns[0].ctx.completed == total as u64
+    });
+    check_done::<UdpWorld>(&ns);
+    assert_eq!(ns[1].rpc.stats().reqs_handled, total as u64);
+}

@@ -158,8 +158,11 @@ impl<T: Transport, C> Rpc<T, C> {
         if !self.sm_queue.is_empty() {
             self.process_sm();
         }
-        if rx != 0 && self.pkt_loss_scan_due() && self.transport.rx_may_hold_more() {
-            self.drain_rx(ctx);
+        if self.pkt_loss_scan_due() {
+            if rx != 0 && self.transport.rx_may_hold_more() {
+                self.drain_rx(ctx);
+            }
+            self.defer_late_scan();
         }
         self.maybe_pkt_loss_scan();
         if !self.owed.is_empty() {
@@ -194,6 +197,26 @@ impl<T: Transport, C> Rpc<T, C> {
             if !self.transport.rx_may_hold_more() {
                 break;
             }
+        }
+    }
+
+    /// A loss scan more than a scan interval late means that the event
+    /// loop did not run for that long (the thread was descheduled, or a
+    /// handler ran long): the requests it would find overdue may have
+    /// waited on this host, not on the network, and so may their answers,
+    /// still on their way through a peer that was stalled with it (both
+    /// nodes of a one-thread benchmark, a peer process on the same loaded
+    /// machine). Such a scan is put off by one interval, once: the next
+    /// runs when due, however late, so loss recovery is delayed by at most
+    /// one interval and never starved by a slow loop.
+    #[inline]
+    fn defer_late_scan(&mut self) {
+        let late = self.now_ns - self.next_loss_scan_ns > self.loss_scan_ns;
+        if late && !self.loss_scan_deferred {
+            self.next_loss_scan_ns = self.now_ns + self.loss_scan_ns;
+            self.loss_scan_deferred = true;
+        } else {
+            self.loss_scan_deferred = false;
         }
     }
 

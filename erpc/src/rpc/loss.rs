@@ -16,7 +16,9 @@
 //! lost come back, `num_tx = num_rx`, and the slot is kicked through the
 //! normal TX path, which resends request packets or RFRs from there. The
 //! server answers duplicates without running the handler again
-//! (`req.rs`, `rfr.rs`).
+//! (`req.rs`, `rfr.rs`). The event loop first drains the transport and
+//! puts off a scan that is more than an interval late, once
+//! (`ev_loop.rs`: `drain_rx`, `defer_late_scan`).
 //!
 //! The NIC may still hold a transmission of the packets being resent
 //! (sends are unsignaled), and once a retransmission is queued, a
