@@ -198,7 +198,12 @@ impl common::World for UdpWorld {
 /// time; the event loop must drain the socket before it scans, so nothing
 /// is retransmitted and the server sees no duplicate. (Loopback delivers a
 /// datagram within the send that carries it, so the answers are queued
-/// when the server's iteration returns; the stall is virtual time.)
+/// when the server's iteration returns; the stall is virtual time.) That
+/// scan is a whole stall late and so put off once (`defer_late_scan`),
+/// which alone would avoid the retransmissions here: without the drain
+/// this test fails on "all completed in the first iteration", and
+/// `answers_queued_behind_a_put_off_scan_are_read_before_it_runs` pins
+/// the retransmissions where the deferral cannot help.
 #[test]
 fn answers_queued_during_a_stall_are_read_before_the_loss_scan() {
     use common::scenarios::{check_done, connect, nodes};
@@ -337,4 +342,67 @@ fn a_slow_loop_puts_off_a_loss_scan_once_not_forever() {
     });
     check_done::<UdpWorld>(&ns);
     assert_eq!(ns[1].rpc.stats().reqs_handled, total as u64);
+}
+
+/// Receive before timers, where putting off a late scan does not help:
+/// the scan that runs after one was put off. The client sends 64
+/// requests and stalls for twice the retransmission timeout; its first
+/// iteration finds nothing queued (the server has not run) and puts the
+/// late scan off. Then the server answers everything, and one scan
+/// interval later the client's scan is due and runs: it must read the 64
+/// queued answers first (the UDP transport hands out one datagram per
+/// `rx_burst` after a receive that found nothing), or it resends every
+/// request whose answer is still in the socket.
+#[test]
+fn answers_queued_behind_a_put_off_scan_are_read_before_it_runs() {
+    use common::scenarios::{check_done, connect, nodes};
+    let mut w = UdpWorld {
+        net: erpc::sim::SimNet::new(erpc::sim::SimConfig::default()),
+    };
+    let mut ns = nodes(&mut w, 2, 10);
+    connect(&mut w, &mut ns, 0, 1, 8);
+    let total = 64;
+    ns[0].ctx.todo = (0..total)
+        .map(|_| app::Op {
+            req_type: app::ECHO,
+            req_len: 32,
+            resp_len: 32,
+        })
+        .collect();
+    {
+        let n = &mut ns[0];
+        app::start(&mut n.rpc, &mut n.ctx, total);
+        n.poll();
+    }
+    assert_eq!(ns[0].rpc.stats().tx_pkts, total as u64, "all sent at once");
+    let rto_ns = ns[0].rpc.config().rto_us * 1_000;
+    let scan_ns = ns[0].rpc.config().pkt_loss_scan_us * 1_000;
+    w.net.advance(2 * rto_ns);
+    ns[0].poll();
+    assert_eq!(
+        ns[0].rpc.stats().retransmissions,
+        0,
+        "the late scan is put off"
+    );
+    assert_eq!(ns[0].ctx.completed, 0);
+    let mut polls = 0;
+    while ns[1].ctx.handled < total as u64 {
+        ns[1].poll();
+        polls += 1;
+        assert!(polls < 1_000_000, "the server did not get the requests");
+    }
+    w.net.advance(scan_ns);
+    ns[0].poll();
+    let c = ns[0].rpc.stats();
+    assert_eq!(c.retransmissions, 0, "{c}");
+    assert_eq!(
+        ns[0].ctx.completed, total as u64,
+        "all read before the scan"
+    );
+    common::run_until(&mut w, &mut ns, 100_000, "completions", |ns| {
+        ns[0].ctx.completed == total as u64
+    });
+    check_done::<UdpWorld>(&ns);
+    let s = ns[1].rpc.stats();
+    assert_eq!(s.dup_req_cr_resent + s.dup_req_resp_resent, 0, "{s}");
 }
