@@ -14,10 +14,24 @@
 # (round trips) they completed, both nodes, as erpc-bench counts them: the
 # setup (device bring-up, sessions, the start of the window) cancels.
 #
+# `eRPC - raw` is the difference per RPC: what eRPC's point costs the
+# whole program beyond the packet work of the raw echo (eRPC itself, the
+# transport work its packets need and the echo's do not, the benchmark's
+# per-RPC bookkeeping beyond the echo's).
+#
+# TRANSPORT=udp runs the same over kernel UDP on loopback. Callgrind sees
+# user space only, so there the figures leave out the kernel, which does
+# most of the work of a UDP round trip (system calls and their datagrams):
+# count those with `perf stat -e 'syscalls:sys_enter_*'` (BENCHMARKS.md,
+# issue 32). Kernel UDP is not deterministic either: which datagrams share
+# a system call depends on timing, so the counts move a little from run
+# to run.
+#
 # Usage (from any directory):
 #   tools/bench-callgrind.sh                        # B = 1 and 8
 #   BATCHES="1 3 8 16" tools/bench-callgrind.sh     # other points
 #   SHORT=20000 LONG=60000 tools/bench-callgrind.sh # other counts
+#   TRANSPORT=udp tools/bench-callgrind.sh          # kernel UDP, user space
 # Needs valgrind and free 2 MiB hugepages (erpc-bench's default run: 18).
 set -euo pipefail
 # A failed run inside $(...) stops the script too.
@@ -28,6 +42,7 @@ cd "$(dirname "$0")/.."
 : "${BATCHES:=1 8}"
 : "${SHORT:=50000}"
 : "${LONG:=150000}"
+: "${TRANSPORT:=mlx5-sim}"
 if [ "$LONG" -le "$SHORT" ]; then
   echo "bench-callgrind.sh: LONG ($LONG) must be above SHORT ($SHORT)" >&2
   exit 2
@@ -46,8 +61,8 @@ total_ir() {
 run() {
   local b=$1 side=$2 n=$3 f="$tmp/cg.$1.$2.$3"
   if ! valgrind --tool=callgrind --callgrind-out-file="$f.out" \
-    "$bin" --batch "$b" --count "$n" --only "$side" >"$f.txt" 2>"$f.err"; then
-    echo "bench-callgrind.sh: erpc-bench --batch $b --count $n --only $side failed:" >&2
+    "$bin" --transport "$TRANSPORT" --batch "$b" --count "$n" --only "$side" >"$f.txt" 2>"$f.err"; then
+    echo "bench-callgrind.sh: erpc-bench --transport $TRANSPORT --batch $b --count $n --only $side failed:" >&2
     grep -v '^==' "$f.err" >&2 || true
     exit 1
   fi
@@ -86,14 +101,19 @@ per_unit() {
   }'
 }
 
-printf 'erpc-bench --count %s and %s under callgrind, device model (window 60, 32-byte RPCs),\n' "$SHORT" "$LONG"
-printf 'whole-program instructions per RPC / round trip from the difference of the two runs\n'
-printf '%4s %14s %22s %12s %22s\n' B "eRPC Ir/RPC" "raw echo Ir/round trip" "raw / eRPC" "RPCs, round trips"
+printf 'erpc-bench --transport %s --count %s and %s under callgrind (window 60, 32-byte RPCs),\n' "$TRANSPORT" "$SHORT" "$LONG"
+if [ "$TRANSPORT" = udp ]; then
+  printf 'user-space instructions per RPC / round trip (the kernel is not counted) from the difference of the two runs\n'
+else
+  printf 'whole-program instructions per RPC / round trip from the difference of the two runs\n'
+fi
+printf '%4s %14s %22s %12s %12s %22s\n' B "eRPC Ir/RPC" "raw echo Ir/round trip" "eRPC - raw" "raw / eRPC" "RPCs, round trips"
 for b in $BATCHES; do
   erpc=$(per_unit "$b" erpc)
   raw=$(per_unit "$b" raw-echo)
   read -r e en <<<"$erpc"
   read -r r rn <<<"$raw"
-  printf '%4s %14s %22s %12s %22s\n' "$b" "$e" "$r" \
+  printf '%4s %14s %22s %12s %12s %22s\n' "$b" "$e" "$r" \
+    "$(awk -v r="$r" -v e="$e" 'BEGIN { printf "%.1f", e - r }')" \
     "$(awk -v r="$r" -v e="$e" 'BEGIN { printf "%.3f", r / e }')" "$en, $rn"
 done

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Instructions per RPC in eRPC's own code (client + server), from two
-# callgrind runs of different lengths (the difference cancels setup).
-# Which instructions are eRPC's is decided per instruction from its inline
-# chain (callgrind_count.py): eRPC's source files count wherever the
-# compiler inlined them, with the library code (std, crates, mempool) they
-# call; the simulated transport, the transport crate and the benchmark
-# loop do not.
+# Instructions per RPC charged to eRPC (client + server), from two
+# callgrind runs of different lengths (the difference cancels setup), on
+# eRPC's simulated network (B = 8, 60 in flight per node). The rule
+# (callgrind_count.py's doc; README, "Instructions per RPC: what is
+# counted"): eRPC's code with everything inlined into it, and the
+# inclusive cost of every call it makes into library or transport code,
+# except the transport's datapath entry points (tx_burst, rx_burst,
+# tx_flush, post_recvs) and the application's handlers and continuations.
+# The whole program per RPC is printed beside it.
 #
 # Usage (from any directory; shown from the workspace root):
 #   erpc/benches/callgrind_ir.sh             # totals and the top 15 functions

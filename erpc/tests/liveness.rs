@@ -473,7 +473,8 @@ fn a_long_idle_served_session_is_reclaimed_when_the_ring_is_full() {
             w.net.sm_hub().set_cut_off(&server, true);
             let sn = ns[0].ctx.sessions.remove(0);
             ns[0].rpc.reset_session(sn).unwrap();
-            run_for(&mut w, &mut ns, 600 * MS, &[0, 1, 2]);
+            // (Its disconnect is retried for four failure timeouts.)
+            run_for(&mut w, &mut ns, 2_500 * MS, &[0, 1, 2]);
             w.net.sm_hub().set_cut_off(&server, false);
             assert_eq!(ns[1].rpc.num_sessions(), 1, "the server never heard");
             // Client 2 takes the free half of the ring...

@@ -378,6 +378,18 @@ pub struct Point {
     pub min_rpcs: u64,
 }
 
+/// Sessions each node opens to the other for point `p`: enough slots
+/// (eight per session, the protocol's window) for every request the point
+/// keeps in flight, so that none waits in an Rpc's backlog for a slot. A
+/// raw echo puts its whole window on the wire; eRPC with one session could
+/// put only eight there, and the rest of the window would be queueing
+/// time in the backlog, not packet work (the paper's Figure 4 setup and
+/// the C++ `small_rpc_tput` spread each thread's requests over sessions
+/// the same way).
+pub fn sessions_per_node(p: Point) -> usize {
+    p.window.div_ceil(erpc::SESSION_REQ_WINDOW).max(1)
+}
+
 /// How far past its duration a point with `min_rpcs` may run.
 pub const MAX_STRETCH: u32 = 100;
 
@@ -536,7 +548,10 @@ impl Default for Progress {
 /// Per-node application state (no allocation per request).
 #[allow(missing_debug_implementations)]
 pub struct Ctx {
-    session: u16,
+    /// The sessions to the peer ([`sessions_per_node`] of them); requests
+    /// go to them in turn.
+    sessions: Vec<u16>,
+    next_session: usize,
     in_flight: usize,
     completed: u64,
     pool: Vec<(MsgBuf, MsgBuf)>,
@@ -549,13 +564,13 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    /// The session requests go out on.
-    pub(crate) fn session(&self) -> u16 {
-        self.session
+    /// The sessions requests go out on.
+    pub(crate) fn sessions(&self) -> &[u16] {
+        &self.sessions
     }
 
-    pub(crate) fn set_session(&mut self, sn: u16) {
-        self.session = sn;
+    pub(crate) fn add_session(&mut self, sn: u16) {
+        self.sessions.push(sn);
     }
 
     /// RPCs completed so far.
@@ -627,7 +642,12 @@ pub(crate) fn issue<T: Transport>(rpc: &mut Rpc<T, Ctx>, c: &mut Ctx, p: Point) 
         };
         c.sent[tag] = now;
         c.in_flight += 1;
-        if let Err(e) = rpc.enqueue_request(c.session, REQ, req, resp, cont::<T>, tag) {
+        let session = c.sessions[c.next_session];
+        c.next_session += 1;
+        if c.next_session == c.sessions.len() {
+            c.next_session = 0;
+        }
+        if let Err(e) = rpc.enqueue_request(session, REQ, req, resp, cont::<T>, tag) {
             c.in_flight -= 1;
             c.tags.push(tag);
             let msg = e.to_string();
@@ -657,7 +677,8 @@ pub(crate) fn new_ctx<T: Transport + 'static>(
         pool.push((req, resp));
     }
     Ok(Ctx {
-        session: 0,
+        sessions: Vec::with_capacity(sessions_per_node(p)),
+        next_session: 0,
         in_flight: 0,
         completed: 0,
         pool,
@@ -1078,14 +1099,20 @@ fn run_points<T: Transport + 'static>(
 ) -> Result<Outcome, BenchError> {
     for (i, (rpc, ctx)) in nodes.iter_mut().enumerate() {
         let peer = 1 - i;
-        ctx.session = rpc
-            .create_session(&uris[peer], peer as u8)
-            .map_err(|e| BenchError::setup(format!("session from node {i} to node {peer}"), e))?;
+        for _ in 0..sessions_per_node(p) {
+            let sn = rpc.create_session(&uris[peer], peer as u8).map_err(|e| {
+                BenchError::setup(format!("session from node {i} to node {peer}"), e)
+            })?;
+            ctx.sessions.push(sn);
+        }
     }
     let t = Instant::now();
     let virtual_time = nodes[0].0.nexus().clock().is_virtual();
     for round in 0.. {
-        if nodes.iter().all(|(r, c)| r.is_connected(c.session)) {
+        if nodes
+            .iter()
+            .all(|(r, c)| c.sessions.iter().all(|&sn| r.is_connected(sn)))
+        {
             break;
         }
         let gave_up = if virtual_time {
@@ -1097,7 +1124,10 @@ fn run_points<T: Transport + 'static>(
             let states: Vec<String> = nodes
                 .iter()
                 .enumerate()
-                .map(|(i, (r, c))| format!("node {i}: {:?}", r.session_state(c.session)))
+                .map(|(i, (r, c))| {
+                    let st: Vec<_> = c.sessions.iter().map(|&sn| r.session_state(sn)).collect();
+                    format!("node {i}: {st:?}")
+                })
                 .collect();
             return Err(BenchError::Run(format!(
                 "sessions did not connect ({})",
@@ -1511,6 +1541,29 @@ pub fn udp_erpc_until(
     capture: Option<&Capture>,
     inspect: bool,
 ) -> Result<Outcome, BenchError> {
+    udp_erpc_with(
+        plan,
+        p,
+        stop,
+        progress,
+        capture,
+        inspect,
+        RpcConfig::default(),
+    )
+}
+
+/// [`udp_erpc_until`] with the Rpcs' settings `cfg` (e.g. congestion
+/// control switched on, which over kernel UDP needs
+/// `cfg.cc.on_software_stack`).
+pub fn udp_erpc_with(
+    plan: &MemoryPlan,
+    p: Point,
+    stop: Stop,
+    progress: &Progress,
+    capture: Option<&Capture>,
+    inspect: bool,
+    cfg: RpcConfig,
+) -> Result<Outcome, BenchError> {
     let free_port = || {
         std::net::UdpSocket::bind("127.0.0.1:0")
             .and_then(|s| s.local_addr())
@@ -1548,11 +1601,11 @@ pub fn udp_erpc_until(
         let nexus = register::<UdpTransport>(b)
             .build()
             .map_err(|e| BenchError::setup(format!("Nexus of node {i} on {uri}"), e))?;
-        let cfg = UdpConfig {
+        let udp = UdpConfig {
             pcap: capture.filter(|_| i == 0).map(Capture::transport_file),
             ..UdpConfig::loopback()
         };
-        let t = UdpTransport::new(&cfg)
+        let t = UdpTransport::new(&udp)
             .map_err(|e| BenchError::setup(format!("UDP transport of node {i}"), e))?;
         if let Some(cap) = capture {
             cap.note_port(t.local_routing_info().udp_port);
@@ -1562,7 +1615,7 @@ pub fn udp_erpc_until(
             node_bytes(p.size, p.window),
             &format!("message buffers of node {i}"),
         )?;
-        let mut rpc = Rpc::new(&nexus, i as u8, t, alloc, RpcConfig::default(), None)
+        let mut rpc = Rpc::new(&nexus, i as u8, t, alloc, cfg, None)
             .map_err(|e| BenchError::setup(format!("Rpc of node {i}"), e))?;
         let c = new_ctx(&mut rpc, p)?;
         nodes.push((rpc, c));

@@ -79,13 +79,20 @@ fn pair_loop<T: Transport + 'static>(
 ) -> ThreadResult {
     for (k, (rpc, ctx)) in nodes.iter_mut().enumerate() {
         let peer = &uris[1 - k];
-        ctx.set_session(
-            rpc.create_session(peer, i as u8)
-                .map_err(|e| BenchError::setup(format!("thread {i}: session to {peer}"), e))?,
-        );
+        // Enough sessions for the window (8 slots each), as erpc-bench's
+        // one-thread run opens.
+        for _ in 0..crate::bench::sessions_per_node(p) {
+            ctx.add_session(
+                rpc.create_session(peer, i as u8)
+                    .map_err(|e| BenchError::setup(format!("thread {i}: session to {peer}"), e))?,
+            );
+        }
     }
     let t = Instant::now();
-    while !nodes.iter().all(|(r, c)| r.is_connected(c.session())) {
+    while !nodes
+        .iter()
+        .all(|(r, c)| c.sessions().iter().all(|&sn| r.is_connected(sn)))
+    {
         if t.elapsed() > Duration::from_secs(60) {
             return Err(BenchError::Run(format!(
                 "thread {i}: sessions did not connect in 60 s"

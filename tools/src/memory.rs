@@ -8,7 +8,6 @@
 //! are free, [`MemoryPlan::decide`] falls back to 4 KiB pages and says so
 //! once, with the number of pages and the command that reserves them.
 
-use erpc::SESSION_REQ_WINDOW;
 use erpc::msgbuf::msgbuf_bytes;
 use mempool::meminfo::{HugepageInfo, reserve_command};
 use mempool::{Fallback, HUGE_2M, RegionOptions, class_size};
@@ -36,8 +35,10 @@ const NODE_BASE_BYTES: usize = 8 << 20;
 /// packets, the raw echo).
 pub fn node_bytes(size: usize, window: usize) -> usize {
     let per_buffer = class_size(mempool::class_for(msgbuf_bytes(size)).unwrap_or(0));
+    // The benchmark opens enough sessions for its window
+    // (`bench::sessions_per_node`): every request can be busy at the server.
     let server = if size > MAX_DATA_PER_PKT {
-        2 * window.min(SESSION_REQ_WINDOW)
+        2 * window
     } else {
         0
     };

@@ -178,6 +178,72 @@ fn erpc_bench_experiment_options_are_checked() {
         2,
         &["--rounds 0", "1 to 100"],
     );
+    bench_refuses(
+        &["--experiment", "incast", "--cc", "off"],
+        2,
+        &["--cc applies to --experiment small-rpc only"],
+    );
+    bench_refuses(
+        &["--cc", "on,off", "--latency-csv", "x.csv"],
+        2,
+        &["--latency-csv keeps one distribution per B"],
+    );
+}
+
+/// `--cc on,off` measures each B with congestion control on and off in
+/// the same run, against one reference per B: two rows per B, labelled,
+/// in the table and the JSON (over kernel UDP, where it is off by
+/// default, `on` switches it on).
+#[test]
+fn erpc_bench_cc_on_and_off_in_one_run() {
+    let dir = temp_dir("cc");
+    let json = dir.join("run.json");
+    for (transport, ctl) in [("mlx5-sim", "timely"), ("udp", "swift")] {
+        let out = run(
+            BENCH,
+            &[
+                "--transport",
+                transport,
+                "--batch",
+                "1,8",
+                "--count",
+                "2000",
+                "--cc",
+                "on,off",
+                "--controller",
+                ctl,
+                "--json",
+                json.to_str().unwrap(),
+            ],
+        );
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        let rows: Vec<Vec<&str>> = stdout
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .filter(|w| w.len() > 3 && (w[0] == "1" || w[0] == "8") && w[1] == "60")
+            .collect();
+        let labels: Vec<(&str, &str)> = rows.iter().map(|w| (w[0], w[2])).collect();
+        assert_eq!(
+            labels,
+            [("1", ctl), ("1", "off"), ("8", ctl), ("8", "off")],
+            "{stdout}"
+        );
+        let v: serde_json::Value = serde_json::from_slice(&fs::read(&json).unwrap()).unwrap();
+        let points = v["points"].as_array().unwrap();
+        let cc: Vec<&str> = points.iter().map(|p| p["cc"].as_str().unwrap()).collect();
+        assert_eq!(cc, [ctl, "off", ctl, "off"]);
+        for p in points {
+            assert!(p["completed"].as_u64().unwrap() >= 2000, "{p}");
+            // One reference per B, shared by both rows.
+            assert!(p["raw_echo_round_trips"].as_u64().unwrap() >= 2000, "{p}");
+        }
+        assert_eq!(
+            points[0]["raw_echo_round_trips"],
+            points[1]["raw_echo_round_trips"]
+        );
+    }
+    fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -267,6 +267,17 @@ pub trait Transport {
     /// the sum of all previous `rx_burst` results.
     fn rx_burst(&mut self) -> usize;
 
+    /// Whether the last `rx_burst` may have left packets behind: `false`
+    /// when it took everything the transport held at that moment (a
+    /// receive that came back short). A hint for a caller that wants to
+    /// drain the transport (eRPC does before its loss scan) without one
+    /// more poll to learn that nothing is left, which over kernel UDP is a
+    /// system call. The default, `true`, is always safe: the caller polls
+    /// until `rx_burst` returns 0.
+    fn rx_may_hold_more(&self) -> bool {
+        true
+    }
+
     /// Gives the `n` oldest held ring slots back for reuse. `ring` is this
     /// transport's ring handle, borrowed mutably so that no packet slice
     /// read from it is still alive.

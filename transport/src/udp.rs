@@ -301,6 +301,9 @@ pub struct UdpTransport {
     rx: sys::RxQueue,
     /// How the next `rx_burst` receives (see [`RxMode`]).
     rx_mode: RxMode,
+    /// The last `rx_burst` may have left datagrams in the socket
+    /// ([`Transport::rx_may_hold_more`]).
+    rx_more: bool,
     ring_taken: bool,
     tx: sys::TxQueue,
     /// For each message of the TX batch being sent, the index of its item
@@ -337,8 +340,17 @@ enum RxMode {
 }
 
 /// Polls in a row that each got one datagram with `recvfrom` before
-/// `rx_burst` tries `recvmmsg` to see whether datagrams queue up.
-const RX_PROBE_AFTER: u32 = 8;
+/// `rx_burst` tries `recvmmsg` to see whether datagrams queue up: one, so
+/// a poll that found a datagram is followed by one that takes whatever
+/// queued behind it. A burst that ends (a `recvmmsg` that gets one or
+/// none, as the loss scan's drain always ends) drops to single mode; with
+/// 8 here the next 8 polls read one datagram each however many waited,
+/// and with 60 requests in flight per node the queue that built up in
+/// those polls kept the event loop behind a full window: the median RPC
+/// waited 5-7 times the raw echo's (BENCHMARKS.md, issue 32). After a lone
+/// datagram the probe is an empty `recvmmsg` (about 50 ns more than an
+/// empty `recvfrom`), once per datagram received, not per poll.
+const RX_PROBE_AFTER: u32 = 1;
 
 /// Marks a batch message the kernel refused for good.
 const REFUSED: usize = usize::MAX;
@@ -407,6 +419,7 @@ impl UdpTransport {
             },
             rx: sys::RxQueue::new(config.rx_ring_entries, rx_burst, pcap.is_some()),
             rx_mode: RxMode::Single { run: 0 },
+            rx_more: true,
             ring_taken: false,
             tx: sys::TxQueue::new(config.tx_burst_max),
             tx_item_of: vec![0; config.tx_burst_max].into_boxed_slice(),
@@ -823,11 +836,21 @@ impl Transport for UdpTransport {
             RxMode::Batch => true,
             RxMode::Single { run } => run >= RX_PROBE_AFTER,
         };
-        let got = if batch && self.rx_burst_max > 1 {
-            self.rx.recv(self.socket.as_fd(), classify)
+        // A `recvmmsg` that fills fewer slots than it offered, or a
+        // receive that finds nothing, emptied the socket.
+        let room = self.rx.ring().free().min(self.rx_burst_max);
+        let (got, more) = if batch && self.rx_burst_max > 1 {
+            let got = self.rx.recv(self.socket.as_fd(), classify);
+            let more = matches!(got, Ok(n) if n >= room);
+            (got, more)
         } else {
-            self.rx.recv_one(self.socket.as_fd(), classify)
+            let got = self.rx.recv_one(self.socket.as_fd(), classify);
+            // One datagram says nothing of what follows it; with no free
+            // slot (`Ok(0)` without a call) the socket was not looked at.
+            let more = got.is_ok();
+            (got, more)
         };
+        self.rx_more = more;
         self.rx_mode = match (&got, self.rx_mode) {
             (Ok(n), _) if batch => {
                 if *n >= 2 {
@@ -848,6 +871,12 @@ impl Transport for UdpTransport {
                 0
             }
         }
+    }
+
+    /// `false` after a `recvmmsg` that filled fewer slots than it offered
+    /// or a receive that found the socket empty.
+    fn rx_may_hold_more(&self) -> bool {
+        self.rx_more
     }
 
     /// # Panics
@@ -921,6 +950,35 @@ fn capture_rx(cap: &mut Capture, ts: std::time::Duration, me: &RoutingInfo, d: &
 mod tests {
     use super::*;
 
+    /// A poll that got one datagram with `recvfrom` is followed by one
+    /// that takes what queued behind it with one `recvmmsg`: a queue is
+    /// never read one datagram per poll (it was for 8 polls).
+    #[test]
+    fn a_queue_behind_a_single_read_is_taken_in_one_burst() {
+        let mut a = UdpTransport::new(&UdpConfig::loopback()).unwrap();
+        let mut b = UdpTransport::new(&UdpConfig::loopback()).unwrap();
+        let route = a.resolve(&b.local_routing_info()).unwrap();
+        let pkts: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; PKTHDR_BYTES + 10]).collect();
+        let items: Vec<_> = pkts
+            .iter()
+            .map(|pkt| TxItem::unregistered(&route, pkt, &[]))
+            .collect();
+        assert_eq!(b.rx_burst(), 0);
+        assert_eq!(b.rx_mode, RxMode::Single { run: 0 });
+        // Loopback delivers within the send: all ten are queued.
+        assert_eq!(a.tx_burst(&items), 10);
+        assert_eq!(b.rx_burst(), 1, "single mode: one datagram");
+        assert!(b.rx_may_hold_more(), "recvfrom cannot tell");
+        assert_eq!(b.rx_burst(), 9, "then the rest in one burst");
+        assert!(!b.rx_may_hold_more(), "9 of 32 slots filled: emptied");
+        assert_eq!(b.rx_mode, RxMode::Batch);
+        assert_eq!(b.rx_burst(), 0);
+        assert!(!b.rx_may_hold_more());
+        assert_eq!(b.rx_mode, RxMode::Single { run: 0 });
+        let mut ring = b.take_rx_ring().unwrap();
+        b.post_recvs(&mut ring, 10);
+    }
+
     /// On a socket whose path refuses GSO (UDP checksums off), a burst
     /// that would go as one GSO send goes out datagram by datagram, all of
     /// it, and the transport stops trying GSO.
@@ -950,12 +1008,9 @@ mod tests {
         // Loopback delivers within the send: all are queued already.
         for _ in 0..64 {
             let n = b.rx_burst();
+            let head = got.len();
             for k in 0..n {
-                got.push(
-                    ring.packet((got.len() + k) % ring.entries())
-                        .unwrap()
-                        .to_vec(),
-                );
+                got.push(ring.packet((head + k) % ring.entries()).unwrap().to_vec());
             }
             b.post_recvs(&mut ring, n);
         }

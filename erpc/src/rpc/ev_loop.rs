@@ -1,5 +1,6 @@
 //! The event loop: RX, credit-stall queue, background completions,
-//! session management, the packet-loss scan, TX flush. Continuations and
+//! session management, the packet-loss scan (receive before timers: the
+//! transport is drained first), TX flush. Continuations and
 //! dispatch handlers run inside it; so do the error continuations and
 //! session events that resets and failures owe the application.
 
@@ -64,10 +65,11 @@ impl<T: Transport, C> Rpc<T, C> {
         // The stall queue, background jobs, SM packets and timers, the
         // wheel, in that order (`process_pending`); with none of the
         // queues marked, only the SM queue and the timers are looked at.
+        // (`n`: whether the transport may hold more; see `drain_rx`.)
         if self.pending != 0 {
-            self.process_pending(ctx);
+            self.process_pending(ctx, n);
         } else if self.sm_or_timers_due() {
-            self.process_sm_and_timers(ctx);
+            self.process_sm_and_timers(ctx, n);
         }
         self.flush_tx();
         self.gate &= !GATE_IN_LOOP;
@@ -101,7 +103,7 @@ impl<T: Transport, C> Rpc<T, C> {
     /// The queues `pending` marks, the SM queue and the timers, in the
     /// event loop's order; then `pending` is recomputed from the queues.
     #[inline(never)]
-    fn process_pending(&mut self, ctx: &mut C) {
+    fn process_pending(&mut self, ctx: &mut C, rx: usize) {
         if !self.stallq.is_empty() {
             self.process_stallq();
         }
@@ -109,7 +111,7 @@ impl<T: Transport, C> Rpc<T, C> {
             self.process_bg();
         }
         if self.sm_or_timers_due() {
-            self.process_sm_and_timers(ctx);
+            self.process_sm_and_timers(ctx, rx);
         }
         if self.wheel_busy() {
             self.process_wheel();
@@ -148,15 +150,77 @@ impl<T: Transport, C> Rpc<T, C> {
         !self.sm_queue.is_empty() || self.pkt_loss_scan_due()
     }
 
-    /// SM packets, the periodic loss scan, and what they owe.
+    /// SM packets, the periodic loss scan, and what they owe. `rx` is what
+    /// this iteration's `rx_burst` returned: 0 says the transport held
+    /// nothing a moment ago, so a loss scan need not drain it first.
     #[inline(never)]
-    fn process_sm_and_timers(&mut self, ctx: &mut C) {
+    fn process_sm_and_timers(&mut self, ctx: &mut C, rx: usize) {
         if !self.sm_queue.is_empty() {
             self.process_sm();
+        }
+        if self.pkt_loss_scan_due() {
+            if rx != 0 && self.transport.rx_may_hold_more() {
+                self.drain_rx(ctx);
+            }
+            self.defer_late_scan();
         }
         self.maybe_pkt_loss_scan();
         if !self.owed.is_empty() {
             self.pay_owed(ctx);
+        }
+    }
+
+    /// Receive before timers: processes what the transport already holds,
+    /// burst after burst, until it reports nothing (or [`Rpc`]'s RX ring
+    /// has been gone through once), so that the loss scan that follows
+    /// never rolls back a request whose answer is waiting to be read. A
+    /// transport may hand out less than it holds per `rx_burst` (the UDP
+    /// transport reads one datagram per call while datagrams come one at
+    /// a time), and after a stall longer than the retransmission timeout
+    /// (a descheduled thread, a long handler) the answers to every request
+    /// in flight can be queued there. Runs only when a scan is due and the
+    /// iteration's own burst found packets and may have left some
+    /// ([`Transport::rx_may_hold_more`]; a busy Rpc would otherwise pay an
+    /// empty poll per scan), so the common iteration pays nothing for it.
+    #[inline(never)]
+    fn drain_rx(&mut self, ctx: &mut C) {
+        let mut budget = self.ring_entries;
+        while budget != 0 {
+            let n = self.transport.rx_burst();
+            if n == 0 {
+                break;
+            }
+            self.process_rx(ctx, n);
+            budget = budget.saturating_sub(n);
+            // A burst that came back short emptied the transport: no
+            // empty poll (a system call over UDP) to learn it.
+            if !self.transport.rx_may_hold_more() {
+                break;
+            }
+        }
+    }
+
+    /// A loss scan more than a scan interval late means that the event
+    /// loop did not run for that long (the thread was descheduled, or a
+    /// handler ran long): the requests it would find overdue may have
+    /// waited on this host, not on the network, and so may their answers,
+    /// still on their way through a peer that was stalled with it (both
+    /// nodes of a one-thread benchmark, a peer process on the same loaded
+    /// machine). Such a scan is put off by one interval, once: the next
+    /// runs when due, however late, so loss recovery is delayed by at most
+    /// one interval and never starved by a slow loop.
+    /// The pause itself counts against no request: the slots' clocks move
+    /// forward by it first (`loss.rs`, `discount_pause`).
+    #[inline]
+    fn defer_late_scan(&mut self) {
+        let late_ns = self.now_ns - self.next_loss_scan_ns;
+        let late = late_ns > self.loss_scan_ns;
+        if late && !self.loss_scan_deferred {
+            self.discount_pause(late_ns);
+            self.next_loss_scan_ns = self.now_ns + self.loss_scan_ns;
+            self.loss_scan_deferred = true;
+        } else {
+            self.loss_scan_deferred = false;
         }
     }
 

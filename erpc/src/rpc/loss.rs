@@ -16,7 +16,9 @@
 //! lost come back, `num_tx = num_rx`, and the slot is kicked through the
 //! normal TX path, which resends request packets or RFRs from there. The
 //! server answers duplicates without running the handler again
-//! (`req.rs`, `rfr.rs`).
+//! (`req.rs`, `rfr.rs`). The event loop first drains the transport and
+//! puts off a scan that is more than an interval late, once
+//! (`ev_loop.rs`: `drain_rx`, `defer_late_scan`).
 //!
 //! The NIC may still hold a transmission of the packets being resent
 //! (sends are unsignaled), and once a retransmission is queued, a
@@ -41,12 +43,15 @@
 //! flight) is not judged: the slots holding the credits are.
 //!
 //! Time in which the event loop did not run is evidence against nobody:
-//! a scan that starts late by more than a scan interval (the thread was
+//! a scan that comes late by more than a scan interval (the thread was
 //! descheduled, a handler ran long, the application stopped polling)
-//! moves every active slot's clocks forward by the lateness before it
-//! judges, so neither the retransmission timeout nor the stall bound
-//! counts it, and what arrived meanwhile was read first (the scan runs
-//! after the iteration's receive).
+//! moves every active slot's clocks forward by the lateness, so neither
+//! the retransmission timeout nor the stall bound counts the pause, and
+//! is put off by one interval so that what arrived meanwhile is read
+//! first (`ev_loop.rs`, `defer_late_scan`). Only a late scan that follows
+//! a scan on time is treated so: a loop that is slow at every iteration
+//! still gets every other scan judged on the wall clock, so loss recovery
+//! and the stall bound are never starved (at worst about twice as slow).
 
 use transport::Transport;
 
@@ -64,11 +69,7 @@ impl<T: Transport, C> Rpc<T, C> {
         if !self.pkt_loss_scan_due() {
             return;
         }
-        let late = self.now_ns - self.next_loss_scan_ns;
         self.next_loss_scan_ns = self.now_ns + self.loss_scan_ns;
-        if late > self.loss_scan_ns {
-            self.discount_pause(late);
-        }
         self.pkt_loss_scan();
         self.sweep_quiet_state();
         // The SM timers (request retries, connect timeouts, expiry of
@@ -109,7 +110,7 @@ impl<T: Transport, C> Rpc<T, C> {
     /// client slot's clocks move forward by it (never past now).
     #[cold]
     #[inline(never)]
-    fn discount_pause(&mut self, late: u64) {
+    pub(crate) fn discount_pause(&mut self, late: u64) {
         let now = self.now_ns;
         self.stats.pauses_discounted += 1;
         for k in 0..self.active.len() {

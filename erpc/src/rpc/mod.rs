@@ -792,6 +792,10 @@ pub struct Rpc<T: Transport, C> {
     next_loss_scan_ns: u64,
     rto_ns: u64,
     loss_scan_ns: u64,
+    /// The last loss scan was put off because the event loop had not run
+    /// for a scan interval (`ev_loop.rs`, `defer_late_scan`): the next one
+    /// runs whenever it is due.
+    loss_scan_deferred: bool,
     /// The timing wheel (congestion control on).
     wheel: Option<crate::cc::TimingWheel>,
     /// The controller parameters every session shares.
@@ -987,6 +991,7 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             next_loss_scan_ns: now_ns + config.pkt_loss_scan_us * 1000,
             rto_ns: config.rto_us * 1000,
             loss_scan_ns: config.pkt_loss_scan_us * 1000,
+            loss_scan_deferred: false,
             wheel: config
                 .cc
                 .enabled

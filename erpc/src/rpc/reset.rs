@@ -160,7 +160,10 @@ impl<T: Transport, C> Rpc<T, C> {
                     // alive frees its end. (An erpc-rs one: a C++ server
                     // cannot take a disconnect with requests unfinished.)
                     let tell = self.session(sn).is_some_and(|s| {
-                        s.state == SessionState::Connected && s.remote_incarnation != 0
+                        matches!(
+                            s.state,
+                            SessionState::Connected | SessionState::DisconnectInProgress
+                        ) && s.remote_incarnation != 0
                     });
                     if tell {
                         self.send_disconnect_retried(sn);

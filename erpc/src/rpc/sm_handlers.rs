@@ -306,7 +306,7 @@ impl<T: Transport, C> Rpc<T, C> {
     /// A disconnect request for connected client session `sn`, which is
     /// about to be freed (a reset, a stall, its peer declared failed):
     /// sent now and again every SM retry interval until the server
-    /// answers or for the failure timeout, from a record that outlives
+    /// answers or for four failure timeouts, from a record that outlives
     /// the session (the abandoned-connect list's), so that a lost packet
     /// does not leave the server holding the session for ever.
     pub(crate) fn send_disconnect_retried(&mut self, sn: SessionNum) {
@@ -320,7 +320,7 @@ impl<T: Transport, C> Rpc<T, C> {
             since_ns: now,
             last_sent_ns: now,
             disconnecting: true,
-            give_up_ns: now + self.config.failure_timeout_ms * 1_000_000,
+            give_up_ns: now + 4 * self.config.failure_timeout_ms * 1_000_000,
         };
         if self.abandoned.len() >= ABANDONED_MAX {
             self.abandoned.remove(0);
@@ -508,7 +508,14 @@ impl<T: Transport, C> Rpc<T, C> {
                         self.abandon_connect(sn, now);
                         self.reset_client_session(sn, super::reset::ResetCause::ConnectTimedOut)
                     }
-                    SessionState::DisconnectInProgress => self.finish_disconnect(sn),
+                    SessionState::DisconnectInProgress => {
+                        // Unanswered for the failure timeout: the session
+                        // goes, but its disconnect is asked for a while
+                        // longer from a record (a lost one would leave
+                        // the server holding the session).
+                        self.send_disconnect_retried(sn);
+                        self.finish_disconnect(sn)
+                    }
                     SessionState::Connected | SessionState::Resetting => {}
                 }
                 continue;

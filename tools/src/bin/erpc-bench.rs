@@ -48,23 +48,36 @@ use std::process::ExitCode;
 
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser};
+use erpc::RpcConfig;
+use erpc::cc::CcConfig;
 use erpc_tools::bench::{
     BenchError, DeviceModel, Knobs, Outcome, Point, Progress, RawEcho as RawEchoRun, Settings,
     Vfio, Which, erpc_until, packets_per_direction, ratio_to_raw, raw_echo_data_bytes, raw_echo_on,
-    udp_erpc_until, udp_raw_echo,
+    udp_erpc_with, udp_raw_echo,
 };
 use erpc_tools::capture::{Capture, CaptureStats};
 use erpc_tools::experiments::{self, LOSS_RATES, SMALL_RPC_LOSS};
 use erpc_tools::memory::{MemoryPlan, bench_pages};
 use serde::Serialize;
 
-/// The rate controller of `--experiment incast`'s CC-on rows.
+/// The rate controller of `--experiment incast`'s CC-on rows, and of the
+/// small-RPC experiment's `--cc on` rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum CcController {
     /// Timely (`erpc::cc::CcConfig::default()`).
     Timely,
     /// The delay-target controller (`erpc::cc::CcConfig::swift()`).
     Swift,
+}
+
+/// Congestion control of the small-RPC experiment's eRPC points.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum CcSwitch {
+    /// On, with `--controller`'s rate controller, over every transport
+    /// (over kernel UDP too, where it is off by default).
+    On,
+    /// Off: no rate control, no pacing, no timing wheel.
+    Off,
 }
 
 /// Which half of each small-RPC point `--only` measures.
@@ -154,9 +167,10 @@ struct Args {
     /// controller's preset, 0 for Timely).
     #[arg(long)]
     pace_window: Option<u16>,
-    /// Rate controller of `--experiment incast`'s CC-on rows: Timely (the
-    /// default, the facts sheet's constants) or the delay-target
-    /// controller (`erpc::cc::CcConfig::swift()`: every packet paced).
+    /// Rate controller of `--experiment incast`'s CC-on rows and of the
+    /// small-RPC experiment's `--cc on` rows: Timely (the default, the
+    /// facts sheet's constants) or the delay-target controller
+    /// (`erpc::cc::CcConfig::swift()`: every packet paced).
     #[arg(long, value_enum, default_value = "timely")]
     controller: CcController,
     /// Delay-target controller: queueing allowed above the base RTT, µs
@@ -254,6 +268,14 @@ struct Args {
     /// tools/bench-callgrind.sh). Small-RPC experiment only.
     #[arg(long, value_name = "N")]
     count: Option<u64>,
+    /// Congestion control of the eRPC points (small-RPC experiment): `on`
+    /// (with `--controller`), `off`, or both, `--cc on,off`: each B is then
+    /// measured with each setting in turn against the same reference, one
+    /// row each, in the same run. Default: the transport's own default (on
+    /// for the mlx5 transport, off over kernel UDP, whose round trips are
+    /// set by the kernel's socket queues; see README).
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "on|off")]
+    cc: Vec<CcSwitch>,
     /// Measure only the eRPC points or only their raw-echo references
     /// (small-RPC experiment; the other columns show `-`).
     #[arg(long, value_enum, value_name = "SIDE")]
@@ -328,6 +350,10 @@ struct PointReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     raw_echo_round_trips: Option<u64>,
     ratio_to_raw_echo: Option<f64>,
+    /// Congestion control of the eRPC point with `--cc` (`off`, `timely`,
+    /// `swift`); absent: the transport's default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cc: Option<&'static str>,
     /// The ratio is above 1.0: a measurement error (see erpc-bench's output).
     ratio_above_one: bool,
     #[serde(flatten)]
@@ -433,6 +459,18 @@ fn check_count_and_only(args: &Args) -> Result<(), Quit> {
         if args.only.is_some() {
             return usage("--only applies to --experiment small-rpc only".into());
         }
+        if !args.cc.is_empty() {
+            return usage(
+                "--cc applies to --experiment small-rpc only (incast and cc-overhead \
+                 measure both settings themselves)"
+                    .into(),
+            );
+        }
+    }
+    if args.cc.len() > 1 && args.latency_csv.is_some() {
+        return usage(
+            "--latency-csv keeps one distribution per B: give --cc one setting per run".into(),
+        );
     }
     if let (Some(n), Some(flag)) = (args.count, args.timing_given.first()) {
         return usage(format!(
@@ -1193,6 +1231,34 @@ fn run_threads(args: &Args, n: usize) -> Result<(), Quit> {
     write_json(args.json.as_deref(), &rows)
 }
 
+/// The Rpcs' settings of a small-RPC point with `--cc` setting `sw`
+/// (`None`: the defaults, congestion control as the transport wants it).
+fn rpc_config(sw: Option<CcSwitch>, controller: CcController) -> RpcConfig {
+    let mut cfg = RpcConfig::default();
+    match sw {
+        None => {}
+        Some(CcSwitch::Off) => cfg.cc = CcConfig::disabled(),
+        Some(CcSwitch::On) => {
+            cfg.cc = match controller {
+                CcController::Timely => CcConfig::default(),
+                CcController::Swift => CcConfig::swift(),
+            };
+            // Over kernel UDP too.
+            cfg.cc.on_software_stack = true;
+        }
+    }
+    cfg
+}
+
+/// The `cc` column: `off`, or the controller that is on.
+fn cc_label(sw: CcSwitch, controller: CcController) -> &'static str {
+    match (sw, controller) {
+        (CcSwitch::Off, _) => "off",
+        (CcSwitch::On, CcController::Timely) => "timely",
+        (CcSwitch::On, CcController::Swift) => "swift",
+    }
+}
+
 fn run_small_rpc(args: Args) -> Result<(), Quit> {
     if let Some(n) = args.threads {
         return run_threads(&args, n);
@@ -1302,10 +1368,26 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
         ));
     }
     out.line(&progress, line)?;
+    // One eRPC row per B and `--cc` setting (one, the transport's
+    // default, without `--cc`).
+    let ccs: Vec<Option<CcSwitch>> = if args.cc.is_empty() {
+        vec![None]
+    } else {
+        args.cc.iter().copied().map(Some).collect()
+    };
+    let cc_col = |sw: Option<CcSwitch>| match sw {
+        None => String::new(),
+        Some(sw) => format!(" {:>6}", cc_label(sw, args.controller)),
+    };
     let mut header = format!(
-        "{:>4} {:>7} {:>10} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10}",
+        "{:>4} {:>7}{} {:>10} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10}",
         "B",
         "window",
+        if args.cc.is_empty() {
+            String::new()
+        } else {
+            format!(" {:>6}", "cc")
+        },
         "Mrps",
         "raw Mrt/s",
         "/ raw echo",
@@ -1342,13 +1424,30 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
         d.start_capture()?;
     }
     let mut points = Vec::new();
-    for (&b, &raw) in args.batch.iter().zip(&raws) {
+    for ((&b, &raw), &sw) in args
+        .batch
+        .iter()
+        .zip(&raws)
+        .flat_map(|br| ccs.iter().map(move |sw| (br, sw)))
+    {
         let p = point(b);
+        let knobs = Knobs {
+            rpc: rpc_config(sw, args.controller),
+            ..Knobs::default()
+        };
         let o = if run_erpc {
             Some(match (&dm, &hw) {
-                (Some(d), _) => erpc_until(d, &Knobs::default(), p, stop, &progress)?,
-                (_, Some(h)) => erpc_until(h, &Knobs::default(), p, stop, &progress)?,
-                _ => udp_erpc_until(&plan, p, stop, &progress, capture.as_ref(), inspect)?,
+                (Some(d), _) => erpc_until(d, &knobs, p, stop, &progress)?,
+                (_, Some(h)) => erpc_until(h, &knobs, p, stop, &progress)?,
+                _ => udp_erpc_with(
+                    &plan,
+                    p,
+                    stop,
+                    &progress,
+                    capture.as_ref(),
+                    inspect,
+                    knobs.rpc,
+                )?,
             })
         } else {
             None
@@ -1363,9 +1462,10 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
         // the measurement is wrong, not eRPC fast.
         let suspect = ratio.is_some_and(|r| r > 1.0);
         let mut row = format!(
-            "{:>4} {:>7} {:>10} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10}",
+            "{:>4} {:>7}{} {:>10} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10}",
             b,
             args.window,
+            cc_col(sw),
             col(o.as_ref(), |o| format!("{:.3}", o.rpcs_per_sec / 1e6)),
             col(raw, |r| format!("{:.3}", r.round_trips_per_sec / 1e6)),
             col(ratio, |r| format!(
@@ -1403,6 +1503,7 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
             raw_echo_median_us: raw.map(|r| r.median_us),
             raw_echo_round_trips: raw.map(|r| r.round_trips),
             ratio_to_raw_echo: ratio,
+            cc: sw.map(|sw| cc_label(sw, args.controller)),
             ratio_above_one: suspect,
             outcome: o,
         });
