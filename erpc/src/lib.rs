@@ -185,6 +185,7 @@ pub mod cc;
 pub mod clock;
 pub mod consts;
 pub mod inspect;
+mod memory;
 pub mod msgbuf;
 pub mod nexus;
 pub mod pkthdr;
@@ -198,6 +199,7 @@ pub mod stats;
 
 pub use clock::{Clock, VirtualClock};
 pub use consts::{MAX_MSG_BYTES, SESSION_CREDITS, SESSION_REQ_WINDOW, rx_ring_entries_for};
+pub use memory::host_allocator;
 pub use msgbuf::{MsgBuf, MsgBufError};
 #[cfg(feature = "sim")]
 pub use nexus::SteppedJob;
