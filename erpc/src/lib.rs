@@ -214,4 +214,4 @@ pub use rpc::{
 };
 pub use session::SessionState;
 pub use sm_types::{SmErr, TransportType};
-pub use stats::{DropReason, RpcStats};
+pub use stats::{DropCounts, DropReason, RpcStats};
