@@ -254,6 +254,10 @@ pub struct RpcStats {
     /// Reclaim notices sent again because the client sent data to the
     /// reclaimed session.
     pub sm_reclaim_notices_resent: u64,
+    /// Connecting client sessions failed because the SM link found no
+    /// address for the server's host name
+    /// ([`crate::SessionEventKind::HostNotFound`]).
+    pub sm_unresolved: u64,
     /// SM requests given up after the failure timeout (connect: the
     /// session fails; disconnect: it is freed locally).
     pub sm_timeouts: u64,

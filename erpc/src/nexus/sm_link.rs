@@ -36,6 +36,9 @@ pub(crate) enum SmItem {
     Pkt(SmPkt),
     /// A remote Nexus (or one of its Rpcs) failed: reset the sessions to it.
     PeerFailed(PeerFailure),
+    /// The SM link found no address for this URI's host: fail the
+    /// sessions connecting to it.
+    Unresolved(Uri),
     /// `erpc-inspect` asked for a snapshot: publish one if still wanted.
     /// (The event loop reads the request flag itself only once per
     /// loss-scan interval, which a virtual clock may never reach.)
@@ -69,7 +72,7 @@ impl SmQueue {
         let mut q = self.q.lock().unwrap_or_else(|e| e.into_inner());
         // Failure notices are never dropped: they are rare and each one
         // frees sessions.
-        if q.len() >= SM_QUEUE_MAX && matches!(p, SmItem::Pkt(_)) {
+        if q.len() >= SM_QUEUE_MAX && matches!(p, SmItem::Pkt(_) | SmItem::Unresolved(_)) {
             return false;
         }
         q.push_back(p);
@@ -240,6 +243,27 @@ impl SmRouter {
             tracing::info!(uri = %self.uri, peer = %f.uri, rpc = ?f.rpc_id, "remote declared failed");
             for q in &qs {
                 q.push(SmItem::PeerFailed(f.clone()));
+            }
+        }
+    }
+
+    /// The SM link found no address for `uri`'s host: every Rpc fails
+    /// its sessions still connecting to it
+    /// ([`crate::SessionEventKind::HostNotFound`]). Called by links that
+    /// resolve names; a full inbox drops the notice (the session then
+    /// times out connecting, as before).
+    pub fn host_unresolved(&self, uri: &Uri) {
+        let qs: Vec<Arc<SmQueue>> = self
+            .rpcs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .flatten()
+            .cloned()
+            .collect();
+        for q in &qs {
+            if !q.push(SmItem::Unresolved(uri.clone())) {
+                self.queue_full.fetch_add(1, Ordering::Relaxed);
             }
         }
     }

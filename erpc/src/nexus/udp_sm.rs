@@ -281,6 +281,9 @@ struct Shared {
     socket: Mutex<Option<Arc<UdpSocket>>>,
     book: Mutex<AddrBook>,
     lookups_tx: Mutex<Option<SyncSender<Uri>>>,
+    /// The Nexus's router, told about names that do not resolve (so that
+    /// sessions connecting to them fail at once, by that name).
+    router: Mutex<Option<Arc<SmRouter>>>,
     stop: AtomicBool,
     sent: AtomicU64,
     send_errors: AtomicU64,
@@ -307,6 +310,14 @@ impl Shared {
         };
     }
 
+    /// Tells the router that `to` does not resolve.
+    fn tell_unresolved(&self, to: &Uri) {
+        let router = lock(&self.router).clone();
+        if let Some(r) = router {
+            r.host_unresolved(to);
+        }
+    }
+
     /// Sends `pkt` to `to`, now or (for a name not yet resolved) from the
     /// resolver thread. Never blocks on a lookup.
     fn send(&self, to: &Uri, pkt: &[u8; SM_PKT_BYTES]) {
@@ -325,6 +336,7 @@ impl Shared {
             Route::Queued => false,
             Route::Unresolved => {
                 self.unresolved.fetch_add(1, Ordering::Relaxed);
+                self.tell_unresolved(to);
                 false
             }
             Route::Full => {
@@ -367,6 +379,11 @@ impl Shared {
             let waiting = lock(&self.book).answered(&to, addr, self.now_ns());
             if self.stop.load(Ordering::Relaxed) {
                 return;
+            }
+            // A first lookup that failed (a failed refresh keeps the old
+            // address, and nothing waited for it).
+            if addr.is_none() && !waiting.is_empty() {
+                self.tell_unresolved(&to);
             }
             let sock = lock(&self.socket).clone();
             match (addr, sock) {
@@ -422,6 +439,7 @@ impl UdpSmLink {
                 socket: Mutex::new(None),
                 book: Mutex::new(AddrBook::default()),
                 lookups_tx: Mutex::new(None),
+                router: Mutex::new(None),
                 stop: AtomicBool::new(false),
                 sent: AtomicU64::new(0),
                 send_errors: AtomicU64::new(0),
@@ -496,6 +514,7 @@ impl SmLink for UdpSmLink {
             .map_err(|e| io("set_read_timeout", e))?;
         let sock = Arc::new(sock);
         *lock(&self.shared.socket) = Some(sock.clone());
+        *lock(&self.shared.router) = Some(router.clone());
         let (tx, rx) = sync_channel(LOOKUPS_MAX);
         *lock(&self.shared.lookups_tx) = Some(tx);
         let shared = self.shared.clone();
@@ -543,6 +562,7 @@ impl SmLink for UdpSmLink {
             let _ = t.join();
         }
         lock(&self.shared.socket).take();
+        lock(&self.shared.router).take();
     }
 }
 

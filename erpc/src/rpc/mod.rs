@@ -20,6 +20,7 @@ mod fault;
 mod loss;
 mod req;
 mod reset;
+mod resolve;
 mod resp;
 mod rfr;
 mod rx;
@@ -122,6 +123,14 @@ pub enum RpcError {
     /// timeout (the request was waiting for it).
     #[error("session {session} timed out connecting")]
     TimedOut {
+        /// Session number.
+        session: SessionNum,
+    },
+    /// The server's host name does not resolve (the SM link's lookup
+    /// found no IPv4 address), so the session could not connect (the
+    /// request was waiting for it) and is gone. The request did not run.
+    #[error("session {session} failed to connect: the server's host name does not resolve")]
+    HostNotFound {
         /// Session number.
         session: SessionNum,
     },
@@ -255,6 +264,11 @@ pub enum SessionEventKind {
     /// The connect request went unanswered for the connect timeout (the
     /// session is gone).
     ConnectTimedOut,
+    /// The server's host name does not resolve: the SM link's lookup
+    /// found no IPv4 address (the session is gone, and requests waiting
+    /// for it completed with [`RpcError::HostNotFound`]). Reported as soon
+    /// as the lookup answers, not after the connect timeout.
+    HostNotFound,
     /// The session was disconnected (and is gone).
     Disconnected,
     /// The remote end was declared failed; the session is gone and its
@@ -279,6 +293,9 @@ impl fmt::Display for SessionEventKind {
             SessionEventKind::Connected => f.write_str("connected"),
             SessionEventKind::ConnectFailed(e) => write!(f, "connect failed: {e}"),
             SessionEventKind::ConnectTimedOut => f.write_str("connect timed out"),
+            SessionEventKind::HostNotFound => {
+                f.write_str("connect failed: the server's host name does not resolve")
+            }
             SessionEventKind::Disconnected => f.write_str("disconnected"),
             SessionEventKind::PeerFailed => f.write_str("peer failed"),
             SessionEventKind::Reset => f.write_str("reset"),
@@ -554,6 +571,14 @@ pub enum SessionError {
     /// Bad URI.
     #[error(transparent)]
     Uri(#[from] crate::nexus::NexusError),
+    /// The remote URI is malformed (see [`crate::Uri::parse_remote`]).
+    #[error("bad remote URI {uri:?}: {why}")]
+    BadUri {
+        /// The URI given.
+        uri: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
     /// A session to ourselves.
     #[error("cannot create a session from Rpc {rpc_id} at {uri} to itself")]
     SelfConnect {
