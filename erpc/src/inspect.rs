@@ -626,6 +626,7 @@ impl NexusInspect {
     }
 }
 
+/// Inspection: what `erpc-inspect` shows of the Rpc.
 impl<T: Transport, C> Rpc<T, C> {
     /// What the debug endpoint shows of this Rpc (also usable directly,
     /// e.g. by tests and tools in the same process).

@@ -184,13 +184,16 @@
 pub mod cc;
 pub mod clock;
 pub mod consts;
+// Before `inspect`: rustdoc lists `Rpc`'s methods in module order, and
+// the debug endpoint's view of an Rpc belongs after its API.
+mod rpc;
+
 pub mod inspect;
 mod memory;
 pub mod msgbuf;
 pub mod nexus;
 pub mod pkthdr;
 pub mod rng;
-mod rpc;
 mod session;
 #[cfg(feature = "sim")]
 pub mod sim;
