@@ -20,10 +20,9 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use erpc::{CreateError, Nexus, RespondError, Rpc, RpcConfig, RpcStats, SessionError, SessionNum};
-use futures_executor::LocalPool;
-use futures_task::{LocalFutureObj, LocalSpawn, SpawnError};
 use transport::Transport;
 
+use crate::exec::Executor;
 use crate::layer::{ConnWait, Deliver, Layer, LayerStats, TRpc, decode_resp};
 use crate::service::{Reply, Service, send_reply};
 use crate::{CallError, Method};
@@ -92,7 +91,7 @@ impl Default for EndpointConfig {
 /// [`Endpoint::block_on`].
 pub struct Endpoint<T: Transport + 'static, C: 'static> {
     // Dropped first: tasks may hold calls, which give their slots back.
-    pool: LocalPool,
+    exec: Executor,
     shared: Rc<Shared<T, C>>,
 }
 
@@ -135,8 +134,8 @@ impl<T: Transport + 'static, C: 'static> Endpoint<T, C> {
             config.rpc,
             Some(crate::layer::on_session::<T, C>),
         )?;
-        let pool = LocalPool::new();
-        let spawner = pool.spawner();
+        let exec = Executor::default();
+        let spawner = exec.spawner();
         let table = Rc::new(service.table());
         let shared = Rc::new_cyclic(|me| Shared {
             core: RefCell::new(Core {
@@ -152,7 +151,7 @@ impl<T: Transport + 'static, C: 'static> Endpoint<T, C> {
             }),
             orphans: RefCell::new(Vec::new()),
         });
-        Ok(Endpoint { pool, shared })
+        Ok(Endpoint { exec, shared })
     }
 
     /// A handle for making calls from tasks (cheap to clone; `!Send`).
@@ -165,10 +164,12 @@ impl<T: Transport + 'static, C: 'static> Endpoint<T, C> {
     /// Runs `fut` as a task of this endpoint's executor (polled by
     /// [`Endpoint::run_once`]).
     pub fn spawn<F: Future<Output = ()> + 'static>(&self, fut: F) {
-        self.pool
-            .spawner()
-            .spawn_local_obj(LocalFutureObj::new(Box::new(fut)))
-            .expect("the endpoint's executor is alive while the endpoint is");
+        self.exec.spawner().spawn(fut);
+    }
+
+    /// Tasks spawned and not finished.
+    pub fn tasks(&self) -> usize {
+        self.exec.len()
     }
 
     /// One event-loop iteration of the Rpc (RX, handlers, continuations,
@@ -178,14 +179,20 @@ impl<T: Transport + 'static, C: 'static> Endpoint<T, C> {
         {
             let mut core = self.shared.core();
             let Core { rpc, layer } = &mut *core;
-            let orphans = std::mem::take(&mut *self.shared.orphans.borrow_mut());
-            for (id, era) in orphans {
-                layer.abandon(rpc, id, era);
+            if !self.shared.orphans.borrow().is_empty() {
+                let orphans = std::mem::take(&mut *self.shared.orphans.borrow_mut());
+                for (id, era) in orphans {
+                    layer.abandon(rpc, id, era);
+                }
             }
             rpc.run_event_loop_once(layer);
-            layer.fire_timers(rpc);
+            if layer.has_timers() {
+                layer.fire_timers(rpc);
+            }
         }
-        self.pool.run_until_stalled();
+        if !self.exec.idle() {
+            self.exec.run_until_stalled();
+        }
     }
 
     /// Runs the endpoint until `done()` says so, calling `between` after
@@ -356,11 +363,10 @@ impl<T: Transport + 'static, C: 'static> Ctx<'_, T, C> {
         self.rpc.create_session(uri, rpc_id)
     }
 
-    /// Runs `fut` as a task of the endpoint's executor.
-    pub fn spawn<F: Future<Output = ()> + 'static>(&self, fut: F) -> Result<(), SpawnError> {
-        self.layer
-            .spawner
-            .spawn_local_obj(LocalFutureObj::new(Box::new(fut)))
+    /// Runs `fut` as a task of the endpoint's executor (first polled
+    /// after the current event-loop iteration).
+    pub fn spawn<F: Future<Output = ()> + 'static>(&self, fut: F) {
+        self.layer.spawner.spawn(fut);
     }
 
     /// A [`Client`] of this endpoint, for tasks spawned from here.

@@ -19,11 +19,11 @@ use erpc::{
     Completion, MsgBuf, ReqHandle, RespondError, Rpc, RpcError, SessionEvent, SessionEventKind,
     SessionNum,
 };
-use futures_executor::LocalSpawner;
 use transport::{MAX_DATA_PER_PKT, Transport};
 
 use crate::codec::{self, RESP_BAD_REQUEST, RESP_OK};
 use crate::endpoint::Shared;
+use crate::exec::Spawner;
 use crate::service::Table;
 use crate::{CallError, Ctx, Method};
 
@@ -122,7 +122,7 @@ pub struct Layer<T: Transport + 'static, C: 'static> {
     pub(crate) default_timeout_ns: Option<u64>,
     pub(crate) conns: Vec<ConnWait>,
     pub(crate) me: Weak<Shared<T, C>>,
-    pub(crate) spawner: LocalSpawner,
+    pub(crate) spawner: Spawner,
     pub(crate) stats: LayerStats,
 }
 
@@ -145,7 +145,7 @@ impl<T: Transport + 'static, C: 'static> Layer<T, C> {
         window: usize,
         default_timeout_ns: Option<u64>,
         me: Weak<Shared<T, C>>,
-        spawner: LocalSpawner,
+        spawner: Spawner,
     ) -> Self {
         Layer {
             app,
@@ -165,16 +165,24 @@ impl<T: Transport + 'static, C: 'static> Layer<T, C> {
     }
 
     /// A one-packet buffer from the pool (or the allocator), sized `len`.
+    #[inline]
     fn small_buf(&mut self, rpc: &mut TRpc<T, C>, len: usize) -> Result<MsgBuf, CallError> {
         let mut m = match self.pool.pop() {
             Some(m) => m,
-            None => rpc.alloc_msg_buffer(MAX_DATA_PER_PKT)?,
+            None => Self::alloc_small(rpc)?,
         };
-        m.resize(len).expect("a pooled buffer holds one packet");
+        // A pooled buffer holds one packet, and `len` fits one.
+        let _ = m.resize(len);
         Ok(m)
     }
 
+    #[cold]
+    fn alloc_small(rpc: &mut TRpc<T, C>) -> Result<MsgBuf, CallError> {
+        Ok(rpc.alloc_msg_buffer(MAX_DATA_PER_PKT)?)
+    }
+
     /// A buffer of `len` bytes: pooled when it fits one packet.
+    #[inline]
     fn buf(&mut self, rpc: &mut TRpc<T, C>, len: usize) -> Result<MsgBuf, CallError> {
         if len <= MAX_DATA_PER_PKT {
             self.small_buf(rpc, len)
@@ -184,6 +192,7 @@ impl<T: Transport + 'static, C: 'static> Layer<T, C> {
     }
 
     /// Gives a buffer back: to the pool if it is a pooled size.
+    #[inline]
     pub(crate) fn recycle(&mut self, rpc: &mut TRpc<T, C>, m: MsgBuf) {
         if m.max_len() == MAX_DATA_PER_PKT && self.pool.len() < POOL_MAX {
             self.pool.push(m);
@@ -215,7 +224,7 @@ impl<T: Transport + 'static, C: 'static> Layer<T, C> {
                 return Err(CallError::Encode(e));
             }
         };
-        m.resize(n).expect("within the buffer");
+        let _ = m.resize(n); // within the buffer it was encoded into
         let resp = match self.buf(rpc, 1 + M::MAX_RESP_BYTES) {
             Ok(r) => r,
             Err(e) => {
@@ -226,6 +235,7 @@ impl<T: Transport + 'static, C: 'static> Layer<T, C> {
         Ok((m, resp))
     }
 
+    #[inline]
     fn take_slot(&mut self, session: SessionNum, deliver: Deliver<T, C>) -> (u32, u32) {
         let id = match self.free.pop() {
             Some(id) => id,
@@ -242,21 +252,25 @@ impl<T: Transport + 'static, C: 'static> Layer<T, C> {
         };
         let s = &mut self.calls[id as usize];
         debug_assert!(matches!(s.deliver, Deliver::Free));
-        s.deliver = deliver;
+        // A free slot holds nothing to drop: skip the drop glue.
+        std::mem::forget(std::mem::replace(&mut s.deliver, deliver));
         s.session = session;
         (id, s.era)
     }
 
     /// Frees slot `id` if nothing refers to it any more.
+    #[inline]
     pub(crate) fn maybe_free(&mut self, id: u32) {
         let s = &mut self.calls[id as usize];
         if !s.in_core && !s.queued && matches!(s.deliver, Deliver::Gone) {
-            s.deliver = Deliver::Free;
+            // `Gone` holds nothing to drop: skip the drop glue.
+            std::mem::forget(std::mem::replace(&mut s.deliver, Deliver::Free));
             s.era = s.era.wrapping_add(1);
             self.free.push(id);
         }
     }
 
+    #[inline]
     fn win(&mut self, sn: SessionNum) -> &mut Win {
         let i = usize::from(sn);
         if i >= self.wins.len() {
@@ -307,6 +321,7 @@ impl<T: Transport + 'static, C: 'static> Layer<T, C> {
     }
 
     /// Hands a request to the core.
+    #[inline(always)]
     fn send(
         &mut self,
         rpc: &mut TRpc<T, C>,
@@ -399,6 +414,7 @@ impl<T: Transport + 'static, C: 'static> Layer<T, C> {
     }
 
     /// True if somebody still waits for slot `id`'s outcome.
+    #[inline]
     fn wanted(&self, id: u32) -> bool {
         match &self.calls[id as usize].deliver {
             Deliver::Closure(_) => true,
@@ -471,11 +487,15 @@ impl<T: Transport + 'static, C: 'static> Layer<T, C> {
         }
     }
 
+    /// True if some call has a timeout.
+    #[inline]
+    pub(crate) fn has_timers(&self) -> bool {
+        !self.timers.is_empty()
+    }
+
     /// Fails calls whose timeout passed (`now` on the Rpc's clock).
+    #[inline(never)]
     pub(crate) fn fire_timers(&mut self, rpc: &mut TRpc<T, C>) {
-        if self.timers.is_empty() {
-            return;
-        }
         let now = rpc.now_ns();
         while let Some(&Reverse((at, id, era))) = self.timers.peek() {
             if at > now {
@@ -542,6 +562,7 @@ impl<T: Transport + 'static, C: 'static> Layer<T, C> {
 }
 
 /// The response body after the status byte, or the status as an error.
+#[inline]
 fn unwrap_envelope(data: &[u8]) -> Result<&[u8], CallError> {
     match data.split_first() {
         Some((&RESP_OK, body)) => Ok(body),
@@ -581,7 +602,8 @@ fn on_complete<T: Transport + 'static, C: 'static>(
     layer.deliver(rpc, id, outcome);
     match gone {
         Some(e) => layer.fail_queue(rpc, sn, &e),
-        None => layer.pump(rpc, sn),
+        None if !layer.wins[usize::from(sn)].queue.is_empty() => layer.pump(rpc, sn),
+        None => {}
     }
 }
 
@@ -658,7 +680,7 @@ pub(crate) fn respond<T: Transport + 'static, C: 'static, R: serde::Serialize>(
             n.max(1)
         }
     };
-    m.resize(n).expect("within the buffer");
+    let _ = m.resize(n); // within the buffer it was encoded into
     let r = rpc.enqueue_response(h, m);
     if r.is_err() {
         layer.stats.respond_errors += 1;

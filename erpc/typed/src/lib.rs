@@ -75,7 +75,8 @@
 //! * **Futures reach the Rpc between iterations.** The Rpc and the layer
 //!   sit in one `RefCell` behind an `Rc` that [`Client`]s share. The
 //!   event loop borrows it for an iteration; after it, the endpoint polls
-//!   its tasks (a `futures` `LocalPool`), and a [`Call`] borrows it for
+//!   its tasks (its own small executor: an idle iteration costs an atomic
+//!   swap), and a [`Call`] borrows it for
 //!   the moment it takes to encode and start its request, or to take its
 //!   response. Nothing else holds it, so it is never contended; a call
 //!   polled from inside a handler (where the cell is borrowed) panics
@@ -120,6 +121,7 @@
 pub mod codec;
 mod endpoint;
 mod error;
+mod exec;
 mod layer;
 mod service;
 
