@@ -106,6 +106,13 @@
 //!   adds decode, bad-request (the server could not decode the request),
 //!   timeout and enqueue errors. When a call fails because its session
 //!   ended, the calls queued behind it fail with the same error.
+//! * **Panics are the core's.** A background handler that panics fails
+//!   its call with `ServerError::HandlerPanicked` and the server lives
+//!   on. An event-loop handler that panics unwinds out of the server's
+//!   [`Endpoint::run_once`], as a raw dispatch handler's panic leaves
+//!   `run_event_loop_once`: that Rpc is done, and its clients' calls fail
+//!   with `RpcError::PeerFailed` once their failure detection sees the
+//!   process gone (`tests/typed_sim.rs` runs both).
 //!
 //! # The raw API underneath
 //!

@@ -1,7 +1,7 @@
 //! The typed layer on eRPC's simulated network, in virtual time: calls as
 //! closures and futures, pipelining under `join_all`, the per-session
-//! window, dropped futures, timeouts, and every error reaching the caller
-//! typed.
+//! window, dropped futures, timeouts, every error reaching the caller
+//! typed, and servers whose handlers panic.
 
 mod common;
 
@@ -409,4 +409,104 @@ fn spawned_tasks_and_deferred_replies_from_tasks() {
         got.is_some()
     });
     assert_eq!(got.unwrap().unwrap(), 42);
+}
+
+#[test]
+fn a_panicking_background_handler_fails_only_its_own_call() {
+    let mut w = world(EndpointConfig::default());
+    let s = w.connect();
+    let api = w.client.client();
+    let (boom, after) = w.run(async move {
+        let boom = api.call(s, BgBoom(7)).await;
+        let after = api.call(s, Upper("still here".into())).await;
+        (boom, after)
+    });
+    assert!(
+        matches!(
+            boom,
+            Err(CallError::Rpc(RpcError::Server {
+                err: ServerError::HandlerPanicked,
+                ..
+            }))
+        ),
+        "{boom:?}"
+    );
+    assert!(!boom.as_ref().unwrap_err().session_gone());
+    // The server and the session live on.
+    assert_eq!(after.unwrap(), "STILL HERE");
+    assert_eq!(w.server.rpc_stats().bg_panics, 1);
+    assert_eq!(w.client.pending_calls(), 0);
+}
+
+#[test]
+fn a_panicking_event_loop_handler_ends_the_server_and_its_callers_learn_it() {
+    let mut w = world(EndpointConfig::default());
+    let s = w.connect();
+    let api = w.client.client();
+    // A call that the server answers, then the one whose handler panics
+    // with another behind it in flight.
+    let a = api.clone();
+    assert_eq!(w.run(async move { a.call(s, Get(1)).await }).unwrap(), None);
+    let mut boom = api.call(s, Boom(1));
+    let mut behind = api.call(s, Echo(2, "behind".into()));
+    assert!(poll_once(&mut boom).is_pending());
+    assert!(poll_once(&mut behind).is_pending());
+    // The panic leaves the server's event loop (as in the core, where a
+    // panicking dispatch handler ends the thread that runs the Rpc).
+    let mut panicked = None;
+    for _ in 0..10_000 {
+        w.client.run_once();
+        let server = &mut w.server;
+        if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| server.run_once()))
+        {
+            panicked = Some(p);
+            break;
+        }
+        w.net.advance(STEP_NS);
+    }
+    let p = panicked.expect("the handler ran and panicked");
+    let msg = p
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .unwrap_or_default();
+    assert_eq!(msg, "the event-loop handler panics on 1");
+    // Its process is gone: its NIC and its Nexus fall silent. The client
+    // alone runs on; its failure detection ends the session, and both
+    // calls fail with the peer's failure.
+    w.net.crash(w.server_ep);
+    w.net
+        .sm_hub()
+        .set_cut_off(&erpc::Uri::parse("server:31850").unwrap(), true);
+    let (mut r1, mut r2) = (None, None);
+    for _ in 0..20_000 {
+        w.client.run_once();
+        w.net.advance(100 * STEP_NS);
+        if r1.is_none() {
+            if let Poll::Ready(r) = poll_once(&mut boom) {
+                r1 = Some(r);
+            }
+        }
+        if r2.is_none() {
+            if let Poll::Ready(r) = poll_once(&mut behind) {
+                r2 = Some(r);
+            }
+        }
+        if r1.is_some() && r2.is_some() {
+            break;
+        }
+    }
+    for r in [r1.map(|r| r.map(|_| ())), r2.map(|r| r.map(|_| ()))] {
+        let r = r.expect("the failure reached the call within 2 s of virtual time");
+        assert!(
+            matches!(r, Err(CallError::Rpc(RpcError::PeerFailed { .. }))),
+            "{r:?}"
+        );
+    }
+    assert_eq!(w.client.pending_calls(), 0);
+    // The server is not dropped: the panic left its Rpc with a request
+    // in a handler, and the core's debug assertions refuse to free such a
+    // request's buffers (erpc/src/session.rs, `into_buffers`). A process
+    // whose event loop panicked does not run its Rpc's teardown either.
+    let World { server, .. } = w;
+    std::mem::forget(server);
 }

@@ -58,6 +58,24 @@ impl Method for Upper {
     type Resp = String;
 }
 
+/// The server's event-loop handler panics (the panic ends the server's
+/// event loop, as a panicking dispatch handler does in the core).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Boom(pub u64);
+impl Method for Boom {
+    const REQ_TYPE: u8 = 6;
+    type Resp = u64;
+}
+
+/// The server's background handler panics (the core catches it and
+/// fails the request with `ServerError::HandlerPanicked`).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct BgBoom(pub u64);
+impl Method for BgBoom {
+    const REQ_TYPE: u8 = 7;
+    type Resp = u64;
+}
+
 /// No handler at the server.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct Nobody;
@@ -121,12 +139,18 @@ pub fn server_service() -> Service<T, Server> {
             ctx.max_held = ctx.max_held.max(ctx.held.len());
         })
         .handle_background(|u: Upper| u.0.to_uppercase())
+        .handle(|_ctx, b: Boom| -> u64 { panic!("the event-loop handler panics on {}", b.0) })
+        .handle_background(|b: BgBoom| -> u64 {
+            panic!("the background handler panics on {}", b.0)
+        })
 }
 
 pub struct World {
     pub net: SimNet,
     pub server: Endpoint<T, Server>,
     pub client: Endpoint<T, Client>,
+    /// The server's endpoint in `net` (for `net.crash`).
+    pub server_ep: usize,
 }
 
 pub fn world(cfg: EndpointConfig) -> World {
@@ -145,10 +169,12 @@ pub fn world(cfg: EndpointConfig) -> World {
         .clock(net.erpc_clock())
         .build()
         .unwrap();
+    let st = net.add_transport();
+    let server_ep = st.endpoint();
     let server = Endpoint::new(
         &sn,
         0,
-        net.add_transport(),
+        st,
         test_allocator(4 << 20),
         EndpointConfig::default(),
         &svc,
@@ -169,6 +195,7 @@ pub fn world(cfg: EndpointConfig) -> World {
         net,
         server,
         client,
+        server_ep,
     }
 }
 
@@ -183,6 +210,7 @@ impl World {
             net,
             server,
             client,
+            ..
         } = self;
         client.block_on_with(fut, || {
             server.run_once();
