@@ -2,13 +2,15 @@
 //! field names or type tags), after a one-byte envelope on responses.
 //!
 //! Why postcard: among the serde codecs measured on this layer's message
-//! shapes (`erpc/typed/codec-bench`, BENCHMARKS.md "Typed API: the
-//! codec") it is as compact as any, encodes into a caller's buffer (the
-//! request msgbuf itself: no intermediate `Vec`, no allocation), decodes
-//! from a borrowed slice, and is maintained with a stable 1.x wire format.
-//! bincode was as fast but is no longer maintained; bitcode's serde path
-//! allocates its output; MessagePack and CBOR carry type tags that cost
-//! bytes and time.
+//! shapes (`erpc/typed/codec-bench`, BENCHMARKS.md "Typed and async
+//! calls", "The codec") it is as compact as any, the fastest on all but
+//! the smallest shape, encodes into a caller's buffer (the request msgbuf
+//! itself: no intermediate `Vec`, no allocation), decodes from a borrowed
+//! slice, and is maintained with a stable 1.x wire format. bincode was
+//! faster on four `u64`s and slower on the rest, and is no longer
+//! maintained; bitcode's serde API returns a new `Vec` per message and
+//! was the slowest on most shapes; MessagePack and CBOR carry type tags
+//! that cost bytes and time.
 //!
 //! A response starts with one status byte: [`RESP_OK`] followed by the
 //! encoded response, or [`RESP_BAD_REQUEST`] when the server could not
