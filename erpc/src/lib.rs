@@ -13,9 +13,9 @@
 //! whose event loop also drives a single-threaded executor for its tasks
 //! (its crate documentation explains the design). On 32-byte RPCs on the
 //! device model it adds about 730 instructions per RPC (typed closure
-//! calls) or 970 (futures) to the raw API's 7 200: 0.91 and 0.88 of the
-//! raw rate where instructions bound it (BENCHMARKS.md, "Typed and async
-//! calls", with the wall-clock runs).
+//! calls) or 970 (futures) to the raw API's 7 200, and 85–115 ns or
+//! 170–200 ns of CPU time to its 0.63 µs: 0.84–0.88 and 0.75–0.79 of the
+//! raw rate by CPU time (BENCHMARKS.md, "Typed and async calls").
 //!
 //! ```
 //! use erpc::sim::{SimConfig, SimNet, SimTransport, test_allocator};
