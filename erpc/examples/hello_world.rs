@@ -259,7 +259,7 @@ fn udp(region: RegionOptions) -> Result<()> {
             n,
             0,
             t,
-            sim_allocator(RPC_BYTES, region)?,
+            erpc::host_allocator(RPC_BYTES, region)?,
             RpcConfig::default(),
             Some(on_session::<UdpTransport>),
         )?)

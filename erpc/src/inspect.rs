@@ -189,6 +189,7 @@ fn rpc_stats(s: &RpcStats) -> RpcStatsView {
         sessions_reclaimed_idle,
         sm_reclaim_notices_resent,
         sm_end_notices,
+        sm_unresolved,
         sm_timeouts,
         sessions_reset,
         sessions_peer_failed,
@@ -247,6 +248,7 @@ fn rpc_stats(s: &RpcStats) -> RpcStatsView {
         ("sessions_reclaimed_idle", sessions_reclaimed_idle),
         ("sm_reclaim_notices_resent", sm_reclaim_notices_resent),
         ("sm_end_notices", sm_end_notices),
+        ("sm_unresolved", sm_unresolved),
         ("sm_timeouts", sm_timeouts),
         ("sessions_reset", sessions_reset),
         ("sessions_peer_failed", sessions_peer_failed),
@@ -648,6 +650,7 @@ impl NexusInspect {
     }
 }
 
+/// Inspection: what `erpc-inspect` shows of the Rpc.
 impl<T: Transport, C> Rpc<T, C> {
     /// What the debug endpoint shows of this Rpc (also usable directly,
     /// e.g. by tests and tools in the same process).

@@ -247,6 +247,7 @@ impl MsgBuf {
 
     /// Changes the data size without moving anything (the C++
     /// `resize_msg_buffer`). Bytes past the old size keep whatever they held.
+    #[inline]
     pub fn resize(&mut self, new_data_bytes: usize) -> Result<(), MsgBufError> {
         if new_data_bytes > self.max_data_bytes as usize {
             return Err(MsgBufError::BeyondCapacity {

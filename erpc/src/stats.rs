@@ -102,11 +102,66 @@ const _: () = {
     }
 };
 
+/// Drop counters, one per [`DropReason`]: an array indexed by
+/// `DropReason as usize` (it derefs to `[u64; DROP_REASONS]`), or by the
+/// reason itself (`drops[DropReason::OutOfOrder]`). Its `Debug` names each
+/// reason (`{RingMalformed: 0, TooShort: 0, ..}`), so a printed
+/// [`RpcStats`] says what was dropped and why.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct DropCounts(pub [u64; DROP_REASONS]);
+
+impl std::ops::Deref for DropCounts {
+    type Target = [u64; DROP_REASONS];
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for DropCounts {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl std::ops::Index<DropReason> for DropCounts {
+    type Output = u64;
+    fn index(&self, r: DropReason) -> &u64 {
+        &self.0[r as usize]
+    }
+}
+
+impl std::ops::IndexMut<DropReason> for DropCounts {
+    fn index_mut(&mut self, r: DropReason) -> &mut u64 {
+        &mut self.0[r as usize]
+    }
+}
+
+impl std::ops::Index<usize> for DropCounts {
+    type Output = u64;
+    fn index(&self, i: usize) -> &u64 {
+        &self.0[i]
+    }
+}
+
+impl std::ops::IndexMut<usize> for DropCounts {
+    fn index_mut(&mut self, i: usize) -> &mut u64 {
+        &mut self.0[i]
+    }
+}
+
+impl fmt::Debug for DropCounts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(DropReason::ALL.iter().map(|r| (r, self[*r])))
+            .finish()
+    }
+}
+
 /// Counters of one Rpc.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RpcStats {
-    /// Drops by reason (index with `DropReason as usize`).
-    pub drops: [u64; DROP_REASONS],
+    /// Drops by reason (index with the reason, or `DropReason as usize`).
+    pub drops: DropCounts,
     /// Packets taken from the RX ring.
     pub rx_pkts: u64,
     /// Packets acted on (every other packet taken is counted in `drops`
@@ -230,6 +285,10 @@ pub struct RpcStats {
     /// Server sessions ended by the server (reset by the application, or
     /// their client declared failed) whose erpc-rs client was told.
     pub sm_end_notices: u64,
+    /// Connecting client sessions failed because the SM link found no
+    /// address for the server's host name
+    /// ([`crate::SessionEventKind::HostNotFound`]).
+    pub sm_unresolved: u64,
     /// SM requests given up after the failure timeout (connect: the
     /// session fails; disconnect: it is freed locally).
     pub sm_timeouts: u64,
@@ -261,7 +320,7 @@ pub struct RpcStats {
 impl RpcStats {
     /// Drops for one reason.
     pub fn drops(&self, r: DropReason) -> u64 {
-        self.drops[r as usize]
+        self.drops[r]
     }
 
     /// All drops.
@@ -276,7 +335,7 @@ impl RpcStats {
 
     #[inline]
     pub(crate) fn drop(&mut self, r: DropReason) {
-        self.drops[r as usize] += 1;
+        self.drops[r] += 1;
     }
 }
 
@@ -300,5 +359,27 @@ impl fmt::Display for RpcStats {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_names_every_drop_reason() {
+        let mut s = RpcStats::default();
+        s.drop(DropReason::UnknownSession);
+        s.drops[DropReason::OutOfOrder] += 8860;
+        let d = format!("{s:?}");
+        assert!(d.contains("UnknownSession: 1"), "{d}");
+        assert!(d.contains("OutOfOrder: 8860"), "{d}");
+        for r in DropReason::ALL {
+            assert!(d.contains(&format!("{r:?}: ")), "{r:?} missing from {d}");
+        }
+        // No anonymous array of counters.
+        assert!(!d.contains("drops: ["), "{d}");
+        assert_eq!(s.total_drops(), 8861);
+        assert_eq!(s.drops[DropReason::OutOfOrder as usize], 8860);
     }
 }

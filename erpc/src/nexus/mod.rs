@@ -69,6 +69,50 @@ impl Uri {
         }
         Ok(Uri::new(host, port))
     }
+
+    /// Parses the URI of a remote Nexus, `host:port`, strictly: the port
+    /// must be given (and not 0), and the host must be an IPv4 address or
+    /// a hostname (dot-separated labels of ASCII letters, digits, `-` and
+    /// `_`, each 1 to 63 bytes, not starting or ending with `-`), at most
+    /// 127 bytes. `Err` says what is wrong. [`Rpc::create_session`]
+    /// checks its URI with this, so a typo fails at once instead of as a
+    /// connect timeout.
+    ///
+    /// [`Rpc::create_session`]: crate::Rpc::create_session
+    pub fn parse_remote(s: &str) -> Result<Uri, &'static str> {
+        let Some((host, port)) = s.rsplit_once(':') else {
+            return Err("expected host:port (the port is missing)");
+        };
+        let port: u16 = port
+            .parse()
+            .map_err(|_| "the port is not a number from 1 to 65535")?;
+        if port == 0 {
+            return Err("the port is not a number from 1 to 65535");
+        }
+        if host.is_empty() {
+            return Err("the host is missing");
+        }
+        if host.len() >= crate::sm_types::HOSTNAME_BYTES {
+            return Err("the host is longer than 127 bytes");
+        }
+        if host.parse::<std::net::Ipv4Addr>().is_err() {
+            let label_ok = |l: &str| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+                    && l.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            };
+            if !host.trim_end_matches('.').split('.').all(label_ok) {
+                return Err(
+                    "the host is neither an IPv4 address nor a hostname (letters, digits, \
+                     '-' and '_' in dot-separated labels)",
+                );
+            }
+        }
+        Ok(Uri::new(host, port))
+    }
 }
 
 impl fmt::Display for Uri {
@@ -678,5 +722,36 @@ mod tests {
         assert!(Uri::parse(":1").is_err());
         assert!(Uri::parse(&"h".repeat(128)).is_err());
         assert_eq!(Uri::new("a", 1).to_string(), "a:1");
+    }
+
+    #[test]
+    fn remote_uri_parsing_is_strict() {
+        for ok in [
+            "10.0.0.1:31851",
+            "server:31850",
+            "node-1.example.com:1",
+            "a_b:2",
+            "no-such-host.invalid:31850",
+        ] {
+            let u = Uri::parse_remote(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+            assert_eq!(u.to_string(), ok);
+        }
+        for (bad, why) in [
+            ("garbage", "port is missing"),
+            ("host:", "port is not a number"),
+            ("host:0", "port is not a number"),
+            ("host:99999", "port is not a number"),
+            (":31850", "host is missing"),
+            ("bad host:1", "neither an IPv4"),
+            ("-host:1", "neither an IPv4"),
+            ("a..b:1", "neither an IPv4"),
+            ("[::1]:1", "neither an IPv4"),
+            ("h\0st:1", "neither an IPv4"),
+        ] {
+            let e = Uri::parse_remote(bad).expect_err(bad);
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        assert!(Uri::parse_remote(&format!("{}:1", "h".repeat(128))).is_err());
+        assert!(Uri::parse_remote(&format!("{}:1", "h".repeat(64))).is_err());
     }
 }

@@ -83,6 +83,9 @@ pub(crate) enum SmItem {
     Pkt(SmPkt, PktFrom),
     /// A remote Nexus (or one of its Rpcs) failed: reset the sessions to it.
     PeerFailed(PeerFailure),
+    /// The SM link found no address for this URI's host: fail the
+    /// sessions connecting to it.
+    Unresolved(Uri),
     /// `erpc-inspect` asked for a snapshot: publish one if still wanted.
     /// (The event loop reads the request flag itself only once per
     /// loss-scan interval, which a virtual clock may never reach.)
@@ -116,7 +119,7 @@ impl SmQueue {
         let mut q = self.q.lock().unwrap_or_else(|e| e.into_inner());
         // Failure notices are never dropped: they are rare and each one
         // frees sessions.
-        if q.len() >= SM_QUEUE_MAX && matches!(p, SmItem::Pkt(..)) {
+        if q.len() >= SM_QUEUE_MAX && matches!(p, SmItem::Pkt(..) | SmItem::Unresolved(_)) {
             return false;
         }
         q.push_back(p);
@@ -310,6 +313,27 @@ impl SmRouter {
     /// `verified` (the packet naming it did not come from `uri`'s address).
     pub(crate) fn may_track(&self, uri: &Uri, inc: u64, verified: bool) -> bool {
         self.live().may_track(uri, inc, verified)
+    }
+
+    /// The SM link found no address for `uri`'s host: every Rpc fails
+    /// its sessions still connecting to it
+    /// ([`crate::SessionEventKind::HostNotFound`]). Called by links that
+    /// resolve names; a full inbox drops the notice (the session then
+    /// times out connecting, as before).
+    pub fn host_unresolved(&self, uri: &Uri) {
+        let qs: Vec<Arc<SmQueue>> = self
+            .rpcs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .flatten()
+            .cloned()
+            .collect();
+        for q in &qs {
+            if !q.push(SmItem::Unresolved(uri.clone())) {
+                self.queue_full.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// A session to Rpc `rpc_id` of the erpc-rs Nexus at `uri` (incarnation

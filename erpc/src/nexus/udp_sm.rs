@@ -356,6 +356,9 @@ struct Shared {
     lookups_tx: Mutex<Option<SyncSender<Uri>>>,
     /// Packets for the SM thread to send (see the module documentation).
     deferred: ArrayQueue<(Uri, [u8; SM_PKT_BYTES])>,
+    /// The Nexus's router, told about names that do not resolve (so that
+    /// sessions connecting to them fail at once, by that name).
+    router: Mutex<Option<Arc<SmRouter>>>,
     stop: AtomicBool,
     sent: AtomicU64,
     send_errors: AtomicU64,
@@ -458,6 +461,14 @@ impl Shared {
         }
     }
 
+    /// Tells the router that `to` does not resolve.
+    fn tell_unresolved(&self, to: &Uri) {
+        let router = lock(&self.router).clone();
+        if let Some(r) = router {
+            r.host_unresolved(to);
+        }
+    }
+
     /// Sends `pkt` to `to` from the SM thread (or the resolver thread),
     /// now or, for a name not yet resolved, from the resolver thread.
     /// Never blocks on a lookup or on the socket; may wait for a lock.
@@ -477,6 +488,7 @@ impl Shared {
             Route::Queued => false,
             Route::Unresolved => {
                 self.unresolved.fetch_add(1, Ordering::Relaxed);
+                self.tell_unresolved(to);
                 false
             }
             Route::Full => {
@@ -536,6 +548,11 @@ impl Shared {
             let waiting = lock(&self.book).answered(&to, addr, self.now_ns());
             if self.stop.load(Ordering::Relaxed) {
                 return;
+            }
+            // A first lookup that failed (a failed refresh keeps the old
+            // address, and nothing waited for it).
+            if addr.is_none() && !waiting.is_empty() {
+                self.tell_unresolved(&to);
             }
             let sock = self.socket();
             match (addr, sock) {
@@ -597,6 +614,7 @@ impl UdpSmLink {
                 deferred_dropped: AtomicU64::new(0),
                 #[cfg(test)]
                 fake_full: std::sync::atomic::AtomicU32::new(0),
+                router: Mutex::new(None),
                 stop: AtomicBool::new(false),
                 sent: AtomicU64::new(0),
                 send_errors: AtomicU64::new(0),
@@ -677,6 +695,7 @@ impl SmLink for UdpSmLink {
             .socket
             .write()
             .unwrap_or_else(|e| e.into_inner()) = Some(sock.clone());
+        *lock(&self.shared.router) = Some(router.clone());
         let (tx, rx) = sync_channel(LOOKUPS_MAX);
         *lock(&self.shared.lookups_tx) = Some(tx);
         let shared = self.shared.clone();
@@ -731,6 +750,7 @@ impl SmLink for UdpSmLink {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .take();
+        lock(&self.shared.router).take();
     }
 }
 

@@ -6,24 +6,35 @@
 //! (requests for response), `tx` (the single TX path), `rx` (packet
 //! dispatch and validation), `ev_loop`, `loss` (retransmission timeout and
 //! go-back-N), `reset` (failed peers, session reset and teardown with
-//! requests outstanding), `fault` (fault injection), `sm_handlers`
+//! requests outstanding), fault injection (at the end of this file), `sm_handlers`
 //! (session management), `bg` (worker-thread handlers), `status` (the
 //! server's error answers).
+
+// Rustdoc lists an Rpc's methods module by module, child modules first in
+// the order they are declared, then this file's: the application's API
+// (sessions, requests, the event loop, responses) comes first, then
+// `Rpc::new` and the Rpc's state (this file), then the test hooks (at the
+// end of this file) and `inspect_view` (crate::inspect).
+// (One group each: rustfmt would sort a group.)
+mod sm_handlers;
+
+mod req;
+
+mod ev_loop;
+
+mod resp;
+
+mod reset;
 
 mod active;
 mod admission;
 mod bg;
 mod cc;
 mod cr;
-mod ev_loop;
-mod fault;
 mod loss;
-mod req;
-mod reset;
-mod resp;
+mod resolve;
 mod rfr;
 mod rx;
-mod sm_handlers;
 mod status;
 mod tokens;
 mod tx;
@@ -123,6 +134,14 @@ pub enum RpcError {
     /// timeout (the request was waiting for it).
     #[error("session {session} timed out connecting")]
     TimedOut {
+        /// Session number.
+        session: SessionNum,
+    },
+    /// The server's host name does not resolve (the SM link's lookup
+    /// found no IPv4 address), so the session could not connect (the
+    /// request was waiting for it) and is gone. The request did not run.
+    #[error("session {session} failed to connect: the server's host name does not resolve")]
+    HostNotFound {
         /// Session number.
         session: SessionNum,
     },
@@ -286,6 +305,11 @@ pub enum SessionEventKind {
     /// The connect request went unanswered for the connect timeout (the
     /// session is gone).
     ConnectTimedOut,
+    /// The server's host name does not resolve: the SM link's lookup
+    /// found no IPv4 address (the session is gone, and requests waiting
+    /// for it completed with [`RpcError::HostNotFound`]). Reported as soon
+    /// as the lookup answers, not after the connect timeout.
+    HostNotFound,
     /// The session was disconnected (and is gone).
     Disconnected,
     /// The remote end was declared failed; the session is gone and its
@@ -316,6 +340,9 @@ impl fmt::Display for SessionEventKind {
             SessionEventKind::Connected => f.write_str("connected"),
             SessionEventKind::ConnectFailed(e) => write!(f, "connect failed: {e}"),
             SessionEventKind::ConnectTimedOut => f.write_str("connect timed out"),
+            SessionEventKind::HostNotFound => {
+                f.write_str("connect failed: the server's host name does not resolve")
+            }
             SessionEventKind::Disconnected => f.write_str("disconnected"),
             SessionEventKind::PeerFailed => f.write_str("peer failed"),
             SessionEventKind::Reset => f.write_str("reset"),
@@ -642,6 +669,14 @@ pub enum SessionError {
     /// Bad URI.
     #[error(transparent)]
     Uri(#[from] crate::nexus::NexusError),
+    /// The remote URI is malformed (see [`crate::Uri::parse_remote`]).
+    #[error("bad remote URI {uri:?}: {why}")]
+    BadUri {
+        /// The URI given.
+        uri: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
     /// A session to ourselves.
     #[error("cannot create a session from Rpc {rpc_id} at {uri} to itself")]
     SelfConnect {
@@ -714,7 +749,16 @@ struct BgState {
     scratch: Vec<Box<Vec<u8>>>,
 }
 
-/// An eRPC endpoint. See the crate documentation.
+/// An eRPC endpoint: one per thread, made with [`Rpc::new`]. See the crate
+/// documentation.
+///
+/// Its methods, in the order below: sessions ([`Rpc::create_session`]),
+/// requests ([`Rpc::enqueue_request`], completed in continuations), the
+/// event loop ([`Rpc::run_event_loop_once`]), responses
+/// ([`Rpc::respond`], [`Rpc::enqueue_response`]) and session resets; then
+/// creation, settings, counters and session state, and message buffers
+/// ([`Rpc::alloc_msg_buffer`]); last the test hooks (`fault_*`) and the
+/// debug endpoint's view.
 pub struct Rpc<T: Transport, C> {
     transport: T,
     /// The RX ring reader; taken out while the RX loop runs.
@@ -1013,6 +1057,8 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
     }
 }
 
+/// The Rpc's identity, settings, counters and sessions, and its message
+/// buffers.
 impl<T: Transport, C> Rpc<T, C> {
     /// This Rpc's id in its Nexus.
     pub fn rpc_id(&self) -> u8 {
@@ -1359,5 +1405,60 @@ impl<T: Transport, C> Drop for Rpc<T, C> {
         if let Some(ctrl) = self.ctrl.take() {
             self.alloc.free(ctrl);
         }
+    }
+}
+
+// Fault injection for tests and benchmarks, compiled in always (as in the
+// C++ `rpc_fault_inject.cc`, but never behind a build flag that CI does not
+// build). When unused it costs one predictable branch per packet sent
+// (`Session::fault_drop_tx`). Here, after every other method, because
+// rustdoc lists a type's methods in source order (a child module's before
+// this file's): the test hooks come last on the Rpc page.
+/// Fault injection (test hooks): packets dropped on purpose, peers
+/// declared failed, sessions reset, request numbers chosen.
+impl<T: Transport, C> Rpc<T, C> {
+    /// Drops the next `n` packets this Rpc sends on session `sn` (data,
+    /// credit returns, requests for response) as if the network lost
+    /// them: the transport counts them in `tx_dropped_on_purpose` and does
+    /// not send them. Loss recovery has to repair the damage.
+    pub fn fault_drop_tx(&mut self, sn: SessionNum, n: u32) -> Result<(), SessionError> {
+        match self.session(sn) {
+            Some(s) if s.state != SessionState::Resetting => {
+                s.fault_drop_tx.set(n);
+                Ok(())
+            }
+            _ => Err(SessionError::NoSession(sn)),
+        }
+    }
+
+    /// Declares the remote Nexus at `uri` (`host:port`) failed in this
+    /// process, as if it had stopped answering keep-alive pings: every Rpc
+    /// of this Nexus resets its sessions to it (here at the next event-loop
+    /// iteration).
+    pub fn fault_fail_remote(&mut self, uri: &str) -> Result<(), SessionError> {
+        let uri = crate::nexus::Uri::parse(uri)?;
+        self.nexus.fault_fail_remote(&uri);
+        Ok(())
+    }
+
+    /// Test hook: sessions this Rpc creates or accepts from now on number
+    /// their requests from `base` (rounded down to a multiple of the 8
+    /// slots, within 44 bits): slot `i` starts at `base + i`, whatever the
+    /// handshake said. With `base` near 2^44 a test reaches the request-
+    /// number wrap in a few requests. Both ends of a session must use the
+    /// same base: an erpc-rs server adopts the base an erpc-rs client
+    /// proposes, so setting it at the client is enough between erpc-rs
+    /// peers; a peer presenting itself as C++ (no SM extensions) numbers
+    /// from 0 unless it is set there too. `None` goes back to the
+    /// handshake's base.
+    pub fn fault_set_req_base(&mut self, base: Option<u64>) {
+        self.req_base_override = base.map(|b| {
+            b & crate::pkthdr::MAX_REQ_NUM & !(crate::consts::SESSION_REQ_WINDOW as u64 - 1)
+        });
+    }
+
+    /// Resets session `sn` as [`Rpc::reset_session`] does.
+    pub fn fault_reset_session(&mut self, sn: SessionNum) -> Result<(), SessionError> {
+        self.reset_session(sn)
     }
 }

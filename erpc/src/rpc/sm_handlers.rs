@@ -174,12 +174,23 @@ impl<T: Transport, C> Rpc<T, C> {
     /// Nexus at `remote_uri` (`host:port`). Returns the session number at
     /// once; the session-event callback reports the outcome. Requests may
     /// be enqueued right away: they wait until the session connects.
+    ///
+    /// A malformed URI (no port, a host that is no IPv4 address or
+    /// hostname) fails here, with [`SessionError::BadUri`]. A host name
+    /// that does not resolve fails the session as soon as the SM link's
+    /// lookup answers ([`SessionEventKind::HostNotFound`], its requests
+    /// with [`RpcError::HostNotFound`]); a host that resolves but does not
+    /// answer times out after the failure timeout
+    /// ([`SessionEventKind::ConnectTimedOut`]).
     pub fn create_session(
         &mut self,
         remote_uri: &str,
         remote_rpc_id: u8,
     ) -> Result<SessionNum, SessionError> {
-        let uri = Uri::parse(remote_uri)?;
+        let uri = Uri::parse_remote(remote_uri).map_err(|why| SessionError::BadUri {
+            uri: remote_uri.to_owned(),
+            why,
+        })?;
         if uri == *self.nexus.uri() && remote_rpc_id == self.rpc_id {
             return Err(SessionError::SelfConnect {
                 uri,
@@ -471,6 +482,10 @@ impl<T: Transport, C> Rpc<T, C> {
                 }
                 SmItem::Inspect => {
                     self.maybe_publish_inspect();
+                    continue;
+                }
+                SmItem::Unresolved(uri) => {
+                    self.handle_unresolved(&uri);
                     continue;
                 }
             };

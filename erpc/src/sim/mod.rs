@@ -1128,24 +1128,15 @@ impl Transport for SimTransport {
     }
 }
 
-/// An allocator for the simulated network or kernel UDP (identity DMA
-/// mapping: no device sees the memory), reserving `initial_bytes` up
-/// front. Where its memory comes from is the caller's decision
-/// (`region.fallback`); a missing hugepage is an error that names the
-/// shortfall and the command that fixes it.
+/// The allocator for the simulated network: [`crate::host_allocator`]
+/// (the simulated NIC, like kernel UDP, copies packets, so no device reads
+/// the memory), under the name the simulation's users know. Over kernel
+/// UDP call [`crate::host_allocator`], which does not need this feature.
 pub fn sim_allocator(
     initial_bytes: usize,
     region: mempool::RegionOptions,
 ) -> Result<mempool::Allocator, mempool::AllocError> {
-    use mempool::{Allocator, AllocatorConfig, IdentityMapper};
-    Allocator::new(
-        Arc::new(IdentityMapper::new()),
-        AllocatorConfig {
-            initial_bytes,
-            region,
-            ..AllocatorConfig::default()
-        },
-    )
+    crate::host_allocator(initial_bytes, region)
 }
 
 /// The allocator of a test (or a test-like benchmark) on the simulated

@@ -6,7 +6,9 @@
 //!   client retries and at-most-once PUTs; a simulated cluster harness.
 //! * [`orderedkv`]: an ordered key-value store on a concurrent skip list
 //!   (`crossbeam-skiplist`): GET and PUT in the dispatch thread, 128-key
-//!   SCANs on background workers.
+//!   SCANs on background workers; [`orderedkv_typed`] is the same store
+//!   on the typed API (`erpc-typed`: serde requests, closures, async
+//!   tasks), benchmarked beside it by `ordered-kv`.
 //! * [`dispatch`]: the worker-dispatch benchmark (round robin against
 //!   single-queue JBSQ against an ideal M/G/N queue simulated from the
 //!   same service times).
@@ -20,6 +22,7 @@ pub mod dispatch;
 pub mod env;
 pub mod lincheck;
 pub mod orderedkv;
+pub mod orderedkv_typed;
 pub mod raftkv;
 pub mod stats;
 

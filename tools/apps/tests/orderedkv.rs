@@ -123,3 +123,85 @@ fn a_scan_from_the_last_keys_returns_what_is_left() {
     let len = orderedkv::scan(&idx, &key(250), 128, &mut buf);
     assert_eq!(len, orderedkv::scan_resp_bytes(50));
 }
+
+/// The same store on the typed API: GETs, PUTs and SCANs from async
+/// tasks, every answer checked, scans in dispatch and on inline workers.
+#[test]
+fn the_typed_store_answers_correctly() {
+    use erpc_apps::orderedkv_typed::{self as typed, ClientCtx};
+    use erpc_typed::{Endpoint, EndpointConfig, Service};
+    type T = erpc::sim::SimTransport;
+    for mode in [ScanMode::Dispatch, ScanMode::Workers] {
+        let mut w = SimWorld::new(1, LinkConfig::default());
+        let index = orderedkv::load(5_000);
+        let svc = typed::service::<T>(index.clone(), mode);
+        let server_nexus = svc
+            .register(w.nexus("server:31850"))
+            .workers(0)
+            .build()
+            .unwrap();
+        let csvc = Service::<T, ClientCtx>::new();
+        let client_nexus = csvc.register(w.nexus("client:31850")).build().unwrap();
+        let (st, sa, _) = w.endpoint();
+        let (ct, ca, _) = w.endpoint();
+        let mut server = Endpoint::new(
+            &server_nexus,
+            0,
+            st,
+            sa,
+            EndpointConfig::default(),
+            &svc,
+            typed::Server {
+                index: index.clone(),
+            },
+        )
+        .unwrap();
+        let mut client = Endpoint::new(
+            &client_nexus,
+            0,
+            ct,
+            ca,
+            EndpointConfig::default(),
+            &csvc,
+            ClientCtx,
+        )
+        .unwrap();
+        let api = client.client();
+        let session = client
+            .block_on_with(api.connect("server:31850", 0), || {
+                server.run_once();
+                w.step();
+            })
+            .unwrap();
+        let load = typed::start_load(
+            &client,
+            session,
+            LoadConfig {
+                keys: 5_000,
+                window: 8,
+                scans_per_mille: 100,
+                puts_per_mille: 100,
+                scan_len: orderedkv::MAX_SCAN,
+                seed: 3,
+            },
+        );
+        while load.borrow().count() < 2_000 {
+            client.run_once();
+            server.run_once();
+            w.step();
+        }
+        load.borrow_mut().running = false;
+        while load.borrow().tasks > 0 {
+            client.run_once();
+            server.run_once();
+            w.step();
+        }
+        let l = load.borrow();
+        assert_eq!((l.wrong, l.errors), (0, 0), "{mode}: {l:?}");
+        assert!(l.scan_latency.len() > 50, "{}", l.scan_latency.len());
+        assert!(l.get_latency.len() > 500);
+        assert!(l.put_latency.len() > 50);
+        assert_eq!(server.stats().bad_requests, 0);
+        assert_eq!(client.pending_calls(), 0);
+    }
+}

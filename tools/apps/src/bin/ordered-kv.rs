@@ -1,6 +1,8 @@
 //! `ordered-kv`: the ordered key-value store benchmark — 99 % GET, 1 %
 //! SCAN(start, 128), uniform keys — with scans on background workers
-//! against scans in the dispatch thread, in the same run.
+//! against scans in the dispatch thread, in the same run; and the same
+//! store on the typed API (`erpc_apps::orderedkv_typed`: serde requests,
+//! closure handlers, async client tasks) beside the raw one.
 //!
 //! ```sh
 //! cargo run --release -p erpc-apps --bin ordered-kv
@@ -21,7 +23,9 @@ use clap::Parser;
 use erpc::{Rpc, RpcConfig, SessionEventKind};
 use erpc_apps::env::{self, DevWorld, World};
 use erpc_apps::orderedkv::{self, Index, LoadConfig, LoadState, ScanMode, ServerState};
+use erpc_apps::orderedkv_typed::{self as typed, ClientCtx};
 use erpc_apps::stats::Percentiles;
+use erpc_typed::{Endpoint, EndpointConfig, Service};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -133,6 +137,85 @@ fn round(
     Ok(out)
 }
 
+/// A round of the typed store: the same load, from `window` async tasks.
+fn typed_round(
+    world: &mut DevWorld,
+    index: &Arc<Index>,
+    mode: ScanMode,
+    cli: &Cli,
+    n: u16,
+) -> Res<Outcome> {
+    type T = <DevWorld as World>::T;
+    let su = world.uri("server");
+    let cu = world.uri("client");
+    let svc = typed::service::<T>(index.clone(), mode);
+    let server_nexus = svc
+        .register(world.nexus(&su))
+        .workers(cli.workers)
+        .build()?;
+    let csvc = Service::<T, ClientCtx>::new();
+    let client_nexus = csvc.register(world.nexus(&cu)).build()?;
+    let (st, sa) = world.queue_set(0, 32_000 + 2 * n)?;
+    let (ct, ca) = world.queue_set(1, 32_001 + 2 * n)?;
+    let cfg = EndpointConfig::default();
+    let server_state = typed::Server {
+        index: index.clone(),
+    };
+    let mut server = Endpoint::new(&server_nexus, 0, st, sa, cfg, &svc, server_state)?;
+    let mut client = Endpoint::new(&client_nexus, 0, ct, ca, cfg, &csvc, ClientCtx)?;
+    let api = client.client();
+    let session = client.block_on_with(api.connect(&su, 0), || server.run_once())?;
+    let load = typed::start_load(
+        &client,
+        session,
+        LoadConfig {
+            keys: cli.keys,
+            window: cli.window,
+            scans_per_mille: cli.scans_per_mille,
+            puts_per_mille: 0,
+            scan_len: orderedkv::MAX_SCAN,
+            seed: u64::from(n) + 1,
+        },
+    );
+    let mut poll = || {
+        client.run_once();
+        server.run_once();
+    };
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs_f64(0.5) {
+        poll();
+    }
+    load.borrow_mut().reset();
+    let t1 = Instant::now();
+    while t1.elapsed() < Duration::from_secs_f64(cli.secs) {
+        poll();
+    }
+    let secs = t1.elapsed().as_secs_f64();
+    let out = {
+        let l = load.borrow();
+        Outcome {
+            gets: l.get_latency.clone(),
+            scans: l.scan_latency.clone(),
+            secs,
+            wrong: l.wrong,
+            errors: l.errors,
+        }
+    };
+    load.borrow_mut().running = false;
+    let t2 = Instant::now();
+    while load.borrow().tasks > 0 && t2.elapsed() < Duration::from_secs(10) {
+        poll();
+    }
+    Ok(out)
+}
+
+/// Which store a round ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Api {
+    Raw,
+    Typed,
+}
+
 fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::builder()
         .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
@@ -200,38 +283,59 @@ fn run(cli: &Cli) -> Res<bool> {
     let mut world = DevWorld::threaded(1, env::region(64));
     world.endpoint();
     world.endpoint();
-    let mut results: Vec<(ScanMode, Outcome)> = Vec::new();
+    let mut results: Vec<(Api, ScanMode, Outcome)> = Vec::new();
     let mut n = 0;
     for _ in 0..cli.rounds {
-        for mode in [ScanMode::Workers, ScanMode::Dispatch] {
-            n += 1;
-            results.push((mode, round(&mut world, &index, mode, cli, n)?));
+        for api in [Api::Raw, Api::Typed] {
+            for mode in [ScanMode::Workers, ScanMode::Dispatch] {
+                n += 1;
+                let o = match api {
+                    Api::Raw => round(&mut world, &index, mode, cli, n)?,
+                    Api::Typed => typed_round(&mut world, &index, mode, cli, n)?,
+                };
+                results.push((api, mode, o));
+            }
         }
     }
     println!(
-        "{:<18} {:>9} {:>9} {:>9} {:>10} {:>10} {:>9}",
-        "mode", "Mrps", "GET p50", "GET p99", "SCAN p50", "SCAN p99", "GET p99.9"
+        "{:<26} {:>9} {:>9} {:>9} {:>10} {:>10} {:>9}",
+        "store, mode", "Mrps", "GET p50", "GET p99", "SCAN p50", "SCAN p99", "GET p99.9"
     );
     let mut ok = true;
     let mut summary = Vec::new();
-    for mode in [ScanMode::Workers, ScanMode::Dispatch] {
+    let mut rates = Vec::new();
+    for (api, mode) in [
+        (Api::Raw, ScanMode::Workers),
+        (Api::Raw, ScanMode::Dispatch),
+        (Api::Typed, ScanMode::Workers),
+        (Api::Typed, ScanMode::Dispatch),
+    ] {
         let mut gets = erpc_apps::stats::histogram();
         let mut scans = erpc_apps::stats::histogram();
         let mut secs = 0.0;
-        for (_, o) in results.iter().filter(|(m, _)| *m == mode) {
+        for (_, _, o) in results.iter().filter(|(a, m, _)| *a == api && *m == mode) {
             gets.add(&o.gets).expect("same bounds");
             scans.add(&o.scans).expect("same bounds");
             secs += o.secs;
             ok &= o.wrong == 0 && o.errors == 0;
             if o.wrong + o.errors > 0 {
-                eprintln!("{mode}: {} wrong answers, {} errors", o.wrong, o.errors);
+                eprintln!(
+                    "{api:?} {mode}: {} wrong answers, {} errors",
+                    o.wrong, o.errors
+                );
             }
         }
         let (g, s) = (Percentiles::of(&gets), Percentiles::of(&scans));
+        let rate = (g.count + s.count) as f64 / secs / 1e6;
+        rates.push(rate);
+        let store = match api {
+            Api::Raw => "raw",
+            Api::Typed => "typed",
+        };
         println!(
-            "{:<18} {:>9.3} {:>8.1}µ {:>8.1}µ {:>9.1}µ {:>9.1}µ {:>8.1}µ",
-            mode.to_string(),
-            (g.count + s.count) as f64 / secs / 1e6,
+            "{:<26} {:>9.3} {:>8.1}µ {:>8.1}µ {:>9.1}µ {:>9.1}µ {:>8.1}µ",
+            format!("{store}, {mode}"),
+            rate,
             g.p50_us,
             g.p99_us,
             s.p50_us,
@@ -245,6 +349,14 @@ fn run(cli: &Cli) -> Res<bool> {
         summary[1].p99_us / summary[0].p99_us,
         summary[1].p50_us / summary[0].p50_us,
         if ok { "all correct" } else { "ERRORS" }
+    );
+    println!(
+        "typed / raw, scans on workers: rate {:.2}, GET p50 {:.2}x; scans in dispatch: rate {:.2}, \
+         GET p50 {:.2}x",
+        rates[2] / rates[0],
+        summary[2].p50_us / summary[0].p50_us,
+        rates[3] / rates[1],
+        summary[3].p50_us / summary[1].p50_us
     );
     Ok(ok)
 }
