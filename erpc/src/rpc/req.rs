@@ -648,6 +648,14 @@ impl<T: Transport, C> Rpc<T, C> {
         sv.progress_ns = now;
         sv.state = SrvState::Idle;
         if let Some(m) = old_resp {
+            // A response buffer that goes back to the allocator (not the
+            // slot's own, which only this slot's next response rewrites):
+            // the NIC may still hold a send of it if this request came
+            // early (a forged or broken client; an honest one sends it
+            // only after the whole response arrived). It could otherwise
+            // read another session's data in that memory onto this wire.
+            // Multi-packet responses only, so one drain per large message.
+            self.drain_tx();
             self.recycle(m);
         }
         if let Some(m) = old_req {
