@@ -743,11 +743,12 @@ fn plan(seed: u64) -> Plan {
         // made by a forged connect request goes when the client it names
         // disowns it, and that one disconnect may be lost; such a session
         // is left to the reclaim of unused sessions, which the end-of-run
-        // leak check does not wait for.
+        // leak check does not wait for. Nor with a crash, whose SM cut-off
+        // loses it just the same (seeds 87, 654, 789 left such a session).
         faults: Faults {
             link,
             sm,
-            forge_ppm: (seed % 3 == 0 && sm.loss_ppm == 0)
+            forge_ppm: (seed % 3 == 0 && sm.loss_ppm == 0 && crash.is_none())
                 .then(|| 50_000 + (seed / 3 % 8) as u32 * 50_000),
         },
         requests: 40 + r.below(160) as usize,
