@@ -358,12 +358,7 @@ impl<T: Transport, C> Rpc<T, C> {
             return;
         }
         s.closing = false;
-        s.state = SessionState::DisconnectInProgress;
-        s.sm_pending_since_ns = Some(now);
-        s.sm_first_sent_ns = now;
-        self.deactivate(sn);
-        self.sm_pending.push(sn);
-        self.send_sm_req(sn);
+        self.start_disconnect(sn, now);
     }
 
     /// Fails every outstanding request of client session `sn` with `err`,

@@ -281,15 +281,24 @@ impl<T: Transport, C> Rpc<T, C> {
             // asked to disconnect is finished: the slots finish first.
             return Ok(());
         }
-        let s = self.session_mut(sn).expect("looked up above");
+        self.fail_outstanding(sn, RpcError::SessionDestroyed { session: sn });
+        self.start_disconnect(sn, now);
+        Ok(())
+    }
+
+    /// Client session `sn` starts disconnecting: its disconnect request
+    /// goes out now and is retried (`process_sm`) until answered or for
+    /// the failure timeout. Nothing of it stays in the active list.
+    pub(crate) fn start_disconnect(&mut self, sn: SessionNum, now: u64) {
+        let Some(s) = self.session_mut(sn) else {
+            return;
+        };
         s.state = SessionState::DisconnectInProgress;
         s.sm_pending_since_ns = Some(now);
         s.sm_first_sent_ns = now;
-        self.fail_outstanding(sn, RpcError::SessionDestroyed { session: sn });
         self.deactivate(sn);
         self.sm_pending.push(sn);
         self.send_sm_req(sn);
-        Ok(())
     }
 
     /// Client session `sn`, whose connect request is outstanding, is
@@ -297,6 +306,14 @@ impl<T: Transport, C> Rpc<T, C> {
     /// answers later, the session it made is disconnected (the record
     /// keeps asking for `TOKEN_MEMORY_MS`).
     pub(crate) fn abandon_connect(&mut self, sn: SessionNum, now: u64) {
+        self.keep_abandoned(sn, now, false, 0);
+    }
+
+    /// Records client session `sn`'s SM request in the abandoned list,
+    /// which outlives the session: a connect (`disconnecting` false) or
+    /// a disconnect, given up at `give_up_ns` (0: after
+    /// `TOKEN_MEMORY_MS`). At most [`ABANDONED_MAX`] (the oldest go).
+    fn keep_abandoned(&mut self, sn: SessionNum, now: u64, disconnecting: bool, give_up_ns: u64) {
         let Some(s) = self.session(sn) else { return };
         let record = AbandonedConnect {
             token: s.uniq_token,
@@ -305,8 +322,8 @@ impl<T: Transport, C> Rpc<T, C> {
             server: s.server_endpoint(),
             since_ns: now,
             last_sent_ns: now,
-            disconnecting: false,
-            give_up_ns: 0,
+            disconnecting,
+            give_up_ns,
         };
         if self.abandoned.len() >= ABANDONED_MAX {
             self.abandoned.remove(0);
@@ -322,21 +339,8 @@ impl<T: Transport, C> Rpc<T, C> {
     /// does not leave the server holding the session for ever.
     pub(crate) fn send_disconnect_retried(&mut self, sn: SessionNum) {
         let now = self.clock.now_ns();
-        let Some(s) = self.session(sn) else { return };
-        let record = AbandonedConnect {
-            token: s.uniq_token,
-            uri: s.remote_uri.clone(),
-            client: s.client_endpoint(),
-            server: s.server_endpoint(),
-            since_ns: now,
-            last_sent_ns: now,
-            disconnecting: true,
-            give_up_ns: now + 4 * self.config.failure_timeout_ms * 1_000_000,
-        };
-        if self.abandoned.len() >= ABANDONED_MAX {
-            self.abandoned.remove(0);
-        }
-        self.abandoned.push(record);
+        let give_up = now + 4 * self.config.failure_timeout_ms * 1_000_000;
+        self.keep_abandoned(sn, now, true, give_up);
         self.send_disconnect_once(sn);
     }
 
@@ -352,9 +356,14 @@ impl<T: Transport, C> Rpc<T, C> {
 
     /// The disconnect request of client session `sn`, and where it goes.
     pub(crate) fn disconnect_pkt(&self, sn: SessionNum) -> Option<(Uri, [u8; SM_PKT_BYTES])> {
+        self.sm_pkt(sn, SmPktType::DisconnectReq)
+    }
+
+    /// SM request `pkt_type` of client session `sn`, and where it goes.
+    fn sm_pkt(&self, sn: SessionNum, pkt_type: SmPktType) -> Option<(Uri, [u8; SM_PKT_BYTES])> {
         let s = self.session(sn)?;
         let pkt = SmPkt {
-            pkt_type: SmPktType::DisconnectReq,
+            pkt_type,
             err: SmErr::NoError,
             uniq_token: s.uniq_token,
             client: s.client_endpoint(),
@@ -375,20 +384,12 @@ impl<T: Transport, C> Rpc<T, C> {
     /// The SM request client session `sn` has outstanding (connect or
     /// disconnect), and where it goes.
     pub(crate) fn sm_req_pkt(&self, sn: SessionNum) -> Option<(Uri, [u8; SM_PKT_BYTES])> {
-        let s = self.session(sn)?;
-        let pkt_type = match s.state {
+        let pkt_type = match self.session(sn)?.state {
             SessionState::ConnectInProgress => SmPktType::ConnectReq,
             SessionState::DisconnectInProgress => SmPktType::DisconnectReq,
             SessionState::Connected | SessionState::Resetting => return None,
         };
-        let pkt = SmPkt {
-            pkt_type,
-            err: SmErr::NoError,
-            uniq_token: s.uniq_token,
-            client: s.client_endpoint(),
-            server: s.server_endpoint(),
-        };
-        Some((s.remote_uri.clone(), pkt.encode()))
+        self.sm_pkt(sn, pkt_type)
     }
 
     /// Sends an SM response (to the client endpoint's URI).
@@ -790,11 +791,7 @@ impl<T: Transport, C> Rpc<T, C> {
                 s.set_server_endpoint(&pkt.server);
                 s.remote_num = pkt.server.session_num;
                 s.connect_fail = Some(SmErr::RoutingResolutionFailure);
-                s.state = SessionState::DisconnectInProgress;
-                s.sm_pending_since_ns = Some(now);
-                s.sm_first_sent_ns = now;
-                self.sm_pending.push(sn);
-                self.send_sm_req(sn);
+                self.start_disconnect(sn, now);
             }
         }
     }
