@@ -177,6 +177,10 @@ pub struct LivenessStats {
     /// late or replayed), or a newer one from a source that is not the
     /// peer's: ignored (a new session with it fails alone).
     pub stale_incarnations: u64,
+    /// Ticks that came more than a ping interval after the previous one
+    /// (the SM thread was descheduled or blocked): the silence of that
+    /// stretch was not held against any peer.
+    pub pauses_discounted: u64,
     /// Remote Nexuses tracked now.
     pub tracked: u64,
 }
@@ -189,6 +193,9 @@ pub(crate) struct Liveness {
     failure_timeout_ns: u64,
     ping_interval_ns: u64,
     peers: BTreeMap<Uri, Peer>,
+    /// When `tick` last ran: a longer gap than a ping interval is time
+    /// this Nexus did not watch, discounted (see `tick`).
+    last_tick_ns: Option<u64>,
     /// Ping tokens.
     rng: Rng,
     stats: LivenessStats,
@@ -210,6 +217,7 @@ impl Liveness {
             ping_interval_ns: (failure_timeout_ns / crate::consts::PINGS_PER_FAILURE_TIMEOUT)
                 .max(1),
             peers: BTreeMap::new(),
+            last_tick_ns: None,
             stats: LivenessStats::default(),
         }
     }
@@ -333,6 +341,7 @@ impl Liveness {
         pings: &mut Vec<(Uri, [u8; SM_PKT_BYTES])>,
         failed: &mut Vec<PeerFailure>,
     ) {
+        self.discount_pause(now_ns);
         let mut dead = Vec::new();
         let before = pings.len();
         for (uri, p) in self.peers.iter_mut() {
@@ -362,6 +371,28 @@ impl Liveness {
                 incarnation: p.incarnation,
                 rpc_id: None,
             });
+        }
+    }
+
+    /// The caller ticks at least once per ping interval. A longer gap
+    /// means this Nexus itself did not run (its SM thread descheduled, as
+    /// on a loaded machine, or the process stopped): pongs may be waiting
+    /// unread, and no ping went out. That stretch is not evidence against
+    /// any peer, so every peer's silence is counted from that much later
+    /// (never later than now). A peer that really died is then declared
+    /// failed one pause later than otherwise.
+    fn discount_pause(&mut self, now_ns: u64) {
+        let prev = self.last_tick_ns.replace(now_ns);
+        let Some(prev) = prev else { return };
+        let excess = now_ns
+            .saturating_sub(prev)
+            .saturating_sub(self.ping_interval_ns);
+        if excess == 0 {
+            return;
+        }
+        self.stats.pauses_discounted += 1;
+        for p in self.peers.values_mut() {
+            p.last_heard_ns = p.last_heard_ns.saturating_add(excess).min(now_ns);
         }
     }
 
@@ -653,6 +684,50 @@ mod tests {
     }
 
     #[test]
+    fn a_paused_sm_thread_does_not_fail_its_peers_but_a_dead_peer_still_fails() {
+        let b = Uri::new("b", 2);
+        let mut l = new(7);
+        l.track(&b, 3, 99, false, 0);
+        let mut failed = Vec::new();
+        for k in 1..=20 {
+            answer_pings(&mut l, k * 50 * MS, 99, &all_rpcs(), &mut failed);
+        }
+        // The Nexus's own thread is off the CPU for 700 ms (more than the
+        // 500 ms failure timeout): its first tick after that judges nobody.
+        let mut pings = Vec::new();
+        l.tick(1_700 * MS, &all_rpcs(), &mut pings, &mut failed);
+        assert!(failed.is_empty(), "the pause is not the peer's silence");
+        assert_eq!(l.stats().pauses_discounted, 1);
+        assert_eq!(pings.len(), 1, "a ping goes out at once");
+        // The peer answers from now on: alive.
+        for k in 1..=20 {
+            answer_pings(
+                &mut l,
+                1_700 * MS + k * 50 * MS,
+                99,
+                &all_rpcs(),
+                &mut failed,
+            );
+        }
+        assert!(failed.is_empty());
+        assert_eq!(
+            l.stats().pauses_discounted,
+            1,
+            "regular ticks discount nothing"
+        );
+        // Then it dies: declared failed once it has been silent for the
+        // timeout while this Nexus was running.
+        let mut t = 2_700 * MS;
+        while failed.is_empty() {
+            t += 10 * MS;
+            l.tick(t, &all_rpcs(), &mut pings, &mut failed);
+        }
+        assert_eq!(t, 3_210 * MS);
+        assert_eq!(failed[0].uri, b);
+        assert_eq!(l.stats().failed_silent, 1);
+    }
+
+    #[test]
     fn answers_keep_a_peer_alive_and_untrack_stops_pinging() {
         let b = Uri::new("b", 2);
         let mut l = new(7);
@@ -773,8 +848,11 @@ mod tests {
             (s.failed_restarted, s.failed_rpc_gone, s.tracked),
             (0, 0, 1)
         );
-        // None of them kept the peer alive either: it fails for silence.
-        l.tick(600 * MS, &all_rpcs(), &mut pings, &mut failed);
+        // None of them kept the peer alive either: it fails for silence
+        // (ticking as the SM thread does: a longer gap is discounted).
+        for t in 1..=60 {
+            l.tick(t * 10 * MS, &all_rpcs(), &mut pings, &mut failed);
+        }
         assert_eq!(failed.len(), 1);
         assert_eq!(l.stats().failed_silent, 1);
     }
