@@ -273,6 +273,12 @@ pub struct RpcStats {
     /// forged or replayed connect request naming it), whose server session
     /// it disconnected.
     pub sm_disowned: u64,
+    /// Connect responses sent again for server sessions of erpc-rs
+    /// clients that have not received a request yet (at ages of one SM
+    /// retry interval times 1, 2, 4 … 32): the client ignores one for its
+    /// own session and disowns one it never asked for, so a forged
+    /// connect's session goes even when that one disconnect is lost.
+    pub sm_unserved_probes: u64,
     /// Server sessions that never received a request, reclaimed because
     /// the RX ring was short (see `RpcConfig::unused_session_reclaim_ms`).
     pub sessions_reclaimed: u64,

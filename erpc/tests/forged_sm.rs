@@ -566,3 +566,67 @@ fn a_session_made_by_a_forged_connect_is_disowned_by_its_client() {
         },
     );
 }
+
+/// As above, but the client's disconnect of the forged session is lost
+/// (its SM packets are dropped for a while): the server sends the
+/// never-used session's connect response again at growing intervals
+/// (`RpcStats::sm_unserved_probes`), the client disowns it again, and the
+/// session goes. Without the probes it would stay until the ring ran
+/// short.
+#[test]
+fn a_forged_session_goes_even_when_its_disown_is_lost() {
+    with_seeds(
+        "a_forged_session_goes_even_when_its_disown_is_lost",
+        FILE,
+        &[7],
+        |seed| {
+            let mut w = W::new(seed);
+            let mut ns = nodes(&mut w, 2, seed);
+            w.net.sm_hub().tap(&uri(1));
+            connect(&mut w, &mut ns, 0, 1, 2);
+            let genuine = w
+                .net
+                .sm_hub()
+                .take_tapped(&uri(1))
+                .into_iter()
+                .map(|b| SmPkt::decode(&b).unwrap())
+                .find(|p| p.pkt_type == SmPktType::ConnectReq)
+                .expect("a connect request");
+            let mut forged = genuine;
+            forged.uniq_token = 0x0f0f_0f0f;
+            // Everything node 0 sends on the SM network is lost from now.
+            w.net.sm_hub().set_mute(&uri(0), true);
+            forge(&w, &forger(), &uri(1), &forged.encode());
+            run_until(&mut w, &mut ns, 10_000_000, "the first disown", |ns| {
+                ns[0].rpc.stats().sm_disowned == 1
+            });
+            run_steps(&mut w, &mut ns, 100);
+            assert_eq!(ns[1].rpc.num_sessions(), 3, "the disown was lost");
+            w.net.sm_hub().set_mute(&uri(0), false);
+            let start = w.now_ns();
+            run_until(
+                &mut w,
+                &mut ns,
+                100_000_000,
+                "the forged session to go",
+                |ns| ns[1].rpc.num_sessions() == 2,
+            );
+            assert!(ns[1].rpc.stats().sm_unserved_probes >= 1);
+            assert!(ns[0].rpc.stats().sm_disowned >= 2);
+            // Within the probes' schedule (the last at 32 SM retry
+            // intervals of the session's age).
+            assert!(
+                w.now_ns() - start <= 3_300 * MS,
+                "{} ms",
+                (w.now_ns() - start) / MS
+            );
+            // The genuine sessions were probed as well (never used yet),
+            // and ignored by their client.
+            start_load(&mut ns, 100, seed);
+            run_until(&mut w, &mut ns, 1_000_000, "requests", |ns| {
+                ns[0].ctx.completed == 100
+            });
+            assert_untouched(&ns, 2);
+        },
+    );
+}

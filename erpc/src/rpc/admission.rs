@@ -179,6 +179,13 @@ pub(crate) struct Notice {
 /// is kept: its client's packets stop within the stall bound at most.
 pub(crate) const NOTICE_MEMORY_MS: u64 = 60_000;
 
+/// Connect responses sent again per never-used server session (see
+/// `Rpc::probe_unserved`): the last at 32 SM retry intervals (3.2 s by
+/// default).
+pub(crate) const UNSERVED_PROBES: u8 = 6;
+/// An `unserved` entry whose session is not probed (any more).
+const NOT_PROBED: u8 = u8::MAX;
+
 impl<T: Transport, C> Rpc<T, C> {
     /// Rate-limits a connect request from host `src` that would create a
     /// session.
@@ -294,7 +301,7 @@ impl<T: Transport, C> Rpc<T, C> {
                 // up), so finding it costs O(1) amortised, not a walk of
                 // all sessions.
                 self.drop_stale_unserved();
-                let Some(&(sn, _)) = self.unserved.front() else {
+                let Some(&(sn, _, _)) = self.unserved.front() else {
                     break;
                 };
                 let old_enough = self
@@ -383,7 +390,67 @@ impl<T: Transport, C> Rpc<T, C> {
     /// Server session `sn` (client token `token`) was just created: it is
     /// a reclaim candidate until it serves a request.
     pub(crate) fn note_unserved(&mut self, sn: SessionNum, token: u64) {
-        self.unserved.push_back((sn, token));
+        self.unserved.push_back((sn, token, 0));
+    }
+
+    /// Sends a never-used server session's connect response again, at
+    /// the session's ages of one SM retry interval times 1, 2, 4 … 2^(n-1)
+    /// (n = [`UNSERVED_PROBES`]), to an erpc-rs client. The client that
+    /// asked for the session ignores it (or takes it as the answer to a
+    /// connect whose response was lost); a client that never asked (a
+    /// forged or replayed connect request named it) disowns the session
+    /// with a disconnect (`disown_server_session`). One lost disconnect
+    /// would otherwise leave that session until the ring runs short; with
+    /// n chances it goes unless every probe or answer is lost. Called at
+    /// the loss-scan interval; looks at the sessions once per SM retry
+    /// interval, newest first, and stops at the first that had all its
+    /// probes (every older one had them too).
+    pub(crate) fn probe_unserved(&mut self, now: u64) {
+        if self.unserved.is_empty() || now < self.next_probe_round_ns {
+            return;
+        }
+        let base = self.config.sm_retry_ms.max(1) * 1_000_000;
+        self.next_probe_round_ns = now + base;
+        for k in (0..self.unserved.len()).rev() {
+            let (sn, token, sent) = self.unserved[k];
+            if sent == UNSERVED_PROBES {
+                break;
+            }
+            if sent == NOT_PROBED {
+                continue;
+            }
+            let probe = self.session(sn).and_then(|s| {
+                let live = s.role == Role::Server
+                    && s.state == SessionState::Connected
+                    && s.uniq_token == token
+                    && !s.served_any
+                    && s.remote_incarnation != 0;
+                live.then(|| {
+                    let age = now.saturating_sub(s.created_ns);
+                    let due = (0..UNSERVED_PROBES)
+                        .take_while(|&i| age >= base << i)
+                        .count() as u8;
+                    let pkt = SmPkt {
+                        pkt_type: SmPktType::ConnectResp,
+                        err: SmErr::NoError,
+                        uniq_token: s.uniq_token,
+                        client: s.client_endpoint(),
+                        server: s.server_endpoint(),
+                    };
+                    (due, pkt)
+                })
+            });
+            let Some((due, pkt)) = probe else {
+                // Served, gone or a C++ client's: never probed.
+                self.unserved[k].2 = NOT_PROBED;
+                continue;
+            };
+            if due > sent {
+                self.unserved[k].2 = due;
+                self.stats.sm_unserved_probes += 1;
+                self.send_sm(&pkt);
+            }
+        }
     }
 
     /// Drops the front entries of the unserved queue that no longer name
@@ -391,7 +458,7 @@ impl<T: Transport, C> Rpc<T, C> {
     /// interval, so that the queue holds only the sessions created after
     /// the oldest unserved one).
     pub(crate) fn drop_stale_unserved(&mut self) {
-        while let Some(&(sn, token)) = self.unserved.front() {
+        while let Some(&(sn, token, _)) = self.unserved.front() {
             let live = self.session(sn).is_some_and(|s| {
                 s.role == Role::Server
                     && s.state == SessionState::Connected

@@ -826,8 +826,11 @@ pub struct Rpc<T: Transport, C> {
     /// When the sessions were last walked for those (0: never).
     last_idle_walk_ns: u64,
     /// Server sessions that may not have served a request yet, in
-    /// creation order, as (session, client token) (`admission.rs`).
-    unserved: VecDeque<(SessionNum, u64)>,
+    /// creation order, as (session, client token, probes sent)
+    /// (`admission.rs`).
+    unserved: VecDeque<(SessionNum, u64, u8)>,
+    /// When `probe_unserved` looks at them next.
+    next_probe_round_ns: u64,
     /// Test hook: request-number base of sessions made from now on
     /// (`Rpc::fault_set_req_base`).
     req_base_override: Option<u64>,
@@ -1032,6 +1035,7 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             idle_candidates: Vec::new(),
             last_idle_walk_ns: 0,
             unserved: VecDeque::new(),
+            next_probe_round_ns: 0,
             next_loss_scan_ns: now_ns + config.pkt_loss_scan_us * 1000,
             rto_ns: config.rto_us * 1000,
             loss_scan_ns: config.pkt_loss_scan_us * 1000,
@@ -1331,7 +1335,13 @@ impl<T: Transport, C> Drop for Rpc<T, C> {
             .sessions
             .iter()
             .flatten()
-            .filter(|s| s.role == session::Role::Client && s.state == SessionState::Connected)
+            .filter(|s| {
+                s.role == session::Role::Client
+                    && matches!(
+                        s.state,
+                        SessionState::Connected | SessionState::DisconnectInProgress
+                    )
+            })
             .filter(|s| s.remote_incarnation != 0 || s.busy_slots() == 0)
             .map(|s| s.local_num)
             .collect();
@@ -1360,6 +1370,11 @@ impl<T: Transport, C> Drop for Rpc<T, C> {
                 .collect();
             orphans.extend(connecting.into_iter().filter_map(|sn| self.sm_req_pkt(sn)));
         }
+        // The SM requests this Rpc was still repeating for sessions it
+        // already freed (disconnects unanswered, connects given up): the
+        // Nexus takes them over too, or a lost one would leave a server
+        // session behind.
+        orphans.extend(self.abandoned_pkts());
         let now = self.clock.now_ns();
         self.nexus
             .adopt_disconnects(orphans, now, self.config.sm_retry_ms * 1_000_000);

@@ -71,6 +71,25 @@ pub(crate) struct AbandonedConnect {
     give_up_ns: u64,
 }
 
+impl AbandonedConnect {
+    /// The request this record repeats: the disconnect, or the connect
+    /// given up on.
+    fn pkt(&self) -> (Uri, [u8; SM_PKT_BYTES]) {
+        let pkt = SmPkt {
+            pkt_type: if self.disconnecting {
+                SmPktType::DisconnectReq
+            } else {
+                SmPktType::ConnectReq
+            },
+            err: SmErr::NoError,
+            uniq_token: self.token,
+            client: self.client,
+            server: self.server,
+        };
+        (self.uri.clone(), pkt.encode())
+    }
+}
+
 impl<T: Transport, C> Rpc<T, C> {
     fn local_endpoint(&self, session_num: u16) -> SmEndpoint {
         let mut ep = SmEndpoint {
@@ -114,6 +133,7 @@ impl<T: Transport, C> Rpc<T, C> {
         let now = self.now_ns;
         self.retired_tokens.expire(now);
         self.drop_stale_unserved();
+        self.probe_unserved(now);
         if !self.notices.is_empty() {
             self.expire_notices(now);
         }
@@ -415,25 +435,25 @@ impl<T: Transport, C> Rpc<T, C> {
                 continue;
             }
             a.last_sent_ns = now;
-            out.push((
-                a.uri.clone(),
-                SmPkt {
-                    pkt_type: if a.disconnecting {
-                        SmPktType::DisconnectReq
-                    } else {
-                        SmPktType::ConnectReq
-                    },
-                    err: SmErr::NoError,
-                    uniq_token: a.token,
-                    client: a.client,
-                    server: a.server,
-                },
-            ));
+            out.push(a.pkt());
         }
         for (to, pkt) in out {
             self.stats.sm_tx += 1;
-            self.nexus.sm_send(&to, &pkt.encode());
+            self.nexus.sm_send(&to, &pkt);
         }
+    }
+
+    /// The abandoned records' SM requests, encoded, with their
+    /// destinations (for the Nexus to repeat when this Rpc is dropped):
+    /// every disconnect, and the connects given up on only with the SM
+    /// extensions (the answer to one reaches the next Rpc with this id,
+    /// which disowns the session only at an erpc-rs server).
+    pub(crate) fn abandoned_pkts(&self) -> impl Iterator<Item = (Uri, [u8; SM_PKT_BYTES])> + '_ {
+        let connects = self.nexus.sm_extensions();
+        self.abandoned
+            .iter()
+            .filter(move |a| a.disconnecting || connects)
+            .map(AbandonedConnect::pkt)
     }
 
     /// An SM response for no live session: an abandoned connect's?
