@@ -228,9 +228,13 @@ local function dissect_extension(r, ep, fields, ping, srv_disconnected)
     if inc == UInt64.new(0) then
         it:append_text(" (none: a C++ peer)")
     else
+        -- A creation time from 2020 on; simulated Nexuses (device model,
+        -- eRPC's simulation) number theirs from their own clocks.
         local ms = inc:rshift(20):tonumber()
-        it:append_text(" (created " .. os.date("!%Y-%m-%d %H:%M:%S", math.floor(ms / 1000))
-            .. string.format(".%03d UTC)", ms % 1000))
+        if ms >= 1577836800000 then
+            it:append_text(" (created " .. os.date("!%Y-%m-%d %H:%M:%S", math.floor(ms / 1000))
+                .. string.format(".%03d UTC)", ms % 1000))
+        end
     end
 end
 
