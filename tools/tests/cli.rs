@@ -603,10 +603,10 @@ fn erpc_inspect_refuses_bad_values_and_explains_missing_endpoints() {
     inspect_refuses(&[], 2, &["give a process id"]);
     for (args, msg) in [
         (
-            vec!["1", "--interval", "0"],
+            vec!["1", "--watch", "--interval", "0"],
             "--interval 0: must be 0.05 to 3600",
         ),
-        (vec!["1", "--interval", "nan"], "--interval NaN"),
+        (vec!["1", "--watch", "--interval", "nan"], "--interval NaN"),
         (
             vec!["1", "--timeout-ms", "0"],
             "--timeout-ms 0: must be 1 to 10000",
@@ -625,6 +625,15 @@ fn erpc_inspect_refuses_bad_values_and_explains_missing_endpoints() {
         &["1", "--cqe", "1", "--wqe", "1"],
         2,
         &["cannot be used with"],
+    );
+    // Options that would be ignored: --interval and --count without
+    // --watch, --json with a descriptor dump (text).
+    inspect_refuses(&["1", "--interval", "2"], 2, &["--watch"]);
+    inspect_refuses(&["1", "--count", "3"], 2, &["--watch"]);
+    inspect_refuses(
+        &["1", "--json", "--cqe", "1"],
+        2,
+        &["--json", "cannot be used with", "--cqe"],
     );
     inspect_refuses(&["device"], 2, &["required"]);
     inspect_refuses(&["device", "--profile", "cx7"], 2, &["--sim"]);

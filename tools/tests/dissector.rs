@@ -96,6 +96,11 @@ const FIELDS: &[&str] = &[
     "erpc.sm.client.udp_port",
     "erpc.sm.client.rxq",
     "erpc.sm.client.rss_table_size",
+    "erpc.sm.client.credits",
+    "erpc.sm.client.end_reason",
+    "erpc.sm.client.req_base",
+    "erpc.sm.client.incarnation",
+    "erpc.sm.client.live_rpcs",
     "erpc.sm.server.transport",
     "erpc.sm.server.hostname",
     "erpc.sm.server.sm_port",
@@ -106,6 +111,11 @@ const FIELDS: &[&str] = &[
     "erpc.sm.server.udp_port",
     "erpc.sm.server.rxq",
     "erpc.sm.server.rss_table_size",
+    "erpc.sm.server.credits",
+    "erpc.sm.server.end_reason",
+    "erpc.sm.server.req_base",
+    "erpc.sm.server.incarnation",
+    "erpc.sm.server.live_rpcs",
 ];
 
 fn mac(m: [u8; 6]) -> String {
@@ -129,6 +139,7 @@ fn expected(number: usize, frame: &[u8]) -> Result<BTreeMap<&'static str, String
         m.insert("erpc.sm.type", (p.pkt_type as i32).to_string());
         m.insert("erpc.sm.err", (p.err as i32).to_string());
         m.insert("erpc.sm.token", format!("0x{:016x}", p.uniq_token));
+        let ping = matches!(p.pkt_type, SmPktType::PingReq | SmPktType::PingResp);
         for (side, ep) in [("client", &p.client), ("server", &p.server)] {
             let r = ep.routing();
             let key = |k: &str| -> &'static str {
@@ -145,11 +156,33 @@ fn expected(number: usize, frame: &[u8]) -> Result<BTreeMap<&'static str, String
             m.insert(key("sm_port"), ep.sm_udp_port.to_string());
             m.insert(key("rpc_id"), ep.rpc_id.to_string());
             m.insert(key("session"), ep.session_num.to_string());
+            m.insert(key("incarnation"), ep.incarnation().to_string());
+            if ping {
+                // No routing info: the sender's live-Rpc bitmap.
+                let ids: Vec<String> = ep
+                    .rpc_bitmap()
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(i, b)| {
+                        (0..8)
+                            .filter(move |k| b & (1 << k) != 0)
+                            .map(move |k| i * 8 + k)
+                    })
+                    .map(|id| id.to_string())
+                    .collect();
+                m.insert(key("live_rpcs"), ids.join(","));
+                continue;
+            }
             m.insert(key("mac"), mac(r.mac));
             m.insert(key("ipv4"), r.ipv4.to_string());
             m.insert(key("udp_port"), r.udp_port.to_string());
             m.insert(key("rxq"), r.rxq_id.to_string());
             m.insert(key("rss_table_size"), r.rss_table_size.to_string());
+            m.insert(key("credits"), ep.credits().to_string());
+            m.insert(key("req_base"), ep.req_base().to_string());
+            if side == "server" && p.err == SmErr::SrvDisconnected {
+                m.insert(key("end_reason"), ep.end_reason().to_string());
+            }
         }
     } else {
         let h = PktHdr::decode(f.payload).map_err(|e| format!("frame {number}: {e}"))?;
@@ -315,6 +348,19 @@ fn check_bench_capture(
     }
     let lua = Path::new(env!("CARGO_MANIFEST_DIR")).join("wireshark/erpc.lua");
     let kinds = compare(tshark_path, &lua, &pcap, &prefs)?;
+    if !prefs.is_empty() {
+        // Without the ports preference the heuristic must find the same:
+        // the SM packets by their shape, the data packets on the ports the
+        // connect packets named.
+        let heuristic = compare(tshark_path, &lua, &pcap, &[])?;
+        if heuristic != kinds {
+            return Err(format!(
+                "without -o erpc.udp_ports the capture decodes as {heuristic:?}, with it as \
+                 {kinds:?}"
+            )
+            .into());
+        }
+    }
     // Exactly these kinds, independently of eRPC's parser: the connect
     // handshake both ways and the benchmark's request type and sizes.
     let connect_req = format!("sm {:?} {:?}", SmPktType::ConnectReq, SmErr::NoError);
@@ -372,7 +418,9 @@ fn check_crafted(tshark_path: &Path, dir: &Path) -> Result<(), Failed> {
         ("data RESP type 171 size 1193046".to_string(), 1),
         ("data RFR type 2 size 0".to_string(), 1),
         ("sm ConnectResp InvalidRemoteRpcId".to_string(), 1),
+        ("sm ConnectResp SrvDisconnected".to_string(), 1),
         ("sm DisconnectReq NoError".to_string(), 1),
+        ("sm PingResp NoError".to_string(), 2),
     ]
     .into_iter()
     .collect();
@@ -417,6 +465,8 @@ fn write_crafted(path: &Path) -> Result<(), Failed> {
         0x02, 0, 0, 0, 0, 0, 0x09, 0, 0x08, 0, 0, 0, 0, 0xb0, 0, 0, 0, 0, 0, 0, 0, 0,
     ];
     write(2, frame(&rfr, 31851, 31850))?;
+    // The erpc-rs extension with distinct values on each side: credits
+    // asked and granted, a request-number base, incarnations.
     let ep = |tt, host: &str, port, rpc, session, r: RoutingInfo| {
         let mut e = SmEndpoint {
             transport_type: tt,
@@ -427,6 +477,9 @@ fn write_crafted(path: &Path) -> Result<(), Failed> {
             ..SmEndpoint::default()
         };
         e.set_hostname(host).expect("short hostname");
+        e.set_credits(u32::from(port) - 31_800);
+        e.set_req_base(0x0fed_cba9_8765_4328 + u64::from(rpc) * 8);
+        e.set_incarnation((1_764_300_000_000 << 20) + u64::from(session));
         e
     };
     let client = ep(
@@ -476,6 +529,22 @@ fn write_crafted(path: &Path) -> Result<(), Failed> {
         0xfedc_ba98_7654_3210,
     );
     write(4, frame(&disc.encode(), 31851, 31852))?;
+    // A "server disconnected" notice with its reason byte.
+    let mut notice = sm(SmPktType::ConnectResp, SmErr::SrvDisconnected, 7);
+    notice.server.set_end_reason(erpc::sm_types::END_BY_SERVER);
+    write(5, frame(&notice.encode(), 31852, 31851))?;
+    // Keep-alive ping responses: live-Rpc bitmaps instead of routing
+    // info (one with Rpcs 0, 9 and 254, one with none).
+    for (t, ids) in [(6, &[0usize, 9, 254][..]), (7, &[][..])] {
+        let mut bitmap = [0u8; erpc::sm_types::EXT_RPC_BITMAP_BYTES];
+        for &i in ids {
+            bitmap[i / 8] |= 1 << (i % 8);
+        }
+        let mut ping = sm(SmPktType::PingResp, SmErr::NoError, 0x77);
+        ping.client.set_rpc_bitmap(&bitmap);
+        ping.server.set_rpc_bitmap(&bitmap);
+        write(t, frame(&ping.encode(), 31852, 31851))?;
+    }
     w.flush().map_err(|e| e.to_string())?;
     Ok(())
 }

@@ -724,22 +724,30 @@ fn text_descriptors_list_and_watch() -> Result<(), Failed> {
         "--wq rq",
         &["RQ WQE 3 of 8", "striding RQ WQE: data 524288 bytes"],
     )?;
-    // Bad indexes and ports: a clear error, exit status 1.
-    for (args, msg) in [
-        (vec!["--cqe", "8"], "the RX CQ has 8 entries"),
-        (vec!["--wqe", "128"], "the SQ has 128 WQEBBs"),
+    // Indexes past the ring: bad usage, naming the limit (exit status 2);
+    // a port no queue set has: what the process published (exit status 1).
+    for (args, msg, code) in [
+        (vec!["--cqe", "8"], "--cqe 8: the RX CQ has 8 entries", 2),
+        (
+            vec!["--cqe", "99999"],
+            "the RX CQ has 8 entries (0 to 7)",
+            2,
+        ),
+        (vec!["--wqe", "128"], "--wqe 128: the SQ has 128 WQEBBs", 2),
         (
             vec!["--wqe", "0", "--queue", "9"],
             "no queue set is steered by UDP port 9",
+            1,
         ),
     ] {
         let mut a = vec![pid.as_str()];
         a.extend(args.iter().copied());
         let o = f.inspect(&a);
         let err = String::from_utf8_lossy(&o.stderr);
-        check(o.status.code() == Some(1) && err.contains(msg), || {
-            format!("{a:?}: {:?} {err}", o.status)
-        })?;
+        check(
+            o.status.code() == Some(code) && err.contains(msg) && o.stdout.is_empty(),
+            || format!("{a:?}: {:?} {err}", o.status),
+        )?;
     }
     // --watch: two snapshots, the second with rates (idle: zero).
     let w = stdout_of(

@@ -93,6 +93,15 @@ fn main() {
         try_open_child(&args[2]);
         return;
     }
+    if args.len() > 1 {
+        // Bad usage, as the other tools report it (exit status 2).
+        eprintln!(
+            "erpc-vfio-guest-test: takes no arguments ({:?} given); it runs inside the \
+             QEMU guest of tools/vm/run.sh",
+            &args[1..]
+        );
+        std::process::exit(2);
+    }
     let started = Instant::now();
     let sysfs = Sysfs::default();
     let mut passed = 0;

@@ -19,6 +19,13 @@
 -- bytes with a small type and error code in its first 8 bytes; a data
 -- packet has the magic nibble 11 in the top of byte 13).
 --
+-- On other ports a heuristic finds them without the preference: a UDP
+-- payload of exactly 392 bytes whose type, error code and both endpoints'
+-- transport types are in range and whose hostnames end in a NUL is an SM
+-- packet (without it, Wireshark may take one for WireGuard); and a data
+-- packet (magic 11) is claimed on a UDP port that an SM connect packet seen
+-- earlier in the capture named as a data port (routing info).
+--
 -- Data packet header (little-endian, bytes of the UDP payload):
 --   0      request type (8 bits)
 --   1..3   message size in bytes (24 bits)
@@ -33,8 +40,17 @@
 --   132 SM UDP port (u16), 134 Rpc id (u8) + 1 pad, 136 session number
 --   (u16, 0xffff = none), 138 routing info (48 B), 186 2 pad.
 -- Ethernet routing info: 0 MAC (6 B) + 2 pad, 8 IPv4 (u32, host order),
---   12 UDP port (u16), 14 RX queue id (u16), 16 RSS table size (u16),
---   20..47 zero.
+--   12 UDP port (u16), 14 RX queue id (u16), 16 RSS table size (u16);
+--   C++ eRPC leaves 20..47 zero, erpc-rs extends it (erpc::sm_types):
+--   20 session credits (u32: the client's wish, the server's grant; 0: a
+--   C++ peer's fixed 32), 24 end reason of a "server disconnected" notice
+--   (u8: 1 reclaimed unused, 2 ended by the server), 32 request-number
+--   base (u64, a multiple of 8, proposed by the client, echoed by the
+--   server), 40 Nexus incarnation (u64: ms since the Unix epoch above 20
+--   random bits; 0: a C++ peer).
+-- Keep-alive pings (SM types 1 and 2) carry no routing info: bytes 0..31
+--   of the sender's endpoint are a bitmap of its live Rpc ids (bit i of
+--   byte i / 8), 40 its incarnation.
 
 local erpc = Proto("erpc", "eRPC")
 
@@ -51,6 +67,16 @@ local pkt_types = {
     [3] = "Response",
 }
 local pkt_types_short = { [0] = "REQ", [1] = "RFR", [2] = "CR", [3] = "RESP" }
+
+local SM_PING_REQ = 1
+local SM_PING_RESP = 2
+local SM_ERR_SRV_DISCONNECTED = 1
+
+local end_reasons = {
+    [0] = "not given",
+    [1] = "reclaimed unused (no request of it ran)",
+    [2] = "ended by the server (a request may have run)",
+}
 
 local sm_types = {
     [0] = "Unblock",
@@ -126,6 +152,13 @@ local function endpoint_fields(side, label)
         udp_port = ProtoField.uint16(p .. "udp_port", "UDP port", base.DEC),
         rxq = ProtoField.uint16(p .. "rxq", "RX queue id", base.DEC),
         rss = ProtoField.uint16(p .. "rss_table_size", "RSS table size", base.DEC),
+        credits = ProtoField.uint32(p .. "credits", "Session credits (erpc-rs)", base.DEC),
+        end_reason = ProtoField.uint8(p .. "end_reason", "End reason (erpc-rs)", base.DEC,
+            end_reasons),
+        req_base = ProtoField.uint64(p .. "req_base", "Request-number base (erpc-rs)", base.DEC),
+        incarnation = ProtoField.uint64(p .. "incarnation", "Nexus incarnation (erpc-rs)",
+            base.DEC),
+        live_rpcs = ProtoField.string(p .. "live_rpcs", "Live Rpc ids (keep-alive bitmap)"),
     }
 end
 local ep_client = endpoint_fields("client", "Client")
@@ -161,7 +194,51 @@ local function is_sm(buf)
     return t >= 0 and t <= 6 and e >= 0 and e <= 6
 end
 
-local function dissect_endpoint(buf, tree, fields, label)
+-- The Rpc ids whose bits are set in a keep-alive bitmap, as "0,3,200".
+local function bitmap_ids(r)
+    local ids = {}
+    for byte = 0, 31 do
+        local v = r(byte, 1):uint()
+        for bit = 0, 7 do
+            if math.floor(v / 2 ^ bit) % 2 == 1 then
+                ids[#ids + 1] = tostring(byte * 8 + bit)
+            end
+        end
+    end
+    return table.concat(ids, ",")
+end
+
+-- The erpc-rs extension of an endpoint's routing info (see the top).
+local function dissect_extension(r, ep, fields, ping, srv_disconnected)
+    if ping then
+        local ids = bitmap_ids(r)
+        ep:add(fields.live_rpcs, r(0, 32), ids)
+    else
+        local ct = ep:add_le(fields.credits, r(20, 4))
+        if r(20, 4):le_uint() == 0 then
+            ct:append_text(" (not given: a C++ peer's 32)")
+        end
+        if srv_disconnected then
+            ep:add_le(fields.end_reason, r(24, 1))
+        end
+        ep:add_le(fields.req_base, r(32, 8))
+    end
+    local it = ep:add_le(fields.incarnation, r(40, 8))
+    local inc = r(40, 8):le_uint64()
+    if inc == UInt64.new(0) then
+        it:append_text(" (none: a C++ peer)")
+    else
+        -- A creation time from 2020 on; simulated Nexuses (device model,
+        -- eRPC's simulation) number theirs from their own clocks.
+        local ms = inc:rshift(20):tonumber()
+        if ms >= 1577836800000 then
+            it:append_text(" (created " .. os.date("!%Y-%m-%d %H:%M:%S", math.floor(ms / 1000))
+                .. string.format(".%03d UTC)", ms % 1000))
+        end
+    end
+end
+
+local function dissect_endpoint(buf, tree, fields, label, ping, srv_disconnected)
     local ep = tree:add(fields.tree, buf)
     local host = buf(4, 128):stringz()
     local session = buf(136, 2):le_uint()
@@ -177,18 +254,21 @@ local function dissect_endpoint(buf, tree, fields, label)
         st:append_text(" (none yet)")
     end
     local r = buf(138, 48)
-    local rt = ep:add(fields.routing, r)
-    rt:add(fields.mac, r(0, 6))
-    rt:add_le(fields.ipv4, r(8, 4))
-    rt:add_le(fields.udp_port, r(12, 2))
-    rt:add_le(fields.rxq, r(14, 2))
-    rt:add_le(fields.rss, r(16, 2))
+    if not ping then
+        local rt = ep:add(fields.routing, r)
+        rt:add(fields.mac, r(0, 6))
+        rt:add_le(fields.ipv4, r(8, 4))
+        rt:add_le(fields.udp_port, r(12, 2))
+        rt:add_le(fields.rxq, r(14, 2))
+        rt:add_le(fields.rss, r(16, 2))
+        rt:append_text(string.format(": %s, %s, UDP port %d, RX queue %d",
+            tostring(r(0, 6):ether()), tostring(r(8, 4):le_ipv4()), r(12, 2):le_uint(),
+            r(14, 2):le_uint()))
+    end
+    dissect_extension(r, ep, fields, ping, srv_disconnected)
     local sess = session == INVALID_SESSION and "-" or tostring(session)
     ep:append_text(string.format(": %s:%d rpc %d session %s", host,
         buf(132, 2):le_uint(), buf(134, 1):le_uint(), sess))
-    rt:append_text(string.format(": %s, %s, UDP port %d, RX queue %d",
-        tostring(r(0, 6):ether()), tostring(r(8, 4):le_ipv4()), r(12, 2):le_uint(),
-        r(14, 2):le_uint()))
     return string.format("%s %s:%d/%d", label, host, buf(132, 2):le_uint(), buf(134, 1):le_uint())
 end
 
@@ -203,9 +283,10 @@ local function dissect_sm(buf, pinfo, tree)
         et:add_proto_expert_info(ef.sm_err, sm_errs[e])
     end
     sub:add_le(f.sm_token, buf(8, 8))
-    local c = dissect_endpoint(buf(16, SM_ENDPOINT_BYTES), sub, ep_client, "client")
+    local ping = t == SM_PING_REQ or t == SM_PING_RESP
+    local c = dissect_endpoint(buf(16, SM_ENDPOINT_BYTES), sub, ep_client, "client", ping, false)
     local s = dissect_endpoint(buf(16 + SM_ENDPOINT_BYTES, SM_ENDPOINT_BYTES), sub, ep_server,
-        "server")
+        "server", ping, e == SM_ERR_SRV_DISCONNECTED)
     local info = string.format("%s, %s -> %s", sm_types[t], c, s)
     if e ~= 0 then
         info = info .. " [" .. sm_errs[e] .. "]"
@@ -265,14 +346,78 @@ local function dissect_data(buf, pinfo, tree)
         pkt_types[ptype], sess, tostring(reqn), pnum, size))
 end
 
+-- Data ports named by the SM connect packets seen so far (for the
+-- heuristic), cleared for each capture.
+local learned_ports = {}
+
+function erpc.init()
+    learned_ports = {}
+end
+
+-- Learns the data ports of a connect packet's endpoints.
+local function learn_ports(buf)
+    local t = buf(0, 4):le_int()
+    if t == SM_PING_REQ or t == SM_PING_RESP then
+        return
+    end
+    for _, off in ipairs({ 16, 16 + SM_ENDPOINT_BYTES }) do
+        local port = buf(off + 138 + 12, 2):le_uint()
+        if port ~= 0 then
+            learned_ports[port] = true
+        end
+    end
+end
+
 function erpc.dissector(buf, pinfo, tree)
     if is_sm(buf) then
+        learn_ports(buf)
         dissect_sm(buf, pinfo, tree)
     else
         dissect_data(buf, pinfo, tree)
     end
     return buf:len()
 end
+
+-- An SM packet for the heuristic: is_sm, both endpoints' transport types
+-- known and their hostnames NUL-terminated.
+local function looks_like_sm(buf)
+    if not is_sm(buf) then
+        return false
+    end
+    for _, off in ipairs({ 16, 16 + SM_ENDPOINT_BYTES }) do
+        if transport_types[buf(off, 4):le_int()] == nil then
+            return false
+        end
+        local host = buf(off + 4, 128)
+        local nul = false
+        for i = 0, 127 do
+            if host(i, 1):uint() == 0 then
+                nul = true
+                break
+            end
+        end
+        if not nul then
+            return false
+        end
+    end
+    return true
+end
+
+local function heuristic(buf, pinfo, tree)
+    if looks_like_sm(buf) then
+        learn_ports(buf)
+        dissect_sm(buf, pinfo, tree)
+        return true
+    end
+    if buf:len() >= DATA_HDR_BYTES and learned_ports[pinfo.dst_port]
+        and math.floor(buf(13, 1):uint() / 16) == PKT_MAGIC then
+        dissect_data(buf, pinfo, tree)
+        return true
+    end
+    return false
+end
+
+erpc:register_heuristic("udp", heuristic)
 
 local udp_port = DissectorTable.get("udp.port")
 local registered = nil

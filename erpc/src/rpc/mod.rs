@@ -422,6 +422,24 @@ pub struct ActivePools {
 }
 
 /// Rpc settings.
+///
+/// # On a busy machine
+///
+/// The timeouts below are wall time, and eRPC polls: an Rpc whose thread
+/// is descheduled neither sends, receives nor answers. The defaults (a
+/// 5 ms retransmission timeout, a 500 ms failure timeout) assume a
+/// dedicated core per polling thread, as the paper's did; give each
+/// polling thread one (`taskset`, `isolcpus`, or no more busy threads
+/// than cores) and nothing needs changing. On a shared machine a thread
+/// can be off its core for hundreds of milliseconds (436 ms was seen on a
+/// loaded 2-core VM): the client then retransmits requests that were not
+/// lost (about one per request in that run, with no packet dropped) and a
+/// healthy peer can be declared failed. There, raise
+/// [`rto_us`](Self::rto_us) well above the scheduling delays (tens of
+/// milliseconds) and the Nexus's failure timeout
+/// ([`NexusBuilder::failure_timeout_ms`](crate::NexusBuilder::failure_timeout_ms))
+/// to a few seconds, knowing that a lost packet and a failed peer are
+/// then noticed that much later.
 #[derive(Debug, Clone, Copy)]
 pub struct RpcConfig {
     /// Packet credits per session (default 32).
@@ -438,7 +456,10 @@ pub struct RpcConfig {
     pub sm_retry_ms: u64,
     /// Retransmission timeout of a client slot (default 5 ms): a request
     /// with packets unacknowledged that made no progress for this long is
-    /// rolled back to the last acknowledged packet and retransmitted.
+    /// rolled back to the last acknowledged packet and retransmitted. It
+    /// is wall time: a descheduled client or server makes requests look
+    /// lost, so on a shared machine raise it above the scheduling delays
+    /// (see "On a busy machine" above).
     pub rto_us: u64,
     /// How often the event loop scans client slots for the retransmission
     /// timeout (default 0.5 ms); also the granularity of the SM timers
@@ -447,7 +468,10 @@ pub struct RpcConfig {
     /// A connect request unanswered for this long fails the session with
     /// [`SessionEventKind::ConnectTimedOut`]; an unanswered disconnect
     /// request frees the session locally (default 500 ms, the failure
-    /// timeout).
+    /// timeout). Peers are declared failed by the Nexus's own failure
+    /// timeout ([`NexusBuilder::failure_timeout_ms`](crate::NexusBuilder::failure_timeout_ms)),
+    /// not by this one; raise both on a shared machine (see "On a busy
+    /// machine" above).
     pub failure_timeout_ms: u64,
     /// The stall bound (default 10 s, `consts::STALL_TIMEOUT_MS`): a
     /// request that got nothing back for this long (no credit return, no
@@ -462,7 +486,8 @@ pub struct RpcConfig {
     /// progress" notice, so a slow handler there never stalls a request; a
     /// C++ server cannot, so toward one this is also the longest a handler
     /// may take. `None`: no bound (a request waits as long as the peer is
-    /// not declared failed).
+    /// not declared failed). Descheduled time is not counted, so a busy
+    /// machine does not need a larger one.
     pub stall_timeout_ms: Option<u64>,
     /// Congestion control: Timely, the timing wheel and their bypasses
     /// (all on by default).

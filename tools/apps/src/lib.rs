@@ -18,6 +18,7 @@
 //! in tests, and on kernel UDP across processes. Binaries: `raft-kv`,
 //! `ordered-kv`, `dispatch-bench`.
 
+pub mod cli;
 pub mod dispatch;
 pub mod env;
 pub mod lincheck;

@@ -88,17 +88,18 @@ struct Cli {
     cmd: Option<Cmd>,
     /// Process id, or the path of an endpoint socket.
     target: Option<String>,
-    /// Print the snapshot as JSON (with --watch: one object per line).
-    #[arg(long)]
+    /// Print the snapshot as JSON (with --watch: one object per line; not
+    /// with --cqe/--wqe, whose dumps are text).
+    #[arg(long, conflicts_with_all = ["cqe", "wqe"])]
     json: bool,
     /// Refresh until interrupted, with rates per second.
     #[arg(long)]
     watch: bool,
-    /// Seconds between refreshes (0.05 to 3600).
-    #[arg(long, default_value_t = 1.0, value_name = "SECS")]
+    /// Seconds between refreshes of --watch (0.05 to 3600).
+    #[arg(long, default_value_t = 1.0, value_name = "SECS", requires = "watch")]
     interval: f64,
     /// Stop --watch after this many snapshots.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", requires = "watch")]
     count: Option<u64>,
     /// Hex-dump and decode CQE N (see --cq).
     #[arg(long, value_name = "N", conflicts_with = "wqe")]
@@ -311,7 +312,15 @@ fn show(cli: Cli) -> Result<(), Fail> {
             Err(e) => return Err(Fail::Run(e.to_string())),
         };
         let text = match descriptor {
-            Some(d) => render_descriptor(&snap, d, cli.queue).map_err(Fail::Run)?,
+            // An index past the ring is bad usage (its message names the
+            // flag first); anything else is what the process published.
+            Some(d) => render_descriptor(&snap, d, cli.queue).map_err(|m| {
+                if m.starts_with("--cqe") || m.starts_with("--wqe") {
+                    Fail::Usage(m)
+                } else {
+                    Fail::Run(m)
+                }
+            })?,
             None if cli.json => json(&snap, !cli.watch),
             None => render(&snap, prev.as_ref(), style),
         };

@@ -37,9 +37,11 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser};
 
 use erpc::{Nexus, Rpc, RpcConfig, SessionEventKind, WorkerDispatch, WorkerIdle};
+use erpc_apps::cli;
 use erpc_apps::dispatch::{self, Arrival, Bimodal, LoadGen, Service};
 use erpc_apps::env::{self, DevWorld, World};
 
@@ -49,48 +51,58 @@ use erpc_apps::env::{self, DevWorld, World};
     about = "Worker dispatch: round robin vs single queue vs ideal M/G/N"
 )]
 struct Cli {
-    /// Worker threads.
-    #[arg(long, default_value_t = 4)]
+    /// Worker threads (1 to 64).
+    #[arg(long, default_value_t = 4, value_parser = cli::count_in::<1, 64>)]
     workers: usize,
-    /// Loads (utilization of the workers), comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "0.5,0.6,0.7,0.8,0.9")]
+    /// Loads (utilization of the workers), comma-separated, each above 0
+    /// and below 1.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0.5,0.6,0.7,0.8,0.9",
+        value_parser = cli::load
+    )]
     loads: Vec<f64>,
     /// Policies: rr, sq1, sq2 (single queue, depth 1 or 2).
-    #[arg(long, value_delimiter = ',', default_value = "rr,sq1,sq2")]
+    #[arg(long, value_delimiter = ',', default_value = "rr,sq1,sq2", value_parser = ["rr", "sq1", "sq2"])]
     policies: Vec<String>,
-    /// Short service time, µs.
-    #[arg(long, default_value_t = 10)]
+    /// Short service time, µs (1 to 10 000 000).
+    #[arg(long, default_value_t = 10, value_parser = cli::int_in::<1, 10_000_000>)]
     short_us: u64,
-    /// Long service time, µs.
-    #[arg(long, default_value_t = 1000)]
+    /// Long service time, µs (1 to 10 000 000).
+    #[arg(long, default_value_t = 1000, value_parser = cli::int_in::<1, 10_000_000>)]
     long_us: u64,
-    /// Long requests per million.
-    #[arg(long, default_value_t = 5_000)]
+    /// Long requests per million (0 to 1 000 000).
+    #[arg(long, default_value_t = 5_000, value_parser = cli::int_in::<0, 1_000_000>)]
     long_ppm: u64,
-    /// Seconds of arrivals per point (device model).
-    #[arg(long, default_value_t = 5.0)]
+    /// Seconds of arrivals per point (device model; above 0, at most
+    /// 86400).
+    #[arg(long, default_value_t = 5.0, value_parser = cli::secs)]
     secs: f64,
-    /// spin or sleep.
-    #[arg(long, default_value = "spin")]
+    /// spin or sleep (device model).
+    #[arg(long, default_value = "spin", value_parser = ["spin", "sleep"])]
     service: String,
     /// dev (device model, wall clock) or sim (simulated network, virtual
     /// time, modelled service times).
-    #[arg(long, default_value = "dev")]
+    #[arg(long, default_value = "dev", value_parser = ["dev", "sim"])]
     transport: String,
-    /// Idle workers park after this many µs (default: they spin).
+    /// Idle workers park after this many µs (default: they spin; device
+    /// model).
     #[arg(long)]
     park_after_us: Option<u64>,
-    /// Seconds of the capacity measurement (device model).
-    #[arg(long, default_value_t = 1.0)]
+    /// Seconds of the capacity measurement (device model; above 0, at most
+    /// 86400).
+    #[arg(long, default_value_t = 1.0, value_parser = cli::secs)]
     capacity_secs: f64,
-    /// Virtual seconds of arrivals per point (simulated network).
-    #[arg(long, default_value_t = 0.2)]
+    /// Virtual seconds of arrivals per point (simulated network; above 0,
+    /// at most 86400).
+    #[arg(long, default_value_t = 0.2, value_parser = cli::secs)]
     sim_secs: f64,
-    /// Virtual time per step of the simulated network, ns.
-    #[arg(long, default_value_t = 100)]
+    /// Virtual time per step of the simulated network, ns (1 to 1 000 000).
+    #[arg(long, default_value_t = 100, value_parser = cli::int_in::<1, 1_000_000>)]
     sim_step_ns: u64,
-    /// Client sessions (8 requests in flight each).
-    #[arg(long, default_value_t = 128)]
+    /// Client sessions, 8 requests in flight each (1 to 255).
+    #[arg(long, default_value_t = 128, value_parser = cli::count_in::<1, 255>)]
     sessions: usize,
     /// Seed of the arrival schedule (the same for every policy at a load).
     #[arg(long, default_value_t = 1)]
@@ -98,6 +110,45 @@ struct Cli {
 }
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// A line on stdout; a closed pipe ends the program quietly.
+macro_rules! out {
+    () => { erpc_apps::out!("dispatch-bench", "") };
+    ($($arg:tt)*) => { erpc_apps::out!("dispatch-bench", $($arg)*) };
+}
+
+/// The options that apply to one transport only, refused with the other
+/// (they would be silently ignored).
+const DEV_ONLY: [&str; 4] = ["secs", "service", "park_after_us", "capacity_secs"];
+const SIM_ONLY: [&str; 2] = ["sim_secs", "sim_step_ns"];
+
+/// The command line: clap's errors, and options of the other transport,
+/// exit 2.
+fn parse() -> Cli {
+    let m = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&m).unwrap_or_else(|e| e.exit());
+    let (theirs, other) = if cli.transport == "sim" {
+        (&DEV_ONLY[..], "dev")
+    } else {
+        (&SIM_ONLY[..], "sim")
+    };
+    if let Some(id) = theirs
+        .iter()
+        .find(|id| m.value_source(id) == Some(ValueSource::CommandLine))
+    {
+        Cli::command()
+            .error(
+                clap::error::ErrorKind::ArgumentConflict,
+                format!(
+                    "--{} applies to --transport {other} only, not {}",
+                    id.replace('_', "-"),
+                    cli.transport
+                ),
+            )
+            .exit();
+    }
+    cli
+}
 
 fn policy(name: &str) -> Res<WorkerDispatch> {
     Ok(match name {
@@ -335,19 +386,13 @@ fn sim_point(cli: &Cli, dispatch_policy: WorkerDispatch, load: f64, n: u64) -> R
 }
 
 fn run(cli: &Cli) -> Res<()> {
-    let service = match cli.service.as_str() {
-        "spin" => Service::Spin,
-        "sleep" => Service::Sleep,
-        s => return Err(format!("--service {s}: spin or sleep").into()),
+    // clap checked the names.
+    let service = if cli.service == "sleep" {
+        Service::Sleep
+    } else {
+        Service::Spin
     };
-    let sim = match cli.transport.as_str() {
-        "dev" => false,
-        "sim" => true,
-        t => return Err(format!("--transport {t}: dev or sim").into()),
-    };
-    if cli.workers == 0 || cli.sessions == 0 || cli.sessions > 255 {
-        return Err("--workers must be at least 1 and --sessions 1 to 255".into());
-    }
+    let sim = cli.transport == "sim";
     let policies: Vec<(String, WorkerDispatch)> = cli
         .policies
         .iter()
@@ -355,7 +400,7 @@ fn run(cli: &Cli) -> Res<()> {
         .collect::<Res<_>>()?;
     let d = dist(cli);
     if sim {
-        println!(
+        out!(
             "dispatch-bench: {} stepped workers, service {} µs ({:.2} %) / {} µs ({:.2} %), mean {:.1} µs \
              (modelled); simulated network, virtual time, step {} ns; {} s of arrivals per point",
             cli.workers,
@@ -367,9 +412,9 @@ fn run(cli: &Cli) -> Res<()> {
             cli.sim_step_ns,
             cli.sim_secs
         );
-        println!("capacity: not measured (the polling thread costs no virtual time)");
+        out!("capacity: not measured (the polling thread costs no virtual time)");
     } else {
-        println!(
+        out!(
             "dispatch-bench: {} workers ({}, idle: {}), service {} µs ({:.2} %) / {} µs ({:.2} %), \
              mean {:.1} µs; device model, dispatch thread and client polled by one thread; \
              {:.0} s of arrivals per point",
@@ -383,7 +428,7 @@ fn run(cli: &Cli) -> Res<()> {
             d.mean_ns() / 1e3,
             cli.secs
         );
-        println!(
+        out!(
             "cores: {} online; needs workers {} + 2 for spinning service",
             std::thread::available_parallelism().map_or(0, |n| n.get()),
             cli.workers
@@ -396,7 +441,7 @@ fn run(cli: &Cli) -> Res<()> {
         w.endpoint();
         w.endpoint();
         cap = capacity(&mut w, cli, service, 0)?;
-        println!(
+        out!(
             "capacity: {:.0} RPCs/s (zero-work background handlers, {} sessions, every slot busy, \
              the same polling thread); points above 80 % ({:.0}/s) are flagged DISPATCH",
             cap,
@@ -405,7 +450,7 @@ fn run(cli: &Cli) -> Res<()> {
         );
         world = Some(w);
     }
-    println!(
+    out!(
         "{:>5} {:<6} {:>9} {:>10} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9} {:>9} {:>7}  jobs per worker",
         "load",
         "policy",
@@ -433,7 +478,7 @@ fn run(cli: &Cli) -> Res<()> {
             } else {
                 ""
             };
-            println!(
+            out!(
                 "{:>5.2} {:<6} {:>9.2} {:>10.0} {:>11.1} {:>11.1} {:>11.1} {:>11.1} {:>11.1} {:>9.2} {:>9.2} {:>7}  {:?}{flag}",
                 load,
                 name,
@@ -462,7 +507,7 @@ fn main() -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let cli = parse();
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 
 use erpc::{Rpc, RpcConfig, SessionEventKind};
+use erpc_apps::cli;
 use erpc_apps::env::{self, DevWorld, World};
 use erpc_apps::orderedkv::{self, Index, LoadConfig, LoadState, ScanMode, ServerState};
 use erpc_apps::orderedkv_typed::{self as typed, ClientCtx};
@@ -33,27 +34,33 @@ use erpc_typed::{Endpoint, EndpointConfig, Service};
     about = "Ordered key-value store over eRPC: scans on workers vs in dispatch"
 )]
 struct Cli {
-    /// Keys in the index.
-    #[arg(long, default_value_t = 1_000_000)]
+    /// Keys in the index (1 to 100 000 000).
+    #[arg(long, default_value_t = 1_000_000, value_parser = cli::int_in::<1, 100_000_000>)]
     keys: u64,
-    /// Seconds measured per round.
-    #[arg(long, default_value_t = 3.0)]
+    /// Seconds measured per round (above 0, at most 86400).
+    #[arg(long, default_value_t = 3.0, value_parser = cli::secs)]
     secs: f64,
-    /// Rounds per mode (alternating).
-    #[arg(long, default_value_t = 2)]
+    /// Rounds per mode, alternating (1 to 1000).
+    #[arg(long, default_value_t = 2, value_parser = cli::count_in::<1, 1000>)]
     rounds: usize,
-    /// Requests in flight.
-    #[arg(long, default_value_t = 8)]
+    /// Requests in flight (1 to 1024).
+    #[arg(long, default_value_t = 8, value_parser = cli::count_in::<1, 1024>)]
     window: usize,
-    /// SCANs per 1000 requests.
-    #[arg(long, default_value_t = 10)]
+    /// SCANs per 1000 requests (0 to 1000).
+    #[arg(long, default_value_t = 10, value_parser = cli::int_in::<0, 1000>)]
     scans_per_mille: u64,
-    /// Worker threads (scans on workers).
-    #[arg(long, default_value_t = 1)]
+    /// Worker threads, scans on workers (1 to 64).
+    #[arg(long, default_value_t = 1, value_parser = cli::count_in::<1, 64>)]
     workers: usize,
 }
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// A line on stdout; a closed pipe ends the program quietly.
+macro_rules! out {
+    () => { erpc_apps::out!("ordered-kv", "") };
+    ($($arg:tt)*) => { erpc_apps::out!("ordered-kv", $($arg)*) };
+}
 
 struct Outcome {
     gets: hdrhistogram::Histogram<u64>,
@@ -228,20 +235,18 @@ fn main() -> ExitCode {
     match run(&cli) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
+        // Bad flags were refused by clap (exit 2); this is a failed run.
         Err(e) => {
             eprintln!("ordered-kv: {e}");
-            ExitCode::from(2)
+            ExitCode::FAILURE
         }
     }
 }
 
 fn run(cli: &Cli) -> Res<bool> {
-    if cli.workers == 0 {
-        return Err("--workers 0: scans on workers need at least one worker thread".into());
-    }
     let t = Instant::now();
     let index = orderedkv::load(cli.keys);
-    println!(
+    out!(
         "ordered-kv: {} keys in a crossbeam skip list (loaded in {:.1} s); {} % GET, {} % \
          SCAN(start, {}); {} in flight; device model, server and client polled by one thread \
          (1 core), {} worker thread(s)",
@@ -274,7 +279,7 @@ fn run(cli: &Cli) -> Res<bool> {
         std::hint::black_box(found);
         (get, scan)
     };
-    println!(
+    out!(
         "index alone (this thread, no eRPC): GET {:.2} µs, SCAN of {} {:.2} µs",
         get_ns / 1e3,
         orderedkv::MAX_SCAN,
@@ -297,9 +302,15 @@ fn run(cli: &Cli) -> Res<bool> {
             }
         }
     }
-    println!(
+    out!(
         "{:<26} {:>9} {:>9} {:>9} {:>10} {:>10} {:>9}",
-        "store, mode", "Mrps", "GET p50", "GET p99", "SCAN p50", "SCAN p99", "GET p99.9"
+        "store, mode",
+        "Mrps",
+        "GET p50",
+        "GET p99",
+        "SCAN p50",
+        "SCAN p99",
+        "GET p99.9"
     );
     let mut ok = true;
     let mut summary = Vec::new();
@@ -332,7 +343,7 @@ fn run(cli: &Cli) -> Res<bool> {
             Api::Raw => "raw",
             Api::Typed => "typed",
         };
-        println!(
+        out!(
             "{:<26} {:>9.3} {:>8.1}µ {:>8.1}µ {:>9.1}µ {:>9.1}µ {:>8.1}µ",
             format!("{store}, {mode}"),
             rate,
@@ -344,19 +355,44 @@ fn run(cli: &Cli) -> Res<bool> {
         );
         summary.push(g);
     }
-    println!(
-        "GET p99 in dispatch / on workers: {:.2}x; GET p50: {:.2}x (every answer checked: {})",
-        summary[1].p99_us / summary[0].p99_us,
-        summary[1].p50_us / summary[0].p50_us,
-        if ok { "all correct" } else { "ERRORS" }
+    // Ratios of nothing (no GET completed: --scans-per-mille 1000, or a
+    // round too short for one) are shown as `-`, not NaN.
+    let x = |a: f64, b: f64| {
+        let r = a / b;
+        if r.is_finite() && b > 0.0 {
+            format!("{r:.2}")
+        } else {
+            "-".into()
+        }
+    };
+    let answers: u64 = results
+        .iter()
+        .map(|(_, _, o)| o.gets.len() + o.scans.len())
+        .sum();
+    if answers == 0 {
+        eprintln!(
+            "ordered-kv: no request completed in {} s per round",
+            cli.secs
+        );
+        ok = false;
+    }
+    out!(
+        "GET p99 in dispatch / on workers: {}x; GET p50: {}x (every answer checked: {})",
+        x(summary[1].p99_us, summary[0].p99_us),
+        x(summary[1].p50_us, summary[0].p50_us),
+        if ok {
+            format!("all {answers} correct")
+        } else {
+            "ERRORS".into()
+        }
     );
-    println!(
-        "typed / raw, scans on workers: rate {:.2}, GET p50 {:.2}x; scans in dispatch: rate {:.2}, \
-         GET p50 {:.2}x",
-        rates[2] / rates[0],
-        summary[2].p50_us / summary[0].p50_us,
-        rates[3] / rates[1],
-        summary[3].p50_us / summary[1].p50_us
+    out!(
+        "typed / raw, scans on workers: rate {}, GET p50 {}x; scans in dispatch: rate {}, \
+         GET p50 {}x",
+        x(rates[2], rates[0]),
+        x(summary[2].p50_us, summary[0].p50_us),
+        x(rates[3], rates[1]),
+        x(summary[3].p50_us, summary[1].p50_us)
     );
     Ok(ok)
 }

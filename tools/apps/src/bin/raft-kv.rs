@@ -26,9 +26,10 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 
 use erpc::Nexus;
+use erpc_apps::cli;
 use erpc_apps::env::{self, DevWorld, SimWorld, World};
 use erpc_apps::raftkv::client::{PingWorkload, PutWorkload, ReadBack};
 use erpc_apps::raftkv::wire::{Key, Value};
@@ -64,19 +65,20 @@ enum Cmd {
 struct BenchArgs {
     /// device-model (software ConnectX NICs, wall clock) or sim (eRPC's
     /// simulated network, virtual time: latencies are simulated).
-    #[arg(long, default_value = "device-model")]
+    #[arg(long, default_value = "device-model", value_parser = ["device-model", "sim"])]
     transport: String,
-    /// Replicas (3 or 5).
-    #[arg(long, default_value_t = 3)]
+    /// Replicas: 3, 5 or 7 (an odd count: an even one survives no more
+    /// failures than the odd count below it).
+    #[arg(long, default_value_t = 3, value_parser = odd_replicas)]
     replicas: usize,
-    /// Keys preloaded.
-    #[arg(long, default_value_t = 1_000_000)]
+    /// Keys preloaded (1 to 100 000 000).
+    #[arg(long, default_value_t = 1_000_000, value_parser = cli::int_in::<1, 100_000_000>)]
     keys: u64,
-    /// PUTs measured, one at a time.
-    #[arg(long, default_value_t = 20_000)]
+    /// PUTs measured, one at a time (1 to 100 000 000).
+    #[arg(long, default_value_t = 20_000, value_parser = cli::int_in::<1, 100_000_000>)]
     ops: u64,
-    /// eRPC round trips measured for the reference.
-    #[arg(long, default_value_t = 5_000)]
+    /// eRPC round trips measured for the reference (1 to 100 000 000).
+    #[arg(long, default_value_t = 5_000, value_parser = cli::int_in::<1, 100_000_000>)]
     pings: u64,
     /// Crash the leader halfway through the measured PUTs.
     #[arg(long)]
@@ -88,8 +90,8 @@ struct BenchArgs {
 
 #[derive(Args, Debug)]
 struct ReplicaArgs {
-    /// Raft id.
-    #[arg(long)]
+    /// Raft id (1 or more; Raft reserves 0).
+    #[arg(long, value_parser = cli::int_in::<1, { u64::MAX }>)]
     id: u64,
     /// This process's address: IPv4:SM-port.
     #[arg(long)]
@@ -97,13 +99,13 @@ struct ReplicaArgs {
     /// A peer replica, ID=IPv4:SM-port (repeat).
     #[arg(long = "peer", value_parser = parse_peer)]
     peers: Vec<PeerAddr>,
-    /// Exit after this long.
-    #[arg(long, default_value_t = 120)]
+    /// Exit after this long, seconds (1 to 86400).
+    #[arg(long, default_value_t = 120, value_parser = cli::int_in::<1, 86_400>)]
     secs: u64,
-    /// Raft tick (elections after 10 to 20 ticks of silence). Processes
-    /// that share cores with busy neighbours need a longer one than the
-    /// 1 ms of the single-thread benchmark.
-    #[arg(long, default_value_t = 10)]
+    /// Raft tick (elections after 10 to 20 ticks of silence), ms (1 to
+    /// 10000). Processes that share cores with busy neighbours need a
+    /// longer one than the 1 ms of the single-thread benchmark.
+    #[arg(long, default_value_t = 10, value_parser = cli::int_in::<1, 10_000>)]
     tick_ms: u64,
 }
 
@@ -115,31 +117,41 @@ struct ClientArgs {
     /// This process's address: IPv4:SM-port.
     #[arg(long)]
     listen: SocketAddrV4,
-    /// A replica, ID=IPv4:SM-port (repeat).
-    #[arg(long = "replica", value_parser = parse_peer)]
+    /// A replica, ID=IPv4:SM-port (repeat; at least one).
+    #[arg(long = "replica", value_parser = parse_peer, required = true)]
     replicas: Vec<PeerAddr>,
-    /// Keys preloaded (then read back with the PUTs).
-    #[arg(long, default_value_t = 20_000)]
+    /// Keys preloaded, then read back with the PUTs (at least --lanes, at
+    /// most 100 000 000).
+    #[arg(long, default_value_t = 20_000, value_parser = cli::int_in::<1, 100_000_000>)]
     keys: u64,
-    /// Random PUTs after the preload.
-    #[arg(long, default_value_t = 4_000)]
+    /// Random PUTs after the preload (0 to 100 000 000).
+    #[arg(long, default_value_t = 4_000, value_parser = cli::int_in::<0, 100_000_000>)]
     ops: u64,
-    /// Operations in flight.
-    #[arg(long, default_value_t = 8)]
+    /// Operations in flight (1 to 1024).
+    #[arg(long, default_value_t = 8, value_parser = cli::count_in::<1, 1024>)]
     lanes: usize,
-    /// Give up after this long.
-    #[arg(long, default_value_t = 100)]
+    /// Give up after this long, seconds (1 to 86400).
+    #[arg(long, default_value_t = 100, value_parser = cli::int_in::<1, 86_400>)]
     secs: u64,
 }
 
 #[derive(Args, Debug)]
 struct NetnsArgs {
-    /// Keys preloaded.
-    #[arg(long, default_value_t = 20_000)]
+    /// Keys preloaded (8 to 100 000 000: at least the client's lanes).
+    #[arg(long, default_value_t = 20_000, value_parser = cli::int_in::<8, 100_000_000>)]
     keys: u64,
-    /// Random PUTs after the preload (the leader dies after a third).
-    #[arg(long, default_value_t = 6_000)]
+    /// Random PUTs after the preload; the leader dies after a third (3 to
+    /// 100 000 000).
+    #[arg(long, default_value_t = 6_000, value_parser = cli::int_in::<3, 100_000_000>)]
     ops: u64,
+}
+
+/// `--replicas`: 3, 5 or 7.
+fn odd_replicas(s: &str) -> Result<usize, String> {
+    match cli::count_in::<3, 7>(s) {
+        Ok(n) if n % 2 == 1 => Ok(n),
+        _ => Err("must be 3, 5 or 7 (an odd count)".into()),
+    }
 }
 
 fn parse_peer(s: &str) -> Result<PeerAddr, String> {
@@ -159,6 +171,12 @@ fn parse_peer(s: &str) -> Result<PeerAddr, String> {
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
+/// A line on stdout; a closed pipe ends the program quietly.
+macro_rules! out {
+    () => { erpc_apps::out!("raft-kv", "") };
+    ($($arg:tt)*) => { erpc_apps::out!("raft-kv", $($arg)*) };
+}
+
 fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::builder()
         .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
@@ -168,6 +186,20 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    if let Some(Cmd::Client(a)) = &cli.cmd
+        && a.keys < a.lanes as u64
+    {
+        // Each lane writes its own share of the keys.
+        Cli::command()
+            .error(
+                clap::error::ErrorKind::ArgumentConflict,
+                format!(
+                    "--keys {} is below --lanes {}: each lane needs a key of its own",
+                    a.keys, a.lanes
+                ),
+            )
+            .exit();
+    }
     let r = match cli.cmd {
         None => bench(&cli.bench),
         Some(Cmd::Bench(a)) => bench(&a),
@@ -178,20 +210,18 @@ fn main() -> ExitCode {
     match r {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
+        // Bad flags were refused by clap (exit 2); this is a failed run.
         Err(e) => {
             eprintln!("raft-kv: {e}");
-            ExitCode::from(2)
+            ExitCode::FAILURE
         }
     }
 }
 
 fn bench(a: &BenchArgs) -> Res<bool> {
-    if !(3..=7).contains(&a.replicas) {
-        return Err(format!("--replicas {}: 3 to 7", a.replicas).into());
-    }
     match a.transport.as_str() {
         "device-model" => {
-            println!(
+            out!(
                 "raft-kv: {} replicas + 1 client on the device model, all in one thread (1 core), \
                  wall clock; SM over kernel UDP on 127.0.0.1",
                 a.replicas
@@ -199,7 +229,7 @@ fn bench(a: &BenchArgs) -> Res<bool> {
             run_bench(DevWorld::threaded(a.seed, env::region(96)), a, 500)
         }
         "sim" => {
-            println!(
+            out!(
                 "raft-kv: {} replicas + 1 client on eRPC's simulated network (virtual time: \
                  latencies are simulated, not measured)",
                 a.replicas
@@ -242,7 +272,7 @@ fn run_bench<W: World>(world: W, a: &BenchArgs, failure_ms: u64) -> Res<bool> {
     let mut c = Cluster::new(world, a.replicas, failure_ms, ReplicaConfig::new)?;
     run(&mut c, "election", 30, |c| c.leader().is_some())?;
     let leader = c.leader().expect("elected");
-    println!("leader: replica {}", leader + 1);
+    out!("leader: replica {}", leader + 1);
 
     // Preload with 32 operations in flight.
     let t0 = Instant::now();
@@ -260,7 +290,7 @@ fn run_bench<W: World>(world: W, a: &BenchArgs, failure_ms: u64) -> Res<bool> {
     } else {
         t0.elapsed().as_secs_f64()
     };
-    println!(
+    out!(
         "preloaded {} keys in {:.1} s ({:.0} PUTs/s with 32 in flight)",
         a.keys,
         secs,
@@ -287,23 +317,23 @@ fn run_bench<W: World>(world: W, a: &BenchArgs, failure_ms: u64) -> Res<bool> {
             c.clients[m].state.stats.puts >= half
         })?;
         let l = c.leader().ok_or("no leader")?;
-        println!("crashing the leader, replica {}", l + 1);
+        out!("crashing the leader, replica {}", l + 1);
         killed_at = Some((c.world.now_ns(), l));
         c.crash(l);
     }
     run(&mut c, "PUTs", 3_600, |c| c.clients_idle())?;
     let cs = &c.clients[m].state.stats;
     let put = Percentiles::of(&cs.put_latency);
-    println!();
-    println!("eRPC round trip client → leader (reference): {ping}");
-    println!("PUT latency (client → leader → majority commit → client): {put}");
-    println!(
+    out!();
+    out!("eRPC round trip client → leader (reference): {ping}");
+    out!("PUT latency (client → leader → majority commit → client): {put}");
+    out!(
         "  = {:.2}x the eRPC round trip at the median (the paper: 5.5 µs PUTs on real \
          ConnectX-4 hardware with 2.3 µs round trips, 2.4x)",
         put.p50_us / ping.p50_us
     );
     if let Some((t, l)) = killed_at {
-        println!(
+        out!(
             "leader replica {} crashed at t = {:.3} s; the slowest PUT (the failover) took {:.1} ms; \
              client: {:?}",
             l + 1,
@@ -315,16 +345,16 @@ fn run_bench<W: World>(world: W, a: &BenchArgs, failure_ms: u64) -> Res<bool> {
     let ops = cs.puts;
     if let Some(l) = c.leader() {
         let s = &c.replicas[l].as_ref().expect("leader alive").state.stats;
-        println!(
+        out!(
             "leader commit latency (PUT arrival → applied on the leader): {}",
             Percentiles::of(&s.commit_latency)
         );
     }
-    println!(
+    out!(
         "CPU per PUT, by replica (µs; one thread runs everything, so the PUT latency is the sum \
          of all work on its path plus idle polling):"
     );
-    println!("  replica   raft-rs   protobuf   log   state machine");
+    out!("  replica   raft-rs   protobuf   log   state machine");
     let mut total = [0u64; 4];
     for (i, r) in c.replicas.iter().enumerate() {
         let Some(r) = r else { continue };
@@ -333,7 +363,7 @@ fn run_bench<W: World>(world: W, a: &BenchArgs, failure_ms: u64) -> Res<bool> {
         for k in 0..4 {
             total[k] += v[k];
         }
-        println!(
+        out!(
             "  {:>7} {:>9.2} {:>10.2} {:>5.2} {:>15.2}{}",
             i + 1,
             per_op(v[0], ops),
@@ -349,7 +379,7 @@ fn run_bench<W: World>(world: W, a: &BenchArgs, failure_ms: u64) -> Res<bool> {
     }
     let app: u64 = total.iter().sum();
     let mean_put = cs.put_latency.mean() / 1_000.0;
-    println!(
+    out!(
         "  mean PUT {:.2} µs = raft-rs {:.2} + protobuf {:.2} + log {:.2} + state machine {:.2} \
          + eRPC, device model and polling {:.2}",
         mean_put,
@@ -385,7 +415,7 @@ fn run_bench<W: World>(world: W, a: &BenchArgs, failure_ms: u64) -> Res<bool> {
         .workload_as::<ReadBack>()
         .expect("read-back");
     let ok = rb.mismatches == 0 && rb.matched == expected.len() as u64;
-    println!(
+    out!(
         "read back {} acknowledged keys: {} match, {} wrong, {} missing{}",
         expected.len(),
         rb.matched,
@@ -435,7 +465,7 @@ fn replica(a: &ReplicaArgs) -> Res<bool> {
             out.flush()?;
         }
     }
-    println!("replica {} exiting: {:?}", a.id, r.state.stats);
+    out!("replica {} exiting: {:?}", a.id, r.state.stats);
     Ok(true)
 }
 
@@ -465,7 +495,7 @@ fn client(a: &ClientArgs) -> Res<bool> {
             std::thread::yield_now();
             if c.state.stats.puts / 500 != last {
                 last = c.state.stats.puts / 500;
-                println!("PUTS {}", c.state.stats.puts);
+                out!("PUTS {}", c.state.stats.puts);
             }
             if t0.elapsed() > deadline {
                 return Err(format!("{what}: not done after {} s: {:?}", a.secs, c.state).into());
@@ -500,8 +530,8 @@ fn client(a: &ClientArgs) -> Res<bool> {
     poll_until(&mut c, "read-back")?;
     let rb = c.state.workload_as::<ReadBack>().expect("read-back");
     let ok = rb.mismatches == 0 && rb.matched == expected.len() as u64;
-    println!("client: {stats}");
-    println!(
+    out!("client: {stats}");
+    out!(
         "RAFT-KV-CLIENT {} acked {} matched {} wrong {} missing {}",
         if ok { "OK" } else { "LOST" },
         expected.len(),
@@ -611,10 +641,11 @@ fn netns_failover(a: &NetnsArgs) -> Res<bool> {
         (3, 1, SocketAddrV4::new(ipb, 31850)),
     ];
     let client_addr = SocketAddrV4::new(ipb, 31851);
-    println!(
+    out!(
         "netns-failover: replicas 1, 2 in {} ({ipa}), replica 3 and the client in {} ({ipb}), \
          eRPC over kernel UDP",
-        ns.names[0], ns.names[1]
+        ns.names[0],
+        ns.names[1]
     );
     let mut replicas: Vec<Option<Proc>> = Vec::new();
     for &(id, n, addr) in &addrs {
@@ -661,7 +692,7 @@ fn netns_failover(a: &NetnsArgs) -> Res<bool> {
         if let Some(status) = client.child.try_wait()? {
             let lines = client.lines();
             for l in &lines {
-                println!("  client: {l}");
+                out!("  client: {l}");
             }
             let Some(killed) = killed else {
                 return Err(
@@ -679,7 +710,7 @@ fn netns_failover(a: &NetnsArgs) -> Res<bool> {
                         .find_map(|l| l.strip_prefix("LEADER ").map(str::to_owned))
                 })
                 .next_back();
-            println!(
+            out!(
                 "killed the leader (replica {killed}); new leader: {}; {}",
                 new_leader.unwrap_or_else(|| "?".into()),
                 if ok {
@@ -718,9 +749,10 @@ fn netns_failover(a: &NetnsArgs) -> Res<bool> {
                     return Err("no replica announced leadership".into());
                 };
                 let p = replicas[i].take().expect("alive");
-                println!(
+                out!(
                     "{} PUTs acknowledged: killing {} (the leader)",
-                    puts, p.name
+                    puts,
+                    p.name
                 );
                 killed = Some(i + 1);
                 drop(p); // SIGKILL
