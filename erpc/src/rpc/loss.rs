@@ -248,7 +248,30 @@ impl<T: Transport, C> Rpc<T, C> {
         s.retransmits += 1;
         self.stats.retransmissions += 1;
         self.stats.retransmitted_pkts += u64::from(delta);
+        if self.stats.retransmissions.is_power_of_two() {
+            self.log_retransmission(sn, i, delta);
+        }
         self.kick(sn, i as u8);
+    }
+
+    /// A retransmission, at debug level: the 1st, 2nd, 4th, 8th, ... of
+    /// the Rpc (a rate limit that costs one test per retransmission).
+    #[cold]
+    #[inline(never)]
+    fn log_retransmission(&self, sn: u16, i: usize, pkts: u32) {
+        let Some(s) = self.session(sn) else { return };
+        let total = self.stats.retransmissions;
+        tracing::debug!(
+            rpc = self.rpc_id(),
+            session = sn,
+            slot = i,
+            peer = %s.remote_uri,
+            pkts,
+            total,
+            "retransmission {total} of this Rpc (logged at powers of two): session {sn} to {}, \
+             slot {i}, {pkts} packet(s) rolled back after the timeout",
+            s.remote_uri
+        );
     }
 
     /// A request of client session `sn` got no answer for the stall
@@ -262,6 +285,7 @@ impl<T: Transport, C> Rpc<T, C> {
     fn stall_session(&mut self, sn: u16) {
         tracing::info!(
             session = sn,
+            peer = %self.session(sn).map_or_else(String::new, |s| s.remote_uri.to_string()),
             "a request got no answer for the stall bound; failing its session"
         );
         self.stats.sessions_stalled += 1;
