@@ -333,26 +333,12 @@ impl RpcStats {
         self.total_drops() - self.drops(DropReason::SmStale) - self.drops(DropReason::SmUnexpected)
     }
 
-    /// Counts a drop; the 1st, 2nd, 4th, 8th, ... of each reason is
-    /// logged at debug level (one test per drop, no formatting).
+    /// Counts a drop (the loss scan logs them, rate-limited, at debug
+    /// level: `rpc/loss.rs`, `log_drops`).
     #[inline]
     pub(crate) fn drop(&mut self, r: DropReason) {
-        let n = &mut self.drops[r];
-        *n += 1;
-        if n.is_power_of_two() {
-            log_drop(r, *n);
-        }
+        self.drops[r] += 1;
     }
-}
-
-#[cold]
-#[inline(never)]
-fn log_drop(r: DropReason, n: u64) {
-    tracing::debug!(
-        reason = ?r,
-        total = n,
-        "eRPC dropped a packet: {r:?} ({n} of this reason at this Rpc; logged at powers of two)"
-    );
 }
 
 impl fmt::Display for RpcStats {

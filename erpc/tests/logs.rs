@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use common::app::{self, ECHO, Op};
 use common::scenarios::{N, connect, nodes_with};
-use common::{SimWorld, run_until, with_seeds};
+use common::{SimWorld, World, run_until, with_seeds};
 use erpc::RpcConfig;
+use erpc::pkthdr::{PktHdr, PktType};
 
 const FILE: &str = "logs";
 
@@ -25,6 +26,32 @@ fn two(seed: u64) -> (W, Vec<N<W>>) {
     let mut w = W::new(seed);
     let ns = nodes_with(&mut w, 2, seed, RpcConfig::default());
     (w, ns)
+}
+
+/// A request packet for session `session` (none exists: dropped).
+fn stray(session: u16) -> Vec<u8> {
+    let h = PktHdr {
+        req_type: ECHO,
+        msg_size: 10,
+        dest_session_num: session,
+        pkt_type: PktType::Req,
+        pkt_num: 0,
+        req_num: 8,
+    };
+    let mut b = vec![0u8; transport::ERPC_HDR_BYTES + 10];
+    h.write_to(&mut b).expect("fields in range");
+    b
+}
+
+/// Runs 20 ms of virtual time (several loss scans).
+fn idle(w: &mut W, ns: &mut [N<W>]) {
+    let until = w.now_ns() + 20_000_000;
+    while w.now_ns() < until {
+        w.step();
+        for n in ns.iter_mut() {
+            n.poll();
+        }
+    }
 }
 
 fn issue(ns: &mut [N<W>], c: usize, ops: Vec<Op>) {
@@ -103,6 +130,15 @@ fn session_events_and_retransmissions_are_logged_at_debug_with_the_peer() {
                     ns[0].rpc.num_sessions() == 0
                 });
                 let _ = b;
+                // Drops, logged from the loss scan when a reason's count
+                // passes a power of two: 3 (logged), 8 (logged), 9 (not).
+                for n in [3, 5, 1] {
+                    for _ in 0..n {
+                        w.net.inject_payload(1, &stray(999));
+                    }
+                    idle(&mut w, &mut ns);
+                }
+                assert_eq!(ns[1].rpc.stats().drops(erpc::DropReason::UnknownSession), 9);
             }
             let lines = cap.lines();
             let all = lines.join("\n");
@@ -120,7 +156,18 @@ fn session_events_and_retransmissions_are_logged_at_debug_with_the_peer() {
             assert_eq!(with("retransmission 1 of this Rpc", &srv), 1, "{all}");
             // Server: its sessions' ends, with the client's URI.
             assert_eq!(with(": connected ", &cli), 2, "{all}");
-            assert_eq!(with("disconnected by its client", &cli), 1, "{all}");
+            // Both: the reset and the one-sided failure verdict each tell the
+            // server (a disconnect request).
+            assert_eq!(with("disconnected by its client", &cli), 2, "{all}");
+            let drops: Vec<&String> = lines
+                .iter()
+                .filter(|l| l.contains("eRPC dropped packets: UnknownSession"))
+                .collect();
+            assert_eq!(drops.len(), 2, "{all}");
+            assert!(
+                drops[0].contains("total=3") && drops[1].contains("total=8"),
+                "{drops:?}"
+            );
             assert!(
                 lines.iter().all(|l| !l.contains('\x1b')),
                 "colours in a capture: {all}"

@@ -71,6 +71,10 @@ impl<T: Transport, C> Rpc<T, C> {
         }
         self.next_loss_scan_ns = self.now_ns + self.loss_scan_ns;
         self.pkt_loss_scan();
+        // Drops, rate-limited, at debug level: nothing per packet.
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            self.log_drops();
+        }
         self.sweep_quiet_state();
         // The SM timers (request retries, connect timeouts, expiry of
         // abandoned connects) count in units of 100 ms: checking them at
@@ -252,6 +256,29 @@ impl<T: Transport, C> Rpc<T, C> {
             self.log_retransmission(sn, i, delta);
         }
         self.kick(sn, i as u8);
+    }
+
+    /// Drops since the last scan, at debug level: a reason is logged when
+    /// its count passed a power of two since it was last logged (1, 2, 4,
+    /// 8, ...), so a steady drop rate logs fewer and fewer lines.
+    #[cold]
+    #[inline(never)]
+    fn log_drops(&mut self) {
+        let rpc = self.rpc_id();
+        for r in crate::stats::DropReason::ALL {
+            let n = self.stats.drops(r);
+            let logged = &mut self.drops_logged.0[r as usize];
+            if n > *logged && (*logged == 0 || n.ilog2() > logged.ilog2()) {
+                tracing::debug!(
+                    rpc,
+                    reason = ?r,
+                    total = n,
+                    "eRPC dropped packets: {r:?}, {n} at this Rpc so far (logged when the count \
+                     passes a power of two)"
+                );
+                *logged = n;
+            }
+        }
     }
 
     /// A retransmission, at debug level: the 1st, 2nd, 4th, 8th, ... of

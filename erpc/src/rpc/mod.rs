@@ -866,6 +866,8 @@ pub struct Rpc<T: Transport, C> {
     /// When the loss scan runs next (a scan interval after the last one:
     /// a deadline is one compare per iteration).
     next_loss_scan_ns: u64,
+    /// The drop counts last logged (`rpc/loss.rs`, `log_drops`).
+    drops_logged: crate::stats::DropCounts,
     rto_ns: u64,
     loss_scan_ns: u64,
     /// The last loss scan was put off because the event loop had not run
@@ -1065,6 +1067,7 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             last_idle_walk_ns: 0,
             unserved: VecDeque::new(),
             next_loss_scan_ns: now_ns + config.pkt_loss_scan_us * 1000,
+            drops_logged: Default::default(),
             rto_ns: config.rto_us * 1000,
             loss_scan_ns: config.pkt_loss_scan_us * 1000,
             loss_scan_deferred: false,
