@@ -21,12 +21,13 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
+pub use debug_endpoint::remove_socket_on_termination;
 use debug_endpoint::{PublishInfo, Publisher, Query, Registration, Slot, Source};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use transport::{RoutingInfo, Transport, TransportStats};
 
-use crate::nexus::{LivenessStats, SmRouter, SmRouterStats, Uri};
+use crate::nexus::{LivenessStats, PeerLiveness, SmRouter, SmRouterStats, Uri};
 use crate::rpc::{Rpc, SessionInfo, SessionNum};
 use crate::stats::{DropReason, RpcStats};
 
@@ -300,9 +301,14 @@ pub struct SessionView {
     pub req_nums: Vec<u64>,
     /// Client: go-back-N rollbacks.
     pub retransmits: u64,
-    /// Per slot: client `tx/rx` packet counts of the request in flight
-    /// (`-` when idle); server: the slot's state.
-    pub slots: Vec<String>,
+    /// Every slot (see [`SlotView`]).
+    pub slots: Vec<SlotView>,
+    /// Milliseconds since the session last made progress: the newest of
+    /// its slots' progress clocks (a packet received for a request; at a
+    /// client also a request enqueued). For a session whose requests are
+    /// stuck, the time since the last packet from the peer (`null`:
+    /// none yet). See [`crate::SessionInfo::quiet_ns`].
+    pub quiet_ms: Option<f64>,
     /// Client: the last RTT sample in µs, from a packet's TX timestamp
     /// to its acknowledgement (`null` at a server, with congestion control
     /// off, or before the first acknowledgement).
@@ -313,6 +319,29 @@ pub struct SessionView {
     /// `cc.link_gbps` while the session is not rate limited (`null` at a
     /// server or with congestion control off).
     pub timely_rate_gbps: Option<f64>,
+}
+
+/// One slot of a session ([`crate::SlotInfo`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SlotView {
+    /// The slot's index (0 to 7).
+    pub slot: usize,
+    /// Request number of its current (or last) request.
+    pub req_num: u64,
+    /// Client: `idle`, `in_flight`, `waiting`; server: `idle`,
+    /// `receiving`, `in_handler`, `deferred`, `background`, `responded`,
+    /// `failed`.
+    pub state: String,
+    /// Client: request packets and RFRs sent for the request (`null` when
+    /// idle and at a server).
+    pub tx_pkts: Option<u32>,
+    /// Client: credit returns and response packets received; server:
+    /// request packets received in order (`null` when idle).
+    pub rx_pkts: Option<u32>,
+    /// A busy slot: milliseconds since it last made progress (its
+    /// request's enqueue or last packet in; at a server, how long its
+    /// handler has had the request). `null` when not busy.
+    pub waited_ms: Option<f64>,
 }
 
 /// An Rpc's congestion control: settings and timing-wheel counters
@@ -392,8 +421,8 @@ pub struct SmView {
     pub queue_full: u64,
 }
 
-/// Keep-alive counters ([`LivenessStats`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// Keep-alive counters ([`LivenessStats`]) and peers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LivenessView {
     /// Pings sent.
     pub pings_sent: u64,
@@ -411,6 +440,30 @@ pub struct LivenessView {
     pub failed_injected: u64,
     /// Remote Nexuses tracked now.
     pub tracked: u64,
+    /// Each of them.
+    pub peers: Vec<PeerView>,
+}
+
+/// A remote Nexus the keep-alive tracks ([`crate::nexus::PeerLiveness`]),
+/// as of the snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerView {
+    /// Its URI.
+    pub uri: String,
+    /// Its incarnation.
+    pub incarnation: u64,
+    /// Milliseconds since its last ping response arrived (`null`: none yet).
+    pub last_pong_ago_ms: Option<u64>,
+    /// Milliseconds since it was last proven alive (the send time of the
+    /// newest ping it answered, or when tracking began); past the failure
+    /// timeout it is declared failed.
+    pub alive_ago_ms: u64,
+    /// Milliseconds since the last ping sent to it (`null`: none yet).
+    pub last_ping_ago_ms: Option<u64>,
+    /// Pings not answered yet (the last 12 at most).
+    pub pings_outstanding: usize,
+    /// Its Rpcs this Nexus has live sessions with.
+    pub rpcs: Vec<u8>,
 }
 
 /// One Nexus in a snapshot (`nexuses[i]`).
@@ -445,7 +498,8 @@ fn sm_view(s: SmRouterStats) -> SmView {
     }
 }
 
-fn liveness_view(s: LivenessStats) -> LivenessView {
+fn liveness_view(s: LivenessStats, peers: Vec<PeerLiveness>) -> LivenessView {
+    let ms = |ns: u64| ns / 1_000_000;
     LivenessView {
         pings_sent: s.pings_sent,
         pings_answered: s.pings_answered,
@@ -455,6 +509,18 @@ fn liveness_view(s: LivenessStats) -> LivenessView {
         failed_rpc_gone: s.failed_rpc_gone,
         failed_injected: s.failed_injected,
         tracked: s.tracked,
+        peers: peers
+            .into_iter()
+            .map(|p| PeerView {
+                uri: p.uri.to_string(),
+                incarnation: p.incarnation,
+                last_pong_ago_ms: p.last_pong_ago_ns.map(ms),
+                alive_ago_ms: ms(p.alive_ago_ns),
+                last_ping_ago_ms: p.last_ping_ago_ns.map(ms),
+                pings_outstanding: p.pings_outstanding,
+                rpcs: p.rpcs,
+            })
+            .collect(),
     }
 }
 
@@ -519,7 +585,20 @@ impl RpcRaw {
                     backlog: s.backlog,
                     req_nums: s.req_nums.to_vec(),
                     retransmits: s.retransmits,
-                    slots: s.slots.clone(),
+                    slots: s
+                        .slots
+                        .iter()
+                        .enumerate()
+                        .map(|(i, sl)| SlotView {
+                            slot: i,
+                            req_num: sl.req_num,
+                            state: sl.state.to_string(),
+                            tx_pkts: sl.tx_pkts,
+                            rx_pkts: sl.rx_pkts,
+                            waited_ms: sl.waited_ns.map(|ns| ns as f64 / 1e6),
+                        })
+                        .collect(),
+                    quiet_ms: s.quiet_ns.map(|ns| ns as f64 / 1e6),
                     rtt_us: s.rtt_us,
                     timely_rate_gbps: s.timely_gbps,
                 })
@@ -589,7 +668,7 @@ impl Source for NexusSource {
             failure_timeout_ms: self.failure_timeout_ms,
             worker_threads: self.worker_threads,
             sm: sm_view(self.router.stats()),
-            liveness: liveness_view(self.router.liveness_stats()),
+            liveness: liveness_view(self.router.liveness_stats(), self.router.liveness_peers()),
             rpcs,
         };
         serde_json::to_value(v).unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }))

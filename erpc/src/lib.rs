@@ -276,7 +276,7 @@ pub use nexus::{
 pub use rpc::{
     ActivePools, Completion, Continuation, CreateError, EnqueueError, EnqueueErrorKind, ReqHandle,
     ReqHandler, Request, RespondError, Rpc, RpcConfig, RpcError, ServerError, SessionError,
-    SessionEvent, SessionEventKind, SessionHandler, SessionInfo, SessionNum,
+    SessionEvent, SessionEventKind, SessionHandler, SessionInfo, SessionNum, SlotInfo,
 };
 pub use session::SessionState;
 pub use sm_types::{SmErr, TransportType};

@@ -155,6 +155,21 @@ pub(crate) enum SrvState {
     Failed,
 }
 
+impl SrvState {
+    /// The state's name as the debug endpoint shows it.
+    pub fn name(self) -> &'static str {
+        match self {
+            SrvState::Idle => "idle",
+            SrvState::Receiving => "receiving",
+            SrvState::InHandler => "in_handler",
+            SrvState::Deferred => "deferred",
+            SrvState::Background => "background",
+            SrvState::Responded => "responded",
+            SrvState::Failed => "failed",
+        }
+    }
+}
+
 /// Server half of a slot.
 pub(crate) struct ServerInfo {
     pub state: SrvState,

@@ -339,6 +339,8 @@ impl RpcStats {
         self.total_drops() - self.drops(DropReason::SmStale) - self.drops(DropReason::SmUnexpected)
     }
 
+    /// Counts a drop (the loss scan logs them, rate-limited, at debug
+    /// level: `rpc/loss.rs`, `log_drops`).
     #[inline]
     pub(crate) fn drop(&mut self, r: DropReason) {
         self.drops[r] += 1;

@@ -616,3 +616,67 @@ fn destroying_a_session_to_a_cpp_server_mid_request_disconnects_once_its_slots_f
         },
     );
 }
+
+#[test]
+fn a_held_request_shows_how_long_each_end_has_waited() {
+    with_seeds(
+        "a_held_request_shows_how_long_each_end_has_waited",
+        FILE,
+        &[21],
+        |seed| {
+            let (mut w, mut ns) = two(seed);
+            connect(&mut w, &mut ns, 0, 1, 1);
+            let sn = ns[0].ctx.sessions[0];
+            issue(&mut w, &mut ns, 0, ops(DEFER, 1, 100));
+            run_until(&mut w, &mut ns, 100_000, "held", |ns| {
+                ns[1].ctx.deferred.len() == 1
+            });
+            // 50 ms of virtual time with the server's handler holding the
+            // request (its client's retransmissions get "in progress"
+            // answers, so nothing fails).
+            let held_at = w.now_ns();
+            while w.now_ns() < held_at + 50 * MS {
+                w.step();
+                for n in ns.iter_mut() {
+                    n.poll();
+                }
+            }
+            let c = ns[0].rpc.session_info(sn).unwrap();
+            let busy: Vec<_> = c.slots.iter().filter(|s| s.waited_ns.is_some()).collect();
+            assert_eq!(busy.len(), 1, "{:?}", c.slots);
+            assert!(
+                busy[0].state == "in_flight" || busy[0].state == "waiting",
+                "{:?}",
+                busy[0]
+            );
+            assert!(busy[0].tx_pkts.is_some() && busy[0].rx_pkts.is_some());
+            assert!(c.quiet_ns.is_some());
+            let idle = c.slots.iter().filter(|s| s.state == "idle").count();
+            assert_eq!(idle, 7, "{:?}", c.slots);
+            let srv_sn = ns[1].rpc.session_nums()[0];
+            let s = ns[1].rpc.session_info(srv_sn).unwrap();
+            let held: Vec<_> = s.slots.iter().filter(|s| s.waited_ns.is_some()).collect();
+            assert_eq!(held.len(), 1, "{:?}", s.slots);
+            assert_eq!(held[0].state, "deferred");
+            // The handler has had it since before `held_at`.
+            let waited = held[0].waited_ns.unwrap();
+            assert!(waited >= 50 * MS, "server slot waited {waited} ns");
+            assert!(waited <= w.now_ns(), "{waited}");
+            // Once answered, no slot waits.
+            let r = {
+                let n = &mut ns[1];
+                app::respond_deferred(&mut n.rpc, &mut n.ctx)
+            };
+            assert!(r.iter().all(Result::is_ok));
+            run_until(&mut w, &mut ns, 100_000, "done", |ns| {
+                ns[0].ctx.completed == 1
+            });
+            let c = ns[0].rpc.session_info(sn).unwrap();
+            assert!(
+                c.slots.iter().all(|s| s.waited_ns.is_none()),
+                "{:?}",
+                c.slots
+            );
+        },
+    );
+}

@@ -56,6 +56,17 @@ impl HugepageInfo {
     }
 }
 
+/// Memory this process has locked, bytes (`VmLck` of `/proc/self/status`).
+pub fn locked_bytes() -> Option<u64> {
+    parse_vm_lck(&fs::read_to_string("/proc/self/status").ok()?)
+}
+
+fn parse_vm_lck(status: &str) -> Option<u64> {
+    let kib = status.lines().find_map(|l| l.strip_prefix("VmLck:"))?;
+    let kib = kib.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()?;
+    Some(kib * 1024)
+}
+
 /// The shell command that grows the 2 MiB hugepage pool so that `needed`
 /// more pages can be had, given the current counters.
 pub fn reserve_command(info: &HugepageInfo, needed: u64) -> String {
@@ -66,6 +77,15 @@ pub fn reserve_command(info: &HugepageInfo, needed: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vm_lck_is_read_in_bytes() {
+        assert_eq!(
+            parse_vm_lck("VmPeak:\t  100 kB\nVmLck:\t    8192 kB\n"),
+            Some(8 << 20)
+        );
+        assert_eq!(parse_vm_lck("VmPeak: 1 kB\n"), None);
+    }
 
     const SAMPLE: &str = "MemTotal:       24576000 kB\n\
         AnonHugePages:         0 kB\n\

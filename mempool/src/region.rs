@@ -4,10 +4,11 @@
 use std::io;
 use std::ptr::NonNull;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::dma::{DmaError, DmaMapper, DmaMapping};
 use crate::meminfo::{self, HugepageInfo};
-use crate::sys::{HUGE_2M, Mapping, PageSize};
+use crate::sys::{HUGE_2M, MapFailure, Mapping, PageSize};
 
 /// What to do when hugepages cannot be had.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -77,6 +78,33 @@ pub enum RegionError {
         #[source]
         source: io::Error,
     },
+    /// `mlock` refused: the process may not lock that much memory (its
+    /// locked-memory limit, `RLIMIT_MEMLOCK`, and no `CAP_IPC_LOCK`).
+    /// More hugepages would not help; the message says how to raise the
+    /// limit.
+    #[error(
+        "cannot lock {bytes} bytes of {page_kib} KiB pages in memory: the locked-memory limit \
+         (RLIMIT_MEMLOCK, `ulimit -l`) is {}{}; this is not a shortage of hugepages. Raise the \
+         limit: `ulimit -l unlimited` in the shell that starts the program (as root, or up to \
+         the hard limit), a `memlock` line in /etc/security/limits.conf (e.g. `USER - memlock \
+         unlimited`, then log in again), `LimitMEMLOCK=infinity` for a systemd service, or give \
+         the program CAP_IPC_LOCK (`sudo setcap cap_ipc_lock+ep PROGRAM`) ({source})",
+        limit_text(*.limit_bytes),
+        locked_text(*.locked_bytes)
+    )]
+    LockedMemoryLimit {
+        /// Bytes requested.
+        bytes: usize,
+        /// Page size tried, in KiB.
+        page_kib: usize,
+        /// The soft limit, bytes (`None`: unlimited or unknown).
+        limit_bytes: Option<u64>,
+        /// Memory this process had locked already, bytes (`VmLck`), if known.
+        locked_bytes: Option<u64>,
+        /// The OS error (`ENOMEM`, or `EPERM` with a limit of 0).
+        #[source]
+        source: io::Error,
+    },
     /// A zero or unaligned size.
     #[error("region size {bytes} is not a non-zero multiple of the {page_kib} KiB page size")]
     BadSize {
@@ -128,24 +156,23 @@ impl HugepageRegion {
                 fallback: false,
                 dma: None,
             }),
-            Err(err) if page != PageSize::Small4K && is_out_of_hugepages(&err) => {
+            // The locked-memory limit: 4 KiB pages would be refused too.
+            Err(MapFailure::Lock(source)) => Err(lock_error(bytes, page, source)),
+            Err(MapFailure::Map(err)) if page != PageSize::Small4K && is_out_of_hugepages(&err) => {
                 let info = HugepageInfo::read().unwrap_or_default();
                 let needed = (bytes / page.bytes()) as u64;
                 if opts.fallback == Fallback::SmallPages {
-                    tracing::warn!(
-                        bytes,
-                        needed,
-                        available = info.available(),
-                        "hugepages unavailable; falling back to 4 KiB pages as requested \
-                         (slower IOMMU translation, visible in region stats)"
-                    );
+                    note_fallback(&FALLBACK_NOTED, bytes, needed, info.available());
                     let mapping =
-                        Mapping::new(bytes, PageSize::Small4K, HUGE_2M).map_err(|source| {
-                            RegionError::Map {
+                        Mapping::new(bytes, PageSize::Small4K, HUGE_2M).map_err(|f| match f {
+                            MapFailure::Lock(source) => {
+                                lock_error(bytes, PageSize::Small4K, source)
+                            }
+                            MapFailure::Map(source) => RegionError::Map {
                                 bytes,
                                 page_kib: 4,
                                 source,
-                            }
+                            },
                         })?;
                     return Ok(HugepageRegion {
                         mapping,
@@ -156,7 +183,7 @@ impl HugepageRegion {
                 }
                 Err(unavailable(bytes, page, needed, &info))
             }
-            Err(source) => Err(RegionError::Map {
+            Err(MapFailure::Map(source)) => Err(RegionError::Map {
                 bytes,
                 page_kib,
                 source,
@@ -242,6 +269,66 @@ impl Drop for HugepageRegion {
     }
 }
 
+/// Whether this process has said it falls back to 4 KiB pages: a process
+/// reserves many regions (one per Rpc, per device, per allocator growth),
+/// and the note says the same each time.
+static FALLBACK_NOTED: AtomicBool = AtomicBool::new(false);
+
+/// The fallback note: a warning the first time `noted` is set (once per
+/// process with [`FALLBACK_NOTED`]), a debug event after that.
+fn note_fallback(noted: &AtomicBool, bytes: usize, needed: u64, available: u64) {
+    if !noted.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            bytes,
+            needed,
+            available,
+            "hugepages unavailable; falling back to 4 KiB pages as requested \
+             (slower IOMMU translation, visible in region stats; said once per process)"
+        );
+    } else {
+        tracing::debug!(
+            bytes,
+            needed,
+            available,
+            "hugepages unavailable; another region in 4 KiB pages"
+        );
+    }
+}
+
+/// `mlock` failed with `source`: the locked-memory limit when the error
+/// says so (`ENOMEM`: over a non-zero limit; `EPERM`: a limit of 0),
+/// otherwise a plain mapping error.
+fn lock_error(bytes: usize, page: PageSize, source: io::Error) -> RegionError {
+    let page_kib = page.bytes() / 1024;
+    match source.raw_os_error() {
+        Some(libc::ENOMEM) | Some(libc::EPERM) => RegionError::LockedMemoryLimit {
+            bytes,
+            page_kib,
+            limit_bytes: crate::sys::memlock_limit(),
+            locked_bytes: meminfo::locked_bytes(),
+            source,
+        },
+        _ => RegionError::Map {
+            bytes,
+            page_kib,
+            source,
+        },
+    }
+}
+
+fn limit_text(limit: Option<u64>) -> String {
+    match limit {
+        Some(b) => format!("{} KiB", b / 1024),
+        None => "unlimited or unknown".into(),
+    }
+}
+
+fn locked_text(locked: Option<u64>) -> String {
+    locked.map_or(String::new(), |b| {
+        format!(", {} KiB of it already locked by this process", b / 1024)
+    })
+}
+
 /// `MAP_HUGETLB` reports an empty pool as ENOMEM (reservation failed), and on
 /// some kernels as EINVAL when no pool of that size exists at all.
 fn is_out_of_hugepages(err: &io::Error) -> bool {
@@ -292,6 +379,78 @@ mod tests {
             msg.contains("echo 24 | sudo tee /proc/sys/vm/nr_hugepages"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn an_mlock_refusal_names_the_locked_memory_limit_not_hugepages() {
+        for errno in [libc::ENOMEM, libc::EPERM] {
+            let e = lock_error(
+                4 * HUGE_2M,
+                PageSize::Huge2M,
+                io::Error::from_raw_os_error(errno),
+            );
+            assert!(matches!(e, RegionError::LockedMemoryLimit { .. }), "{e:?}");
+            let msg = e.to_string();
+            for want in [
+                "locked-memory limit",
+                "RLIMIT_MEMLOCK",
+                "ulimit -l",
+                "/etc/security/limits.conf",
+                "CAP_IPC_LOCK",
+                "not a shortage of hugepages",
+            ] {
+                assert!(msg.contains(want), "{want:?} missing from {msg}");
+            }
+            assert!(!msg.contains("nr_hugepages"), "{msg}");
+        }
+        assert_eq!(limit_text(Some(8 << 20)), "8192 KiB");
+        assert_eq!(limit_text(None), "unlimited or unknown");
+        // Another mlock error is no limit.
+        let e = lock_error(
+            HUGE_2M,
+            PageSize::Huge2M,
+            io::Error::from_raw_os_error(libc::EAGAIN),
+        );
+        assert!(matches!(e, RegionError::Map { .. }), "{e:?}");
+    }
+
+    /// Counts the events at each level.
+    #[derive(Default)]
+    struct Levels(std::sync::Mutex<Vec<tracing::Level>>);
+
+    impl tracing::Subscriber for Levels {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, e: &tracing::Event<'_>) {
+            self.0.lock().unwrap().push(*e.metadata().level());
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    #[test]
+    fn the_fallback_note_is_a_warning_once_per_process() {
+        let levels = std::sync::Arc::new(Levels::default());
+        let noted = AtomicBool::new(false);
+        tracing::subscriber::with_default(levels.clone(), || {
+            for _ in 0..44 {
+                note_fallback(&noted, HUGE_2M, 1, 0);
+            }
+        });
+        let l = levels.0.lock().unwrap();
+        assert_eq!(l.len(), 44);
+        assert_eq!(
+            l.iter().filter(|&&x| x == tracing::Level::WARN).count(),
+            1,
+            "{l:?}"
+        );
+        assert_eq!(l[0], tracing::Level::WARN);
     }
 
     #[test]

@@ -33,6 +33,29 @@ impl PageSize {
     }
 }
 
+/// Why [`Mapping::new`] failed: the mapping itself (`mmap`: for hugepages,
+/// an empty pool), or locking it (`mlock`: the locked-memory limit).
+#[derive(Debug)]
+pub(crate) enum MapFailure {
+    /// `mmap` failed.
+    Map(io::Error),
+    /// `mlock` failed (the mapping was released).
+    Lock(io::Error),
+}
+
+/// The soft locked-memory limit (`RLIMIT_MEMLOCK`) in bytes; `None` when
+/// unlimited or unreadable.
+pub(crate) fn memlock_limit() -> Option<u64> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one `rlimit` through a valid, exclusive
+    // pointer to a local.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) };
+    (rc == 0 && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur)
+}
+
 /// An owned, populated, locked anonymous mapping. Unmapped on drop.
 #[derive(Debug)]
 pub struct Mapping {
@@ -52,7 +75,7 @@ impl Mapping {
     /// Maps `len` bytes (a multiple of the page size) backed by `page`,
     /// aligned to `align` (a power of two, at most the size of the mapping's
     /// pages or 2 MiB), prefaulted and locked.
-    pub fn new(len: usize, page: PageSize, align: usize) -> io::Result<Mapping> {
+    pub(crate) fn new(len: usize, page: PageSize, align: usize) -> Result<Mapping, MapFailure> {
         debug_assert!(len > 0 && len % page.bytes() == 0);
         debug_assert!(align.is_power_of_two());
         let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE;
@@ -78,7 +101,7 @@ impl Mapping {
             )
         };
         if raw == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
+            return Err(MapFailure::Map(io::Error::last_os_error()));
         }
         let raw_ptr =
             NonNull::new(raw.cast::<u8>()).expect("mmap returned null without MAP_FAILED");
@@ -94,7 +117,8 @@ impl Mapping {
         };
         // SAFETY: the range lies inside the mapping we just created.
         if unsafe { libc::mlock(ptr.as_ptr().cast(), len) } != 0 {
-            return Err(io::Error::last_os_error());
+            // `mapping` is dropped here: unmapped.
+            return Err(MapFailure::Lock(io::Error::last_os_error()));
         }
         Ok(mapping)
     }

@@ -583,9 +583,14 @@ fn rpc_text(
             format!(" {}", rate(f(p), f(cur), dt))
         })
     };
+    let (in_slots, in_backlog) = v
+        .sessions
+        .iter()
+        .filter(|s| s.role == "client")
+        .fold((0, 0), |(a, b), s| (a + s.slots_in_use, b + s.backlog));
     let _ = writeln!(
         out,
-        "    requests   {} enqueued, {} completed{} ({} failed), {} backlogged; served {} handled{}, {} responses",
+        "    requests   {} enqueued, {} completed{} ({} failed), {} waited in a backlog (total); served {} handled{}, {} responses; now {} in slots, {} in backlogs",
         g("reqs_enqueued"),
         g("reqs_completed"),
         rt("reqs_completed"),
@@ -593,7 +598,9 @@ fn rpc_text(
         g("reqs_backlogged"),
         g("reqs_handled"),
         rt("reqs_handled"),
-        g("resps_enqueued")
+        g("resps_enqueued"),
+        in_slots,
+        in_backlog
     );
     let _ = writeln!(
         out,
@@ -674,7 +681,7 @@ fn rpc_text(
     }
     let _ = writeln!(
         out,
-        "    {:>5} {:<6} {:<22} {:<20} {:>7} {:>5} {:>7} {:>5} {:>7} {:>8}  {:<24} REQUEST NUMBERS",
+        "    {:>5} {:<6} {:<22} {:<20} {:>7} {:>5} {:>7} {:>5} {:>7} {:>8} {:>7} {:>7}  {:<24} BUSY SLOTS",
         "SN",
         "ROLE",
         "STATE",
@@ -685,7 +692,9 @@ fn rpc_text(
         "RETX",
         "RTT µs",
         "TIMELY",
-        "SLOT tx/rx"
+        "QUIET",
+        "PONG",
+        "REQUEST NUMBERS"
     );
     let link = v.cc.map(|c| c.link_gbps);
     for s in &v.sessions {
@@ -698,9 +707,19 @@ fn rpc_text(
             (Some(r), Some(l)) if r < l => style.yellow(&timely),
             _ => timely,
         };
+        // The keep-alive's view of the peer (a C++ peer is not pinged).
+        let pong = n
+            .liveness
+            .peers
+            .iter()
+            .find(|p| p.uri == s.remote_uri)
+            .map_or("-".to_string(), |p| {
+                p.last_pong_ago_ms
+                    .map_or("never".to_string(), |ms| duration_text(ms as f64))
+            });
         let _ = writeln!(
             out,
-            "    {:>5} {:<6} {:<22} {:<20} {:>7} {:>5} {:>7} {:>5} {:>7} {}  {:<24} {}",
+            "    {:>5} {:<6} {:<22} {:<20} {:>7} {:>5} {:>7} {:>5} {:>7} {} {:>7} {:>7}  {:<24} {}",
             s.session,
             s.role,
             s.state,
@@ -715,9 +734,47 @@ fn rpc_text(
             s.retransmits,
             opt(s.rtt_us, ""),
             timely,
-            s.slots.join(" "),
-            req_nums_text(&s.req_nums)
+            s.quiet_ms.map_or("-".to_string(), duration_text),
+            pong,
+            req_nums_text(&s.req_nums),
+            busy_slots_text(&s.slots)
         );
+    }
+    let _ = writeln!(
+        out,
+        "    (SLOTS, BACKLOG: now; RETX: since the session began; QUIET: since the session last made progress, a packet in or a new request; PONG: since the peer's last ping response; BUSY SLOTS: slot:packets sent/acknowledged (client) or handling state (server), and time since the slot last made progress)"
+    );
+}
+
+/// A duration in milliseconds, short: `0.4ms`, `12ms`, `3.2s`.
+fn duration_text(ms: f64) -> String {
+    if ms < 10.0 {
+        format!("{ms:.1}ms")
+    } else if ms < 10_000.0 {
+        format!("{ms:.0}ms")
+    } else {
+        format!("{:.1}s", ms / 1e3)
+    }
+}
+
+/// The busy slots of a session: `slot:tx/rx wait` at a client,
+/// `slot:state wait` at a server; `-` when none is busy.
+fn busy_slots_text(slots: &[erpc::inspect::SlotView]) -> String {
+    let v: Vec<String> = slots
+        .iter()
+        .filter_map(|sl| {
+            let waited = sl.waited_ms?;
+            let what = match (sl.tx_pkts, sl.rx_pkts) {
+                (Some(tx), Some(rx)) => format!("{tx}/{rx}"),
+                _ => sl.state.clone(),
+            };
+            Some(format!("{}:{what} {}", sl.slot, duration_text(waited)))
+        })
+        .collect();
+    if v.is_empty() {
+        "-".into()
+    } else {
+        v.join(", ")
     }
 }
 
@@ -777,6 +834,30 @@ pub fn render(snap: &Snapshot, prev: Option<&Snapshot>, style: Style) -> String 
             l.failed_rpc_gone,
             l.failed_injected
         );
+        for p in &l.peers {
+            let since = |x: Option<u64>| {
+                x.map_or("never".to_string(), |ms| {
+                    format!("{} ago", duration_text(ms as f64))
+                })
+            };
+            let alive = duration_text(p.alive_ago_ms as f64);
+            let alive = if p.alive_ago_ms * 2 > n.failure_timeout_ms {
+                style.yellow(&alive)
+            } else {
+                alive
+            };
+            let _ = writeln!(
+                out,
+                "  peer {} (incarnation 0x{:016x}, Rpcs {:?}): last pong {}, proven alive {alive} ago (failed at {} ms), last ping {}, {} ping(s) unanswered",
+                p.uri,
+                p.incarnation,
+                p.rpcs,
+                since(p.last_pong_ago_ms),
+                n.failure_timeout_ms,
+                since(p.last_ping_ago_ms),
+                p.pings_outstanding
+            );
+        }
         for r in &n.rpcs {
             rpc_text(&mut out, n, r, snap, rates, style);
         }
@@ -1098,6 +1179,26 @@ mod tests {
             "9+[7 0 1 2 3 4 5 6]"
         );
         assert_eq!(req_nums_text(&[]), "-");
+        assert_eq!(duration_text(0.43), "0.4ms");
+        assert_eq!(duration_text(1203.4), "1203ms");
+        assert_eq!(duration_text(12_500.0), "12.5s");
+        let slot = |slot, state: &str, tx, rx, waited_ms| erpc::inspect::SlotView {
+            slot,
+            req_num: 8 + slot as u64,
+            state: state.into(),
+            tx_pkts: tx,
+            rx_pkts: rx,
+            waited_ms,
+        };
+        assert_eq!(
+            busy_slots_text(&[
+                slot(0, "in_flight", Some(9), Some(5), Some(812.0)),
+                slot(1, "idle", None, None, None),
+                slot(2, "in_handler", None, Some(1), Some(3.25)),
+            ]),
+            "0:9/5 812ms, 2:in_handler 3.2ms"
+        );
+        assert_eq!(busy_slots_text(&[slot(0, "idle", None, None, None)]), "-");
         assert_eq!(
             mac_of("sim nic 0 (port 0, mac 02:00:00:00:00:01)"),
             "02:00:00:00:00:01"

@@ -327,6 +327,40 @@ fn temp_dir(name: &str) -> PathBuf {
     d
 }
 
+/// `RUST_LOG=debug` shows eRPC's own session events with the peer's URI,
+/// and a log that is not a terminal carries no colour codes.
+#[test]
+fn erpc_bench_debug_log_names_sessions_without_colour_codes() {
+    let out = Command::new(BENCH)
+        .args([
+            "--secs", "0.05", "--warmup", "0", "--batch", "1", "--window", "4",
+        ])
+        .env("RUST_LOG", "erpc=debug")
+        .output()
+        .expect("erpc-bench runs");
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        !stderr.contains('\x1b'),
+        "colour codes in a piped log:\n{stderr}"
+    );
+    let connected = stderr
+        .lines()
+        .filter(|l| {
+            l.contains("DEBUG") && l.contains("client session") && l.contains(": Connected")
+        })
+        .collect::<Vec<_>>();
+    assert!(!connected.is_empty(), "{stderr}");
+    // Each names its peer (host:port).
+    assert!(
+        connected
+            .iter()
+            .all(|l| l.contains(" to ") && l.contains("peer=")),
+        "{connected:#?}"
+    );
+    assert!(stderr.contains("server session"), "{stderr}");
+}
+
 /// A short run on the device model, multi-packet messages, with every
 /// output: the table on stdout, JSON with the points and the NICs' queue
 /// snapshots, the latency CSV.

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitCode, Output, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use erpc::{Completion, MsgBuf, Request, Rpc, RpcConfig};
 use erpc_tools::bench::{DeviceModel, Knobs, Testbed, packets_per_direction};
@@ -74,6 +75,10 @@ fn main() -> ExitCode {
         Trial::test(
             "text_descriptors_list_and_watch_show_the_process",
             text_descriptors_list_and_watch,
+        ),
+        Trial::test(
+            "sigterm_removes_the_socket_and_watch_ends_with_a_line",
+            sigterm_and_watch_end,
         ),
         refuse,
     ];
@@ -134,6 +139,8 @@ fn run_until(
 
 /// The fixture process: known traffic, then event loops until stdin closes.
 fn fixture() -> Result<(), String> {
+    // As the tools do: a SIGTERM removes the socket.
+    debug_endpoint::remove_socket_on_termination().map_err(|e| e.to_string())?;
     let plan = MemoryPlan::decide("inspect test fixture", 28);
     let dm = DeviceModel::new(plan, None, true).map_err(|e| e.to_string())?;
     let mut nodes = Vec::new();
@@ -618,9 +625,89 @@ fn json_matches_traffic() -> Result<(), Failed> {
         for (slot, n) in se.req_nums.iter().enumerate() {
             check(n % 8 == slot as u64, || format!("slot {slot}: {n}"))?;
         }
+        // Slots are objects: index, request number, state; none busy, so
+        // none has waited. The session made progress (packets came in).
+        check(
+            se.slots.len() == 8
+                && se.slots.iter().enumerate().all(|(k, sl)| {
+                    sl.slot == k
+                        && sl.req_num == se.req_nums[k]
+                        // A server slot keeps its last response.
+                        && (sl.state == "idle" || (server && sl.state == "responded"))
+                        && sl.waited_ms.is_none()
+                        && sl.tx_pkts.is_none()
+                })
+                && se.quiet_ms.is_some_and(|q| q >= 0.0),
+            || format!("{:?} quiet {:?}", se.slots, se.quiet_ms),
+        )?;
+        // The JSON holds them as objects, not strings.
+        check(
+            raw["nexuses"][i]["rpcs"][0]["rpc"]["sessions"][0]["slots"][1]["state"]
+                == json!("idle"),
+            || raw["nexuses"][i]["rpcs"][0]["rpc"]["sessions"][0]["slots"].to_string(),
+        )?;
+        // The keep-alive tracks the peer (each end pings the other).
+        check(
+            n.liveness.peers.len() == 1
+                && n.liveness.peers[0].uri == format!("node{peer}:31850")
+                && n.liveness.peers[0].rpcs == vec![peer as u8],
+            || format!("{:?}", n.liveness),
+        )?;
     }
     f.stop()
 }
+
+/// A process ended by SIGTERM takes its socket with it; `--watch` on a
+/// process that exits ends with a line saying so (exit status 0).
+fn sigterm_and_watch_end() -> Result<(), Failed> {
+    use std::os::unix::process::ExitStatusExt;
+    let mut f = Fixture::start("sigterm")?;
+    f.snapshot()?;
+    let sock = f.socket();
+    check(sock.exists(), || format!("no socket {}", sock.display()))?;
+    let pid = f.pid.to_string();
+    let watch = Command::new(INSPECT)
+        .args([&pid, "--watch", "--interval", "0.05", "--color", "never"])
+        .arg("--dir")
+        .arg(&f.dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    // Let it show the process at least once.
+    f.snapshot()?;
+    std::thread::sleep(Duration::from_millis(300));
+    let st = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .map_err(|e| e.to_string())?;
+    check(st.success(), || "kill -TERM failed".into())?;
+    let st = f.child.wait().map_err(|e| e.to_string())?;
+    check(st.signal() == Some(SIGTERM), || {
+        format!("the fixture ended with {st}, not by SIGTERM")
+    })?;
+    check(!sock.exists(), || {
+        format!("{} outlived a SIGTERM", sock.display())
+    })?;
+    let o = watch.wait_with_output().map_err(|e| e.to_string())?;
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    check(
+        o.status.success()
+            && out.contains("Nexus node0:31850")
+            && err.contains(&format!("process {pid} exited; --watch ended after"))
+            && !err.contains("Broken pipe")
+            && !err.contains("retrying"),
+        || format!("{}\nstdout:\n{out}\nstderr:\n{err}", o.status),
+    )?;
+    let _ = std::fs::remove_dir_all(&f.dir);
+    Ok(())
+}
+
+/// SIGTERM's number on Linux.
+const SIGTERM: i32 = 15;
 
 fn stdout_of(o: &Output, what: &str) -> Result<String, Failed> {
     if !o.status.success() {

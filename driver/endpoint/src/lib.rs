@@ -5,7 +5,8 @@
 //! `DeviceConfig { inspect: true, .. }`, or either of them with
 //! `ERPC_INSPECT=1` in the environment) listens on one Unix socket,
 //! `<dir>/<pid>.sock`, where `<dir>` is [`socket_dir`]:
-//! `$ERPC_INSPECT_DIR`, else `$XDG_RUNTIME_DIR/erpc`, else `/run/erpc`.
+//! `$ERPC_INSPECT_DIR`, else `$XDG_RUNTIME_DIR/erpc`, else `/run/erpc` for
+//! root and `/tmp/erpc-UID` for another user ([`default_dir`]).
 //! The directory is made owner-only (0700), the socket 0600, and a
 //! connection from a process of another user is refused after
 //! `SO_PEERCRED` names its uid (see [`server`]).
@@ -67,7 +68,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 pub use publish::{Latest, Pending, PublishInfo, Publisher, Slot};
-pub use server::{EndpointError, Query, Registration, Request, Source, register};
+pub use server::{
+    EndpointError, Query, Registration, Request, Source, prepare_socket_dir, register,
+    remove_socket_on_termination,
+};
 
 /// Version of the wire protocol and of the snapshot's common keys.
 pub const PROTOCOL: u32 = 1;
@@ -77,7 +81,7 @@ pub const PROTOCOL: u32 = 1;
 pub const ENV_ENABLE: &str = "ERPC_INSPECT";
 
 /// Environment variable naming the socket directory (overrides
-/// `$XDG_RUNTIME_DIR/erpc` and `/run/erpc`).
+/// `$XDG_RUNTIME_DIR/erpc` and [`default_dir`]).
 pub const ENV_DIR: &str = "ERPC_INSPECT_DIR";
 
 /// The shortest time between two snapshot requests reaching the datapath:
@@ -128,7 +132,18 @@ pub fn socket_dir() -> PathBuf {
     if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| Path::new(d).is_absolute()) {
         return Path::new(&x).join("erpc");
     }
-    PathBuf::from("/run/erpc")
+    default_dir(server::euid())
+}
+
+/// The directory when neither the program nor the environment names one:
+/// `/run/erpc` for root; for another user, who cannot create that,
+/// `/tmp/erpc-UID` (made owner-only, and refused if someone else owns it).
+pub fn default_dir(euid: u32) -> PathBuf {
+    if euid == 0 {
+        PathBuf::from("/run/erpc")
+    } else {
+        PathBuf::from(format!("/tmp/erpc-{euid}"))
+    }
 }
 
 /// The socket of process `pid` in `dir`.
@@ -176,6 +191,8 @@ mod tests {
 
     #[test]
     fn socket_names_round_trip() {
+        assert_eq!(default_dir(0), Path::new("/run/erpc"));
+        assert_eq!(default_dir(1000), Path::new("/tmp/erpc-1000"));
         let p = socket_path(Path::new("/run/erpc"), 4242);
         assert_eq!(p, Path::new("/run/erpc/4242.sock"));
         assert_eq!(pid_of_socket(&p), Some(4242));

@@ -206,6 +206,46 @@ impl Drop for Registration {
     }
 }
 
+/// Makes SIGTERM, SIGINT and SIGHUP remove this process's endpoint socket
+/// (whichever runs when the signal comes) and then end the process as
+/// their default action does. Without it a process killed by a signal
+/// leaves its socket behind (`erpc-inspect list` removes such sockets once
+/// their process is gone).
+///
+/// The signals are taken by signal-hook's self-pipe and handled on a
+/// thread of their own ("erpc-signals"), so no code of ours runs in a
+/// signal handler: the thread removes the socket, then re-raises the
+/// signal with its default action.
+///
+/// For programs, not libraries: an endpoint does not install it itself,
+/// since a library must not take over its process's signals. Call it only
+/// in a program that lets these signals end it (the tools' binaries do);
+/// a program with its own handling of them ends cleanly anyway, dropping
+/// its Nexuses and devices, which removes the socket. Calling it again
+/// does nothing.
+pub fn remove_socket_on_termination() -> io::Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    static HOOKED: Mutex<bool> = Mutex::new(false);
+    let mut hooked = HOOKED.lock().unwrap_or_else(|p| p.into_inner());
+    if *hooked {
+        return Ok(());
+    }
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
+    std::thread::Builder::new()
+        .name("erpc-signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                if let Some(s) = registry().server.as_ref() {
+                    let _ = std::fs::remove_file(&s.path);
+                }
+                // Ends the process (its fallback is abort).
+                let _ = signal_hook::low_level::emulate_default_handler(sig);
+            }
+        })?;
+    *hooked = true;
+    Ok(())
+}
+
 /// This process's effective uid.
 pub fn euid() -> u32 {
     nix::unistd::geteuid().as_raw()
@@ -239,6 +279,16 @@ fn prepare_dir(dir: &Path) -> Result<(), EndpointError> {
             .map_err(io_err("cannot make owner-only", dir))?;
     }
     Ok(())
+}
+
+/// The socket directory endpoints of this process will use
+/// ([`crate::socket_dir`]), made and checked as an endpoint start would:
+/// for a program that announces where its endpoint will be before it
+/// starts one (an error says why none can start there).
+pub fn prepare_socket_dir() -> Result<PathBuf, EndpointError> {
+    let dir = crate::socket_dir();
+    prepare_dir(&dir)?;
+    Ok(dir)
 }
 
 fn start() -> Result<Server, EndpointError> {

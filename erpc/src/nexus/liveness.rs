@@ -130,6 +130,8 @@ struct Peer {
     confirmed: bool,
     last_heard_ns: u64,
     last_ping_ns: Option<u64>,
+    /// When the last ping response taken from it arrived.
+    last_pong_ns: Option<u64>,
     /// Pings sent and not answered yet: (token, send time), oldest first.
     outstanding: VecDeque<(u64, u64)>,
     rpcs: BTreeMap<u8, RemoteRpc>,
@@ -183,6 +185,29 @@ pub struct LivenessStats {
     pub pauses_discounted: u64,
     /// Remote Nexuses tracked now.
     pub tracked: u64,
+}
+
+/// One remote Nexus the keep-alive tracks, as of a moment (`*_ago_ns`:
+/// nanoseconds before it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerLiveness {
+    /// Its URI.
+    pub uri: Uri,
+    /// Its incarnation.
+    pub incarnation: u64,
+    /// Since the last ping response taken from it arrived (`None`: none
+    /// yet).
+    pub last_pong_ago_ns: Option<u64>,
+    /// Since the moment it was last proven alive (the send time of the
+    /// newest ping it answered, or when tracking began): it is declared
+    /// failed when this passes the failure timeout.
+    pub alive_ago_ns: u64,
+    /// Since the last ping sent to it (`None`: none yet).
+    pub last_ping_ago_ns: Option<u64>,
+    /// Pings sent and not answered (the last 12 at most).
+    pub pings_outstanding: usize,
+    /// Its Rpcs this Nexus has live sessions with.
+    pub rpcs: Vec<u8>,
 }
 
 /// The keep-alive state of one Nexus.
@@ -240,6 +265,22 @@ impl Liveness {
             tracked: self.peers.len() as u64,
             ..self.stats
         }
+    }
+
+    /// Every tracked peer as of `now_ns` (for the debug endpoint).
+    pub(crate) fn peers(&self, now_ns: u64) -> Vec<PeerLiveness> {
+        self.peers
+            .iter()
+            .map(|(uri, p)| PeerLiveness {
+                uri: uri.clone(),
+                incarnation: p.incarnation,
+                last_pong_ago_ns: p.last_pong_ns.map(|t| now_ns.saturating_sub(t)),
+                alive_ago_ns: now_ns.saturating_sub(p.last_heard_ns),
+                last_ping_ago_ns: p.last_ping_ns.map(|t| now_ns.saturating_sub(t)),
+                pings_outstanding: p.outstanding.len(),
+                rpcs: p.rpcs.keys().copied().collect(),
+            })
+            .collect()
     }
 
     fn count(&mut self, cause: FailCause) {
@@ -300,6 +341,7 @@ impl Liveness {
             last_heard_ns: now_ns,
             // Ping at the next tick.
             last_ping_ns: None,
+            last_pong_ns: None,
             outstanding: VecDeque::new(),
             rpcs: BTreeMap::new(),
         });
@@ -487,6 +529,7 @@ impl Liveness {
         // response held back (or replayed once, its first copy lost)
         // cannot stretch a dead peer's life.
         p.last_heard_ns = p.last_heard_ns.max(sent.min(now_ns));
+        p.last_pong_ns = Some(now_ns);
         let gone: Vec<u8> = p
             .rpcs
             .iter()

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub use liveness::{LivenessStats, PeerFailure};
+pub use liveness::{LivenessStats, PeerFailure, PeerLiveness};
 pub(crate) use sm_link::PktFrom;
 pub(crate) use sm_link::SmItem;
 pub use sm_link::{SmLink, SmQueue, SmRouter, SmRouterStats, SmSource};

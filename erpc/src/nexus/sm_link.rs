@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::liveness::{self, Liveness, LivenessStats, PeerFailure, Track};
+use super::liveness::{self, Liveness, LivenessStats, PeerFailure, PeerLiveness, Track};
 use super::{NexusError, Uri};
 use crate::clock::Clock;
 use crate::consts::SM_QUEUE_MAX;
@@ -264,6 +264,12 @@ impl SmRouter {
     /// Keep-alive counters.
     pub fn liveness_stats(&self) -> LivenessStats {
         self.live().stats()
+    }
+
+    /// Every peer the keep-alive tracks, as of now on this Nexus's clock.
+    pub fn liveness_peers(&self) -> Vec<PeerLiveness> {
+        let now = self.clock.now_ns();
+        self.live().peers(now)
     }
 
     fn rpc_bitmap(&self) -> [u8; EXT_RPC_BITMAP_BYTES] {

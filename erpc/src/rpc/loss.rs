@@ -71,6 +71,10 @@ impl<T: Transport, C> Rpc<T, C> {
         }
         self.next_loss_scan_ns = self.now_ns + self.loss_scan_ns;
         self.pkt_loss_scan();
+        // Drops, rate-limited, at debug level: nothing per packet.
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            self.log_drops();
+        }
         self.sweep_quiet_state();
         // The SM timers (request retries, connect timeouts, expiry of
         // abandoned connects) count in units of 100 ms: checking them at
@@ -248,7 +252,53 @@ impl<T: Transport, C> Rpc<T, C> {
         s.retransmits += 1;
         self.stats.retransmissions += 1;
         self.stats.retransmitted_pkts += u64::from(delta);
+        if self.stats.retransmissions.is_power_of_two() {
+            self.log_retransmission(sn, i, delta);
+        }
         self.kick(sn, i as u8);
+    }
+
+    /// Drops since the last scan, at debug level: a reason is logged when
+    /// its count passed a power of two since it was last logged (1, 2, 4,
+    /// 8, ...), so a steady drop rate logs fewer and fewer lines.
+    #[cold]
+    #[inline(never)]
+    fn log_drops(&mut self) {
+        let rpc = self.rpc_id();
+        for r in crate::stats::DropReason::ALL {
+            let n = self.stats.drops(r);
+            let logged = &mut self.drops_logged.0[r as usize];
+            if n > *logged && (*logged == 0 || n.ilog2() > logged.ilog2()) {
+                tracing::debug!(
+                    rpc,
+                    reason = ?r,
+                    total = n,
+                    "eRPC dropped packets: {r:?}, {n} at this Rpc so far (logged when the count \
+                     passes a power of two)"
+                );
+                *logged = n;
+            }
+        }
+    }
+
+    /// A retransmission, at debug level: the 1st, 2nd, 4th, 8th, ... of
+    /// the Rpc (a rate limit that costs one test per retransmission).
+    #[cold]
+    #[inline(never)]
+    fn log_retransmission(&self, sn: u16, i: usize, pkts: u32) {
+        let Some(s) = self.session(sn) else { return };
+        let total = self.stats.retransmissions;
+        tracing::debug!(
+            rpc = self.rpc_id(),
+            session = sn,
+            slot = i,
+            peer = %s.remote_uri,
+            pkts,
+            total,
+            "retransmission {total} of this Rpc (logged at powers of two): session {sn} to {}, \
+             slot {i}, {pkts} packet(s) rolled back after the timeout",
+            s.remote_uri
+        );
     }
 
     /// A request of client session `sn` got no answer for the stall
@@ -262,6 +312,7 @@ impl<T: Transport, C> Rpc<T, C> {
     fn stall_session(&mut self, sn: u16) {
         tracing::info!(
             session = sn,
+            peer = %self.session(sn).map_or_else(String::new, |s| s.remote_uri.to_string()),
             "a request got no answer for the stall bound; failing its session"
         );
         self.stats.sessions_stalled += 1;

@@ -400,8 +400,40 @@ pub struct SessionInfo {
     /// its acknowledgement (`None` with congestion control off or before
     /// the first acknowledgement).
     pub rtt_us: Option<f64>,
-    /// Per slot: client `(num_tx, num_rx)`; server: a short state name.
-    pub slots: Vec<String>,
+    /// Each slot, in slot order.
+    pub slots: [SlotInfo; crate::consts::SESSION_REQ_WINDOW],
+    /// Nanoseconds since the session last made progress: the newest of
+    /// its slots' progress clocks, which a packet received for a request
+    /// sets (at a client also a request enqueued). For a session whose
+    /// requests are stuck, the time since the last packet from the peer.
+    /// `None` before any. The clocks of a client's active slots are moved
+    /// forward over pauses of this Rpc's own event loop (see `rpc/loss.rs`),
+    /// so such a pause does not count.
+    pub quiet_ns: Option<u64>,
+}
+
+/// One slot of a session, as [`SessionInfo`] shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotInfo {
+    /// Request number of the current (or last) request on the slot.
+    pub req_num: u64,
+    /// Client: `idle` (no request), `in_flight` (packets unacknowledged),
+    /// `waiting` (a request with nothing in flight: waiting for credits or
+    /// for the next packet of the response to be asked for). Server: the
+    /// slot's handling state (`idle`, `receiving`, `in_handler`,
+    /// `deferred`, `background`, `responded`, `failed`).
+    pub state: &'static str,
+    /// Client: request packets and RFRs sent for the request (`None` when
+    /// idle and at a server).
+    pub tx_pkts: Option<u32>,
+    /// Client: credit returns and response packets received for it; server:
+    /// request packets received in order (`None` when idle).
+    pub rx_pkts: Option<u32>,
+    /// A busy slot (client: a request; server: a handler that has not
+    /// responded): nanoseconds since it last made progress (the request's
+    /// enqueue or its last packet in; at a server, the request's last
+    /// packet, so how long its handler has had it). `None` when not busy.
+    pub waited_ns: Option<u64>,
 }
 
 /// What an Rpc keeps for its active client sessions, those with requests
@@ -862,6 +894,8 @@ pub struct Rpc<T: Transport, C> {
     /// When the loss scan runs next (a scan interval after the last one:
     /// a deadline is one compare per iteration).
     next_loss_scan_ns: u64,
+    /// The drop counts last logged (`rpc/loss.rs`, `log_drops`).
+    drops_logged: crate::stats::DropCounts,
     rto_ns: u64,
     loss_scan_ns: u64,
     /// The last loss scan was put off because the event loop had not run
@@ -1062,6 +1096,7 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             unserved: VecDeque::new(),
             next_probe_round_ns: 0,
             next_loss_scan_ns: now_ns + config.pkt_loss_scan_us * 1000,
+            drops_logged: Default::default(),
             rto_ns: config.rto_us * 1000,
             loss_scan_ns: config.pkt_loss_scan_us * 1000,
             loss_scan_deferred: false,
@@ -1152,6 +1187,7 @@ impl<T: Transport, C> Rpc<T, C> {
     pub fn session_info(&self, sn: SessionNum) -> Option<SessionInfo> {
         let s = self.session(sn)?;
         let is_client = s.role == session::Role::Client;
+        let now = self.clock.now_ns();
         Some(SessionInfo {
             session: sn,
             is_client,
@@ -1175,24 +1211,40 @@ impl<T: Transport, C> Rpc<T, C> {
                 .as_ref()
                 .and_then(|c| c.last_rtt_ns)
                 .map(|ns| ns as f64 / 1e3),
-            slots: if is_client {
-                s.slots
-                    .iter()
-                    .zip(s.half.client().iter())
-                    .map(|(sl, c)| {
-                        if sl.tx_msgbuf.is_some() {
-                            format!("{}/{}", c.num_tx, c.num_rx)
-                        } else {
-                            "-".into()
-                        }
-                    })
-                    .collect()
-            } else {
-                s.half
-                    .server()
-                    .iter()
-                    .map(|sv| format!("{:?}", sv.state))
-                    .collect()
+            slots: std::array::from_fn(|i| {
+                let req_num = s.slots[i].cur_req_num;
+                if is_client {
+                    let c = &s.half.client()[i];
+                    let busy = s.slots[i].tx_msgbuf.is_some();
+                    SlotInfo {
+                        req_num,
+                        state: match (busy, c.num_tx > c.num_rx) {
+                            (false, _) => "idle",
+                            (true, true) => "in_flight",
+                            (true, false) => "waiting",
+                        },
+                        tx_pkts: busy.then_some(c.num_tx),
+                        rx_pkts: busy.then_some(c.num_rx),
+                        waited_ns: busy.then(|| now.saturating_sub(c.progress_ns)),
+                    }
+                } else {
+                    let sv = &s.half.server()[i];
+                    SlotInfo {
+                        req_num,
+                        state: sv.state.name(),
+                        tx_pkts: None,
+                        rx_pkts: (sv.state != session::SrvState::Idle).then_some(sv.num_rx),
+                        waited_ns: sv.busy().then(|| now.saturating_sub(sv.progress_ns)),
+                    }
+                }
+            }),
+            quiet_ns: {
+                let newest = if is_client {
+                    s.half.client().iter().map(|c| c.progress_ns).max()
+                } else {
+                    s.half.server().iter().map(|sv| sv.progress_ns).max()
+                };
+                newest.filter(|&t| t != 0).map(|t| now.saturating_sub(t))
             },
         })
     }

@@ -130,6 +130,7 @@ impl<T: Transport, C> Rpc<T, C> {
                 self.reset_client_session(sn, ResetCause::Requested);
             }
             Role::Server => {
+                self.log_server_event(sn, "reset by the application");
                 self.stats.sessions_reset += 1;
                 self.notify_server_end(sn);
                 self.retire_server_session(sn)
@@ -171,6 +172,7 @@ impl<T: Transport, C> Rpc<T, C> {
                     self.reset_client_session(sn, ResetCause::PeerFailed)
                 }
                 Role::Server => {
+                    self.log_server_event(sn, "reset: its client's Nexus was declared failed");
                     self.stats.sessions_reset += 1;
                     // Perhaps a one-sided verdict (SM lost one way): a
                     // client that is alive must hear of it.
@@ -266,11 +268,53 @@ impl<T: Transport, C> Rpc<T, C> {
         }
     }
 
-    /// Owes the application a session event.
+    /// Owes the application a session event (and logs it at debug level
+    /// with the peer, while the session still exists).
     pub(crate) fn owe_event(&mut self, session: SessionNum, kind: SessionEventKind) {
+        self.log_client_event(session, &kind);
         self.owed
             .push_back(Owed::Event(super::SessionEvent { session, kind }));
         self.gate |= super::ev_loop::GATE_OWED;
+    }
+
+    /// A client session's event, at debug level: the session, its peer
+    /// (URI, Rpc id, session number) and what happened.
+    #[cold]
+    fn log_client_event(&self, sn: SessionNum, kind: &SessionEventKind) {
+        match self.session(sn) {
+            Some(s) => tracing::debug!(
+                rpc = self.rpc_id(),
+                session = sn,
+                peer = %s.remote_uri,
+                remote_rpc = s.remote_rpc_id(),
+                remote_session = s.remote_num,
+                event = ?kind,
+                "client session {sn} to {}: {kind:?}",
+                s.remote_uri
+            ),
+            None => tracing::debug!(
+                rpc = self.rpc_id(),
+                session = sn,
+                event = ?kind,
+                "client session {sn}: {kind:?}"
+            ),
+        }
+    }
+
+    /// A server session's end, at debug level, with its peer.
+    #[cold]
+    pub(crate) fn log_server_event(&self, sn: SessionNum, what: &str) {
+        if let Some(s) = self.session(sn) {
+            tracing::debug!(
+                rpc = self.rpc_id(),
+                session = sn,
+                peer = %s.remote_uri,
+                remote_rpc = s.remote_rpc_id(),
+                remote_session = s.remote_num,
+                "server session {sn} of {}: {what}",
+                s.remote_uri
+            );
+        }
     }
 
     /// `destroy_session` of client session `sn`, to a C++ eRPC server,

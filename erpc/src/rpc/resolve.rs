@@ -36,8 +36,8 @@ impl<T: Transport, C> Rpc<T, C> {
             };
             tracing::warn!(session = sn, %uri, "host name does not resolve; session failed");
             self.stats.sm_unresolved += 1;
-            self.free_session(sn);
             self.owe_event(sn, SessionEventKind::HostNotFound);
+            self.free_session(sn);
             for p in backlog {
                 self.owed.push_back(Owed::Failed(FailedReq {
                     session: sn,

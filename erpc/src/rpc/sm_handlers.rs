@@ -717,6 +717,7 @@ impl<T: Transport, C> Rpc<T, C> {
         self.note_unserved(sn, pkt.uniq_token);
         self.note_source_share(&from.host, sn, pkt.uniq_token, credits as usize);
         self.track_session(sn, from.verified);
+        self.log_server_event(sn, "connected");
         let mut r = pkt.response(SmErr::NoError);
         r.server = server_ep;
         self.send_sm(&r);
@@ -822,6 +823,7 @@ impl<T: Transport, C> Rpc<T, C> {
             .session(sn)
             .is_some_and(|s| s.role == Role::Server && s.uniq_token == pkt.uniq_token);
         if matches {
+            self.log_server_event(sn, "disconnected by its client");
             // Handlers still running keep the session (Resetting) until
             // they respond.
             self.retire_server_session(sn);
@@ -848,8 +850,9 @@ impl<T: Transport, C> Rpc<T, C> {
         match fail {
             Some(err) => self.fail_connect(sn, err),
             None => {
-                self.free_session(sn);
+                // The event first: it logs the session's peer.
                 self.owe_event(sn, SessionEventKind::Disconnected);
+                self.free_session(sn);
             }
         }
     }
@@ -861,8 +864,9 @@ impl<T: Transport, C> Rpc<T, C> {
             Some(s) => std::mem::take(&mut s.backlog),
             None => return,
         };
-        self.free_session(sn);
+        // The event first: it logs the session's peer.
         self.owe_event(sn, SessionEventKind::ConnectFailed(err));
+        self.free_session(sn);
         for p in backlog {
             self.owed.push_back(Owed::Failed(FailedReq {
                 session: sn,

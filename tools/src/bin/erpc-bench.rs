@@ -1430,12 +1430,21 @@ fn run_small_rpc(args: Args) -> Result<(), Quit> {
     }
     let inspect = args.inspect || debug_endpoint::env_enabled();
     if inspect {
-        eprintln!(
-            "debug endpoint: {} (attach with `erpc-inspect {}`)",
-            debug_endpoint::socket_path(&debug_endpoint::socket_dir(), std::process::id())
-                .display(),
-            std::process::id()
-        );
+        // Announced only where it can be made; the socket goes with the
+        // process on SIGTERM/SIGINT/SIGHUP too.
+        match debug_endpoint::prepare_socket_dir() {
+            Ok(dir) => {
+                if let Err(e) = debug_endpoint::remove_socket_on_termination() {
+                    eprintln!("note: the debug endpoint's socket may outlive a signal: {e}");
+                }
+                eprintln!(
+                    "debug endpoint: {} (attach with `erpc-inspect {}`)",
+                    debug_endpoint::socket_path(&dir, std::process::id()).display(),
+                    std::process::id()
+                )
+            }
+            Err(e) => eprintln!("{e}; running without it"),
+        }
     }
     let dm = match args.transport {
         Which::Mlx5Sim => Some(DeviceModel::new(plan.clone(), capture.clone(), inspect)?),

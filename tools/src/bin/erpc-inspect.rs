@@ -119,7 +119,8 @@ struct Cli {
     /// How long the process may take to publish, ms (1 to 10000).
     #[arg(long, default_value_t = 500, value_name = "MS")]
     timeout_ms: u64,
-    /// Socket directory (default: $ERPC_INSPECT_DIR, $XDG_RUNTIME_DIR/erpc, /run/erpc).
+    /// Socket directory (default: $ERPC_INSPECT_DIR, $XDG_RUNTIME_DIR/erpc,
+    /// /run/erpc for root, /tmp/erpc-UID for another user).
     #[arg(long, value_name = "DIR", global = true)]
     dir: Option<PathBuf>,
     /// Colors: auto (a terminal without NO_COLOR), always, never.
@@ -155,6 +156,39 @@ fn style(c: Color) -> Style {
         Color::Auto => std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
     };
     Style { color }
+}
+
+/// Whether process `pid` runs (exists and is not a zombie).
+fn process_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+        // The state follows the command name, which is in parentheses.
+        st.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
+}
+
+/// Where process `pid`'s endpoint socket is: in `dir`, or, when no
+/// directory was named (`named` false) and it is not there, in the
+/// default directory of the user the process runs as (root inspecting
+/// another user's process; see `debug_endpoint::default_dir`).
+fn find_socket(dir: &std::path::Path, pid: u32, named: bool) -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let p = debug_endpoint::socket_path(dir, pid);
+    if named || p.exists() {
+        return p;
+    }
+    let Ok(uid) = std::fs::metadata(format!("/proc/{pid}")).map(|m| m.uid()) else {
+        return p;
+    };
+    [
+        debug_endpoint::default_dir(uid),
+        PathBuf::from(format!("/run/user/{uid}/erpc")),
+    ]
+    .into_iter()
+    .map(|d| debug_endpoint::socket_path(&d, pid))
+    .find(|q| q.exists())
+    .unwrap_or(p)
 }
 
 /// Writes to stdout; a closed pipe ends the program quietly.
@@ -258,7 +292,7 @@ fn show(cli: Cli) -> Result<(), Fail> {
     }
     let dir = cli.dir.clone().unwrap_or_else(debug_endpoint::socket_dir);
     let (path, pid) = match target.parse::<u32>() {
-        Ok(pid) => (debug_endpoint::socket_path(&dir, pid), Some(pid)),
+        Ok(pid) => (find_socket(&dir, pid, cli.dir.is_some()), Some(pid)),
         Err(_) => (PathBuf::from(target), None),
     };
     match std::fs::symlink_metadata(&path) {
@@ -288,28 +322,41 @@ fn show(cli: Cli) -> Result<(), Fail> {
     let mut prev: Option<Snapshot> = None;
     let mut shown = 0u64;
     loop {
-        let c = match client.as_mut() {
-            Some(c) => c,
-            None => client.insert(Client::connect(&path).map_err(|e| Fail::Run(e.to_string()))?),
+        let got = match client.as_mut() {
+            Some(c) => fetch(c, rings, timeout).map_err(|e| e.to_string()),
+            None => match Client::connect(&path) {
+                Ok(c) => fetch(client.insert(c), rings, timeout).map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            },
         };
-        let snap = match fetch(c, rings, timeout) {
+        let snap = match got {
             Ok(s) => s,
-            Err(e)
-                if cli.watch
-                    && pid
-                        .is_some_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists()) =>
-            {
-                // The process lives on (its endpoint may restart between
-                // two of its Nexuses): try again next time.
-                eprintln!("erpc-inspect: {e}; retrying");
-                client = None;
-                std::thread::sleep(Duration::from_secs_f64(cli.interval));
-                if !path.exists() {
+            Err(e) => {
+                let alive = match pid {
+                    Some(p) => process_alive(p),
+                    None => path.exists(),
+                };
+                if cli.watch && shown > 0 && !alive {
+                    // The process went away while watched: say so, once.
+                    eprintln!(
+                        "erpc-inspect: {} exited; --watch ended after {shown} snapshot(s)",
+                        pid.map_or_else(
+                            || format!("the process of {}", path.display()),
+                            |p| format!("process {p}")
+                        )
+                    );
+                    return Ok(());
+                }
+                if cli.watch && alive {
+                    // The process lives on (its endpoint may restart
+                    // between two of its Nexuses): try again next time.
+                    eprintln!("erpc-inspect: {e}; retrying");
+                    client = None;
+                    std::thread::sleep(Duration::from_secs_f64(cli.interval));
                     continue;
                 }
-                continue;
+                return Err(Fail::Run(e));
             }
-            Err(e) => return Err(Fail::Run(e.to_string())),
         };
         let text = match descriptor {
             // An index past the ring is bad usage (its message names the

@@ -506,7 +506,14 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: no escape codes in a log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    // With ERPC_INSPECT=1, the endpoint's socket goes with the process
+    // on SIGTERM/SIGINT/SIGHUP too.
+    if let Err(e) = erpc::inspect::remove_socket_on_termination() {
+        tracing::warn!(error = %e, "no signal handler: a debug endpoint socket may outlive a signal");
+    }
     let cli = parse();
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
