@@ -7,8 +7,8 @@
 //! dispatch and validation), `ev_loop`, `loss` (retransmission timeout and
 //! go-back-N), `reset` (failed peers, session reset and teardown with
 //! requests outstanding), fault injection (at the end of this file), `sm_handlers`
-//! (session management), `bg` (worker-thread handlers), `status` (the
-//! server's error answers).
+//! (session management), `bg` (worker-thread handlers), `burst` (burst
+//! handlers), `status` (the server's error answers).
 
 // Rustdoc lists an Rpc's methods module by module, child modules first in
 // the order they are declared, then this file's: the application's API

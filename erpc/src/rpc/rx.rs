@@ -24,8 +24,7 @@ impl<T: Transport, C> Rpc<T, C> {
             .take()
             .expect("run_event_loop_once must not be called from a handler or continuation");
         debug_assert!(n <= self.ring_entries);
-        let start = self.rx_head;
-        let mut idx = start;
+        let mut idx = self.rx_head;
         for _ in 0..n {
             match ring.packet(idx) {
                 Some(pkt) => self.process_pkt(ctx, pkt),
@@ -38,8 +37,9 @@ impl<T: Transport, C> Rpc<T, C> {
         }
         if !self.burst_pending.is_empty() {
             // Requests of burst types, read in place: before the slots go
-            // back (`rpc/burst.rs`).
-            self.run_bursts(ctx, &ring, start, n);
+            // back (`rpc/burst.rs`). `rx_head` is still the burst's first
+            // slot.
+            self.run_bursts(ctx, &ring, self.rx_head, n);
         }
         self.stats.rx_pkts += n as u64;
         self.rx_head = idx;
