@@ -1351,8 +1351,9 @@ impl<T: Transport, C> Rpc<T, C> {
 }
 
 impl<T: Transport, C> Drop for Rpc<T, C> {
-    /// Gives everything back: sessions stop being pinged, connected client
-    /// sessions get one best-effort disconnect request (the server frees
+    /// Gives everything back: sessions stop being pinged, connected (or
+    /// disconnecting) client sessions get one best-effort disconnect
+    /// request, which the Nexus repeats a few times (the server frees
     /// its end if it arrives; otherwise its keep-alive notices this Rpc is
     /// gone), background jobs still at workers are waited for (those not
     /// started come back unrun; a running handler is waited for at most
@@ -1364,7 +1365,15 @@ impl<T: Transport, C> Drop for Rpc<T, C> {
             .sessions
             .iter()
             .flatten()
-            .filter(|s| s.role == session::Role::Client && s.state == SessionState::Connected)
+            .filter(|s| {
+                // A disconnect under way too: its request (or the answer)
+                // may have been lost, and this Rpc retries it no more.
+                s.role == session::Role::Client
+                    && matches!(
+                        s.state,
+                        SessionState::Connected | SessionState::DisconnectInProgress
+                    )
+            })
             .filter(|s| s.remote_incarnation != 0 || s.busy_slots() == 0)
             .map(|s| s.local_num)
             .collect();
