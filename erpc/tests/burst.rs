@@ -298,12 +298,12 @@ fn a_burst_spans_sessions_and_clients() {
         for round in 0..10u64 {
             // 8 requests on each of the 9 sessions at once: 72, more than a
             // burst holds.
-            for c in 1..4 {
+            for (c, n) in ns.iter_mut().enumerate().skip(1) {
                 for s in 0..3 {
-                    let sn = ns[c].ctx.sessions[s];
+                    let sn = n.ctx.sessions[s];
                     for k in 0..8u64 {
                         let id = round << 16 | (c as u64) << 8 | (s as u64) << 4 | k;
-                        send(&mut ns[c], sn, BURST, id, 32);
+                        send(n, sn, BURST, id, 32);
                         ids.push((c, id));
                     }
                 }
@@ -352,13 +352,13 @@ fn lost_and_reordered_requests_run_once_each() {
             let mut ids = Vec::new();
             let types = [BURST, BURST, ORDINARY, BURST2];
             for round in 0..30u64 {
-                for c in 1..3 {
+                for (c, n) in ns.iter_mut().enumerate().skip(1) {
                     for k in 0..16u64 {
                         let id = round << 16 | (c as u64) << 8 | k;
-                        let sn = ns[c].ctx.sessions[(k % 2) as usize];
+                        let sn = n.ctx.sessions[(k % 2) as usize];
                         // Some multi-packet ones (a burst of one each).
                         let len = if k == 5 { 3000 } else { 8 + (k as usize) * 20 };
-                        send(&mut ns[c], sn, types[(k % 4) as usize], id, len);
+                        send(n, sn, types[(k % 4) as usize], id, len);
                         ids.push((c, id));
                     }
                 }
