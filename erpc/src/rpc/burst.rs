@@ -40,6 +40,7 @@
 //! toward a C++ client the slot is failed silently, as `rpc/bg.rs`
 //! explains for a panicking worker).
 
+use arrayvec::ArrayVec;
 use transport::{ERPC_HDR_BYTES, RxRing, Transport};
 
 use super::{HandlerSlot, ReqHandle, Rpc, ServerError, SessionNum};
@@ -64,14 +65,6 @@ pub(crate) struct BurstEntry {
     session: SessionNum,
     slot: u8,
     req_num: u64,
-}
-
-impl BurstEntry {
-    const EMPTY: BurstEntry = BurstEntry {
-        session: 0,
-        slot: 0,
-        req_num: 0,
-    };
 }
 
 /// A queued single-packet request of a burst type, until the RX burst's
@@ -307,9 +300,10 @@ impl<T: Transport, C> Rpc<T, C> {
             let HandlerSlot::Burst(func) = self.handlers[usize::from(req_type)] else {
                 unreachable!("only a burst type's requests are queued")
             };
-            let mut data: [&[u8]; BURST_MAX] = [&[]; BURST_MAX];
-            let mut entries = [BurstEntry::EMPTY; BURST_MAX];
-            let mut len = 0;
+            // Not initialised beyond what is pushed (a burst is usually a
+            // few requests).
+            let mut data: ArrayVec<&[u8], BURST_MAX> = ArrayVec::new();
+            let mut entries: ArrayVec<BurstEntry, BURST_MAX> = ArrayVec::new();
             // This piece's requests leave the list; the rest move up, in
             // order (so one forward walk of the ring finds each piece).
             let mut kept = 0;
@@ -319,32 +313,31 @@ impl<T: Transport, C> Rpc<T, C> {
             };
             for r in 0..pending.len() {
                 let p = pending[r];
-                if p.req_type != req_type || len == BURST_MAX {
+                if p.req_type != req_type || data.is_full() {
                     pending[kept] = p;
                     kept += 1;
                     continue;
                 }
                 let d = cursor.find(ring, self.ring_entries, p.addr);
                 if self.burst_live(p.entry) {
-                    data[len] = d;
-                    entries[len] = p.entry;
-                    len += 1;
+                    data.push(d);
+                    entries.push(p.entry);
                 }
             }
             pending.truncate(kept);
-            if len == 0 {
+            if data.is_empty() {
                 continue;
             }
             let mut b = Burst {
                 req_type,
-                data: &data[..len],
-                entries: &entries[..len],
+                data: &data,
+                entries: &entries,
                 taken: 0,
             };
             self.stats.burst_calls += 1;
             func(self, ctx, &mut b);
             let taken = b.taken;
-            for (k, (e, d)) in entries[..len].iter().zip(&data[..len]).enumerate() {
+            for (k, (e, d)) in entries.iter().zip(&data).enumerate() {
                 self.burst_finish(*e, taken & (1u64 << k) != 0, Err(*d));
             }
         }
