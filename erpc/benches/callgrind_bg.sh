@@ -4,10 +4,7 @@
 # network) with the handler in the dispatch thread (`all`), on one stepped
 # worker per node (`bg`: the worker hand-off through the SPSC links, the
 # worker's side run by the benchmark's thread so the run is deterministic)
-# and inline with 0 workers (`bg-inline`), and, for issue 35, served by a
-# burst handler (`burst`: each RX burst's requests at once; the `Burst`
-# accessors inlined into the handler count as eRPC's). Same method and
-# counting rule as
+# and inline with 0 workers (`bg-inline`). Same method and counting rule as
 # callgrind_ir.sh (callgrind_count.py): two runs of different lengths per
 # configuration, the difference cancels setup; the worker's side counts
 # (erpc/src/nexus/), the handler itself (the benchmark's) does not.
@@ -35,7 +32,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 printf '%-24s %12s %14s\n' "handler" "eRPC Ir/RPC" "- dispatch"
 base=""
-for f in all bg bg-inline burst; do
+for f in all bg bg-inline; do
   for n in 10000 30000; do
     valgrind --tool=callgrind --dump-instr=yes --callgrind-out-file="$tmp/cg.$f.$n" "$bin" callgrind "$n" "$f" >/dev/null 2>&1
   done

@@ -127,17 +127,6 @@ enum Handler {
     /// On a worker: `Some(n)` stepped workers (the worker hand-off, run by
     /// the benchmark's thread), `None` inline in the event loop (0 workers).
     Background(Option<usize>),
-    /// A burst handler: each RX burst's requests at once (zero copy).
-    Burst,
-}
-
-/// The same response as `handler`, for every request of a burst.
-fn burst_handler<T: Transport>(rpc: &mut Rpc<T, Ctx>, _c: &mut Ctx, b: &mut erpc::Burst<'_>) {
-    for (h, d) in b.take_all() {
-        let mut m = rpc.response_buffer(&h, MSG).expect("resp");
-        m.data_mut()[..8].copy_from_slice(&d[..8]);
-        rpc.enqueue_response(h, m).expect("respond");
-    }
 }
 
 /// The same response as `handler`, from a worker.
@@ -161,9 +150,6 @@ fn sim_nodes_as(
                 Handler::Dispatch => b.handler::<SimTransport, Ctx>(REQ, handler::<SimTransport>),
                 Handler::Background(None) => b.bg_handler(REQ, bg_handler).workers(0),
                 Handler::Background(Some(n)) => b.bg_handler(REQ, bg_handler).stepped_workers(n),
-                Handler::Burst => {
-                    b.burst_handler::<SimTransport, Ctx>(REQ, burst_handler::<SimTransport>)
-                }
             };
             let nexus = b
                 .sm_link(net.sm_link())
@@ -550,18 +536,17 @@ fn factor_config(name: &str) -> Option<RpcConfig> {
 /// with everything on and the handler on a worker: one stepped worker per
 /// node, which the loop runs after each event-loop iteration (the worker
 /// hand-off, deterministic), or 0 workers (the handler inline in the
-/// event loop); or (`burst`) with the handler a burst handler.
+/// event loop).
 fn callgrind_run(n: u64, factor: &str) {
     let (cfg, h) = match factor {
         "bg" => (RpcConfig::default(), Handler::Background(Some(1))),
-        "burst" => (RpcConfig::default(), Handler::Burst),
         "bg-inline" => (RpcConfig::default(), Handler::Background(None)),
         f => match factor_config(f) {
             Some(cfg) => (cfg, Handler::Dispatch),
             None => {
                 eprintln!(
                     "unknown factor {factor}: all, batch-ts, timely-bypass, wheel-bypass, \
-                     prealloc, zero-copy, cc-off, bg, bg-inline, burst"
+                     prealloc, zero-copy, cc-off, bg, bg-inline"
                 );
                 std::process::exit(2);
             }
