@@ -201,6 +201,8 @@ fn rpc_stats(s: &RpcStats) -> RpcStatsView {
         resps_discarded,
         sessions_drained,
         drained_reqs,
+        burst_calls,
+        burst_not_taken,
     } = s.clone();
     let counters = [
         ("rx_pkts", rx_pkts),
@@ -261,6 +263,8 @@ fn rpc_stats(s: &RpcStats) -> RpcStatsView {
         ("resps_discarded", resps_discarded),
         ("sessions_drained", sessions_drained),
         ("drained_reqs", drained_reqs),
+        ("burst_calls", burst_calls),
+        ("burst_not_taken", burst_not_taken),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))

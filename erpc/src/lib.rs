@@ -65,8 +65,8 @@
 //! # Shape
 //!
 //! * [`Nexus`] — one per process: URI (host + SM UDP port), the
-//!   request-handler table (registered on a [`NexusBuilder`] before any
-//!   Rpc exists), worker threads for background handlers, and the
+//!   request-handler table (dispatch, burst and background handlers,
+//!   registered on a [`NexusBuilder`] before any Rpc exists), worker threads for background handlers, and the
 //!   session-management link ([`SmLink`]: kernel UDP in production, an
 //!   in-memory hub on the virtual clock in simulation).
 //! * [`Rpc<T, C>`] — one per thread, generic over the transport `T`
@@ -182,6 +182,19 @@
 //! handlers run on other threads and so are `Arc<dyn Fn>`: they see only
 //! the request bytes and a [`BgResponse`].
 //!
+//! A *burst handler* ([`BurstHandler`], registered with
+//! [`NexusBuilder::burst_handler`]) gets every request of its type from
+//! one RX burst at once, a [`Burst`] of up to [`BURST_MAX`] requests read
+//! in place in the RX ring, and responds to each ([`Burst::take`], then
+//! [`Rpc::respond`] or [`Rpc::enqueue_response`], now or deferred): the
+//! RDMA design guidelines' batching (prefetch every hash bucket of a burst
+//! before reading any; add N to a counter once). At-most-once, loss
+//! recovery and session resets are as for a dispatch handler; multi-packet
+//! requests of a burst type still arrive one by one (bursts of one); a
+//! request not taken fails with [`ServerError::Declined`]. Request types
+//! without one pay one more arm of the handler match and one test per RX
+//! burst.
+//!
 //! Ownership follows the data: a request msgbuf moves into
 //! [`Rpc::enqueue_request`] and comes back, with the response msgbuf, in
 //! the [`Completion`]; a server's request data is valid until
@@ -222,6 +235,9 @@
 //!   client and a C++ server played by the test); `tests/hardening.rs`:
 //!   request numbers across the 44-bit wrap, late and forged SM packets,
 //!   transport types and credits between peers.
+//! * `tests/burst.rs`: burst handlers mixed with ordinary requests, under
+//!   loss and duplication, across sessions and clients, deferring,
+//!   declining, with multi-packet requests and session resets.
 //! * `tests/workers.rs`: background handlers that panic, responses the
 //!   server has no memory for, and an Rpc dropped while its handler runs,
 //!   with handlers inline, on stepped workers and on worker threads.
@@ -263,7 +279,8 @@ pub mod stats;
 
 pub use clock::{Clock, VirtualClock};
 pub use consts::{
-    MAX_MSG_BYTES, MIN_SESSION_CREDITS, SESSION_CREDITS, SESSION_REQ_WINDOW, rx_ring_entries_for,
+    BURST_MAX, MAX_MSG_BYTES, MIN_SESSION_CREDITS, SESSION_CREDITS, SESSION_REQ_WINDOW,
+    rx_ring_entries_for,
 };
 pub use memory::host_allocator;
 pub use msgbuf::{MsgBuf, MsgBufError};
@@ -274,9 +291,10 @@ pub use nexus::{
     WorkerIdle, WorkerStats,
 };
 pub use rpc::{
-    ActivePools, Completion, Continuation, CreateError, EnqueueError, EnqueueErrorKind, ReqHandle,
-    ReqHandler, Request, RespondError, Rpc, RpcConfig, RpcError, ServerError, SessionError,
-    SessionEvent, SessionEventKind, SessionHandler, SessionInfo, SessionNum, SlotInfo,
+    ActivePools, Burst, BurstHandler, Completion, Continuation, CreateError, EnqueueError,
+    EnqueueErrorKind, ReqHandle, ReqHandler, Request, RespondError, Rpc, RpcConfig, RpcError,
+    ServerError, SessionError, SessionEvent, SessionEventKind, SessionHandler, SessionInfo,
+    SessionNum, SlotInfo,
 };
 pub use session::SessionState;
 pub use sm_types::{SmErr, TransportType};

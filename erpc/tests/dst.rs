@@ -4,7 +4,7 @@
 //! Each seed draws a cluster (2–4 nodes, each a client and a server), link
 //! faults (loss up to 10 %, duplication, reordering, corruption, delay
 //! jitter), a lossy, duplicating, reordering SM network, a request mix
-//! (dispatch, deferred and background handlers; sizes from 0 bytes to the
+//! (dispatch, burst, deferred and background handlers; sizes from 0 bytes to the
 //! largest message), random session create/destroy churn, and sometimes a
 //! node crash followed by a restart (before or after the failure timeout).
 //! On the simulated network, seeds also draw the faults that end requests
@@ -417,6 +417,11 @@ fn node_uri(i: usize) -> Uri {
 const H_DISPATCH: u8 = 1;
 const H_DEFER: u8 = 2;
 const H_BG: u8 = 3;
+/// A burst handler (`NexusBuilder::burst_handler`): half the requests
+/// drawn as dispatch ones (odd ids), so the random stream is unchanged.
+/// Most are answered at once; some are kept and answered later (as
+/// `H_DEFER`'s), a few not taken at all (they fail, `Declined`).
+const H_BURST: u8 = 4;
 /// Request header: id (8), response length (4), defer delay in µs (4).
 const REQ_HDR: usize = 16;
 
@@ -563,6 +568,28 @@ fn h_defer<T: Transport>(rpc: &mut Rpc<T, Ctx>, ctx: &mut Ctx, req: Request<'_>)
         ctx.now_ns + delay.min(2000) * US
     };
     ctx.deferred.push((req.handle, id, len, due));
+}
+
+fn h_burst<T: Transport>(rpc: &mut Rpc<T, Ctx>, ctx: &mut Ctx, b: &mut erpc::Burst<'_>) {
+    for i in 0..b.len() {
+        let Some((id, len, delay)) = parse(b.data(i)) else {
+            ctx.book
+                .data_violation(format!("node {}: corrupt request delivered", ctx.node));
+            respond(rpc, b.take(i), 0, 0);
+            continue;
+        };
+        if delay % 400 == 3 {
+            // Not taken: the request fails without running.
+            continue;
+        }
+        count_run(&ctx.book, id);
+        let h = b.take(i);
+        if delay < 100 {
+            ctx.deferred.push((h, id, len, ctx.now_ns + delay * US));
+        } else {
+            respond(rpc, h, id, len);
+        }
+    }
 }
 
 fn bg_handler(runs: Arc<Mutex<HashMap<u64, u32>>>) -> impl Fn(&[u8], &mut erpc::BgResponse<'_>) {
@@ -810,6 +837,7 @@ fn start_node<N: Net>(
         .nexus(&node_uri(i).to_string(), (i as u64) << 32 | generation)
         .handler::<N::T, Ctx>(H_DISPATCH, h_dispatch::<N::T>)
         .handler::<N::T, Ctx>(H_DEFER, h_defer::<N::T>)
+        .burst_handler::<N::T, Ctx>(H_BURST, h_burst::<N::T>)
         .bg_handler(H_BG, bg_handler(book.bg_runs.clone()))
         .build()
         .expect("nexus");
@@ -889,7 +917,10 @@ fn issue<T: Transport + 'static>(n: &mut Node<T>, r: &mut Rng, p: &Plan, huge: &
             resp_len = MAX_MSG_BYTES;
         }
     }
-    let kind = [H_DISPATCH, H_DISPATCH, H_DEFER, H_BG][r.below(4) as usize];
+    let kind = match [H_DISPATCH, H_DISPATCH, H_DEFER, H_BG][r.below(4) as usize] {
+        H_DISPATCH if id % 2 == 1 => H_BURST,
+        k => k,
+    };
     let mut delay = r.below(2000) as u32;
     let mut held = false;
     if kind == H_DEFER && r.below(1000) < p.never_per_mille {

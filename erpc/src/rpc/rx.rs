@@ -5,7 +5,8 @@
 //!
 //! Packets are read in place in the ring; the slots are given back only
 //! after the whole burst is processed, so a dispatch handler reads its
-//! single-packet request without a copy.
+//! single-packet request without a copy, and a burst handler gets the
+//! burst's requests of its type after the loop (`rpc/burst.rs`).
 
 use transport::{ERPC_HDR_BYTES, RxRing, Transport};
 
@@ -33,6 +34,12 @@ impl<T: Transport, C> Rpc<T, C> {
             if idx == self.ring_entries {
                 idx = 0;
             }
+        }
+        if !self.burst_pending.is_empty() {
+            // Requests of burst types, read in place: before the slots go
+            // back (`rpc/burst.rs`). `rx_head` is still the burst's first
+            // slot.
+            self.run_bursts(ctx, &ring, self.rx_head, n);
         }
         self.stats.rx_pkts += n as u64;
         self.rx_head = idx;
