@@ -20,11 +20,14 @@
 
 pub mod dispatch;
 pub mod env;
+pub mod herd;
 pub mod lincheck;
 pub mod orderedkv;
 pub mod orderedkv_typed;
 pub mod raftkv;
+pub mod sequencer;
 pub mod stats;
+pub mod threads;
 
 /// A request and a response buffer of `req` and `resp` bytes, or `None`
 /// (with neither kept: a buffer allocated before the other failed is
