@@ -54,6 +54,16 @@ pub const fn rx_ring_entries_for(sessions: usize, credits: usize) -> usize {
 pub const CTRL_BUFS: usize = 256;
 /// Largest TX batch eRPC accumulates before calling the transport.
 pub const TX_BATCH_MAX: usize = 64;
+/// The most requests one call of a burst handler receives
+/// ([`crate::Burst`]): an RX burst with more requests of the type calls
+/// the handler again for the rest, in pieces of at most this many.
+pub const BURST_MAX: usize = 64;
+/// Single-packet requests of burst types one RX burst may gather for
+/// their burst handlers (an Rpc's list, allocated once, only when a burst
+/// handler is registered, at most its RX ring's size). Beyond it, in the
+/// rare RX burst that is larger, a request goes to its handler at once, as
+/// a burst of one.
+pub const BURST_PENDING_MAX: usize = 1024;
 /// A freed session number is reused only after it has been free this long,
 /// so that stray packets for the old session cannot reach a new one.
 pub const SESSION_NUM_QUARANTINE_MS: u64 = 1000;

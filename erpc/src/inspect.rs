@@ -199,6 +199,8 @@ fn rpc_stats(s: &RpcStats) -> RpcStatsView {
         resps_discarded,
         sessions_drained,
         drained_reqs,
+        burst_calls,
+        burst_not_taken,
     } = s.clone();
     let counters = [
         ("rx_pkts", rx_pkts),
@@ -258,6 +260,8 @@ fn rpc_stats(s: &RpcStats) -> RpcStatsView {
         ("resps_discarded", resps_discarded),
         ("sessions_drained", sessions_drained),
         ("drained_reqs", drained_reqs),
+        ("burst_calls", burst_calls),
+        ("burst_not_taken", burst_not_taken),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))

@@ -263,7 +263,8 @@ pub mod stats;
 
 pub use clock::{Clock, VirtualClock};
 pub use consts::{
-    MAX_MSG_BYTES, MIN_SESSION_CREDITS, SESSION_CREDITS, SESSION_REQ_WINDOW, rx_ring_entries_for,
+    BURST_MAX, MAX_MSG_BYTES, MIN_SESSION_CREDITS, SESSION_CREDITS, SESSION_REQ_WINDOW,
+    rx_ring_entries_for,
 };
 pub use memory::host_allocator;
 pub use msgbuf::{MsgBuf, MsgBufError};
@@ -274,9 +275,10 @@ pub use nexus::{
     WorkerIdle, WorkerStats,
 };
 pub use rpc::{
-    ActivePools, Completion, Continuation, CreateError, EnqueueError, EnqueueErrorKind, ReqHandle,
-    ReqHandler, Request, RespondError, Rpc, RpcConfig, RpcError, ServerError, SessionError,
-    SessionEvent, SessionEventKind, SessionHandler, SessionInfo, SessionNum,
+    ActivePools, Burst, BurstHandler, Completion, Continuation, CreateError, EnqueueError,
+    EnqueueErrorKind, ReqHandle, ReqHandler, Request, RespondError, Rpc, RpcConfig, RpcError,
+    ServerError, SessionError, SessionEvent, SessionEventKind, SessionHandler, SessionInfo,
+    SessionNum,
 };
 pub use session::SessionState;
 pub use sm_types::{SmErr, TransportType};

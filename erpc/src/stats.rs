@@ -315,6 +315,12 @@ pub struct RpcStats {
     /// Requests of such sessions that finished after their failure was
     /// reported (not counted in `reqs_completed` again).
     pub drained_reqs: u64,
+    /// Burst-handler calls (`reqs_handled` counts their requests, with
+    /// every other handler's): requests per call is the batching gained.
+    pub burst_calls: u64,
+    /// Requests a burst handler returned without taking: failed with
+    /// [`crate::ServerError::Declined`].
+    pub burst_not_taken: u64,
 }
 
 impl RpcStats {

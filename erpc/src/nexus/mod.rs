@@ -180,6 +180,12 @@ pub(crate) enum HandlerEntry {
     },
     /// Runs on a worker thread.
     Background(BgHandler),
+    /// Runs in the dispatch thread with a burst of requests: a
+    /// `crate::BurstHandler<T, C>` fn pointer.
+    Burst {
+        func: Box<dyn Any + Send + Sync>,
+        type_name: &'static str,
+    },
 }
 
 impl fmt::Debug for HandlerEntry {
@@ -187,6 +193,7 @@ impl fmt::Debug for HandlerEntry {
         match self {
             HandlerEntry::Dispatch { type_name, .. } => write!(f, "Dispatch({type_name})"),
             HandlerEntry::Background(_) => write!(f, "Background"),
+            HandlerEntry::Burst { type_name, .. } => write!(f, "Burst({type_name})"),
         }
     }
 }
@@ -223,6 +230,29 @@ impl NexusBuilder {
             HandlerEntry::Dispatch {
                 func: Box::new(func),
                 type_name: std::any::type_name::<crate::ReqHandler<T, C>>(),
+            },
+        );
+        self
+    }
+
+    /// Registers a burst handler for `req_type`: it runs in the Rpc's
+    /// event loop, once per RX burst that brought requests of the type,
+    /// with all of them ([`crate::Burst`], at most [`crate::BURST_MAX`]
+    /// per call), each read in place (zero copy), and responds to each
+    /// (now, or later for a deferred response). At-most-once, loss
+    /// recovery and session resets are as for [`NexusBuilder::handler`];
+    /// multi-packet requests still arrive one by one (a burst of one).
+    /// Request types without a burst handler pay nothing for it.
+    pub fn burst_handler<T, C>(mut self, req_type: u8, func: crate::BurstHandler<T, C>) -> Self
+    where
+        T: transport::Transport + 'static,
+        C: 'static,
+    {
+        self.add(
+            req_type,
+            HandlerEntry::Burst {
+                func: Box::new(func),
+                type_name: std::any::type_name::<crate::BurstHandler<T, C>>(),
             },
         );
         self

@@ -29,6 +29,7 @@ mod reset;
 mod active;
 mod admission;
 mod bg;
+mod burst;
 mod cc;
 mod cr;
 mod loss;
@@ -59,6 +60,7 @@ use crate::session::{self, Session, SessionState};
 use crate::sm_types::{SmErr, TransportType};
 use crate::stats::RpcStats;
 
+pub use burst::{Burst, BurstHandler};
 pub(crate) use tx::TxBatch;
 
 /// A dispatch-mode request handler. Runs in the event loop; `req.data`
@@ -248,6 +250,11 @@ pub enum ServerError {
     /// The request did not run.
     #[error("the request's packets stopped arriving before it was whole")]
     Incomplete,
+    /// The request's burst handler ([`crate::BurstHandler`]) returned
+    /// without taking it ([`crate::Burst::take`]). The request did not
+    /// run.
+    #[error("the burst handler did not take the request")]
+    Declined,
     /// A status this version does not know (a newer server's).
     #[error("unknown status {0}")]
     Other(u8),
@@ -262,6 +269,7 @@ impl ServerError {
             ServerError::OutOfMemory => 2,
             ServerError::HandlerPanicked => 3,
             ServerError::Incomplete => 4,
+            ServerError::Declined => 5,
             ServerError::Other(c) => c,
         }
     }
@@ -274,6 +282,7 @@ impl ServerError {
             2 => ServerError::OutOfMemory,
             3 => ServerError::HandlerPanicked,
             4 => ServerError::Incomplete,
+            5 => ServerError::Declined,
             c => ServerError::Other(c),
         })
     }
@@ -726,6 +735,8 @@ enum HandlerSlot<T: Transport, C> {
     None,
     Dispatch(ReqHandler<T, C>),
     Background,
+    /// Requests gathered per RX burst (`burst.rs`).
+    Burst(BurstHandler<T, C>),
 }
 
 // Manual impls: a fn pointer is `Copy` whatever `T` and `C` are.
@@ -777,6 +788,10 @@ pub struct Rpc<T: Transport, C> {
     ring_entries_available: usize,
     /// One entry per request type: indexed by a `u8`, no bounds check.
     handlers: Box<[HandlerSlot<T, C>; 256]>,
+    /// Single-packet requests of burst types queued during the current RX
+    /// burst (`burst.rs`); its capacity, allocated once, is fixed (none
+    /// without a burst handler).
+    burst_pending: Vec<burst::Pending>,
     sm_handler: Option<SessionHandler<T, C>>,
     sm_queue: Arc<SmQueue>,
     /// Client sessions with an SM request outstanding.
@@ -956,6 +971,18 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             match nexus.handler(t as u8) {
                 None => {}
                 Some(HandlerEntry::Background(_)) => *slot = HandlerSlot::Background,
+                Some(HandlerEntry::Burst { func, type_name }) => {
+                    match func.downcast_ref::<BurstHandler<T, C>>() {
+                        Some(f) => *slot = HandlerSlot::Burst(*f),
+                        None => {
+                            return Err(CreateError::HandlerType {
+                                req_type: t as u8,
+                                registered: type_name,
+                                expected: std::any::type_name::<BurstHandler<T, C>>(),
+                            });
+                        }
+                    }
+                }
                 Some(HandlerEntry::Dispatch { func, type_name }) => {
                     match func.downcast_ref::<ReqHandler<T, C>>() {
                         Some(f) => *slot = HandlerSlot::Dispatch(*f),
@@ -970,6 +997,11 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
                 }
             }
         }
+        let burst_pending = if handlers.iter().any(|h| matches!(h, HandlerSlot::Burst(_))) {
+            Vec::with_capacity(ring_entries.min(crate::consts::BURST_PENDING_MAX))
+        } else {
+            Vec::new()
+        };
         let sm_queue = nexus
             .register_rpc(rpc_id)
             .ok_or(CreateError::RpcId(rpc_id))?;
@@ -1004,6 +1036,7 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             open_sessions: 0,
             ring_entries_available: ring_entries,
             handlers,
+            burst_pending,
             sm_handler,
             sm_queue,
             sm_pending: Vec::new(),

@@ -743,6 +743,7 @@ impl<T: Transport, C> Rpc<T, C> {
         let func = match self.handlers[usize::from(req_type)] {
             HandlerSlot::Dispatch(f) => f,
             HandlerSlot::Background => return self.submit_bg(sn, i, req_type, req),
+            HandlerSlot::Burst(f) => return self.queue_burst(ctx, sn, i, req_type, f, req),
             HandlerSlot::None => unreachable!("checked before"),
         };
         // One lookup for the request number and the state change.
@@ -785,20 +786,24 @@ impl<T: Transport, C> Rpc<T, C> {
         sv.state = SrvState::Deferred;
         match req {
             Ok(m) => sv.req_msgbuf = Some(m),
-            Err(d) => {
-                // The ring slot is reposted after this burst: keep a copy
-                // until the response (the nested-RPC path).
-                self.stats.deferred_copies += 1;
-                match MsgBuf::alloc(&mut self.alloc, d.len(), Origin::Dynamic) {
-                    Ok(mut m) => {
-                        m.data_mut().copy_from_slice(d);
-                        let s = self.session_mut(sn).expect("exists");
-                        s.half.server_mut()[i].req_msgbuf = Some(m);
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "no memory to keep a deferred request");
-                    }
-                }
+            Err(d) => self.keep_deferred_copy(sn, i, d),
+        }
+    }
+
+    /// The deferred request on slot `i` of session `sn` is `d`, in the RX
+    /// ring: the ring slot is reposted after this burst, so a copy is kept
+    /// until the response (the nested-RPC path).
+    #[inline(never)]
+    pub(crate) fn keep_deferred_copy(&mut self, sn: SessionNum, i: usize, d: &[u8]) {
+        self.stats.deferred_copies += 1;
+        match MsgBuf::alloc(&mut self.alloc, d.len(), Origin::Dynamic) {
+            Ok(mut m) => {
+                m.data_mut().copy_from_slice(d);
+                let s = self.session_mut(sn).expect("exists");
+                s.half.server_mut()[i].req_msgbuf = Some(m);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no memory to keep a deferred request");
             }
         }
     }

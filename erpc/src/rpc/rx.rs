@@ -5,7 +5,8 @@
 //!
 //! Packets are read in place in the ring; the slots are given back only
 //! after the whole burst is processed, so a dispatch handler reads its
-//! single-packet request without a copy.
+//! single-packet request without a copy, and a burst handler gets the
+//! burst's requests of its type after the loop (`rpc/burst.rs`).
 
 use transport::{ERPC_HDR_BYTES, RxRing, Transport};
 
@@ -23,7 +24,8 @@ impl<T: Transport, C> Rpc<T, C> {
             .take()
             .expect("run_event_loop_once must not be called from a handler or continuation");
         debug_assert!(n <= self.ring_entries);
-        let mut idx = self.rx_head;
+        let start = self.rx_head;
+        let mut idx = start;
         for _ in 0..n {
             match ring.packet(idx) {
                 Some(pkt) => self.process_pkt(ctx, pkt),
@@ -33,6 +35,11 @@ impl<T: Transport, C> Rpc<T, C> {
             if idx == self.ring_entries {
                 idx = 0;
             }
+        }
+        if !self.burst_pending.is_empty() {
+            // Requests of burst types, read in place: before the slots go
+            // back (`rpc/burst.rs`).
+            self.run_bursts(ctx, &ring, start, n);
         }
         self.stats.rx_pkts += n as u64;
         self.rx_head = idx;
