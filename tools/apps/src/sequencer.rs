@@ -154,7 +154,6 @@ fn on_next<T: Transport>(rpc: &mut Rpc<T, SeqServer>, st: &mut SeqServer, r: Req
     grant(rpc, st, r.handle, who, x);
 }
 
-#[cfg(feature = "burst")]
 fn on_next_burst<T: Transport>(
     rpc: &mut Rpc<T, SeqServer>,
     st: &mut SeqServer,
@@ -172,20 +171,11 @@ fn on_next_burst<T: Transport>(
     }
 }
 
-/// Whether this build has burst handlers (the `burst` feature).
-pub const HAS_BURST: bool = cfg!(feature = "burst");
-
 /// Registers the server's handler.
-pub fn register<T: Transport + 'static>(
-    b: NexusBuilder,
-    h: Handlers,
-) -> Result<NexusBuilder, &'static str> {
+pub fn register<T: Transport + 'static>(b: NexusBuilder, h: Handlers) -> NexusBuilder {
     match h {
-        Handlers::PerRequest => Ok(b.handler::<T, SeqServer>(req::NEXT, on_next::<T>)),
-        #[cfg(feature = "burst")]
-        Handlers::Burst => Ok(b.burst_handler::<T, SeqServer>(req::NEXT, on_next_burst::<T>)),
-        #[cfg(not(feature = "burst"))]
-        Handlers::Burst => Err("burst handlers need erpc's burst API (feature `burst`)"),
+        Handlers::PerRequest => b.handler::<T, SeqServer>(req::NEXT, on_next::<T>),
+        Handlers::Burst => b.burst_handler::<T, SeqServer>(req::NEXT, on_next_burst::<T>),
     }
 }
 

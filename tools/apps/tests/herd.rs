@@ -1,7 +1,7 @@
 //! The HERD-style store on eRPC's simulated network and on the device
 //! model, in virtual time: several client processes against a server
 //! whose keys are partitioned over two Rpcs, uniform and Zipf keys, with
-//! packet loss, per-request and (feature `burst`) burst handlers; every
+//! packet loss, per-request and burst handlers; every
 //! answer checked against the clients' model and every written key read
 //! back. One thread, virtual clock; a failure prints its replay command.
 
@@ -29,11 +29,7 @@ fn with_seeds(test: &str, defaults: &[u64], f: impl Fn(u64)) {
 }
 
 fn handlers() -> Vec<Handlers> {
-    if herd::HAS_BURST {
-        vec![Handlers::PerRequest, Handlers::Burst]
-    } else {
-        vec![Handlers::PerRequest]
-    }
+    vec![Handlers::PerRequest, Handlers::Burst]
 }
 
 struct Setup {
@@ -57,7 +53,6 @@ fn run<W: World>(
 ) -> (Vec<KvClient>, Vec<KvServer>) {
     let su = w.uri("server");
     let snx: std::sync::Arc<Nexus> = herd::register::<W::T>(w.nexus(&su), h)
-        .unwrap()
         .workers(0)
         .build()
         .unwrap();

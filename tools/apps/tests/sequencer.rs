@@ -35,11 +35,7 @@ fn with_seeds(test: &str, defaults: &[u64], f: impl Fn(u64)) {
 }
 
 fn handlers() -> Vec<Handlers> {
-    if sequencer::HAS_BURST {
-        vec![Handlers::PerRequest, Handlers::Burst]
-    } else {
-        vec![Handlers::PerRequest]
-    }
+    vec![Handlers::PerRequest, Handlers::Burst]
 }
 
 /// A client's record at the end (or at its crash).
@@ -74,7 +70,6 @@ fn run<W: World>(
 ) -> Run {
     let su = w.uri("server");
     let snx = sequencer::register::<W::T>(w.nexus(&su), h)
-        .unwrap()
         .workers(0)
         .build()
         .unwrap();

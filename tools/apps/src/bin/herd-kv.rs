@@ -6,9 +6,9 @@
 //! a client wrote is read back after each round.
 //!
 //! ```sh
-//! cargo run --release -p erpc-apps --features burst --bin herd-kv
-//! cargo run --release -p erpc-apps --features burst --bin herd-kv -- --transport udp --threads 2
-//! cargo run --release -p erpc-apps --features burst --bin herd-kv -- --keys 100000 --secs 1
+//! cargo run --release -p erpc-apps --bin herd-kv
+//! cargo run --release -p erpc-apps --bin herd-kv -- --transport udp --threads 2
+//! cargo run --release -p erpc-apps --bin herd-kv -- --keys 100000 --secs 1
 //! ```
 //!
 //! Thread i owns server Rpc i (partition i of the keys) and client Rpc i,
@@ -219,7 +219,7 @@ fn point<E: Endpoints>(
 ) -> Res<Outcome> {
     let uris = threads::uris();
     let nexus = [
-        herd::register::<E::T>(Nexus::builder(&uris[0]), h)?
+        herd::register::<E::T>(Nexus::builder(&uris[0]), h)
             .workers(0)
             .build()?,
         Nexus::builder(&uris[1]).workers(0).build()?,
@@ -353,13 +353,6 @@ fn validate(cli: &Cli) -> Result<Plan, String> {
         "both" => vec![Handlers::PerRequest, Handlers::Burst],
         h => return Err(format!("--handlers {h:?}: per-request, burst or both")),
     };
-    if handlers.contains(&Handlers::Burst) && !herd::HAS_BURST {
-        return Err(
-            "burst handlers need the `burst` feature (cargo run --features burst); \
-                    or --handlers per-request"
-                .into(),
-        );
-    }
     Ok(Plan {
         net,
         dists,

@@ -5,8 +5,8 @@
 //! counter, no gap without a failed request.
 //!
 //! ```sh
-//! cargo run --release -p erpc-apps --features burst --bin sequencer
-//! cargo run --release -p erpc-apps --features burst --bin sequencer -- --transport udp --threads 2
+//! cargo run --release -p erpc-apps --bin sequencer
+//! cargo run --release -p erpc-apps --bin sequencer -- --transport udp --threads 2
 //! ```
 //!
 //! Thread i owns server Rpc i and client Rpc i; the server Rpcs share one
@@ -145,7 +145,7 @@ fn point<E: Endpoints>(e: &E, h: Handlers, round: usize, cli: &Cli) -> Res<Outco
     let n = cli.threads as usize;
     let uris = threads::uris();
     let nexus = [
-        sequencer::register::<E::T>(Nexus::builder(&uris[0]), h)?
+        sequencer::register::<E::T>(Nexus::builder(&uris[0]), h)
             .workers(0)
             .build()?,
         Nexus::builder(&uris[1]).workers(0).build()?,
@@ -272,13 +272,6 @@ fn validate(cli: &Cli) -> Result<(Net, Vec<Handlers>), String> {
         "both" => vec![Handlers::PerRequest, Handlers::Burst],
         h => return Err(format!("--handlers {h:?}: per-request, burst or both")),
     };
-    if handlers.contains(&Handlers::Burst) && !sequencer::HAS_BURST {
-        return Err(
-            "burst handlers need the `burst` feature (cargo run --features burst); \
-                    or --handlers per-request"
-                .into(),
-        );
-    }
     Ok((net, handlers))
 }
 

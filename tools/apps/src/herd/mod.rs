@@ -7,7 +7,7 @@
 //!
 //! Two ways to serve, chosen when the Nexus is built ([`Handlers`]):
 //! per-request handlers (a lookup each, one cache miss after another) and
-//! burst handlers (`burst` feature, see [`register`]) that prefetch every
+//! burst handlers ([`erpc::BurstHandler`]) that prefetch every
 //! bucket of an RX burst before reading any, so that the misses overlap.
 //!
 //! ```text
@@ -254,7 +254,6 @@ fn on_put<T: Transport>(rpc: &mut Rpc<T, KvServer>, st: &mut KvServer, r: Reques
 
 /// The burst handlers: every bucket of the burst prefetched, then each
 /// request served and answered.
-#[cfg(feature = "burst")]
 mod burst {
     use super::*;
     use erpc::Burst;
@@ -306,25 +305,15 @@ mod burst {
     }
 }
 
-/// Whether this build has burst handlers (the `burst` feature).
-pub const HAS_BURST: bool = cfg!(feature = "burst");
-
-/// Registers the server's handlers. [`Handlers::Burst`] without the
-/// `burst` feature is an error (the caller says so to the user).
-pub fn register<T: Transport + 'static>(
-    b: NexusBuilder,
-    h: Handlers,
-) -> Result<NexusBuilder, &'static str> {
+/// Registers the server's handlers.
+pub fn register<T: Transport + 'static>(b: NexusBuilder, h: Handlers) -> NexusBuilder {
     match h {
-        Handlers::PerRequest => Ok(b
+        Handlers::PerRequest => b
             .handler::<T, KvServer>(req::GET, on_get::<T>)
-            .handler::<T, KvServer>(req::PUT, on_put::<T>)),
-        #[cfg(feature = "burst")]
-        Handlers::Burst => Ok(b
+            .handler::<T, KvServer>(req::PUT, on_put::<T>),
+        Handlers::Burst => b
             .burst_handler::<T, KvServer>(req::GET, burst::on_get_burst::<T>)
-            .burst_handler::<T, KvServer>(req::PUT, burst::on_put_burst::<T>)),
-        #[cfg(not(feature = "burst"))]
-        Handlers::Burst => Err("burst handlers need erpc's burst API (feature `burst`)"),
+            .burst_handler::<T, KvServer>(req::PUT, burst::on_put_burst::<T>),
     }
 }
 
