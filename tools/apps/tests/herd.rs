@@ -74,7 +74,7 @@ fn run<W: World>(
         let mut rpc: Rpc<W::T, KvClient> =
             Rpc::new(&nx, 0, tr, a, RpcConfig::default(), None).unwrap();
         let sessions = (0..s.parts)
-            .map(|p| rpc.create_session(&su, p as u8).unwrap())
+            .map(|p| vec![rpc.create_session(&su, p as u8).unwrap()])
             .collect();
         let st = KvClient::new(
             ClientConfig {

@@ -128,7 +128,7 @@ struct ThreadOut {
 #[allow(clippy::too_many_arguments)]
 fn thread_main<E: Endpoints>(
     e: E,
-    (i, n, round): (usize, usize, usize),
+    (i, n, round, window): (usize, usize, usize, usize),
     nexus: [Arc<Nexus>; 2],
     server_uri: String,
     (mut sstate, mut cstate): (KvServer, KvClient),
@@ -142,12 +142,18 @@ fn thread_main<E: Endpoints>(
         Rpc::new(&nexus[0], i as u8, st, sa, RpcConfig::default(), None)?;
     let mut client: Rpc<E::T, KvClient> =
         Rpc::new(&nexus[1], i as u8, ct, ca, RpcConfig::default(), None)?;
+    // Enough sessions to each partition for the window (8 slots each).
+    let per_part = window.div_ceil(8 * n).max(1);
     let sessions = (0..n)
-        .map(|p| client.create_session(&server_uri, p as u8))
+        .map(|p| {
+            (0..per_part)
+                .map(|_| client.create_session(&server_uri, p as u8))
+                .collect::<Result<Vec<_>, _>>()
+        })
         .collect::<Result<Vec<_>, _>>()?;
     cstate.resume(sessions.clone(), rate);
     let t = Instant::now();
-    while !sessions.iter().all(|&s| client.is_connected(s)) {
+    while !sessions.iter().flatten().all(|&s| client.is_connected(s)) {
         client.run_event_loop_once(&mut cstate);
         server.run_event_loop_once(&mut sstate);
         if t.elapsed() > Duration::from_secs(60) || phase.stopped() {
@@ -227,6 +233,7 @@ fn point<E: Endpoints>(
     let phase = Phase::new();
     let finished = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let n = states.len();
+    let window = cli.window as usize;
     let handles: Vec<_> = states
         .drain(..)
         .enumerate()
@@ -241,7 +248,7 @@ fn point<E: Endpoints>(
             std::thread::spawn(move || {
                 let r = thread_main(
                     e,
-                    (i, n, round),
+                    (i, n, round, window),
                     nexus,
                     uri,
                     st,
@@ -250,6 +257,9 @@ fn point<E: Endpoints>(
                     &finished,
                 );
                 if r.is_err() {
+                    // It set up nothing: the others neither wait for its
+                    // read-back nor for it to be ready.
+                    finished.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
                     phase.fail();
                 }
                 r
@@ -417,7 +427,7 @@ fn run_on<E: Endpoints>(e: &E, cli: &Cli, plan: &Plan) -> Res<bool> {
                         rate: 0.0,
                         seed: cli.seed.wrapping_mul(1000).wrapping_add(i as u64),
                     },
-                    vec![0],
+                    vec![vec![0]],
                 )?;
                 Ok((KvServer::new(t), c))
             })

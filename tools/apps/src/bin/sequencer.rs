@@ -175,6 +175,9 @@ fn point<E: Endpoints>(e: &E, h: Handlers, round: usize, cli: &Cli) -> Res<Outco
                     &finished,
                 );
                 if r.is_err() {
+                    // It set up nothing: the others neither wait for its
+                    // read-back nor for it to be ready.
+                    finished.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
                     phase.fail();
                 }
                 r

@@ -426,8 +426,10 @@ struct Pending {
 #[derive(Debug)]
 pub struct KvClient {
     cfg: ClientConfig,
-    /// Session to each server partition (index = partition).
-    sessions: Vec<SessionNum>,
+    /// Sessions to each server partition (index = partition), used in
+    /// turn (a session has 8 slots: a window above 8 needs more).
+    sessions: Vec<Vec<SessionNum>>,
+    next_session: usize,
     keys: KeyGen,
     owned: std::collections::HashMap<u64, Owned>,
     pending: Vec<Pending>,
@@ -456,21 +458,23 @@ pub struct KvClient {
 }
 
 impl KvClient {
-    /// A client over `cfg`, sending partition `p`'s keys on `sessions[p]`.
-    pub fn new(cfg: ClientConfig, sessions: Vec<SessionNum>) -> Result<KvClient, String> {
+    /// A client over `cfg`, sending partition `p`'s keys on the sessions
+    /// `sessions[p]`.
+    pub fn new(cfg: ClientConfig, sessions: Vec<Vec<SessionNum>>) -> Result<KvClient, String> {
         if cfg.clients == 0 || cfg.id >= cfg.clients || cfg.keys < u64::from(cfg.clients) {
             return Err(format!(
                 "client {} of {} over {} keys: need id < clients <= keys",
                 cfg.id, cfg.clients, cfg.keys
             ));
         }
-        if sessions.is_empty() || cfg.window == 0 {
+        if sessions.is_empty() || sessions.iter().any(Vec::is_empty) || cfg.window == 0 {
             return Err("a client needs a session and a window of at least 1".into());
         }
         Ok(KvClient {
             keys: KeyGen::new(cfg.keys, cfg.dist, cfg.seed)?,
             cfg,
             sessions,
+            next_session: 0,
             owned: std::collections::HashMap::new(),
             pending: Vec::with_capacity(cfg.window),
             free: Vec::with_capacity(cfg.window),
@@ -509,7 +513,7 @@ impl KvClient {
 
     /// Starts another round of load on new `sessions` (a new Nexus) at
     /// offered `rate` (0: closed loop); the model carries over.
-    pub fn resume(&mut self, sessions: Vec<SessionNum>, rate: f64) {
+    pub fn resume(&mut self, sessions: Vec<Vec<SessionNum>>, rate: f64) {
         assert_eq!(self.in_flight, 0, "resumed with requests in flight");
         self.sessions = sessions;
         self.cfg.rate = rate;
@@ -592,7 +596,9 @@ impl KvClient {
         due_ns: u64,
     ) -> bool {
         let k = key(i);
-        let sn = self.sessions[partition(&k, self.sessions.len())];
+        let part = &self.sessions[partition(&k, self.sessions.len())];
+        self.next_session = self.next_session.wrapping_add(1);
+        let sn = part[self.next_session % part.len()];
         let (req_len, resp_len) = if put {
             (PUT_REQ, 1)
         } else {
