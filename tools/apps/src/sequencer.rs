@@ -256,6 +256,9 @@ impl SeqClient {
                     rpc.free_msg_buffer(e.req);
                     rpc.free_msg_buffer(e.resp);
                     self.errors += 1;
+                    // A session that is gone would fail every later
+                    // request too: the load stops.
+                    self.running = false;
                     return;
                 }
             }

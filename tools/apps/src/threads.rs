@@ -184,6 +184,7 @@ impl Endpoints for UdpEndpoints {
 /// The measured interval of a round, shared by its threads.
 #[derive(Debug, Default)]
 pub struct Phase {
+    created: AtomicUsize,
     ready: AtomicUsize,
     failed: AtomicBool,
     start: AtomicBool,
@@ -194,6 +195,19 @@ impl Phase {
     /// A new interval.
     pub fn new() -> Arc<Phase> {
         Arc::new(Phase::default())
+    }
+
+    /// A thread has made its Rpcs: waits until all `n` have (a session to
+    /// an Rpc not made yet would be refused), or one failed (`false`).
+    pub fn created(&self, n: usize) -> bool {
+        self.created.fetch_add(1, Ordering::AcqRel);
+        while self.created.load(Ordering::Acquire) < n {
+            if self.failed.load(Ordering::Acquire) || self.stopped() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
     }
 
     /// A thread is connected and warming up.

@@ -142,6 +142,9 @@ fn thread_main<E: Endpoints>(
         Rpc::new(&nexus[0], i as u8, st, sa, RpcConfig::default(), None)?;
     let mut client: Rpc<E::T, KvClient> =
         Rpc::new(&nexus[1], i as u8, ct, ca, RpcConfig::default(), None)?;
+    if !phase.created(n) {
+        return Err(format!("thread {i}: another thread failed to set up").into());
+    }
     // Enough sessions to each partition for the window (8 slots each).
     let per_part = window.div_ceil(8 * n).max(1);
     let sessions = (0..n)
@@ -512,7 +515,7 @@ fn run_on<E: Endpoints>(e: &E, cli: &Cli, plan: &Plan) -> Res<bool> {
         }
         println!(
             "{dist}: every answer checked against the model: {wrong} wrong, {errors} failed, \
-             {bad} refused by the server; {read_back} written keys read back"
+             {bad} refused by the server; {read_back} read-back GETs of written keys"
         );
         ok &= wrong == 0 && errors == 0 && bad == 0;
     }

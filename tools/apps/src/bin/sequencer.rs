@@ -80,6 +80,9 @@ fn thread_main<E: Endpoints>(
         Rpc::new(&nexus[0], i as u8, st, sa, RpcConfig::default(), None)?;
     let mut client: Rpc<E::T, SeqClient> =
         Rpc::new(&nexus[1], i as u8, ct, ca, RpcConfig::default(), None)?;
+    if !phase.created(n) {
+        return Err(format!("thread {i}: another thread failed to set up").into());
+    }
     let mut sstate = SeqServer::new(counter);
     let sns = (0..sessions)
         .map(|s| client.create_session(&server_uri, ((i + s) % n) as u8))

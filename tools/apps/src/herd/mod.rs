@@ -555,7 +555,7 @@ impl KvClient {
             while self.in_flight < self.cfg.window {
                 let Some(i) = self.readback.pop() else { return };
                 if !self.send(rpc, i, false, now) {
-                    self.readback.push(i);
+                    // Counted in `errors`; the key is not read back.
                     return;
                 }
             }
@@ -581,6 +581,9 @@ impl KvClient {
                 put = !self.owned.get(&i).is_some_and(|o| o.putting);
             }
             if !self.send(rpc, i, put, due) {
+                // Counted in `errors`: the load stops (a session that is
+                // gone would fail every later request too).
+                self.running = false;
                 return;
             }
             self.scheduled += 1;
