@@ -13,19 +13,30 @@
 //!   single-queue JBSQ against an ideal M/G/N queue simulated from the
 //!   same service times).
 //! * [`lincheck`]: a linearizability checker for key-value histories.
+//! * [`herd`]: a HERD-style key-value store (the RDMA design guidelines'
+//!   system): a bucketised hash table partitioned over the server's Rpcs,
+//!   per-request handlers or burst handlers that prefetch every bucket of
+//!   an RX burst before reading any; every answer checked against a model.
+//! * [`sequencer`]: a networked sequencer, one atomic add per request or
+//!   one per burst; every number audited (handed out exactly once).
+//! * [`threads`]: one Rpc per thread on the device model or kernel UDP,
+//!   for `herd-kv` and `sequencer`.
 //!
 //! Each runs on the device model by default, on eRPC's simulated network
 //! in tests, and on kernel UDP across processes. Binaries: `raft-kv`,
-//! `ordered-kv`, `dispatch-bench`.
+//! `ordered-kv`, `dispatch-bench`, `herd-kv`, `sequencer`.
 
 pub mod cli;
 pub mod dispatch;
 pub mod env;
+pub mod herd;
 pub mod lincheck;
 pub mod orderedkv;
 pub mod orderedkv_typed;
 pub mod raftkv;
+pub mod sequencer;
 pub mod stats;
+pub mod threads;
 
 /// A request and a response buffer of `req` and `resp` bytes, or `None`
 /// (with neither kept: a buffer allocated before the other failed is

@@ -1,0 +1,282 @@
+//! One Rpc per thread for the applications' benchmarks (`herd-kv`,
+//! `sequencer`): a server node and a client node, thread i owning Rpc i of
+//! both (as `erpc-bench --threads N` does). On the device model each Rpc
+//! has its own queue set on its node's NIC (threaded, wall clock); on
+//! kernel UDP its own socket on loopback. Session management runs over
+//! kernel UDP on 127.0.0.1 in both.
+//!
+//! A round: the caller builds the two Nexuses, spawns its threads with
+//! [`Endpoints`] to make their transports, and times the interval with
+//! [`Phase`]: every thread connects and warms up, the main thread starts
+//! and stops the count for all of them at once.
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use mempool::{Allocator, AllocatorConfig, RegionOptions};
+use mlx5::{Device, DeviceConfig, QueueConfig};
+use mlx5_sim::{Fabric, FabricConfig, NicConfig, SimBackend, SimNic};
+use transport::Transport;
+use transport::mlx5::{Mlx5Config, Mlx5Transport};
+use transport::udp::{UdpConfig, UdpTransport};
+
+/// Errors of a benchmark run.
+pub type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// The transports the benchmarks run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Net {
+    /// Two device-model NICs (mlx5 driver and transport), threaded.
+    Dev,
+    /// Kernel UDP on loopback.
+    Udp,
+}
+
+impl std::str::FromStr for Net {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Net, String> {
+        match s {
+            "dev" => Ok(Net::Dev),
+            "udp" => Ok(Net::Udp),
+            _ => Err(format!("{s:?}: dev (the device model) or udp (kernel UDP)")),
+        }
+    }
+}
+
+impl std::fmt::Display for Net {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Net::Dev => "device model (2 NICs, threaded; a queue set per Rpc)",
+            Net::Udp => "kernel UDP on loopback (a socket per Rpc)",
+        })
+    }
+}
+
+/// Makes a thread's transport and buffer allocator on a node.
+pub trait Endpoints: Clone + Send + 'static {
+    /// The transport.
+    type T: Transport + 'static;
+    /// Node `node` (0: server, 1: client), thread `thread`, round `round`
+    /// (so that no two queue sets of a run share a UDP port).
+    fn make(&self, node: usize, thread: usize, round: usize) -> Res<(Self::T, Allocator)>;
+}
+
+/// Message-buffer memory per Rpc.
+pub const RPC_BYTES: usize = 8 << 20;
+
+/// The device model: two NICs on one threaded fabric. Keep it alive for
+/// as long as its [`DevEndpoints`] are used.
+pub struct DevNet {
+    _fabric: Fabric,
+    _nics: Vec<SimNic>,
+    devs: Vec<Device<SimBackend>>,
+    region: RegionOptions,
+}
+
+impl std::fmt::Debug for DevNet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DevNet({} NICs)", self.devs.len())
+    }
+}
+
+impl DevNet {
+    /// Brings up two device-model NICs.
+    pub fn new(region: RegionOptions) -> Res<DevNet> {
+        let fabric = Fabric::new(FabricConfig {
+            seed: 1,
+            deterministic: false,
+            ..Default::default()
+        });
+        let mut nics = Vec::new();
+        let mut devs = Vec::new();
+        for k in 0..2u8 {
+            let nic = SimNic::new(
+                &fabric,
+                NicConfig {
+                    mac: [2, 0, 0, 0, 0x35, k + 1],
+                    ..Default::default()
+                },
+            );
+            devs.push(Device::open(
+                nic.backend(),
+                DeviceConfig {
+                    region,
+                    ..Default::default()
+                },
+            )?);
+            nics.push(nic);
+        }
+        Ok(DevNet {
+            _fabric: fabric,
+            _nics: nics,
+            devs,
+            region,
+        })
+    }
+
+    /// What the threads make their queue sets with.
+    pub fn endpoints(&self) -> DevEndpoints {
+        DevEndpoints {
+            devs: self.devs.clone(),
+            region: self.region,
+        }
+    }
+}
+
+/// Queue sets on the device model's NICs.
+#[derive(Clone)]
+pub struct DevEndpoints {
+    devs: Vec<Device<SimBackend>>,
+    region: RegionOptions,
+}
+
+impl std::fmt::Debug for DevEndpoints {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DevEndpoints({} NICs)", self.devs.len())
+    }
+}
+
+impl Endpoints for DevEndpoints {
+    type T = Mlx5Transport<SimBackend>;
+    fn make(&self, node: usize, thread: usize, round: usize) -> Res<(Self::T, Allocator)> {
+        let dev = &self.devs[node];
+        let port = 34_000 + ((round % 64) * 256 + node * 128 + thread) as u16;
+        let t = Mlx5Transport::new(
+            dev,
+            Mlx5Config::new(
+                Ipv4Addr::new(10, 35, 0, node as u8 + 1),
+                QueueConfig {
+                    udp_port: port,
+                    ..Default::default()
+                },
+            ),
+        )?;
+        let a = Allocator::new(
+            dev.dma_mapper(),
+            AllocatorConfig {
+                initial_bytes: RPC_BYTES,
+                region: self.region,
+                ..Default::default()
+            },
+        )?;
+        Ok((t, a))
+    }
+}
+
+/// Kernel UDP sockets on loopback.
+#[derive(Debug, Clone, Copy)]
+pub struct UdpEndpoints {
+    /// Buffer memory.
+    pub region: RegionOptions,
+}
+
+impl Endpoints for UdpEndpoints {
+    type T = UdpTransport;
+    fn make(&self, _node: usize, _thread: usize, _round: usize) -> Res<(Self::T, Allocator)> {
+        let t = UdpTransport::new(&UdpConfig::loopback())?;
+        let a = erpc::sim::sim_allocator(RPC_BYTES, self.region)?;
+        Ok((t, a))
+    }
+}
+
+/// The measured interval of a round, shared by its threads.
+#[derive(Debug, Default)]
+pub struct Phase {
+    created: AtomicUsize,
+    ready: AtomicUsize,
+    failed: AtomicBool,
+    start: AtomicBool,
+    stop: AtomicBool,
+}
+
+impl Phase {
+    /// A new interval.
+    pub fn new() -> Arc<Phase> {
+        Arc::new(Phase::default())
+    }
+
+    /// A thread has made its Rpcs: waits until all `n` have (a session to
+    /// an Rpc not made yet would be refused), or one failed (`false`).
+    pub fn created(&self, n: usize) -> bool {
+        self.created.fetch_add(1, Ordering::AcqRel);
+        while self.created.load(Ordering::Acquire) < n {
+            if self.failed.load(Ordering::Acquire) || self.stopped() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
+    }
+
+    /// A thread is connected and warming up.
+    pub fn ready(&self) {
+        self.ready.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A thread gave up before it was ready (its error comes back with it).
+    pub fn fail(&self) {
+        self.failed.store(true, Ordering::Release);
+    }
+
+    /// Counting has started.
+    pub fn started(&self) -> bool {
+        self.start.load(Ordering::Acquire)
+    }
+
+    /// Counting has stopped.
+    pub fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// The main thread: waits until `n` threads are ready (or one failed),
+    /// warms up for `warmup`, counts for `secs`; returns the seconds
+    /// counted.
+    pub fn time(&self, n: usize, warmup: Duration, secs: Duration) -> Res<f64> {
+        let t = Instant::now();
+        while self.ready.load(Ordering::Acquire) < n {
+            if self.failed.load(Ordering::Acquire) {
+                self.stop.store(true, Ordering::Release);
+                return Err("a thread failed to set up".into());
+            }
+            if t.elapsed() > Duration::from_secs(120) {
+                self.stop.store(true, Ordering::Release);
+                return Err("threads not connected after 120 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        std::thread::sleep(warmup);
+        self.start.store(true, Ordering::Release);
+        let t0 = Instant::now();
+        std::thread::sleep(secs);
+        self.stop.store(true, Ordering::Release);
+        Ok(t0.elapsed().as_secs_f64())
+    }
+}
+
+/// Two URIs on 127.0.0.1 for a round's Nexuses (server, client).
+pub fn uris() -> [String; 2] {
+    [
+        format!("127.0.0.1:{}", crate::env::free_udp_port()),
+        format!("127.0.0.1:{}", crate::env::free_udp_port()),
+    ]
+}
+
+/// Checks a count flag: `1..=max`, or a message naming the limit.
+pub fn in_range(flag: &str, v: u64, min: u64, max: u64) -> Result<(), String> {
+    if (min..=max).contains(&v) {
+        Ok(())
+    } else {
+        Err(format!("{flag} {v}: must be {min} to {max}"))
+    }
+}
+
+/// Checks a seconds flag: finite and in `min..=max`.
+pub fn secs_in_range(flag: &str, v: f64, min: f64, max: f64) -> Result<(), String> {
+    if v.is_finite() && v >= min && v <= max {
+        Ok(())
+    } else {
+        Err(format!("{flag} {v}: must be a number from {min} to {max}"))
+    }
+}
