@@ -29,7 +29,7 @@ impl<B: HwBackend> Bar<B> {
     #[inline(always)]
     fn check(&self, off: usize, width: usize) {
         assert!(
-            off % width == 0 && off + width <= self.len,
+            off.is_multiple_of(width) && off + width <= self.len,
             "BAR0 access of {width} bytes at {off:#x} (BAR0 is {:#x} bytes)",
             self.len
         );
@@ -60,7 +60,7 @@ impl<B: HwBackend> Bar<B> {
     #[inline]
     pub fn write_bf(&self, off: usize, data: &[u8]) {
         assert!(
-            !data.is_empty() && data.len() % 64 == 0 && data.len() <= 256,
+            !data.is_empty() && data.len().is_multiple_of(64) && data.len() <= 256,
             "BlueFlame write of {} bytes",
             data.len()
         );

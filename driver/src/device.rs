@@ -404,13 +404,12 @@ impl Ctl {
             ..
         } = self;
         cmdq.exec(bar, pool, SlotKind::General, input, out_len, |cmdq| {
-            if let Some(eq) = eq.as_mut() {
-                if let Err(e) = service_events(cmdq, eq, pages, cq_errors, pages_refused, bar, pool)
+            if let Some(eq) = eq.as_mut()
+                && let Err(e) = service_events(cmdq, eq, pages, cq_errors, pages_refused, bar, pool)
                 {
                     cmdq.note_service_error();
                     tracing::error!(device = %bar.name(), error = %e, "servicing the event queue during a command failed; the command goes on");
                 }
-            }
         })
     }
 
@@ -870,10 +869,10 @@ impl<B: HwBackend> Inner<B> {
 impl<B: HwBackend> Drop for Inner<B> {
     fn drop(&mut self) {
         let ctl = self.ctl.get_mut().unwrap_or_else(|p| p.into_inner());
-        if ctl.enabled {
-            if let Err(e) = teardown(&self.bar, &self.pool, ctl) {
-                tracing::error!(device = %self.info.name, error = %e, "teardown on drop failed");
-            }
+        if ctl.enabled
+            && let Err(e) = teardown(&self.bar, &self.pool, ctl)
+        {
+            tracing::error!(device = %self.info.name, error = %e, "teardown on drop failed");
         }
     }
 }

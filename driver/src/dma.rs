@@ -323,7 +323,7 @@ impl DmaMem {
     /// A volatile pointer to the `T` at `off` (in bounds, aligned).
     #[inline(always)]
     fn vol<T: Copy>(&self, off: usize) -> VolatilePtr<'_, T> {
-        debug_assert!(off % align_of::<T>() == 0);
+        debug_assert!(off.is_multiple_of(align_of::<T>()));
         let p = self.at(off, size_of::<T>()).cast::<T>();
         // SAFETY: `at` checked the bounds and derives `p` from the
         // allocation's non-null base; the allocation is page aligned and
@@ -396,7 +396,7 @@ impl DmaMem {
     /// may be rewriting (the overrun CQ snapshot).
     #[inline]
     pub fn load_be16(&self, off: usize) -> u16 {
-        assert!(off % 2 == 0);
+        assert!(off.is_multiple_of(2));
         let p = self.at(off, 2).cast::<u16>();
         // SAFETY: in bounds and 2-byte aligned (checked), accessed only
         // atomically or volatilely.

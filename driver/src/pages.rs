@@ -117,7 +117,7 @@ impl FwPages {
             .position(|b| {
                 iova >= b.mem.iova()
                     && iova < b.mem.iova() + b.mem.len() as u64
-                    && (iova - b.mem.iova()) % PAGE as u64 == 0
+                    && (iova - b.mem.iova()).is_multiple_of(PAGE as u64)
             })
             .ok_or(UnknownPage(iova))?;
         let b = &mut self.blocks[i];

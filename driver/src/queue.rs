@@ -1346,11 +1346,11 @@ impl<B: HwBackend> QueueSet<B> {
             if cqe.is_error() {
                 tracing::error!(sqn = self.sq.sqn, %cqe, "send error CQE");
                 self.sq.error.get_or_insert(cqe);
-            } else if let Some((idx, pi_after)) = self.sq.signaled {
-                if cqe.wqe_counter == idx {
-                    self.sq.ci = pi_after;
-                    self.sq.signaled = None;
-                }
+            } else if let Some((idx, pi_after)) = self.sq.signaled
+                && cqe.wqe_counter == idx
+            {
+                self.sq.ci = pi_after;
+                self.sq.signaled = None;
             }
         }
         if consumed > 0 {

@@ -207,7 +207,7 @@ fn count_100k(id_mode: mlx5_sim::WqeIdMode) -> (mlx5::RxWqeIdMode, u64) {
         }
         step(&fab);
         // Let several bursts pile up before reading, so the CQ laps.
-        if sent % (per * 8) == 0 || sent == total {
+        if sent.is_multiple_of(per * 8) || sent == total {
             let n = qb.rx_burst();
             for i in 0..n {
                 assert_eq!(read_seq(&qb, got + i, LEN) as usize, got + i);

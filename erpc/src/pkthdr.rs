@@ -165,7 +165,7 @@ pub const fn req_num_delta(n: u64, cur: u64) -> Result<u64, u64> {
 /// Half the request-number circle: numbers less than this far ahead are
 /// newer, the rest older.
 const REQ_NUM_HALF: u64 = 1 << (REQ_NUM_BITS - 1);
-const _: () = assert!(((1u64 << REQ_NUM_BITS) % SESSION_REQ_WINDOW as u64) == 0);
+const _: () = assert!((1u64 << REQ_NUM_BITS).is_multiple_of(SESSION_REQ_WINDOW as u64));
 
 impl PktHdr {
     /// Encodes into the 14 wire bytes. A field wider than its wire width

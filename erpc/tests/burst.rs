@@ -487,7 +487,7 @@ fn a_multi_packet_request_is_a_burst_of_one() {
             let mut ns = nodes(&mut w, 2, RpcConfig::default());
             connect(&mut w, &mut ns, 1, 2);
             let mut ids = Vec::new();
-            let large = |k: u64| k % 3 == 0;
+            let large = |k: u64| k.is_multiple_of(3);
             for k in 0..16u64 {
                 let sn = ns[1].ctx.sessions[(k % 2) as usize];
                 let len = if large(k) { 5000 + k as usize } else { 40 };

@@ -773,7 +773,9 @@ fn plan(seed: u64) -> Plan {
         faults: Faults {
             link,
             sm,
-            forge_ppm: (seed % 3 == 0).then(|| 50_000 + (seed / 3 % 8) as u32 * 50_000),
+            forge_ppm: seed
+                .is_multiple_of(3)
+                .then(|| 50_000 + (seed / 3 % 8) as u32 * 50_000),
         },
         requests: 40 + r.below(160) as usize,
         window: 1 + r.below(24) as usize,
@@ -1148,7 +1150,7 @@ fn run<N: Net>(seed: u64) -> (Vec<String>, Tally) {
                 open_session(n, s);
             }
             n.rpc.run_event_loop_once(&mut n.ctx);
-            if steps % 64 == 0
+            if steps.is_multiple_of(64)
                 && let Err(e) = n.rpc.check_credit_invariant()
             {
                 book.violation(format!("node {i}: {e}"));

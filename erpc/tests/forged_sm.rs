@@ -278,7 +278,7 @@ fn an_attacker_on_the_sm_network_resets_no_session() {
                         app::start(&mut n.rpc, &mut n.ctx, 1);
                     }
                 }
-                if steps % 250 == 0 && churned < 30 {
+                if steps.is_multiple_of(250) && churned < 30 {
                     churn.push(ns[2].rpc.create_session("node-0:31850", 0).unwrap());
                     churned += 1;
                 }

@@ -146,7 +146,7 @@ impl HugepageRegion {
     pub fn reserve(bytes: usize, opts: RegionOptions) -> Result<HugepageRegion, RegionError> {
         let page = opts.page_size;
         let page_kib = page.bytes() / 1024;
-        if bytes == 0 || bytes % page.bytes() != 0 || bytes % HUGE_2M != 0 {
+        if bytes == 0 || !bytes.is_multiple_of(page.bytes()) || !bytes.is_multiple_of(HUGE_2M) {
             return Err(RegionError::BadSize { bytes, page_kib });
         }
         match Mapping::new(bytes, page, HUGE_2M) {
@@ -256,15 +256,15 @@ impl HugepageRegion {
 
 impl Drop for HugepageRegion {
     fn drop(&mut self) {
-        if let Some((mapper, m)) = self.dma.take() {
-            if let Err(err) = mapper.unmap(self.va(), &m) {
-                // The device may still reach these pages through the IOMMU:
-                // giving them back to the kernel could let a later DMA
-                // scribble over someone else's memory. Leak them instead.
-                tracing::error!(%err, "DMA unmap of a hugepage region failed; leaking the region");
-                let mapping = std::mem::replace(&mut self.mapping, Mapping::empty());
-                std::mem::forget(mapping);
-            }
+        if let Some((mapper, m)) = self.dma.take()
+            && let Err(err) = mapper.unmap(self.va(), &m)
+        {
+            // The device may still reach these pages through the IOMMU:
+            // giving them back to the kernel could let a later DMA
+            // scribble over someone else's memory. Leak them instead.
+            tracing::error!(%err, "DMA unmap of a hugepage region failed; leaking the region");
+            let mapping = std::mem::replace(&mut self.mapping, Mapping::empty());
+            std::mem::forget(mapping);
         }
     }
 }

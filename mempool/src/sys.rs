@@ -76,7 +76,7 @@ impl Mapping {
     /// aligned to `align` (a power of two, at most the size of the mapping's
     /// pages or 2 MiB), prefaulted and locked.
     pub(crate) fn new(len: usize, page: PageSize, align: usize) -> Result<Mapping, MapFailure> {
-        debug_assert!(len > 0 && len % page.bytes() == 0);
+        debug_assert!(len > 0 && len.is_multiple_of(page.bytes()));
         debug_assert!(align.is_power_of_two());
         let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE;
         // Hugepage mappings are naturally aligned to their page size; small

@@ -764,10 +764,10 @@ pub fn plan_bind(env: &Env, bdf: PciAddress, force: bool) -> Result<Plan, ToolEr
     if !others.is_empty() {
         return Err(ToolError::SharedGroup { bdf, group, others });
     }
-    if let Some(iface) = default_route_on(env, bdf) {
-        if !force {
-            return Err(ToolError::DefaultRoute { bdf, iface });
-        }
+    if let Some(iface) = default_route_on(env, bdf)
+        && !force
+    {
+        return Err(ToolError::DefaultRoute { bdf, iface });
     }
     let dev = env.sysfs.device_dir(bdf);
     plan.writes.push(Write {
@@ -843,14 +843,14 @@ pub fn apply(plan: &Plan) -> Result<(), ToolError> {
     if plan.already_done {
         return Ok(());
     }
-    if plan.action == "bind" {
-        if let Some(record) = &plan.record {
-            if let Some(dir) = plan.state_file.parent() {
-                fs::create_dir_all(dir).map_err(io_err("create", dir))?;
-            }
-            let text = serde_json::to_string_pretty(record).expect("a record serializes");
-            fs::write(&plan.state_file, text + "\n").map_err(io_err("write", &plan.state_file))?;
+    if plan.action == "bind"
+        && let Some(record) = &plan.record
+    {
+        if let Some(dir) = plan.state_file.parent() {
+            fs::create_dir_all(dir).map_err(io_err("create", dir))?;
         }
+        let text = serde_json::to_string_pretty(record).expect("a record serializes");
+        fs::write(&plan.state_file, text + "\n").map_err(io_err("write", &plan.state_file))?;
     }
     for w in &plan.writes {
         // One write(2) per file, newline-terminated, as `echo` does; sysfs

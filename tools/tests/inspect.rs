@@ -796,7 +796,7 @@ fn text_descriptors_list_and_watch() -> Result<(), Failed> {
         .and_then(|r| r.split_whitespace().next())
         .and_then(|n| n.parse().ok())
         .ok_or_else(|| format!("no WQE index in {d}"))?;
-    check(index % 128 == 0, || {
+    check(index.is_multiple_of(128), || {
         format!("WQEBB 0 holds WQE index {index}")
     })?;
     check(!d.contains("queue set :31850"), || {

@@ -567,12 +567,11 @@ fn transfer<F: Fixture>(
         if n > 0 {
             last_progress = Instant::now();
         }
-        if let Post::Every(batch) = plan.post {
-            if bs.cur.held >= batch
-                || (bs.cur.held > 0 && (inflight == 0 || bs.cur.held == bs.cur.entries))
-            {
-                bs.post(b, bs.cur.held);
-            }
+        if let Post::Every(batch) = plan.post
+            && (bs.cur.held >= batch
+                || (bs.cur.held > 0 && (inflight == 0 || bs.cur.held == bs.cur.entries)))
+        {
+            bs.post(b, bs.cur.held);
         }
         if last_progress.elapsed() > IDLE_TIMEOUT {
             let missing: Vec<usize> = (0..count)

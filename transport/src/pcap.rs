@@ -189,10 +189,10 @@ impl Capture {
 
 impl Drop for Capture {
     fn drop(&mut self) {
-        if self.writer.is_some() {
-            if let Err(e) = self.file.flush() {
-                tracing::error!(path = %self.path.display(), error = %e, "pcap capture: final flush failed");
-            }
+        if self.writer.is_some()
+            && let Err(e) = self.file.flush()
+        {
+            tracing::error!(path = %self.path.display(), error = %e, "pcap capture: final flush failed");
         }
     }
 }

@@ -199,19 +199,19 @@ impl UdpConfig {
                 return Err(format!("{name} = {v}: must be 1 to {MAX_BATCH}"));
             }
         }
-        if let Some(ip) = self.advertise {
-            if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
-                return Err(format!(
-                    "advertise = {ip}: peers cannot send to that address"
-                ));
-            }
+        if let Some(ip) = self.advertise
+            && (ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast())
+        {
+            return Err(format!(
+                "advertise = {ip}: peers cannot send to that address"
+            ));
         }
-        if let Some(mac) = self.mac {
-            if mac[0] & 1 != 0 {
-                return Err(format!(
-                    "mac = {mac:02x?}: a multicast MAC cannot name this host"
-                ));
-            }
+        if let Some(mac) = self.mac
+            && mac[0] & 1 != 0
+        {
+            return Err(format!(
+                "mac = {mac:02x?}: a multicast MAC cannot name this host"
+            ));
         }
         Ok(())
     }

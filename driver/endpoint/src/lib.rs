@@ -173,7 +173,7 @@ pub fn hex(bytes: &[u8]) -> String {
 
 /// The bytes of a [`hex`] string, or `None` if it is not one.
 pub fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     s.as_bytes()

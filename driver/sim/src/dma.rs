@@ -358,7 +358,7 @@ impl Iommu {
     }
 
     fn map(&self, va: usize, len: usize) -> Result<u64, MapError> {
-        if len == 0 || va % PAGE != 0 || len % PAGE != 0 {
+        if len == 0 || !va.is_multiple_of(PAGE) || !len.is_multiple_of(PAGE) {
             return Err(MapError::Unaligned { va, len });
         }
         let limit = self.lock_limit.load(Ordering::Relaxed);
@@ -506,7 +506,7 @@ impl Iommu {
     }
 
     fn atomic_ptr(&self, iova: u64, size: usize, write: bool) -> Result<(), DmaFault> {
-        if iova % size as u64 != 0 {
+        if !iova.is_multiple_of(size as u64) {
             return Err(self.fault(iova, size, write, FaultKind::Misaligned));
         }
         Ok(())
@@ -817,7 +817,8 @@ pub struct DmaSpan {
 impl DmaSpan {
     fn check(&self, off: usize, n: usize, align: usize) -> *mut u8 {
         assert!(
-            off.checked_add(n).is_some_and(|e| e <= self.len) && (self.va + off) % align == 0,
+            off.checked_add(n).is_some_and(|e| e <= self.len)
+                && (self.va + off).is_multiple_of(align),
             "DMA span access of {n} bytes at {off:#x} outside {} bytes (or misaligned)",
             self.len
         );
@@ -1029,7 +1030,7 @@ impl HostMem {
 
     fn check(&self, off: usize, n: usize, align: usize) {
         assert!(
-            off.checked_add(n).is_some_and(|e| e <= self.len()) && off % align == 0,
+            off.checked_add(n).is_some_and(|e| e <= self.len()) && off.is_multiple_of(align),
             "HostMem access of {n} bytes at offset {off:#x} outside {} bytes (or misaligned)",
             self.len()
         );

@@ -526,7 +526,7 @@ impl NicInner {
         if self.health.gone.load(Ordering::Relaxed) {
             return u32::MAX;
         }
-        if off % 4 != 0 || off + 4 > self.bar0_len() {
+        if !off.is_multiple_of(4) || off + 4 > self.bar0_len() {
             self.stats.mmio_ignored.fetch_add(1, Ordering::Relaxed);
             return u32::MAX;
         }
@@ -584,7 +584,7 @@ impl NicInner {
     pub(crate) fn write32(&self, off: usize, v: u32) {
         self.fabric.check_thread();
         self.stats.mmio_writes.fetch_add(1, Ordering::Relaxed);
-        if off % 4 != 0 || off + 4 > self.bar0_len() {
+        if !off.is_multiple_of(4) || off + 4 > self.bar0_len() {
             return self.ignored("misaligned or out-of-range write32", off);
         }
         match off {
@@ -622,7 +622,7 @@ impl NicInner {
     pub(crate) fn write64(&self, off: usize, v: u64) {
         self.fabric.check_thread();
         self.stats.mmio_writes.fetch_add(1, Ordering::Relaxed);
-        if off % 8 != 0 || off + 8 > self.bar0_len() {
+        if !off.is_multiple_of(8) || off + 8 > self.bar0_len() {
             return self.ignored("misaligned or out-of-range write64", off);
         }
         match self.uar_of(off) {
@@ -636,7 +636,8 @@ impl NicInner {
         self.fabric.check_thread();
         self.stats.mmio_writes.fetch_add(1, Ordering::Relaxed);
         self.stats.bf_writes.fetch_add(1, Ordering::Relaxed);
-        let ok_len = !data.is_empty() && data.len() % 64 == 0 && data.len() <= BF_REG_BYTES / 2;
+        let ok_len =
+            !data.is_empty() && data.len().is_multiple_of(64) && data.len() <= BF_REG_BYTES / 2;
         match self.uar_of(off) {
             Some((uar, o)) if ok_len && is_bfreg(o) && off + data.len() <= self.bar0_len() => {
                 let mut v = [0u8; 8];
@@ -1027,7 +1028,7 @@ impl NicInner {
 
 fn is_bfreg(o: usize) -> bool {
     (BF_OFFSET..BF_OFFSET + BFREGS_PER_UAR * BF_REG_BYTES).contains(&o)
-        && (o - BF_OFFSET) % (BF_REG_BYTES / 2) == 0
+        && (o - BF_OFFSET).is_multiple_of(BF_REG_BYTES / 2)
 }
 
 fn config_range(off: u16, len: usize) -> std::io::Result<(usize, usize)> {

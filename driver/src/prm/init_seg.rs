@@ -66,7 +66,7 @@ pub const EMBEDDED_CPU_BIT: u32 = 1 << (31 - InitialSegBits::EMBEDDED_CPU.bit() 
 const _: () = assert!(
     InitialSegBits::EMBEDDED_CPU.bit() / 32 == InitSeg::INITIALIZING.bit() / 32
         && EMBEDDED_CPU_BIT == 1 << 23
-        && InitialSegBits::INITIALIZING.bit() % 32 == 0
+        && InitialSegBits::INITIALIZING.bit().is_multiple_of(32)
 );
 
 layout! {

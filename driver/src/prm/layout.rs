@@ -115,8 +115,8 @@ impl<S> Field<S> {
     /// const) if the field is not accessible as described on [`Field`].
     pub const fn new(bit: u32, width: u32) -> Self {
         let in_dword = width >= 1 && width <= 32 && bit / 32 == (bit + width - 1) / 32;
-        let qword = width == 64 && bit % 32 == 0;
-        let bytes = width > 64 && bit % 8 == 0 && width % 8 == 0;
+        let qword = width == 64 && bit.is_multiple_of(32);
+        let bytes = width > 64 && bit.is_multiple_of(8) && width.is_multiple_of(8);
         assert!(
             in_dword || qword || bytes,
             "field neither within a dword, a dword-aligned u64, nor bytes"
@@ -241,7 +241,7 @@ impl<S, T> fmt::Debug for Sub<S, T> {
 impl<S, T: Layout> Sub<S, T> {
     /// `T` at bit `bit` of `S`.
     pub const fn new(bit: u32) -> Self {
-        assert!(bit % 8 == 0, "embedded layouts are byte aligned");
+        assert!(bit.is_multiple_of(8), "embedded layouts are byte aligned");
         Sub {
             bit,
             _layouts: PhantomData,
@@ -288,7 +288,7 @@ impl<S> Flex<S> {
     /// Elements of `width` bits from bit `bit`.
     pub const fn new(bit: u32, width: u32) -> Self {
         assert!(
-            bit % 32 == 0 && (width == 32 || width == 64),
+            bit.is_multiple_of(32) && (width == 32 || width == 64),
             "flex arrays hold dwords or qwords"
         );
         Flex {

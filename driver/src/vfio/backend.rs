@@ -152,7 +152,7 @@ impl HwBackend for VfioBackend {
     #[inline]
     fn write_bf(&self, offset: usize, data: &[u8]) {
         assert!(
-            !data.is_empty() && data.len() <= 256 && data.len() % 64 == 0,
+            !data.is_empty() && data.len() <= 256 && data.len().is_multiple_of(64),
             "{}: BlueFlame write of {} bytes at {offset:#x} (must be 64, 128, 192 or 256)",
             self.describe(),
             data.len()

@@ -228,7 +228,7 @@ impl Container {
             .ok_or_else(|| VfioError::ContainerNotReady {
                 path: self.path.clone(),
             })?;
-        if len == 0 || va as u64 % page != 0 || len as u64 % page != 0 {
+        if len == 0 || !(va as u64).is_multiple_of(page) || !(len as u64).is_multiple_of(page) {
             return Err(VfioError::BadDmaRange { va, len, page });
         }
         let alloc = state

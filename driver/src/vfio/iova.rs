@@ -250,7 +250,7 @@ impl IovaAllocator {
     /// Allocates `len` bytes (a multiple of the page) at its natural
     /// alignment; `None` if no free range fits.
     pub fn alloc(&mut self, len: u64) -> Option<u64> {
-        if len == 0 || len % self.page != 0 {
+        if len == 0 || !len.is_multiple_of(self.page) {
             return None;
         }
         let align = self.natural_align(len);
@@ -326,10 +326,10 @@ impl IovaAllocator {
                 start = ps;
             }
         }
-        if let Some(ns) = last.checked_add(1) {
-            if let Some(nl) = self.free.remove(&ns) {
-                last = nl;
-            }
+        if let Some(ns) = last.checked_add(1)
+            && let Some(nl) = self.free.remove(&ns)
+        {
+            last = nl;
         }
         self.free.insert(start, last);
     }
@@ -525,7 +525,7 @@ mod tests {
             seed ^= seed >> 7;
             seed ^= seed << 17;
             let pages = 1 + seed % 300;
-            if seed % 3 == 0 && !got.is_empty() {
+            if seed.is_multiple_of(3) && !got.is_empty() {
                 let (iova, len) = got.swap_remove((seed as usize / 3) % got.len());
                 a.free(iova, len);
             } else if let Some(iova) = a.alloc(pages * 4096) {

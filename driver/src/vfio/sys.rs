@@ -404,7 +404,9 @@ impl Mmio {
     /// check every access goes through.
     #[inline(always)]
     fn at(&self, offset: usize, width: usize) -> *mut u8 {
-        if offset.checked_add(width).is_none_or(|end| end > self.len) || offset % width != 0 {
+        if offset.checked_add(width).is_none_or(|end| end > self.len)
+            || !offset.is_multiple_of(width)
+        {
             self.out_of_bounds(offset, width);
         }
         // SAFETY: `offset + width <= len` was checked, so the pointer stays
@@ -466,7 +468,7 @@ impl Mmio {
     #[inline]
     pub(crate) fn store_words(&self, offset: usize, data: &[u8]) {
         assert!(
-            data.len() % 8 == 0,
+            data.len().is_multiple_of(8),
             "{}: word copy of {} bytes",
             self.label,
             data.len()

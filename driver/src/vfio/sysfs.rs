@@ -239,14 +239,13 @@ impl Sysfs {
     pub fn functions_of_interface(&self, ifname: &str, depth: u32) -> Vec<PciAddress> {
         let net = self.root.join("class/net").join(ifname);
         let mut found = Vec::new();
-        if let Ok(real) = fs::canonicalize(net.join("device")) {
-            if let Some(bdf) = real
+        if let Ok(real) = fs::canonicalize(net.join("device"))
+            && let Some(bdf) = real
                 .ancestors()
                 .filter_map(|p| p.file_name()?.to_str()?.parse::<PciAddress>().ok())
                 .next()
-            {
-                found.push(bdf);
-            }
+        {
+            found.push(bdf);
         }
         if depth > 0 && found.is_empty() {
             for lower in dir_names(&net) {

@@ -150,12 +150,11 @@ fn member_names(block: &str) -> HashSet<String> {
             .next()
             .unwrap_or("")
             .trim();
-        if let Some(last) = decl.split_whitespace().last() {
-            if last.chars().all(|c| c.is_alphanumeric() || c == '_')
-                && decl.contains(char::is_whitespace)
-            {
-                names.insert(last.to_string());
-            }
+        if let Some(last) = decl.split_whitespace().last()
+            && last.chars().all(|c| c.is_alphanumeric() || c == '_')
+            && decl.contains(char::is_whitespace)
+        {
+            names.insert(last.to_string());
         }
     }
     names

@@ -527,7 +527,7 @@ fn worker_main(shared: Arc<PoolShared>, index: usize) {
         std::hint::spin_loop();
         if let WorkerIdle::SpinThenPark { after } = shared.idle {
             empty_polls = empty_polls.wrapping_add(1);
-            if empty_polls % POLLS_PER_CLOCK_READ == 0 {
+            if empty_polls.is_multiple_of(POLLS_PER_CLOCK_READ) {
                 let now = Instant::now();
                 let since = *idle_since.get_or_insert(now);
                 if now.duration_since(since) >= after {

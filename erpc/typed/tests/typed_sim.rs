@@ -481,15 +481,15 @@ fn a_panicking_event_loop_handler_ends_the_server_and_its_callers_learn_it() {
     for _ in 0..20_000 {
         w.client.run_once();
         w.net.advance(100 * STEP_NS);
-        if r1.is_none() {
-            if let Poll::Ready(r) = poll_once(&mut boom) {
-                r1 = Some(r);
-            }
+        if r1.is_none()
+            && let Poll::Ready(r) = poll_once(&mut boom)
+        {
+            r1 = Some(r);
         }
-        if r2.is_none() {
-            if let Poll::Ready(r) = poll_once(&mut behind) {
-                r2 = Some(r);
-            }
+        if r2.is_none()
+            && let Poll::Ready(r) = poll_once(&mut behind)
+        {
+            r2 = Some(r);
         }
         if r1.is_some() && r2.is_some() {
             break;

@@ -77,7 +77,7 @@ fn walk_chain(
                 format!("{what} mailbox chain ends after {i} of {blocks} blocks"),
             ));
         }
-        if ptr % MAILBOX_ALIGN != 0 {
+        if !ptr.is_multiple_of(MAILBOX_ALIGN) {
             return Err(delivery(
                 misaligned,
                 format!("{what} mailbox {i} at {ptr:#x} is not {MAILBOX_ALIGN}-byte aligned"),
@@ -316,14 +316,13 @@ fn execute(
             Opcode::from_raw(op),
             Some(Opcode::ManagePages | Opcode::QueryPages | Opcode::Nop)
         )
+        && let Some(n) = fw.inject.wait_for_pages.take()
     {
-        if let Some(n) = fw.inject.wait_for_pages.take() {
-            tracing::debug!(slot, op = op_name(op), n, "command waits for pages");
-            fw.seq -= 1;
-            fw.pending.push(Held { slot, fetched: f });
-            super::pages::request(nic, fw, dp, n as i32);
-            return;
-        }
+        tracing::debug!(slot, op = op_name(op), n, "command waits for pages");
+        fw.seq -= 1;
+        fw.pending.push(Held { slot, fetched: f });
+        super::pages::request(nic, fw, dp, n as i32);
+        return;
     }
 
     let result = match injected {

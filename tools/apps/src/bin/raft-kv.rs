@@ -264,7 +264,7 @@ fn run<W: World>(
     while !done(c) {
         c.poll();
         i += 1;
-        if i % 1024 == 0 && t0.elapsed() > Duration::from_secs(secs) {
+        if i.is_multiple_of(1024) && t0.elapsed() > Duration::from_secs(secs) {
             return Err(format!("{what}: not done after {secs} s: {c:?}").into());
         }
     }

@@ -771,20 +771,20 @@ impl ReplicaState {
             let t = rpc.now_ns();
             let len = wire::batch_bytes(&batch);
             self.stats.codec_ns += rpc.now_ns() - t;
-            if len <= RAFT_RESP_BYTES {
-                if let Some(pos) = self.raft_handles.iter().position(|(f, _)| *f == id) {
-                    let (_, h) = self.raft_handles.remove(pos);
-                    if let Ok(mut m) = rpc.response_buffer(&h, len) {
-                        let t = rpc.now_ns();
-                        wire::write_batch(m.data_mut(), &batch).expect("sized buffer");
-                        self.stats.codec_ns += rpc.now_ns() - t;
-                        if rpc.enqueue_response(h, m).is_ok() {
-                            self.stats.msgs_piggybacked += batch.len() as u64;
-                        }
-                        continue;
+            if len <= RAFT_RESP_BYTES
+                && let Some(pos) = self.raft_handles.iter().position(|(f, _)| *f == id)
+            {
+                let (_, h) = self.raft_handles.remove(pos);
+                if let Ok(mut m) = rpc.response_buffer(&h, len) {
+                    let t = rpc.now_ns();
+                    wire::write_batch(m.data_mut(), &batch).expect("sized buffer");
+                    self.stats.codec_ns += rpc.now_ns() - t;
+                    if rpc.enqueue_response(h, m).is_ok() {
+                        self.stats.msgs_piggybacked += batch.len() as u64;
                     }
-                    let _ = rpc.respond(h, &0u32.to_le_bytes());
+                    continue;
                 }
+                let _ = rpc.respond(h, &0u32.to_le_bytes());
             }
             // Split into requests of at most MAX_BATCH_BYTES.
             let mut start = 0;

@@ -458,7 +458,7 @@ impl Ctx<'_> {
 
     /// A doorbell record: 8-byte aligned and mapped.
     fn check_dbr(&self, dbr: u64) -> R {
-        if dbr % 8 != 0 {
+        if !dbr.is_multiple_of(8) {
             return Err(param(
                 Why::Alignment,
                 format!("doorbell record {dbr:#x} is not 8-byte aligned"),
