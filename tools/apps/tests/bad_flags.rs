@@ -15,6 +15,8 @@ const EXES: &[(&str, &str)] = &[
     ("raft-kv", env!("CARGO_BIN_EXE_raft-kv")),
     ("ordered-kv", env!("CARGO_BIN_EXE_ordered-kv")),
     ("dispatch-bench", env!("CARGO_BIN_EXE_dispatch-bench")),
+    ("herd-kv", env!("CARGO_BIN_EXE_herd-kv")),
+    ("sequencer", env!("CARGO_BIN_EXE_sequencer")),
 ];
 
 const fn case(
@@ -160,6 +162,40 @@ const CASES: &[Case] = &[
         "dispatch-bench",
         &["--sim-step-ns", "50"],
         &["--sim-step-ns applies to --transport sim only"],
+    ),
+    // The issue-35 applications: the same kinds of values.
+    case(
+        "herd-kv",
+        &["--keys", "0"],
+        &["--keys", "must be 1 to 100000000"],
+    ),
+    case("herd-kv", &["--secs", "NaN"], &["--secs", "0.1 to 600"]),
+    case("herd-kv", &["--zipf", "0"], &["--zipf", "above 0"]),
+    case("herd-kv", &["--window", "0"], &["--window", "1 to 1024"]),
+    case("herd-kv", &["--threads", "0"], &["--threads", "1 to 16"]),
+    case("herd-kv", &["--rate=-1"], &["--rate", "above 0"]),
+    case(
+        "herd-kv",
+        &["--puts-per-mille", "1001"],
+        &["--puts-per-mille", "0 to 1000"],
+    ),
+    case(
+        "herd-kv",
+        &["--handlers", "x"],
+        &["--handlers", "per-request, burst or both"],
+    ),
+    case("sequencer", &["--secs", "NaN"], &["--secs", "0.1 to 600"]),
+    case("sequencer", &["--window", "0"], &["--window", "1 to 1024"]),
+    case(
+        "sequencer",
+        &["--sessions", "0"],
+        &["--sessions", "1 to 64"],
+    ),
+    case("sequencer", &["--rounds", "0"], &["--rounds", "1 to 20"]),
+    case(
+        "sequencer",
+        &["--transport", "rdma"],
+        &["--transport", "dev"],
     ),
 ];
 
