@@ -487,7 +487,11 @@ impl<T: Transport, C> Session<T, C> {
             }
             Half::Server(svs) => {
                 for sv in svs {
-                    debug_assert!(sv.state != SrvState::InHandler);
+                    // A slot may still be `InHandler` here only if its
+                    // dispatch handler unwound (panicked) out of the event
+                    // loop and the application dropped the Rpc after
+                    // catching it: nothing else holds the slot, so its
+                    // buffers go like any other's.
                     sv.req_msgbuf.into_iter().for_each(&mut f);
                     sv.pre_resp.into_iter().for_each(&mut f);
                 }

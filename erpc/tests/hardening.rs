@@ -684,3 +684,70 @@ fn a_lost_reclaim_notice_comes_again_with_the_clients_next_packet() {
         },
     );
 }
+
+/// A dispatch handler that panics unwinds out of `run_event_loop_once` to
+/// the application (eRPC does not catch it: the handler runs on the
+/// application's thread). An application that catches the panic and then
+/// drops its Rpc must not hit a second panic in the drop: the slot the
+/// handler left `InHandler` is freed like any other.
+#[test]
+fn an_rpc_dropped_after_its_dispatch_handler_panicked_frees_everything() {
+    const PANICS: u8 = 200;
+    fn h_panic<T: transport::Transport>(
+        _: &mut erpc::Rpc<T, common::app::Ctx>,
+        _: &mut common::app::Ctx,
+        _: erpc::Request<'_>,
+    ) {
+        panic!("a dispatch handler panics (injected)");
+    }
+    common::with_seeds(
+        "an_rpc_dropped_after_its_dispatch_handler_panicked_frees_everything",
+        "hardening",
+        &[3],
+        |seed| {
+            let mut w = common::SimWorld::new(seed);
+            let mut ns: Vec<common::scenarios::N<common::SimWorld>> = (0..2)
+                .map(|i| {
+                    let b = common::app::register::<erpc::sim::SimTransport>(common::World::nexus(
+                        &mut w,
+                        &format!("node-{i}:31850"),
+                    ))
+                    .handler::<erpc::sim::SimTransport, common::app::Ctx>(PANICS, h_panic);
+                    let nexus = b.build().expect("nexus");
+                    common::Node::new(
+                        &mut w,
+                        &nexus,
+                        i as u8,
+                        common::app::Ctx::new(seed),
+                        erpc::RpcConfig::default(),
+                        Some(common::app::sm_handler::<erpc::sim::SimTransport>),
+                    )
+                })
+                .collect();
+            common::scenarios::connect(&mut w, &mut ns, 0, 1, 1);
+            let sn = ns[0].ctx.sessions[0];
+            let req = ns[0].rpc.alloc_msg_buffer(16).expect("alloc");
+            let resp = ns[0].rpc.alloc_msg_buffer(16).expect("alloc");
+            ns[0]
+                .rpc
+                .enqueue_request(sn, PANICS, req, resp, common::app::client_cont::<_>, 0)
+                .expect("enqueue");
+            let mut panicked = false;
+            for _ in 0..100_000 {
+                ns[0].poll();
+                let server = &mut ns[1];
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| server.poll()));
+                if r.is_err() {
+                    panicked = true;
+                    break;
+                }
+                common::World::step(&mut w);
+            }
+            assert!(panicked, "the handler ran");
+            // The server's application gives up on its Rpc: dropping it
+            // must not panic again.
+            let server = ns.pop().expect("two nodes");
+            drop(server);
+        },
+    );
+}
