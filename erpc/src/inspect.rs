@@ -442,6 +442,11 @@ pub struct LivenessView {
     pub failed_rpc_gone: u64,
     /// Failures injected.
     pub failed_injected: u64,
+    /// Ticks of the keep-alive that came more than a ping interval late
+    /// (the Nexus's SM thread did not run), whose gap was not counted as
+    /// any peer's silence.
+    #[serde(default)]
+    pub pauses_discounted: u64,
     /// Remote Nexuses tracked now.
     pub tracked: u64,
     /// Each of them.
@@ -512,6 +517,7 @@ fn liveness_view(s: LivenessStats, peers: Vec<PeerLiveness>) -> LivenessView {
         failed_restarted: s.failed_restarted,
         failed_rpc_gone: s.failed_rpc_gone,
         failed_injected: s.failed_injected,
+        pauses_discounted: s.pauses_discounted,
         tracked: s.tracked,
         peers: peers
             .into_iter()

@@ -819,7 +819,7 @@ pub fn render(snap: &Snapshot, prev: Option<&Snapshot>, style: Style) -> String 
         let sm = &n.sm;
         let _ = writeln!(
             out,
-            "  SM: {} delivered, {} malformed, {} for unknown Rpcs, {} unsupported, {} inbox full; keep-alive: {} pings sent, {} answered, {} pongs, {} peers tracked, failed {} silent / {} restarted / {} Rpc gone / {} injected",
+            "  SM: {} delivered, {} malformed, {} for unknown Rpcs, {} unsupported, {} inbox full; keep-alive: {} pings sent, {} answered, {} pongs, {} peers tracked, failed {} silent / {} restarted / {} Rpc gone / {} injected; {} own pauses discounted",
             sm.delivered,
             sm.malformed,
             sm.invalid_rpc_id_req + sm.invalid_rpc_id_resp,
@@ -832,7 +832,8 @@ pub fn render(snap: &Snapshot, prev: Option<&Snapshot>, style: Style) -> String 
             l.failed_silent,
             l.failed_restarted,
             l.failed_rpc_gone,
-            l.failed_injected
+            l.failed_injected,
+            l.pauses_discounted
         );
         for p in &l.peers {
             let since = |x: Option<u64>| {
