@@ -529,6 +529,24 @@ fn one_host_cannot_take_the_whole_ring() {
     });
 }
 
+/// Node 0 connects two sessions to node 1; returns a copy of one of its
+/// genuine connect requests (its real URI and incarnation) with the
+/// forger's `token`: what a forger on the SM network would send.
+fn connect_and_forge_a_copy(w: &mut W, ns: &mut [N<W>], token: u64) -> SmPkt {
+    w.net.sm_hub().tap(&uri(1));
+    connect(w, ns, 0, 1, 2);
+    let mut forged = w
+        .net
+        .sm_hub()
+        .take_tapped(&uri(1))
+        .into_iter()
+        .map(|b| SmPkt::decode(&b).unwrap())
+        .find(|p| p.pkt_type == SmPktType::ConnectReq)
+        .expect("a connect request");
+    forged.uniq_token = token;
+    forged
+}
+
 /// A forged connect request naming a live erpc-rs client, with its real
 /// incarnation and a token of the forger's, makes the server create a
 /// session; its response goes to the client named, which never asked for
@@ -542,18 +560,7 @@ fn a_session_made_by_a_forged_connect_is_disowned_by_its_client() {
         |seed| {
             let mut w = W::new(seed);
             let mut ns = nodes(&mut w, 2, seed);
-            w.net.sm_hub().tap(&uri(1));
-            connect(&mut w, &mut ns, 0, 1, 2);
-            let genuine = w
-                .net
-                .sm_hub()
-                .take_tapped(&uri(1))
-                .into_iter()
-                .map(|b| SmPkt::decode(&b).unwrap())
-                .find(|p| p.pkt_type == SmPktType::ConnectReq)
-                .expect("a connect request");
-            let mut forged = genuine;
-            forged.uniq_token = 0xf0f0_f0f0;
+            let forged = connect_and_forge_a_copy(&mut w, &mut ns, 0xf0f0_f0f0);
             forge(&w, &forger(), &uri(1), &forged.encode());
             run_steps(&mut w, &mut ns, 100);
             assert_eq!(ns[0].rpc.stats().sm_disowned, 1);
@@ -582,18 +589,7 @@ fn a_forged_session_goes_even_when_its_disown_is_lost() {
         |seed| {
             let mut w = W::new(seed);
             let mut ns = nodes(&mut w, 2, seed);
-            w.net.sm_hub().tap(&uri(1));
-            connect(&mut w, &mut ns, 0, 1, 2);
-            let genuine = w
-                .net
-                .sm_hub()
-                .take_tapped(&uri(1))
-                .into_iter()
-                .map(|b| SmPkt::decode(&b).unwrap())
-                .find(|p| p.pkt_type == SmPktType::ConnectReq)
-                .expect("a connect request");
-            let mut forged = genuine;
-            forged.uniq_token = 0x0f0f_0f0f;
+            let forged = connect_and_forge_a_copy(&mut w, &mut ns, 0x0f0f_0f0f);
             // Everything node 0 sends on the SM network is lost from now.
             w.net.sm_hub().set_mute(&uri(0), true);
             forge(&w, &forger(), &uri(1), &forged.encode());

@@ -5,6 +5,8 @@
 //! answer checked against the clients' model and every written key read
 //! back. One thread, virtual clock; a failure prints its replay command.
 
+mod common;
+
 use erpc::sim::LinkConfig;
 use erpc::{Nexus, Rpc, RpcConfig};
 use erpc_apps::env::{DevWorld, SimWorld, World};
@@ -13,19 +15,7 @@ use erpc_apps::herd::{self, ClientConfig, Handlers, KeyDist, KvClient, KvServer}
 const FILE: &str = "herd";
 
 fn with_seeds(test: &str, defaults: &[u64], f: impl Fn(u64)) {
-    let seeds: Vec<u64> = match std::env::var("ERPC_SEED").ok().and_then(|s| s.parse().ok()) {
-        Some(s) => vec![s],
-        None => defaults.to_vec(),
-    };
-    for seed in seeds {
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(seed)));
-        if let Err(e) = r {
-            eprintln!(
-                "\n*** {test} failed with seed {seed}\n*** replay: ERPC_SEED={seed} cargo test -p erpc-apps --test {FILE} -- {test} --exact\n"
-            );
-            std::panic::resume_unwind(e);
-        }
-    }
+    common::with_seeds(FILE, test, defaults, f);
 }
 
 fn handlers() -> Vec<Handlers> {

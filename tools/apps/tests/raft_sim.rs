@@ -5,6 +5,8 @@
 //! packet loss and a crash. Every run is one thread on a virtual clock and
 //! replays exactly from its seed; a failure prints the replay command.
 
+mod common;
+
 use erpc::sim::LinkConfig;
 use erpc_apps::env::{DevWorld, SimWorld, World};
 use erpc_apps::lincheck;
@@ -16,19 +18,7 @@ const FILE: &str = "raft_sim";
 const MS: u64 = 1_000;
 
 fn with_seeds(test: &str, defaults: &[u64], f: impl Fn(u64)) {
-    let seeds: Vec<u64> = match std::env::var("ERPC_SEED").ok().and_then(|s| s.parse().ok()) {
-        Some(s) => vec![s],
-        None => defaults.to_vec(),
-    };
-    for seed in seeds {
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(seed)));
-        if let Err(e) = r {
-            eprintln!(
-                "\n*** {test} failed with seed {seed}\n*** replay: ERPC_SEED={seed} cargo test -p erpc-apps --test {FILE} -- {test} --exact\n"
-            );
-            std::panic::resume_unwind(e);
-        }
-    }
+    common::with_seeds(FILE, test, defaults, f);
 }
 
 fn replica_cfg(

@@ -1,13 +1,15 @@
 //! The sequencer on eRPC's simulated network and on the device model, in
 //! virtual time: many client sessions against a server with two Rpcs that
 //! share the counter, under packet loss, with a client that crashes with
-//! requests outstanding; per-request and (feature `burst`) burst
+//! requests outstanding; per-request and burst
 //! handlers. The audit uses the server's log of every number handed out:
 //! each number below the counter was taken by exactly one request, every
 //! number a client received is the one the server gave that very request,
 //! and each number no one received belongs to a request that failed or was
 //! outstanding when its client crashed. A failure prints its replay
 //! command.
+
+mod common;
 
 use std::collections::{HashMap, HashSet};
 
@@ -19,19 +21,7 @@ use erpc_apps::sequencer::{self, Counter, Grant, Handlers, SeqClient, SeqServer}
 const FILE: &str = "sequencer";
 
 fn with_seeds(test: &str, defaults: &[u64], f: impl Fn(u64)) {
-    let seeds: Vec<u64> = match std::env::var("ERPC_SEED").ok().and_then(|s| s.parse().ok()) {
-        Some(s) => vec![s],
-        None => defaults.to_vec(),
-    };
-    for seed in seeds {
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(seed)));
-        if let Err(e) = r {
-            eprintln!(
-                "\n*** {test} failed with seed {seed}\n*** replay: ERPC_SEED={seed} cargo test -p erpc-apps --test {FILE} -- {test} --exact\n"
-            );
-            std::panic::resume_unwind(e);
-        }
-    }
+    common::with_seeds(FILE, test, defaults, f);
 }
 
 fn handlers() -> Vec<Handlers> {
