@@ -37,7 +37,7 @@ library work (callgrind keeps costs per call site, not per call path).
 ``--rule host`` counts what a host pays per RPC on the mlx5 path: eRPC,
 the transport crate and the driver (``driver/src/``) are "ours" alike, the
 four entry points included, and the device model (``driver/sim/``, the
-network model ``transport/netsim/``, ``erpc/src/sim/``) is opaque: nothing
+network model ``driver/netsim/``, ``erpc/src/sim/``) is opaque: nothing
 inside it counts, not even driver code it uses. The application is
 everything else, as above.
 
@@ -69,7 +69,7 @@ RULES = {
         ("lib", LIBRARY),
     ],
     "host": [
-        ("opaque", ("erpc/src/sim/", "driver/sim/", "transport/netsim/")),
+        ("opaque", ("erpc/src/sim/", "driver/sim/", "driver/netsim/")),
         ("ours", ("erpc/src/", "transport/src/", "driver/src/")),
         ("lib", LIBRARY + ("driver/endpoint/src/",)),
     ],

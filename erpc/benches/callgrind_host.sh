@@ -3,7 +3,7 @@
 # (client + server) in eRPC, the transport crate and the mlx5 driver,
 # counted under callgrind from erpc-bench on the device model, with the
 # device model's own code left out by crate (mlx5-sim in driver/sim/, the
-# network model in transport/netsim/: on a real ConnectX that work is the
+# network model in driver/netsim/: on a real ConnectX that work is the
 # NIC's). callgrind_count.py --rule host decides per instruction (see its
 # doc and README, "instructions per RPC"); the benchmark's own loop,
 # handler and continuation are the application's and do not count.
