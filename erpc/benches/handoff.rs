@@ -35,8 +35,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use erpc::sim::{SimConfig, SimNet, SimTransport, test_allocator};
 use erpc::{Completion, MsgBuf, Nexus, Request, Rpc, RpcConfig, WorkerIdle};
+use erpc_sim::{SimConfig, SimNet, SimTransport, test_allocator};
 
 /// The value the queues carry: the size of an eRPC job.
 #[derive(Debug, Clone, Copy)]

@@ -14,8 +14,8 @@
 //! erpc/benches/callgrind_large.sh        # per data packet, two sizes
 //! ```
 
-use erpc::sim::{SimConfig, SimNet, SimTransport, test_allocator};
 use erpc::{Completion, MsgBuf, Nexus, Request, Rpc, RpcConfig};
+use erpc_sim::{SimConfig, SimNet, SimTransport, test_allocator};
 
 const REQ: u8 = 1;
 const WINDOW: usize = 2;

@@ -21,8 +21,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use erpc::sim::{SimConfig, SimNet, SimTransport, test_allocator};
 use erpc::{Clock, Completion, MsgBuf, Nexus, Request, Rpc, RpcConfig};
+use erpc_sim::{SimConfig, SimNet, SimTransport, test_allocator};
 use transport::udp::{UdpConfig, UdpTransport};
 use transport::{PKTHDR_BYTES, RxRing, Transport, TxItem};
 
@@ -525,7 +525,7 @@ fn factor_config(name: &str) -> Option<RpcConfig> {
         "wheel-bypass" => c.cc.wheel_bypass = false,
         "prealloc" => c.prealloc_responses = false,
         "zero-copy" => c.zero_copy_rx = false,
-        "cc-off" => c.cc = erpc::cc::CcConfig::disabled(),
+        "cc-off" => c.cc = erpc::CcConfig::disabled(),
         _ => return None,
     }
     Some(c)
@@ -560,7 +560,7 @@ fn callgrind_run(n: u64, factor: &str) {
         .unwrap_or(0);
     let net = SimNet::new(SimConfig {
         ring_entries: erpc::rx_ring_entries_for(idle + 1, cfg.session_credits)
-            .max(erpc::consts::RX_RING_ENTRIES_DEFAULT),
+            .max(erpc::RX_RING_ENTRIES_DEFAULT),
         ..SimConfig::default()
     });
     let mut v = sim_nodes_as(&net, cfg, h, idle);

@@ -20,10 +20,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use erpc::sim::{SimConfig, SimNet, SimTransport, sim_allocator};
 use erpc::{
     Completion, Nexus, NexusBuilder, Request, Rpc, RpcConfig, SessionEvent, SessionEventKind,
 };
+use erpc_sim::{SimConfig, SimNet, SimTransport, sim_allocator};
 use mempool::{Fallback, RegionOptions};
 use transport::Transport;
 use transport::udp::{UdpConfig, UdpTransport};

@@ -18,7 +18,7 @@
 //! raw rate by CPU time (BENCHMARKS.md, "Typed and async calls").
 //!
 //! ```
-//! use erpc::sim::{SimConfig, SimNet, SimTransport, test_allocator};
+//! use erpc_sim::{SimConfig, SimNet, SimTransport, test_allocator};
 //! use erpc::Nexus;
 //! use erpc_typed::{Endpoint, EndpointConfig, Method, Service};
 //!
@@ -92,7 +92,7 @@
 //! `examples/hello_world.rs`).
 //!
 //! ```
-//! use erpc::sim::{SimConfig, SimNet, SimTransport, sim_allocator};
+//! use erpc_sim::{SimConfig, SimNet, SimTransport, sim_allocator};
 //! use erpc::{Completion, Nexus, Request, Rpc, RpcConfig};
 //! use mempool::{Fallback, RegionOptions};
 //!
@@ -257,38 +257,43 @@
 //! threads and back (`nexus::spsc`).
 
 #![deny(unsafe_code)]
+#![warn(unnameable_types)]
 
-pub mod cc;
-pub mod clock;
-pub mod consts;
+mod cc;
+mod clock;
+mod consts;
 // Before `inspect`: rustdoc lists `Rpc`'s methods in module order, and
 // the debug endpoint's view of an Rpc belongs after its API.
 mod rpc;
 
 pub mod inspect;
 mod memory;
-pub mod msgbuf;
-pub mod nexus;
-pub mod pkthdr;
-pub mod rng;
+mod msgbuf;
+mod nexus;
+mod pkthdr;
+mod rng;
 mod session;
-#[cfg(feature = "sim")]
-pub mod sim;
-pub mod sm_types;
-pub mod stats;
+pub mod sm;
+mod sm_types;
+mod stats;
+pub mod wire;
 
-pub use clock::{Clock, VirtualClock};
+pub use cc::{CcConfig, Controller, SwiftParams, TimelyParams, WheelConfig, WheelStats};
+pub use clock::{Clock, TscClock, VirtualClock};
 pub use consts::{
-    BURST_MAX, MAX_MSG_BYTES, MIN_SESSION_CREDITS, SESSION_CREDITS, SESSION_REQ_WINDOW,
+    BURST_MAX, FAILURE_TIMEOUT_MS, MAX_MSG_BYTES, MAX_RPC_ID, MIN_SESSION_CREDITS,
+    RX_RING_ENTRIES_DEFAULT, SESSION_CREDITS, SESSION_REQ_WINDOW, STALL_TIMEOUT_MS,
     rx_ring_entries_for,
 };
 pub use memory::host_allocator;
-pub use msgbuf::{MsgBuf, MsgBufError};
-#[cfg(feature = "sim")]
+#[cfg(any(test, feature = "testing"))]
+pub use memory::{test_allocator, test_allocator_with};
+pub use msgbuf::{MsgBuf, MsgBufError, msgbuf_bytes};
+#[cfg(feature = "testing")]
 pub use nexus::SteppedJob;
 pub use nexus::{
-    BgHandler, BgResponse, Nexus, NexusBuilder, NexusError, SmLink, Uri, WorkerDispatch,
-    WorkerIdle, WorkerStats,
+    BgHandler, BgResponse, LivenessStats, Nexus, NexusBuilder, NexusError, PeerLiveness, Uri,
+    WorkerDispatch, WorkerIdle, WorkerStats,
 };
 pub use rpc::{
     ActivePools, Burst, BurstHandler, Completion, Continuation, CreateError, EnqueueError,

@@ -48,3 +48,56 @@ pub fn host_allocator(
         },
     )
 }
+
+/// Test hook (`testing` feature): the allocator of a test (or a
+/// test-like benchmark) on the simulated network or kernel UDP: 2 MiB
+/// hugepages when enough are free; otherwise, outside CI (`ERPC_CI`
+/// unset), 4 KiB pages with a note on stderr that names the test's
+/// opt-in. In CI a shortage is an error. Tools and examples decide for
+/// themselves and call [`host_allocator`] (`erpc_sim::sim_allocator`).
+#[cfg(any(test, feature = "testing"))]
+pub fn test_allocator(initial_bytes: usize) -> mempool::Allocator {
+    test_allocator_with(
+        initial_bytes,
+        Arc::new(mempool::IdentityMapper::new()),
+        None,
+    )
+}
+
+/// Test hook (`testing` feature): [`test_allocator`] with memory
+/// registered with `mapper` and freed blocks filled with `poison` (if
+/// set); the simulator's deferred-DMA allocators.
+#[cfg(any(test, feature = "testing"))]
+pub fn test_allocator_with(
+    initial_bytes: usize,
+    mapper: Arc<dyn mempool::DmaMapper>,
+    poison: Option<u8>,
+) -> mempool::Allocator {
+    use mempool::{Allocator, AllocatorConfig, Fallback, RegionOptions};
+    let pages = (initial_bytes as u64).div_ceil(2 << 20).max(1) + 8;
+    let fallback = if mempool::hugepages_available(pages) {
+        Fallback::Never
+    } else if std::env::var_os("ERPC_CI").is_some() {
+        panic!("ERPC_CI is set and fewer than {pages} free 2 MiB hugepages remain");
+    } else {
+        eprintln!(
+            "note: fewer than {pages} free 2 MiB hugepages; this test opts in to 4 KiB pages \
+             (Fallback::SmallPages)"
+        );
+        Fallback::SmallPages
+    };
+    let region = RegionOptions {
+        fallback,
+        ..RegionOptions::default()
+    };
+    let cfg = AllocatorConfig {
+        initial_bytes,
+        region,
+        poison_on_free: poison,
+        ..AllocatorConfig::default()
+    };
+    match Allocator::new(mapper, cfg) {
+        Ok(a) => a,
+        Err(e) => panic!("test allocator of {initial_bytes} bytes: {e}"),
+    }
+}

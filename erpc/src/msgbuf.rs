@@ -383,10 +383,10 @@ mod tests {
     use super::*;
     use crate::consts::MAX_MSG_PKTS;
 
-    #[cfg(feature = "sim")]
+    #[cfg(feature = "testing")]
     #[test]
     fn layout_matches_figure_2() {
-        let mut a = crate::sim::test_allocator(16 << 20);
+        let mut a = crate::test_allocator(16 << 20);
         for &max in &[0usize, 1, 968, 969, 5000, MAX_MSG_BYTES] {
             let mut m = MsgBuf::alloc(&mut a, max, Origin::Dynamic).unwrap();
             let n = m.num_pkts();
@@ -442,10 +442,10 @@ mod tests {
         assert!(MsgBuf::alloc(&mut a, MAX_MSG_BYTES + 1, Origin::Dynamic).is_err());
     }
 
-    #[cfg(feature = "sim")]
+    #[cfg(feature = "testing")]
     #[test]
     fn packet_counts_and_origin_follow_the_sizes() {
-        let mut a = crate::sim::test_allocator(16 << 20);
+        let mut a = crate::test_allocator(16 << 20);
         let origins = [
             Origin::Dynamic,
             Origin::PreallocResp {

@@ -610,7 +610,8 @@ impl<S> std::ops::IndexMut<usize> for SessionTable<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::SimTransport;
+    // Any transport type will do: these sessions never send.
+    use transport::udp::UdpTransport as SimTransport;
 
     #[test]
     fn slots_start_at_their_index_and_wire_pkts() {

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use common::app::{self, BG_SIZED, Ctx, ECHO, SIZED};
 use common::{Node, SimWorld, World, run_until};
 use erpc::RpcConfig;
-use erpc::rng::Rng;
+use netsim::Rng;
 
 struct Counting;
 

@@ -10,11 +10,11 @@ mod common;
 use std::collections::{BTreeSet, HashMap};
 
 use common::{Node, SimWorld, World, run_until, with_seeds};
-use erpc::sim::{LinkConfig, SimConfig};
 use erpc::{
     Burst, Completion, DropReason, NexusBuilder, ReqHandle, Request, Rpc, RpcConfig, RpcError,
     ServerError, SessionNum,
 };
+use erpc_sim::{LinkFaults, SimConfig};
 
 const FILE: &str = "burst";
 
@@ -216,7 +216,7 @@ fn bursts_add_up(s: &Ctx, reqs: usize) -> usize {
     s.bursts.iter().map(|(_, v)| v.len()).max().unwrap_or(0)
 }
 
-fn world(seed: u64, link: LinkConfig) -> W {
+fn world(seed: u64, link: LinkFaults) -> W {
     W::with_config(SimConfig {
         seed,
         link,
@@ -231,7 +231,7 @@ fn a_burst_mixed_with_ordinary_requests() {
         FILE,
         &[1, 2],
         |seed| {
-            let mut w = world(seed, LinkConfig::default());
+            let mut w = world(seed, erpc_sim::DEFAULT_LINK);
             let mut ns = nodes(&mut w, 2, RpcConfig::default());
             connect(&mut w, &mut ns, 1, 2);
             // Rounds of 16 requests, enqueued together: they reach the server
@@ -289,7 +289,7 @@ fn a_burst_mixed_with_ordinary_requests() {
 #[test]
 fn a_burst_spans_sessions_and_clients() {
     with_seeds("a_burst_spans_sessions_and_clients", FILE, &[3], |seed| {
-        let mut w = world(seed, LinkConfig::default());
+        let mut w = world(seed, erpc_sim::DEFAULT_LINK);
         let mut ns = nodes(&mut w, 4, RpcConfig::default());
         for c in 1..4 {
             connect(&mut w, &mut ns, c, 3);
@@ -340,9 +340,9 @@ fn lost_and_reordered_requests_run_once_each() {
         FILE,
         &[4, 5],
         |seed| {
-            let link = LinkConfig {
-                loss_ppm: 50_000,
-                reorder_ppm: 20_000,
+            let link = LinkFaults {
+                loss: 0.05,
+                reorder: 0.02,
                 ..common::LOSSY
             };
             let mut w = world(seed, link);
@@ -391,9 +391,9 @@ fn duplicated_requests_enter_no_burst_twice() {
             // Every frame twice, no loss: each duplicate arrives right behind
             // its original, in the same RX burst while the original is queued
             // for its burst.
-            let link = LinkConfig {
-                dup_ppm: 1_000_000,
-                ..LinkConfig::default()
+            let link = LinkFaults {
+                duplicate: 1.0,
+                ..erpc_sim::delayed_link(1_000, 0)
             };
             let mut w = world(seed, link);
             let mut ns = nodes(&mut w, 2, RpcConfig::default());
@@ -436,7 +436,7 @@ fn run_for(w: &mut W, ns: &mut [Node<T, Ctx>], dur_ns: u64) {
 #[test]
 fn a_burst_handler_defers_responses() {
     with_seeds("a_burst_handler_defers_responses", FILE, &[7], |seed| {
-        let mut w = world(seed, LinkConfig::default());
+        let mut w = world(seed, erpc_sim::DEFAULT_LINK);
         let mut ns = nodes(&mut w, 2, RpcConfig::default());
         connect(&mut w, &mut ns, 1, 1);
         let mut ids = Vec::new();
@@ -483,7 +483,7 @@ fn a_multi_packet_request_is_a_burst_of_one() {
         FILE,
         &[8],
         |seed| {
-            let mut w = world(seed, LinkConfig::default());
+            let mut w = world(seed, erpc_sim::DEFAULT_LINK);
             let mut ns = nodes(&mut w, 2, RpcConfig::default());
             connect(&mut w, &mut ns, 1, 2);
             let mut ids = Vec::new();
@@ -508,7 +508,7 @@ fn a_multi_packet_request_is_a_burst_of_one() {
             assert!(s.bursts.iter().any(|(_, v)| v.len() > 1));
             // Zero-copy RX off: every request is complete only as a msgbuf,
             // and alone.
-            let mut w = world(seed, LinkConfig::default());
+            let mut w = world(seed, erpc_sim::DEFAULT_LINK);
             let cfg = RpcConfig {
                 zero_copy_rx: false,
                 ..RpcConfig::default()
@@ -536,7 +536,7 @@ fn a_request_not_taken_fails_with_declined() {
         FILE,
         &[9],
         |seed| {
-            let mut w = world(seed, LinkConfig::default());
+            let mut w = world(seed, erpc_sim::DEFAULT_LINK);
             let mut ns = nodes(&mut w, 2, RpcConfig::default());
             connect(&mut w, &mut ns, 1, 1);
             let sn = ns[1].ctx.sessions[0];
@@ -579,7 +579,7 @@ fn a_request_not_taken_fails_with_declined() {
 #[test]
 fn session_resets_around_a_burst() {
     with_seeds("session_resets_around_a_burst", FILE, &[10], |seed| {
-        let mut w = world(seed, LinkConfig::default());
+        let mut w = world(seed, erpc_sim::DEFAULT_LINK);
         let mut ns = nodes(&mut w, 2, RpcConfig::default());
         let baseline = in_use(&ns[0].rpc);
         connect(&mut w, &mut ns, 1, 3);
@@ -638,7 +638,7 @@ fn in_use<C>(rpc: &Rpc<T, C>) -> u64 {
 fn a_handler_of_the_wrong_type_is_refused() {
     // Burst handlers are registered type-erased and checked when an Rpc
     // copies the table, as dispatch handlers are.
-    let mut w = world(11, LinkConfig::default());
+    let mut w = world(11, erpc_sim::DEFAULT_LINK);
     let nexus = w
         .nexus("node-0:31850")
         .burst_handler::<T, u32>(BURST, |_, _, _| {})
@@ -684,7 +684,7 @@ fn a_burst_hands_out_its_handles_once() {
         assert_eq!(n, b.len());
         ctx.bursts.push((b.req_type(), Vec::new()));
     }
-    let mut w = world(12, LinkConfig::default());
+    let mut w = world(12, erpc_sim::DEFAULT_LINK);
     let mut ns: Vec<Node<T, Ctx>> = (0..2)
         .map(|i| {
             let nexus = w

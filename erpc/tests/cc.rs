@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use common::app::{ECHO, Op, SIZED};
 use common::scenarios::{N, check_done, connect, nodes_with};
 use common::{SimWorld, World, run_until, with_seeds};
-use erpc::cc::CcConfig;
+use erpc::CcConfig;
 use erpc::{DropReason, RpcConfig};
 
 const FILE: &str = "cc";

@@ -20,11 +20,11 @@ use std::net::Ipv4Addr;
 use common::app::{self, Ctx, ECHO, SIZED};
 use common::devmodel::DevWorld;
 use common::{Node, World, check_pattern, fill_pattern};
-use erpc::sim::{SimConfig, SimNet, SimTransport, test_allocator};
 use erpc::{
     Completion, DropReason, Nexus, Rpc, RpcConfig, SessionEvent, SessionEventKind, TransportType,
     Uri,
 };
+use erpc_sim::{SimConfig, SimNet, SimTransport, test_allocator};
 use transport::Transport;
 
 /// The C++ forms, from the facts sheet, with nothing taken from erpc.
@@ -290,7 +290,7 @@ use cpp::Addr;
 /// The facts sheet's header test vector and its captured C++ RFR.
 #[test]
 fn the_facts_sheet_bytes_decode_as_cpp_meant_them() {
-    use erpc::pkthdr::{PktHdr, PktType};
+    use erpc::wire::{PktHdr, PktType};
     let vector = [
         0xab, 0x56, 0x34, 0x12, 0xef, 0xbe, 0x57, 0x55, 0x34, 0x12, 0xf0, 0xde, 0xbc, 0xba,
     ];

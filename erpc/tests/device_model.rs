@@ -15,7 +15,7 @@ use common::devmodel::DevWorld;
 use common::scenarios::{check_done, client_server, connect, nodes};
 use common::{World, run_until, with_seeds};
 use erpc::MAX_MSG_BYTES;
-use erpc::rng::Rng;
+use netsim::Rng;
 
 const FILE: &str = "device_model";
 

@@ -44,12 +44,12 @@ use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use erpc::rng::Rng;
-use erpc::sim::{DeferredDma, LinkConfig, SimConfig, SimNet, SmHubConfig};
 use erpc::{
     Completion, MAX_MSG_BYTES, Nexus, NexusBuilder, ReqHandle, Request, Rpc, RpcConfig, RpcError,
     SessionEvent, SessionEventKind, SessionNum, Uri,
 };
+use erpc_sim::{DeferredDma, LinkFaults, SimConfig, SimNet, SmHubConfig};
+use netsim::Rng;
 use transport::Transport;
 
 const MS: u64 = 1_000_000;
@@ -112,7 +112,7 @@ trait Net {
 /// Fault settings of one seed.
 #[derive(Debug, Clone, Copy)]
 struct Faults {
-    link: LinkConfig,
+    link: LinkFaults,
     sm: SmHubConfig,
     /// An attacker on the SM network forging and replaying this many
     /// packets per million (`SimSmHub::set_forgery`; simulated network
@@ -126,11 +126,11 @@ struct Faults {
 struct SimNetWorld<const DMA: bool> {
     net: SimNet,
     started: Vec<bool>,
-    link: LinkConfig,
+    link: LinkFaults,
 }
 
 impl<const DMA: bool> Net for SimNetWorld<DMA> {
-    type T = erpc::sim::SimTransport;
+    type T = erpc_sim::SimTransport;
 
     fn new(seed: u64, f: &Faults, nodes: usize) -> Self {
         // How many later sends a send may wait for varies by seed: 0 (read
@@ -203,19 +203,8 @@ impl<const DMA: bool> Net for SimNetWorld<DMA> {
     }
 
     fn data_cut(&mut self, i: usize, cut: bool) -> bool {
-        let clean = LinkConfig {
-            delay_ns: 0,
-            jitter_ns: 0,
-            loss_ppm: 0,
-            dup_ppm: 0,
-            reorder_ppm: 0,
-            corrupt_ppm: 0,
-            corrupt_undetected_ppm: 0,
-        };
-        let dead = |l: LinkConfig| LinkConfig {
-            loss_ppm: 1_000_000,
-            ..l
-        };
+        let clean = erpc_sim::delayed_link(0, 0);
+        let dead = |l: LinkFaults| LinkFaults { loss: 1.0, ..l };
         if cut {
             self.net.set_link(i, dead(self.link));
             self.net.set_link_to(i, dead(clean));
@@ -279,7 +268,7 @@ impl<const DMA: bool> Net for DevNet<DMA> {
             nics: Vec::new(),
             // The same faults in the same place (what a node sends) as on
             // the simulated network: one network model under both.
-            faults: f.link.faults(),
+            faults: f.link,
             last: None,
             busy: true,
         }
@@ -674,7 +663,7 @@ fn in_use<T: Transport, C>(rpc: &Rpc<T, C>) -> u64 {
 struct Plan {
     /// Congestion control of every Rpc: on (three seeds in four), with
     /// each bypass on or off, sometimes on a slow link so pacing matters.
-    cc: erpc::cc::CcConfig,
+    cc: erpc::CcConfig,
     /// Retransmission timeout: the default 5 ms, or 1 ms (shorter than the
     /// timing wheel's horizon, so rollbacks find packets in the wheel).
     rto_us: u64,
@@ -715,14 +704,17 @@ fn plan(seed: u64) -> Plan {
         }
     };
     let loss = pick(&mut r, 100_000);
-    let link = LinkConfig {
-        delay_ns: 1_000 + r.below(4_000),
-        jitter_ns: r.below(5_000),
-        loss_ppm: loss,
-        dup_ppm: pick(&mut r, 50_000),
-        reorder_ppm: pick(&mut r, 50_000),
-        corrupt_ppm: pick(&mut r, 10_000),
-        corrupt_undetected_ppm: 0,
+    // Drawn in this order (delay, jitter, then the faults) so that a seed
+    // keeps the plan it had when these were given in parts per million.
+    let ppm = |v: u32| f64::from(v) / 1e6;
+    let delay_ns = 1_000 + r.below(4_000);
+    let jitter_ns = r.below(5_000);
+    let link = LinkFaults {
+        loss: ppm(loss),
+        duplicate: ppm(pick(&mut r, 50_000)),
+        reorder: ppm(pick(&mut r, 50_000)),
+        fcs_error: ppm(pick(&mut r, 10_000)),
+        ..erpc_sim::delayed_link(delay_ns, jitter_ns)
     };
     // Some seeds also damage frames past the Ethernet frame check. eRPC
     // (UDP checksum 0, as in C++) cannot detect payload damage, so those
@@ -730,7 +722,7 @@ fn plan(seed: u64) -> Plan {
     let undetected = r.below(10) == 0;
     let mut link = link;
     if undetected {
-        link.corrupt_undetected_ppm = 1 + r.below(5_000) as u32;
+        link.corrupt = ppm(1 + r.below(5_000) as u32);
     }
     let sm = SmHubConfig {
         delay_ns: 5_000 + r.below(50_000),
@@ -750,13 +742,13 @@ fn plan(seed: u64) -> Plan {
         };
         (who, at, down)
     });
-    let cc = erpc::cc::CcConfig {
+    let cc = erpc::CcConfig {
         enabled: r.below(4) != 0,
         timely_bypass: r.below(2) == 0,
         wheel_bypass: r.below(2) == 0,
         batch_timestamps: r.below(2) == 0,
         link_gbps: [25.0, 1.0, 0.2][r.below(3) as usize],
-        ..erpc::cc::CcConfig::default()
+        ..erpc::CcConfig::default()
     };
     let rto_us = if r.below(3) == 0 { 1_000 } else { 5_000 };
     Plan {
@@ -831,7 +823,7 @@ fn start_node<N: Net>(
     i: usize,
     generation: u64,
     book: &Rc<Book>,
-    cc: erpc::cc::CcConfig,
+    cc: erpc::CcConfig,
     rto_us: u64,
 ) -> Node<N::T> {
     let t = net.transport(i);
@@ -853,7 +845,7 @@ fn new_rpc<N: Net>(
     t: N::T,
     i: usize,
     book: &Rc<Book>,
-    cc: erpc::cc::CcConfig,
+    cc: erpc::CcConfig,
     rto_us: u64,
 ) -> Node<N::T> {
     let alloc = net.allocator();

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use common::app::{self, Ctx, DEFER, ECHO, Op, SIZED};
 use common::scenarios::{N, check_done, connect, nodes_with};
 use common::{Node, SimWorld, World, run_until, with_seeds};
-use erpc::pkthdr::{PktHdr, PktType};
+use erpc::wire::{PktHdr, PktType};
 use erpc::{
     DropReason, Nexus, RespondError, RpcConfig, RpcError, SessionEventKind, SessionState, Uri,
 };
@@ -495,7 +495,7 @@ fn sessions_to_an_unpingable_peer_fail_at_the_stall_bound() {
                 ns[0].ctx.failed == 2
             });
             let took = w.now_ns() - t0;
-            let bound = erpc::consts::STALL_TIMEOUT_MS * MS;
+            let bound = erpc::STALL_TIMEOUT_MS * MS;
             assert!((bound..=bound + 10 * MS).contains(&took), "{took}");
             assert!(
                 ns[0]

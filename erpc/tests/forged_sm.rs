@@ -15,9 +15,9 @@ mod common;
 use common::app::{self, ECHO, SIZED};
 use common::scenarios::{N, check_done, connect, nodes, nodes_with};
 use common::{SimWorld, World, run_until, with_seeds};
-use erpc::rng::Rng;
-use erpc::sm_types::{EXT_RPC_BITMAP_BYTES, SM_PKT_BYTES, SmEndpoint, SmPkt, SmPktType};
+use erpc::wire::{EXT_RPC_BITMAP_BYTES, SM_PKT_BYTES, SmEndpoint, SmPkt, SmPktType};
 use erpc::{RpcConfig, SessionEventKind, SmErr, Uri};
+use netsim::Rng;
 use transport::Transport;
 
 type W = SimWorld;
@@ -246,7 +246,7 @@ fn an_attacker_on_the_sm_network_resets_no_session() {
         &seeds,
         |seed| {
             let mut w = W::new(seed);
-            w.net.sm_hub().set_config(erpc::sim::SmHubConfig {
+            w.net.sm_hub().set_config(erpc_sim::SmHubConfig {
                 delay_ns: 20_000,
                 jitter_ns: 200_000,
                 loss_ppm: 0,
@@ -499,10 +499,10 @@ fn one_host_cannot_take_the_whole_ring() {
     with_seeds("one_host_cannot_take_the_whole_ring", FILE, &[5], |seed| {
         // 1024-entry rings and 32 credits: 32 sessions per Rpc, of which
         // one host may hold 30.
-        let mut w = W::with_config(erpc::sim::SimConfig {
+        let mut w = W::with_config(erpc_sim::SimConfig {
             seed,
             ring_entries: 1024,
-            ..erpc::sim::SimConfig::default()
+            ..erpc_sim::SimConfig::default()
         });
         let cfg = RpcConfig {
             ring_entries_per_source: Some(1024 - 2 * 32),

@@ -11,14 +11,14 @@ proptest! {
 
     #[test]
     fn arbitrary_packets_never_panic_and_are_counted(input in proptest::collection::vec(any::<u8>(), 0..1500)) {
-        erpc::sim::fuzz::run(&input);
+        erpc_sim::fuzz::run(&input);
     }
 }
 
 #[test]
 fn hostile_inputs_are_counted() {
     // Mostly header-level attacks aimed at live sessions, plus garbage SM.
-    // Commands in the harness's byte grammar (see erpc::sim::fuzz).
+    // Commands in the harness's byte grammar (see erpc_sim::fuzz).
     let mut input = Vec::new();
     for i in 0..200u16 {
         // A legitimate 100-byte request, then some time.
@@ -38,7 +38,7 @@ fn hostile_inputs_are_counted() {
         input.extend_from_slice(&[3, 0, 0, 100, 0, 0]);
         input.extend(std::iter::repeat_n(0xab, 100));
     }
-    let r = erpc::sim::fuzz::run(&input);
+    let r = erpc_sim::fuzz::run(&input);
     eprintln!("{r:?}");
     // Three in four headers named a live session and request number of
     // the receiver when they were sent, a third of those the current one:
@@ -64,7 +64,7 @@ fn a_request_at_a_fresh_slots_number_is_dropped_as_stale() {
     //  pkt type 0 (request), pkt_num (2), req_num, dlen mode 2, dlen 0,
     //  fill], then polls.
     let input = [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 2, 0, 0, 5, 15];
-    let r = erpc::sim::fuzz::run(&input);
+    let r = erpc_sim::fuzz::run(&input);
     assert_eq!(r.aimed_current, 1, "{r:?}");
     assert_eq!(r.dropped, 1, "{r:?}");
     assert_eq!(r.dropped_in_session, 1, "{r:?}");

@@ -9,9 +9,9 @@ mod common;
 use common::app::{self, Ctx, ECHO, Op, SIZED};
 use common::scenarios::{N, check_done, connect, nodes};
 use common::{Node, SimWorld, World, run_until, with_seeds};
-use erpc::pkthdr::MAX_REQ_NUM;
-use erpc::rng::Rng;
+use erpc::wire::MAX_REQ_NUM;
 use erpc::{DropReason, RpcConfig, RpcError, SessionEventKind};
+use netsim::Rng;
 use transport::Transport;
 
 const FILE: &str = "hardening";
@@ -194,10 +194,10 @@ fn clients_never_use_more_credits_than_the_server_reserved() {
         |seed| {
             // 64-entry rings: two clients with 64 credits each would put
             // 128 packets at once into the server's ring.
-            let mut w = W::with_config(erpc::sim::SimConfig {
+            let mut w = W::with_config(erpc_sim::SimConfig {
                 seed,
                 ring_entries: 64,
-                ..erpc::sim::SimConfig::default()
+                ..erpc_sim::SimConfig::default()
             });
             let mut ns = vec![
                 node_with(&mut w, 0, seed, credits(8), true),
@@ -299,7 +299,7 @@ fn a_late_duplicate_connect_request_never_creates_a_session() {
         FILE,
         &[21],
         |seed| {
-            use erpc::sm_types::{SmPkt, SmPktType};
+            use erpc::wire::{SmPkt, SmPktType};
             let mut w = W::new(seed);
             let mut ns = nodes(&mut w, 2, seed);
             let server = erpc::Uri::new("node-1", 31850);
@@ -347,15 +347,15 @@ fn delayed_and_duplicated_sm_packets_leave_no_orphan_sessions() {
         FILE,
         &[31, 32],
         |seed| {
-            let mut w = W::with_config(erpc::sim::SimConfig {
+            let mut w = W::with_config(erpc_sim::SimConfig {
                 seed,
-                sm: erpc::sim::SmHubConfig {
+                sm: erpc_sim::SmHubConfig {
                     delay_ns: 1_000_000,
                     jitter_ns: 200_000_000,
                     loss_ppm: 0,
                     dup_ppm: 500_000,
                 },
-                ..erpc::sim::SimConfig::default()
+                ..erpc_sim::SimConfig::default()
             });
             w.step_ns = 20_000;
             // Connects may take up to two 200 ms trips.
@@ -405,8 +405,8 @@ fn forged_connect(
     routing: transport::RoutingInfo,
     to: &erpc::Uri,
     rpc_id: u8,
-) -> [u8; erpc::sm_types::SM_PKT_BYTES] {
-    use erpc::sm_types::{SmEndpoint, SmPkt, SmPktType};
+) -> [u8; erpc::wire::SM_PKT_BYTES] {
+    use erpc::wire::{SmEndpoint, SmPkt, SmPktType};
     let mut client = SmEndpoint {
         sm_udp_port: 1,
         rpc_id: 0,
@@ -487,10 +487,10 @@ fn a_server_full_of_forged_sessions_reclaims_them_for_real_clients() {
         &[42],
         |seed| {
             // 1024-entry rings and 32 credits: 32 sessions per Rpc.
-            let mut w = W::with_config(erpc::sim::SimConfig {
+            let mut w = W::with_config(erpc_sim::SimConfig {
                 seed,
                 ring_entries: 1024,
-                ..erpc::sim::SimConfig::default()
+                ..erpc_sim::SimConfig::default()
             });
             let mut ns = nodes(&mut w, 2, seed);
             let server = erpc::Uri::new("node-0", 31850);
@@ -586,10 +586,10 @@ fn an_unused_session_is_reclaimed_only_when_the_ring_is_short_and_its_client_is_
         FILE,
         &[43, 44],
         |seed| {
-            let mut w = W::with_config(erpc::sim::SimConfig {
+            let mut w = W::with_config(erpc_sim::SimConfig {
                 seed,
                 ring_entries: 1024,
-                ..erpc::sim::SimConfig::default()
+                ..erpc_sim::SimConfig::default()
             });
             // Node 0 serves; node 1 holds one idle session; node 2 uses 30;
             // node 3 comes later.
@@ -635,10 +635,10 @@ fn a_lost_reclaim_notice_comes_again_with_the_clients_next_packet() {
         FILE,
         &[45],
         |seed| {
-            let mut w = W::with_config(erpc::sim::SimConfig {
+            let mut w = W::with_config(erpc_sim::SimConfig {
                 seed,
                 ring_entries: 1024,
-                ..erpc::sim::SimConfig::default()
+                ..erpc_sim::SimConfig::default()
             });
             let mut ns = nodes(&mut w, 3, seed);
             connect(&mut w, &mut ns, 1, 0, 1);
@@ -708,11 +708,11 @@ fn an_rpc_dropped_after_its_dispatch_handler_panicked_frees_everything() {
             let mut w = common::SimWorld::new(seed);
             let mut ns: Vec<common::scenarios::N<common::SimWorld>> = (0..2)
                 .map(|i| {
-                    let b = common::app::register::<erpc::sim::SimTransport>(common::World::nexus(
+                    let b = common::app::register::<erpc_sim::SimTransport>(common::World::nexus(
                         &mut w,
                         &format!("node-{i}:31850"),
                     ))
-                    .handler::<erpc::sim::SimTransport, common::app::Ctx>(PANICS, h_panic);
+                    .handler::<erpc_sim::SimTransport, common::app::Ctx>(PANICS, h_panic);
                     let nexus = b.build().expect("nexus");
                     common::Node::new(
                         &mut w,
@@ -720,7 +720,7 @@ fn an_rpc_dropped_after_its_dispatch_handler_panicked_frees_everything() {
                         i as u8,
                         common::app::Ctx::new(seed),
                         erpc::RpcConfig::default(),
-                        Some(common::app::sm_handler::<erpc::sim::SimTransport>),
+                        Some(common::app::sm_handler::<erpc_sim::SimTransport>),
                     )
                 })
                 .collect();

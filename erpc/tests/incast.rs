@@ -22,9 +22,9 @@ mod common;
 use common::devmodel::DevWorld;
 use common::scenarios::{Incast, IncastReport, incast, lone_probe};
 use common::{SimWorld, World, with_seeds};
+use erpc::CcConfig;
 use erpc::RpcConfig;
-use erpc::cc::CcConfig;
-use erpc::sim::PortConfig;
+use erpc_sim::PortConfig;
 
 const FILE: &str = "incast";
 

@@ -12,7 +12,7 @@ use common::app::{self, ECHO, Op};
 use common::scenarios::{N, connect, nodes_with};
 use common::{SimWorld, World, run_until, with_seeds};
 use erpc::RpcConfig;
-use erpc::pkthdr::{PktHdr, PktType};
+use erpc::wire::{PktHdr, PktType};
 
 const FILE: &str = "logs";
 

@@ -9,10 +9,10 @@ use std::collections::VecDeque;
 use common::app::{self, Ctx, DEFER, ECHO, Op, SIZED};
 use common::scenarios::{N, check_done, connect, nodes, nodes_with};
 use common::{SimWorld, World, run_until, with_seeds};
-use erpc::cc::CcConfig;
-use erpc::rng::Rng;
-use erpc::sim::{DeferredDma, LinkConfig, PortConfig, SimConfig};
+use erpc::CcConfig;
 use erpc::{DropReason, RpcConfig, RpcError};
+use erpc_sim::{DeferredDma, LinkFaults, PortConfig, SimConfig};
+use netsim::Rng;
 
 const FILE: &str = "loss";
 const MS: u64 = 1_000_000;
@@ -22,7 +22,7 @@ type W = SimWorld;
 /// Every world of this file runs in the deferred-DMA mode: the NIC reads
 /// a send later than `tx_burst`, and a buffer reused or freed before a TX
 /// drain panics with the packet's name.
-fn world(seed: u64, link: LinkConfig) -> W {
+fn world(seed: u64, link: LinkFaults) -> W {
     W::with_config(SimConfig {
         seed,
         link,
@@ -70,7 +70,7 @@ fn a_lost_request_packet_is_resent_after_the_retransmission_timeout() {
         FILE,
         &[1],
         |seed| {
-            let mut w = world(seed, LinkConfig::default());
+            let mut w = world(seed, erpc_sim::DEFAULT_LINK);
             let mut ns = nodes(&mut w, 2, seed);
             connect(&mut w, &mut ns, 0, 1, 1);
             let sn = ns[0].ctx.sessions[0];
@@ -108,7 +108,7 @@ fn lost_credit_returns_response_packets_and_rfrs_are_recovered() {
         FILE,
         &[2],
         |seed| {
-            let mut w = world(seed, LinkConfig::default());
+            let mut w = world(seed, erpc_sim::DEFAULT_LINK);
             let mut ns = nodes(&mut w, 2, seed);
             connect(&mut w, &mut ns, 0, 1, 1);
             let csn = ns[0].ctx.sessions[0];
@@ -144,11 +144,9 @@ fn reordered_frames_no_longer_leave_slots_stuck() {
         FILE,
         &[3, 4, 5],
         |seed| {
-            let link = LinkConfig {
-                delay_ns: 2_000,
-                jitter_ns: 1_000,
-                reorder_ppm: 30_000,
-                ..LinkConfig::default()
+            let link = LinkFaults {
+                reorder: 0.03,
+                ..erpc_sim::delayed_link(2_000, 1_000)
             };
             let mut w = world(seed, link);
             let mut ns = nodes(&mut w, 2, seed);
@@ -176,13 +174,11 @@ fn handlers_run_at_most_once_under_heavy_duplication_and_loss() {
         FILE,
         &[6, 7],
         |seed| {
-            let link = LinkConfig {
-                delay_ns: 2_000,
-                jitter_ns: 2_000,
-                loss_ppm: 50_000,
-                dup_ppm: 300_000,
-                reorder_ppm: 20_000,
-                ..LinkConfig::default()
+            let link = LinkFaults {
+                loss: 0.05,
+                duplicate: 0.3,
+                reorder: 0.02,
+                ..erpc_sim::delayed_link(2_000, 2_000)
             };
             let mut w = world(seed, link);
             let mut ns = nodes(&mut w, 2, seed);
@@ -218,7 +214,7 @@ fn a_duplicate_request_after_the_response_gets_the_response_again_and_a_tx_drain
         FILE,
         &[8],
         |seed| {
-            let mut w = world(seed, LinkConfig::default());
+            let mut w = world(seed, erpc_sim::DEFAULT_LINK);
             let mut ns = nodes(&mut w, 2, seed);
             connect(&mut w, &mut ns, 0, 1, 1);
             let ssn = ns[1].rpc.session_nums()[0];
@@ -243,7 +239,7 @@ fn a_duplicate_of_a_running_request_is_dropped_not_run() {
         FILE,
         &[9],
         |seed| {
-            let mut w = world(seed, LinkConfig::default());
+            let mut w = world(seed, erpc_sim::DEFAULT_LINK);
             let mut ns = nodes(&mut w, 2, seed);
             connect(&mut w, &mut ns, 0, 1, 1);
             ns[0].ctx.todo = [op(DEFER, 64, 64)].into();
@@ -323,14 +319,14 @@ fn a_late_response_to_a_request_that_failed_is_counted_never_delivered() {
             // Every frame from the server arrives twice: the copy of the first
             // response packet of a request that failed (its response buffer is
             // too small) arrives after the failure.
-            let mut w = world(seed, LinkConfig::default());
+            let mut w = world(seed, erpc_sim::DEFAULT_LINK);
             let mut ns = nodes(&mut w, 2, seed);
             connect(&mut w, &mut ns, 0, 1, 1);
             w.net.set_link(
                 1,
-                LinkConfig {
-                    dup_ppm: 1_000_000,
-                    ..LinkConfig::default()
+                LinkFaults {
+                    duplicate: 1.0,
+                    ..erpc_sim::delayed_link(1_000, 0)
                 },
             );
             let sn = ns[0].ctx.sessions[0];
@@ -368,7 +364,7 @@ fn packets_the_transport_refuses_stay_queued() {
         FILE,
         &[11],
         |seed| {
-            let mut w = world(seed, LinkConfig::default());
+            let mut w = world(seed, erpc_sim::DEFAULT_LINK);
             let mut ns = nodes(&mut w, 2, seed);
             connect(&mut w, &mut ns, 0, 1, 1);
             // A few refused bursts: the packets wait in the batch and go out
@@ -425,10 +421,7 @@ fn a_request_waiting_for_credits_is_not_retransmitted() {
                 let mut w = W::with_config(SimConfig {
                     seed,
                     port: PortConfig::new(1_000_000_000, 4 << 20),
-                    link: LinkConfig {
-                        delay_ns: 1_000,
-                        ..LinkConfig::default()
-                    },
+                    link: erpc_sim::DEFAULT_LINK,
                     deferred_dma: Some(DeferredDma::default()),
                     ..SimConfig::default()
                 });

@@ -85,9 +85,9 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::process::{Command, Stdio};
 
 use common::app::{self, Ctx, ECHO, SIZED};
-use erpc::rng::Rng;
 use erpc::{Nexus, Rpc, RpcConfig};
 use mempool::Allocator;
+use netsim::Rng;
 use transport::Transport;
 use transport::udp::{UdpConfig, UdpTransport};
 
@@ -329,7 +329,7 @@ fn kill_test_child(role: &str, me: Ipv4Addr, peer: Ipv4Addr) {
         &nexus,
         0,
         t,
-        erpc::sim::test_allocator(8 << 20),
+        erpc_sim::test_allocator(8 << 20),
         RpcConfig::default(),
         Some(app::sm_handler::<UdpTransport>),
     )
@@ -465,7 +465,7 @@ fn netns_child() {
         println!("NETNS-OK data bridge role {role}: bridge {b:?}");
     } else {
         let t = UdpTransport::new(&UdpConfig::new(SocketAddrV4::new(me, 0))).expect("udp");
-        child(&role, me, peer, t, erpc::sim::test_allocator(8 << 20));
+        child(&role, me, peer, t, erpc_sim::test_allocator(8 << 20));
         println!("NETNS-OK data udp role {role}");
     }
 }

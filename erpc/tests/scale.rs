@@ -17,7 +17,7 @@ use common::app::{self, Ctx, ECHO, Op};
 use common::scenarios::N;
 use common::{Node, SimWorld, World, with_seeds};
 use erpc::RpcConfig;
-use erpc::sim::SimConfig;
+use erpc_sim::SimConfig;
 
 const FILE: &str = "scale";
 

@@ -12,9 +12,9 @@ use std::collections::VecDeque;
 
 use common::app::{self, BG_SIZED, Ctx, ECHO, Op, SIZED, SIZED_HDR};
 use common::{Node, SimWorld, World, run_until, with_seeds};
-use erpc::rng::Rng;
-use erpc::sim::{LinkConfig, SimConfig, SmHubConfig};
 use erpc::{DropReason, MAX_MSG_BYTES, RpcConfig, SessionEventKind, SmErr};
+use erpc_sim::{LinkFaults, SimConfig, SmHubConfig};
+use netsim::Rng;
 
 const FILE: &str = "sim";
 
@@ -124,11 +124,7 @@ fn all_to_all_clients_and_servers() {
     with_seeds("all_to_all_clients_and_servers", FILE, &[21, 22], |seed| {
         let mut w = SimWorld::with_config(SimConfig {
             seed,
-            link: LinkConfig {
-                delay_ns: 2_000,
-                jitter_ns: 3_000,
-                ..LinkConfig::default()
-            },
+            link: erpc_sim::delayed_link(2_000, 3_000),
             ..SimConfig::default()
         });
         let k = 4;
@@ -316,7 +312,7 @@ fn session_management_errors_and_retries() {
             // Duplicate SM responses that arrive after the session is gone are
             // counted, never acted on: replay every connect and disconnect
             // response the client received.
-            use erpc::sm_types::{SmPkt, SmPktType};
+            use erpc::wire::{SmPkt, SmPktType};
             let replay: Vec<_> = w
                 .net
                 .sm_hub()
@@ -436,9 +432,9 @@ fn duplicated_packets_run_handlers_at_most_once() {
         |seed| {
             let mut w = SimWorld::with_config(SimConfig {
                 seed,
-                link: LinkConfig {
-                    dup_ppm: 150_000,
-                    ..LinkConfig::default()
+                link: LinkFaults {
+                    duplicate: 0.15,
+                    ..erpc_sim::delayed_link(1_000, 0)
                 },
                 ..SimConfig::default()
             });
@@ -485,10 +481,9 @@ fn replays_exactly_from_a_seed() {
     fn run(seed: u64) -> (u64, String, String) {
         let mut w = SimWorld::with_config(SimConfig {
             seed,
-            link: LinkConfig {
-                jitter_ns: 2_000,
-                dup_ppm: 50_000,
-                ..LinkConfig::default()
+            link: LinkFaults {
+                duplicate: 0.05,
+                ..erpc_sim::delayed_link(1_000, 2_000)
             },
             ..SimConfig::default()
         });
@@ -520,11 +515,11 @@ fn replays_exactly_from_a_seed() {
 /// A simulated transport that advertises routing info nobody can resolve
 /// (when `bogus`), to exercise routing-resolution failures on each side.
 #[derive(Debug)]
-struct Bogus(erpc::sim::SimTransport, bool);
+struct Bogus(erpc_sim::SimTransport, bool);
 
 impl transport::Transport for Bogus {
-    type Route = <erpc::sim::SimTransport as transport::Transport>::Route;
-    type Ring = <erpc::sim::SimTransport as transport::Transport>::Ring;
+    type Route = <erpc_sim::SimTransport as transport::Transport>::Route;
+    type Ring = <erpc_sim::SimTransport as transport::Transport>::Ring;
     fn local_routing_info(&self) -> transport::RoutingInfo {
         let mut r = self.0.local_routing_info();
         if self.1 {
@@ -571,7 +566,7 @@ fn routing_resolution_failures_and_server_out_of_memory() {
         FILE,
         &[101],
         |seed| {
-            let net = erpc::sim::SimNet::new(SimConfig {
+            let net = erpc_sim::SimNet::new(SimConfig {
                 seed,
                 ..SimConfig::default()
             });
@@ -618,8 +613,8 @@ fn routing_resolution_failures_and_server_out_of_memory() {
                 )
                 .unwrap()
             };
-            let mut honest = mk("honest:1", false, erpc::sim::test_allocator(2 << 20));
-            let mut liar = mk("liar:1", true, erpc::sim::test_allocator(2 << 20));
+            let mut honest = mk("honest:1", false, erpc_sim::test_allocator(2 << 20));
+            let mut liar = mk("liar:1", true, erpc_sim::test_allocator(2 << 20));
             let poll = |a: &mut (erpc::Rpc<Bogus, Ctx>, Ctx),
                         b: &mut (erpc::Rpc<Bogus, Ctx>, Ctx),
                         until: &dyn Fn(&Ctx, &Ctx) -> bool| {

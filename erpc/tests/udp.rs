@@ -50,7 +50,7 @@ fn three_rpcs_two_nexuses_real_threads() {
             std::thread::spawn(move || {
                 rpc_thread(nexus, id, peers, ready, done, n, || {
                     let t = UdpTransport::new(&UdpConfig::loopback()).map_err(|e| e.to_string())?;
-                    Ok((t, erpc::sim::test_allocator(8 << 20)))
+                    Ok((t, erpc_sim::test_allocator(8 << 20)))
                 })
             })
         })
@@ -76,7 +76,7 @@ fn sm_over_udp_unknown_rpc_id_and_garbage() {
         &nexus,
         3,
         t,
-        erpc::sim::test_allocator(4 << 20),
+        erpc_sim::test_allocator(4 << 20),
         RpcConfig::default(),
         Some(app::sm_handler::<UdpTransport>),
     )
@@ -118,7 +118,7 @@ fn congestion_control_defaults_off_on_kernel_udp() {
     let make = |id: u8, cfg: RpcConfig| {
         let t = UdpTransport::new(&UdpConfig::loopback()).unwrap();
         let rpc: Rpc<UdpTransport, Ctx> =
-            Rpc::new(&nexus, id, t, erpc::sim::test_allocator(4 << 20), cfg, None).unwrap();
+            Rpc::new(&nexus, id, t, erpc_sim::test_allocator(4 << 20), cfg, None).unwrap();
         rpc.config().cc.enabled
     };
     assert!(!make(0, RpcConfig::default()), "default: off over UDP");
@@ -130,17 +130,17 @@ fn congestion_control_defaults_off_on_kernel_udp() {
     off.cc.on_software_stack = true;
     assert!(!make(2, off), "disabled stays disabled");
 
-    let net = erpc::sim::SimNet::new(erpc::sim::SimConfig::default());
-    let sim_nexus = app::register::<erpc::sim::SimTransport>(Nexus::builder("sim0:1"))
+    let net = erpc_sim::SimNet::new(erpc_sim::SimConfig::default());
+    let sim_nexus = app::register::<erpc_sim::SimTransport>(Nexus::builder("sim0:1"))
         .sm_link(net.sm_link())
         .clock(net.erpc_clock())
         .build()
         .unwrap();
-    let rpc: Rpc<erpc::sim::SimTransport, Ctx> = Rpc::new(
+    let rpc: Rpc<erpc_sim::SimTransport, Ctx> = Rpc::new(
         &sim_nexus,
         0,
         net.add_transport(),
-        erpc::sim::test_allocator(4 << 20),
+        erpc_sim::test_allocator(4 << 20),
         RpcConfig::default(),
         None,
     )
@@ -155,7 +155,7 @@ fn congestion_control_defaults_off_on_kernel_udp() {
 /// virtual clock for the rest: real sockets, but no wall clock decides
 /// anything (a timeout fires only when the test moves time).
 struct UdpWorld {
-    net: erpc::sim::SimNet,
+    net: erpc_sim::SimNet,
 }
 
 impl common::World for UdpWorld {
@@ -179,13 +179,13 @@ impl common::World for UdpWorld {
         self.net.now_ns()
     }
 
-    fn queue(&self, _i: usize) -> erpc::sim::QueueStats {
-        erpc::sim::QueueStats::default()
+    fn queue(&self, _i: usize) -> erpc_sim::QueueStats {
+        erpc_sim::QueueStats::default()
     }
 
     fn trace_queue(&mut self, _i: usize, _capacity: usize) {}
 
-    fn queue_trace(&self, _i: usize) -> Vec<erpc::sim::QueueSample> {
+    fn queue_trace(&self, _i: usize) -> Vec<erpc_sim::QueueSample> {
         Vec::new()
     }
 }
@@ -208,7 +208,7 @@ impl common::World for UdpWorld {
 fn answers_queued_during_a_stall_are_read_before_the_loss_scan() {
     use common::scenarios::{check_done, connect, nodes};
     let mut w = UdpWorld {
-        net: erpc::sim::SimNet::new(erpc::sim::SimConfig::default()),
+        net: erpc_sim::SimNet::new(erpc_sim::SimConfig::default()),
     };
     let mut ns = nodes(&mut w, 2, 7);
     // Eight sessions of eight slots: 64 requests in flight at once.
@@ -265,7 +265,7 @@ fn answers_queued_during_a_stall_are_read_before_the_loss_scan() {
 fn a_stall_of_both_ends_is_not_taken_for_loss() {
     use common::scenarios::{check_done, connect, nodes};
     let mut w = UdpWorld {
-        net: erpc::sim::SimNet::new(erpc::sim::SimConfig::default()),
+        net: erpc_sim::SimNet::new(erpc_sim::SimConfig::default()),
     };
     let mut ns = nodes(&mut w, 2, 8);
     connect(&mut w, &mut ns, 0, 1, 8);
@@ -306,7 +306,7 @@ fn a_stall_of_both_ends_is_not_taken_for_loss() {
 fn a_slow_loop_puts_off_a_loss_scan_once_not_forever() {
     use common::scenarios::{check_done, connect, nodes};
     let mut w = UdpWorld {
-        net: erpc::sim::SimNet::new(erpc::sim::SimConfig::default()),
+        net: erpc_sim::SimNet::new(erpc_sim::SimConfig::default()),
     };
     let mut ns = nodes(&mut w, 2, 9);
     connect(&mut w, &mut ns, 0, 1, 8);
@@ -357,7 +357,7 @@ fn a_slow_loop_puts_off_a_loss_scan_once_not_forever() {
 fn answers_queued_behind_a_put_off_scan_are_read_before_it_runs() {
     use common::scenarios::{check_done, connect, nodes};
     let mut w = UdpWorld {
-        net: erpc::sim::SimNet::new(erpc::sim::SimConfig::default()),
+        net: erpc_sim::SimNet::new(erpc_sim::SimConfig::default()),
     };
     let mut ns = nodes(&mut w, 2, 10);
     connect(&mut w, &mut ns, 0, 1, 8);

@@ -7,11 +7,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use erpc::nexus::{Resolver, UdpSmLink};
-use erpc::sim::{SimConfig, SimNet, SimTransport, test_allocator};
+use erpc::sm::{Resolver, UdpSmLink};
 use erpc::{
     Completion, Nexus, Rpc, RpcConfig, RpcError, SessionError, SessionEvent, SessionEventKind,
 };
+use erpc_sim::{SimConfig, SimNet, SimTransport, test_allocator};
 use transport::udp::{UdpConfig, UdpTransport};
 
 #[derive(Default)]

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arrayvec::ArrayVec;
-use erpc::sim::SimNet;
 use erpc::{Completion, MAX_MSG_BYTES, MsgBuf, Nexus, NexusBuilder, Request, Rpc, RpcConfig};
+use erpc_sim::SimNet;
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use mempool::{Allocator, AllocatorConfig};
@@ -1633,7 +1633,7 @@ pub fn raw_echo<T: Transport>(
 /// An identity-mapped allocator for the kernel-UDP runs (the kernel
 /// copies; nothing is registered with a device).
 fn udp_allocator(plan: &MemoryPlan, bytes: usize, what: &str) -> Result<Allocator, BenchError> {
-    erpc::sim::sim_allocator(bytes, plan.region).map_err(|e| BenchError::setup(what.to_string(), e))
+    erpc_sim::sim_allocator(bytes, plan.region).map_err(|e| BenchError::setup(what.to_string(), e))
 }
 
 /// eRPC over kernel UDP on loopback, two Rpcs in one thread (the same shape
@@ -1716,7 +1716,7 @@ pub fn udp_erpc_with(
                 },
             )]);
             let link = CapturingSmLink::new(
-                Arc::new(erpc::nexus::UdpSmLink::new()),
+                Arc::new(erpc::sm::UdpSmLink::new()),
                 cap.clone(),
                 nodes,
                 unix_ns,

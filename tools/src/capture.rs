@@ -33,8 +33,9 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use erpc::nexus::{NexusError, SmLink, SmRouter, Uri};
-use erpc::sm_types::SM_PKT_BYTES;
+use erpc::sm::{SmLink, SmRouter};
+use erpc::wire::SM_PKT_BYTES;
+use erpc::{NexusError, Uri};
 use mlx5_sim::pcap::PcapWriter;
 use pcap_file::PcapError;
 use pcap_file::pcap::PcapParser;

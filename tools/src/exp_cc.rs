@@ -64,7 +64,7 @@ pub fn cc_overhead(
     let on = Knobs::default();
     let off = Knobs {
         rpc: erpc::RpcConfig {
-            cc: erpc::cc::CcConfig::disabled(),
+            cc: erpc::CcConfig::disabled(),
             ..on.rpc
         },
         ..on

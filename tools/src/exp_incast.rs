@@ -29,9 +29,9 @@
 use std::cell::Cell;
 use std::rc::Rc;
 
-use erpc::cc::CcConfig;
-use erpc::sim::{LinkConfig, PortConfig, SimConfig, SimNet, SimTransport};
+use erpc::CcConfig;
 use erpc::{Completion, Nexus, Request, Rpc, RpcConfig, SessionNum};
+use erpc_sim::{PortConfig, SimConfig, SimNet, SimTransport};
 use hdrhistogram::Histogram;
 use mempool::{Fallback, PageSize, RegionOptions};
 use serde::Serialize;
@@ -353,10 +353,7 @@ pub fn run_incast(c: &IncastConfig) -> Result<IncastResult, BenchError> {
     let net = SimNet::new(SimConfig {
         seed: c.seed,
         port,
-        link: LinkConfig {
-            delay_ns: c.delay_ns,
-            ..LinkConfig::default()
-        },
+        link: erpc_sim::delayed_link(c.delay_ns, 0),
         ..SimConfig::default()
     });
     let cfg = RpcConfig {
@@ -383,12 +380,12 @@ pub fn run_incast(c: &IncastConfig) -> Result<IncastResult, BenchError> {
             .map_err(|e| setup(format!("Nexus {uri}"))(&e))?;
         let initial = if i == 0 {
             // Reassembly and response buffers for every sender's window.
-            (c.senders * c.window.min(erpc::consts::SESSION_REQ_WINDOW) + 1) * (c.req_bytes + 4096)
+            (c.senders * c.window.min(erpc::SESSION_REQ_WINDOW) + 1) * (c.req_bytes + 4096)
                 + (8 << 20)
         } else {
             c.window * (c.req_bytes + 4096) + (8 << 20)
         };
-        let alloc = erpc::sim::sim_allocator(initial, region())
+        let alloc = erpc_sim::sim_allocator(initial, region())
             .map_err(|e| setup(format!("buffers of node {i}"))(&e))?;
         let rpc = Rpc::new(&nexus, 0, net.add_transport(), alloc, cfg, None)
             .map_err(|e| setup(format!("Rpc of node {i}"))(&e))?;
@@ -691,7 +688,7 @@ pub struct IncastExperiment {
     pub swift: Option<SwiftSettings>,
 }
 
-/// The delay-target controller's constants (`erpc::cc::SwiftParams`), for
+/// The delay-target controller's constants (`erpc::SwiftParams`), for
 /// the report.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct SwiftSettings {
@@ -717,8 +714,8 @@ pub struct SwiftSettings {
     pub hold_while_falling: bool,
 }
 
-impl From<erpc::cc::SwiftParams> for SwiftSettings {
-    fn from(p: erpc::cc::SwiftParams) -> SwiftSettings {
+impl From<erpc::SwiftParams> for SwiftSettings {
+    fn from(p: erpc::SwiftParams) -> SwiftSettings {
         SwiftSettings {
             headroom_us: p.headroom_us,
             headroom_bytes: p.headroom_bytes,

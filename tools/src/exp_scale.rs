@@ -16,9 +16,9 @@
 use std::cell::Cell;
 use std::rc::Rc;
 
-use erpc::cc::CcConfig;
-use erpc::sim::{LinkConfig, PortConfig, SimConfig, SimNet, SimTransport};
+use erpc::CcConfig;
 use erpc::{Completion, Nexus, Request, Rpc, RpcConfig, SessionNum};
+use erpc_sim::{PortConfig, SimConfig, SimNet, SimTransport};
 use hdrhistogram::Histogram;
 use mempool::{Fallback, PageSize, RegionOptions};
 use serde::Serialize;
@@ -291,7 +291,7 @@ pub fn run_scale(
     heap_now: Option<&dyn Fn() -> i64>,
 ) -> Result<ScaleResult, BenchError> {
     let wall = std::time::Instant::now();
-    if c.server_rpcs == 0 || c.server_rpcs > usize::from(erpc::consts::MAX_RPC_ID) + 1 {
+    if c.server_rpcs == 0 || c.server_rpcs > usize::from(erpc::MAX_RPC_ID) + 1 {
         return Err(BenchError::Usage(format!(
             "--server-rpcs {}: must be 1 to 255",
             c.server_rpcs
@@ -309,10 +309,7 @@ pub fn run_scale(
     let net = SimNet::new(SimConfig {
         seed: c.seed,
         port: PortConfig::new((c.link_gbps * 1e9) as u64, c.buffer_bytes),
-        link: LinkConfig {
-            delay_ns: c.delay_ns,
-            ..LinkConfig::default()
-        },
+        link: erpc_sim::delayed_link(c.delay_ns, 0),
         ..SimConfig::default()
     });
     let cfg = RpcConfig {
@@ -337,7 +334,7 @@ pub fn run_scale(
     for id in 0..c.server_rpcs {
         let t = net.add_transport_with_ring(server_ring);
         let ep = nodes.len();
-        let alloc = erpc::sim::sim_allocator(8 << 20, region())
+        let alloc = erpc_sim::sim_allocator(8 << 20, region())
             .map_err(|e| setup(format!("buffers of server Rpc {id}"))(&e))?;
         let rpc = Rpc::new(&server_nexus, id as u8, t, alloc, cfg, None)
             .map_err(|e| setup(format!("server Rpc {id}"))(&e))?;
@@ -358,7 +355,7 @@ pub fn run_scale(
             .map_err(|e| setup(format!("Nexus {uri}"))(&e))?;
         let t = net.add_transport_with_ring(client_ring);
         let ep = nodes.len();
-        let alloc = erpc::sim::sim_allocator(8 << 20, region())
+        let alloc = erpc_sim::sim_allocator(8 << 20, region())
             .map_err(|e| setup(format!("buffers of client {i}"))(&e))?;
         let rpc = Rpc::new(&nexus, 0, t, alloc, cfg, None)
             .map_err(|e| setup(format!("Rpc of client {i}"))(&e))?;

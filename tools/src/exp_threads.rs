@@ -278,7 +278,7 @@ fn measure(
                                     e,
                                 )
                             })?;
-                            let a = erpc::sim::sim_allocator(bytes, region).map_err(|e| {
+                            let a = erpc_sim::sim_allocator(bytes, region).map_err(|e| {
                                 BenchError::setup(format!("thread {i}: buffers of node {k}"), e)
                             })?;
                             let mut rpc =

@@ -222,7 +222,7 @@ pub fn failure_peer(uri: &str) -> Result<(), BenchError> {
         .map_err(|e| BenchError::setup(format!("peer Nexus on {uri}"), e))?;
     let t = UdpTransport::new(&UdpConfig::loopback())
         .map_err(|e| BenchError::setup("peer UDP transport", e))?;
-    let alloc = erpc::sim::sim_allocator(4 << 20, mempool::RegionOptions::default())
+    let alloc = erpc_sim::sim_allocator(4 << 20, mempool::RegionOptions::default())
         .map_err(|e| BenchError::setup("peer buffers", e))?;
     let mut rpc: Rpc<UdpTransport, Held> =
         Rpc::new(&nexus, 0, t, alloc, RpcConfig::default(), None)
@@ -319,7 +319,7 @@ pub fn failure_detection(
                 .map_err(|e| BenchError::setup("client Nexus", e))?;
             let t = UdpTransport::new(&UdpConfig::loopback())
                 .map_err(|e| BenchError::setup("client UDP transport", e))?;
-            let alloc = erpc::sim::sim_allocator(4 << 20, mempool::RegionOptions::default())
+            let alloc = erpc_sim::sim_allocator(4 << 20, mempool::RegionOptions::default())
                 .map_err(|e| BenchError::setup("client buffers", e))?;
             let cfg = RpcConfig {
                 failure_timeout_ms: timeout_ms,
@@ -461,7 +461,7 @@ pub fn factor_knobs() -> Vec<(&'static str, Knobs)> {
         ("zero-copy RX", rpc(&|r| r.zero_copy_rx = false)),
         (
             "congestion control (Timely, wheel, bypasses)",
-            rpc(&|r| r.cc = erpc::cc::CcConfig::disabled()),
+            rpc(&|r| r.cc = erpc::CcConfig::disabled()),
         ),
     ]
 }

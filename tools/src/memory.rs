@@ -8,7 +8,7 @@
 //! are free, [`MemoryPlan::decide`] falls back to 4 KiB pages and says so
 //! once, with the number of pages and the command that reserves them.
 
-use erpc::msgbuf::msgbuf_bytes;
+use erpc::msgbuf_bytes;
 use mempool::meminfo::{HugepageInfo, reserve_command};
 use mempool::{Fallback, HUGE_2M, RegionOptions, class_size};
 use transport::MAX_DATA_PER_PKT;

@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-use erpc::pkthdr::{PktHdr, PktType};
-use erpc::sm_types::{SM_PKT_BYTES, SmErr, SmPkt, SmPktType};
+use erpc::wire::{PktHdr, PktType};
+use erpc::wire::{SM_PKT_BYTES, SmErr, SmPkt, SmPktType};
 use libtest_mimic::{Arguments, Failed, Trial};
 use transport::wire::parse_frame;
 
@@ -448,7 +448,7 @@ fn frame(payload: &[u8], src_port: u16, dst_port: u16) -> Vec<u8> {
 }
 
 fn write_crafted(path: &Path) -> Result<(), Failed> {
-    use erpc::sm_types::{SmEndpoint, TransportType};
+    use erpc::wire::{SmEndpoint, TransportType};
     use transport::RoutingInfo;
     let file = std::fs::File::create(path).map_err(|e| e.to_string())?;
     let mut w = mlx5_sim::pcap::PcapWriter::new(Box::new(file)).map_err(|e| e.to_string())?;
@@ -531,12 +531,12 @@ fn write_crafted(path: &Path) -> Result<(), Failed> {
     write(4, frame(&disc.encode(), 31851, 31852))?;
     // A "server disconnected" notice with its reason byte.
     let mut notice = sm(SmPktType::ConnectResp, SmErr::SrvDisconnected, 7);
-    notice.server.set_end_reason(erpc::sm_types::END_BY_SERVER);
+    notice.server.set_end_reason(erpc::wire::END_BY_SERVER);
     write(5, frame(&notice.encode(), 31852, 31851))?;
     // Keep-alive ping responses: live-Rpc bitmaps instead of routing
     // info (one with Rpcs 0, 9 and 254, one with none).
     for (t, ids) in [(6, &[0usize, 9, 254][..]), (7, &[][..])] {
-        let mut bitmap = [0u8; erpc::sm_types::EXT_RPC_BITMAP_BYTES];
+        let mut bitmap = [0u8; erpc::wire::EXT_RPC_BITMAP_BYTES];
         for &i in ids {
             bitmap[i / 8] |= 1 << (i % 8);
         }

@@ -52,8 +52,6 @@
 
 use std::fmt;
 
-#[cfg(feature = "conformance")]
-pub mod conformance;
 pub mod mlx5;
 pub mod pcap;
 pub mod rss;

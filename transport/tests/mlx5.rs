@@ -3,16 +3,20 @@
 //! across two NICs of a lossy fabric, frames as the C++ raw transport sends
 //! them, RSS source ports in the frame header, pcap capture).
 
+// The shared transport conformance suite (a module of the tests only).
+#[macro_use]
+mod conformance;
+
 mod common;
 
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use common::pcap::{TempPath, read_pcap};
+use conformance::{Fixture, TxMemory};
 use mempool::{Allocator, AllocatorConfig, Buffer, Fallback, RegionOptions};
 use mlx5::{Device, DeviceConfig, QueueConfig};
 use mlx5_sim::{Fabric, FabricConfig, NicConfig, SimBackend, SimNic};
-use transport::conformance::{Fixture, TxMemory};
 use transport::mlx5::{Mlx5Config, Mlx5Transport};
 use transport::wire::{self, FrameTemplate};
 use transport::{HEADROOM_BYTES, PKTHDR_BYTES, RxRing, Transport};
@@ -169,8 +173,8 @@ impl Fixture for SimFixture {
     }
 }
 
-mod conformance {
-    transport::conformance_tests!(crate::SimFixture::new());
+mod cases {
+    crate::conformance_tests!(crate::SimFixture::new());
 }
 
 /// Frames that pass the NIC's steering but are malformed or not ours are

@@ -17,6 +17,10 @@
 //! the tests are reported as ignored with the reason (a libtest-mimic
 //! harness), except in CI (`ERPC_CI=1`), where they fail.
 
+// The shared transport conformance suite (a module of the tests only).
+#[macro_use]
+mod conformance;
+
 mod common;
 
 fn main() -> std::process::ExitCode {
@@ -50,7 +54,7 @@ use std::time::{Duration, Instant};
 
 use common::netns::{CLIENT, ROLE_ENV, SERVER, field, setup, skip, tool};
 
-use transport::conformance::probe::{self, ProbeId};
+use conformance::probe::{self, ProbeId};
 use transport::udp::{UdpConfig, UdpTransport};
 use transport::{
     ERPC_HDR_BYTES, HEADROOM_BYTES, MAX_DATA_PER_PKT, PKTHDR_BYTES, ROUTING_INFO_BYTES,

@@ -5,12 +5,14 @@
 //! say, and each kind of malformation is rejected for its own reason. Also
 //! the RSS source-port choice from arbitrary routing info.
 
+// The shared transport conformance suite (a module of the tests only).
+#[macro_use]
+mod conformance;
+
 use std::net::Ipv4Addr;
 
+use conformance::{parse_frame_checked, parse_frame_checked_with, rss_source_port_checked};
 use proptest::prelude::*;
-use transport::conformance::{
-    parse_frame_checked, parse_frame_checked_with, rss_source_port_checked,
-};
 use transport::wire::{
     ETH_HDR_BYTES, FrameError, FrameTemplate, IPV4_HDR_BYTES, ParseOptions, build_headroom,
     ipv4_checksum, parse_frame_verified, parse_frame_with,

@@ -4,13 +4,17 @@
 //! ring ownership, zero-copy echo from the RX ring, and datagrams the
 //! kernel refuses.
 
+// The shared transport conformance suite (a module of the tests only).
+#[macro_use]
+mod conformance;
+
 mod common;
 
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::time::{Duration, Instant};
 
 use common::pcap::{TempPath, read_pcap};
-use transport::conformance::{Fixture, HeapMemory, probe};
+use conformance::{Fixture, HeapMemory, probe};
 use transport::udp::{MAX_PAYLOAD_BYTES, UdpConfig, UdpTransport};
 use transport::{
     ERPC_HDR_BYTES, HEADROOM_BYTES, PKTHDR_BYTES, RoutingInfo, RxRing, Transport, TransportError,
@@ -78,11 +82,11 @@ impl Fixture for Loopback {
 }
 
 mod conformance_default_ring {
-    transport::conformance_tests!(super::Loopback::default_ring());
+    crate::conformance_tests!(super::Loopback::default_ring());
 }
 
 mod conformance_tiny_ring {
-    transport::conformance_tests!(super::Loopback::tiny_ring());
+    crate::conformance_tests!(super::Loopback::tiny_ring());
 }
 
 fn io_error_text(e: TransportError) -> String {

@@ -7,5 +7,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    erpc::sim::fuzz::run(data);
+    erpc_sim::fuzz::run(data);
 });

@@ -200,12 +200,8 @@ impl CcShared {
 }
 
 impl RateCtl {
-    /// A controller of the configured kind at the link rate.
-    pub fn new(cfg: &CcConfig, now_ns: u64) -> RateCtl {
-        RateCtl::shared(cfg, &CcShared::new(cfg), now_ns)
-    }
-
-    /// [`RateCtl::new`] with the parameters of `sh` (those of `cfg`).
+    /// A controller of the configured kind at the link rate, with the
+    /// parameters of `sh` (those of `cfg`).
     pub(crate) fn shared(cfg: &CcConfig, sh: &CcShared, now_ns: u64) -> RateCtl {
         match cfg.controller {
             Controller::Timely => {

@@ -193,12 +193,6 @@ impl Swift {
         self.rate
     }
 
-    /// The link rate, bytes/s.
-    #[inline]
-    pub fn link_rate(&self) -> f64 {
-        self.link_rate
-    }
-
     /// True at the link rate.
     #[inline]
     pub fn uncongested(&self) -> bool {

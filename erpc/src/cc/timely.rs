@@ -109,6 +109,7 @@ impl Timely {
     }
 
     /// The link rate, bytes/s.
+    #[cfg(test)]
     #[inline]
     pub fn link_rate(&self) -> f64 {
         self.link_rate
@@ -127,11 +128,13 @@ impl Timely {
     }
 
     /// The EWMA of RTT differences, µs.
+    #[cfg(test)]
     pub fn avg_rtt_diff_us(&self) -> f64 {
         self.avg_rtt_diff
     }
 
     /// Consecutive negative RTT differences so far.
+    #[cfg(test)]
     pub fn neg_gradient_count(&self) -> u32 {
         self.neg_gradient_count
     }

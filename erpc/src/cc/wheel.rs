@@ -201,11 +201,6 @@ impl TimingWheel {
         self.len() == 0
     }
 
-    /// The wheel's geometry.
-    pub fn config(&self) -> WheelConfig {
-        self.cfg
-    }
-
     /// Moves every slot whose time has come (its time ≤ `now_ns`) to the
     /// ready queue. `now_ns` must not decrease between calls.
     pub fn reap(&mut self, now_ns: u64) {

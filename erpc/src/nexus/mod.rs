@@ -29,7 +29,7 @@ pub(crate) use sm_link::PktFrom;
 pub(crate) use sm_link::SmItem;
 pub use sm_link::{SmLink, SmQueue, SmRouter, SmRouterStats, SmSource};
 pub use udp_sm::{Resolver, UdpSmLink, UdpSmStats, system_resolver};
-#[cfg(feature = "sim")]
+#[cfg(feature = "testing")]
 pub use workers::SteppedJob;
 pub use workers::{BgHandler, BgResponse, WorkerDispatch, WorkerIdle, WorkerStats};
 pub(crate) use workers::{BgLinks, Job, Outcome, PoolConfig, WorkerPool, run_job};
@@ -326,7 +326,7 @@ impl NexusBuilder {
     /// as worker threads, deterministic, for simulations in virtual time
     /// with modelled service times and for instruction counts. Overrides
     /// [`NexusBuilder::workers`].
-    #[cfg(feature = "sim")]
+    #[cfg(feature = "testing")]
     pub fn stepped_workers(mut self, n: usize) -> Self {
         self.workers = Some(n);
         self.stepped = true;
@@ -580,6 +580,7 @@ impl Nexus {
     /// Fault injection: declares the Nexus at `uri` failed now, as if it
     /// had stopped answering pings. Every Rpc of this Nexus resets its
     /// sessions to it at its next event-loop iteration.
+    #[cfg(feature = "testing")]
     pub fn fault_fail_remote(&self, uri: &Uri) {
         self.router.inject_failure(uri);
     }
@@ -616,7 +617,7 @@ impl Nexus {
     ///
     /// # Panics
     /// If there is no worker `worker`.
-    #[cfg(feature = "sim")]
+    #[cfg(feature = "testing")]
     pub fn take_job(&self, worker: usize) -> Option<SteppedJob> {
         self.workers.take_job(worker)
     }
@@ -624,7 +625,7 @@ impl Nexus {
     /// Stepped workers: runs the handler of a job [`Nexus::take_job`]
     /// took and hands the result back to its Rpc, which sends the response
     /// in its next event-loop iteration.
-    #[cfg(feature = "sim")]
+    #[cfg(feature = "testing")]
     pub fn finish_job(&self, job: SteppedJob) {
         self.workers.finish_job(job)
     }
@@ -632,7 +633,7 @@ impl Nexus {
     /// Stepped workers: each worker runs every job it holds now, at once
     /// (under one lock: the per-job work is the worker threads'). Returns
     /// the number of jobs run (0 if the workers are threads).
-    #[cfg(feature = "sim")]
+    #[cfg(feature = "testing")]
     pub fn step_workers(&self) -> usize {
         (0..self.workers.threads())
             .map(|w| self.workers.run_stepped(w, usize::MAX))

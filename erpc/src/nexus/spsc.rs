@@ -237,6 +237,7 @@ impl<T: Send> Worker<T> {
     /// The next value waiting for the worker, if any (without finishing
     /// it).
     #[inline]
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn peek(&mut self) -> Option<&T> {
         let slot = self.next_queued()?;
         // SAFETY: the slot is `QUEUED` for this lap: the owner published a

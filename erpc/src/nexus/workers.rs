@@ -443,7 +443,7 @@ struct WorkerLocal {
     /// The link polled first next time (the links take turns).
     next: usize,
     /// Stepped workers: the link whose next job the caller took.
-    #[cfg(feature = "sim")]
+    #[cfg(feature = "testing")]
     taken: Option<Arc<LinkState>>,
 }
 
@@ -544,7 +544,7 @@ fn worker_main(shared: Arc<PoolShared>, index: usize) {
 /// A job taken by the caller from a stepped worker
 /// ([`super::Nexus::take_job`]); give it back with
 /// [`super::Nexus::finish_job`], which runs its handler.
-#[cfg(feature = "sim")]
+#[cfg(feature = "testing")]
 pub struct SteppedJob {
     worker: usize,
     link: Arc<LinkState>,
@@ -553,7 +553,7 @@ pub struct SteppedJob {
     req_type: u8,
 }
 
-#[cfg(feature = "sim")]
+#[cfg(feature = "testing")]
 impl fmt::Debug for SteppedJob {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -566,7 +566,7 @@ impl fmt::Debug for SteppedJob {
     }
 }
 
-#[cfg(feature = "sim")]
+#[cfg(feature = "testing")]
 impl SteppedJob {
     /// The request's data.
     pub fn request(&self) -> &[u8] {
@@ -591,7 +591,7 @@ pub(crate) struct WorkerPool {
     policy: WorkerDispatch,
     drop_wait: Duration,
     /// Workers without threads, run by the caller.
-    #[cfg(feature = "sim")]
+    #[cfg(feature = "testing")]
     stepped: Box<[Mutex<WorkerLocal>]>,
 }
 
@@ -639,11 +639,11 @@ impl WorkerPool {
             threads: Mutex::new(Vec::new()),
             policy: cfg.policy,
             drop_wait: cfg.drop_wait,
-            #[cfg(feature = "sim")]
+            #[cfg(feature = "testing")]
             stepped: Box::new([]),
         };
         if cfg.stepped {
-            #[cfg(feature = "sim")]
+            #[cfg(feature = "testing")]
             {
                 pool.stepped = (0..cfg.workers)
                     .map(|_| Mutex::new(WorkerLocal::default()))
@@ -732,7 +732,7 @@ impl WorkerPool {
 
     /// Stepped workers: a worker's next job, if any (its links take
     /// turns); none while the caller holds one of this worker's jobs.
-    #[cfg(feature = "sim")]
+    #[cfg(feature = "testing")]
     pub(crate) fn take_job(&self, worker: usize) -> Option<SteppedJob> {
         let me = &self.shared.workers[worker];
         let mut l = self
@@ -769,7 +769,7 @@ impl WorkerPool {
     /// Stepped workers: runs the handler of a taken job and hands it back
     /// to its Rpc (nothing to run if the Rpc retired the link meanwhile:
     /// the job went back unrun).
-    #[cfg(feature = "sim")]
+    #[cfg(feature = "testing")]
     pub(crate) fn finish_job(&self, job: SteppedJob) {
         let me = &self.shared.workers[job.worker];
         let mut l = self.stepped[job.worker]
@@ -786,7 +786,7 @@ impl WorkerPool {
     /// Stepped workers: worker `worker` runs every job it has now, at most
     /// `max` (none while the caller holds one of its jobs); returns how
     /// many it ran.
-    #[cfg(feature = "sim")]
+    #[cfg(feature = "testing")]
     pub(crate) fn run_stepped(&self, worker: usize, max: usize) -> usize {
         let me = &self.shared.workers[worker];
         let Some(l) = self.stepped.get(worker) else {
@@ -813,7 +813,7 @@ impl WorkerPool {
 
     /// Stepped workers: lets each look at its inbox and retired links.
     fn refresh_stepped(&self) {
-        #[cfg(feature = "sim")]
+        #[cfg(feature = "testing")]
         for (me, l) in self.shared.workers.iter().zip(self.stepped.iter()) {
             if me.changed.load(Ordering::Acquire) {
                 l.lock().unwrap_or_else(|e| e.into_inner()).refresh(me);
@@ -1040,7 +1040,7 @@ impl BgLinks {
     }
 }
 
-#[cfg(all(test, feature = "sim"))]
+#[cfg(all(test, feature = "testing"))]
 mod tests {
     //! The dispatch decision and the idle policy, on real worker threads:
     //! handlers that hold their worker until the test opens a gate, and
@@ -1141,7 +1141,7 @@ mod tests {
                 pool,
                 links,
                 gate,
-                alloc: crate::sim::test_allocator(1 << 20),
+                alloc: crate::test_allocator(1 << 20),
                 next_req: 0,
             }
         }
@@ -1389,7 +1389,7 @@ mod tests {
         cfg.drop_wait = Duration::from_millis(1);
         let mut pool = WorkerPool::new(cfg, handlers(&gate)).unwrap();
         let mut links = pool.connect(0);
-        let mut alloc = crate::sim::test_allocator(1 << 20);
+        let mut alloc = crate::test_allocator(1 << 20);
         let job = |alloc: &mut mempool::Allocator, t| Job {
             req_type: t,
             req: MsgBuf::alloc(alloc, 8, Origin::Dynamic).unwrap(),
@@ -1433,7 +1433,7 @@ mod tests {
         cfg.drop_wait = Duration::from_millis(1);
         let mut pool = WorkerPool::new(cfg, handlers(&gate)).unwrap();
         let mut links = pool.connect(0);
-        let mut alloc = crate::sim::test_allocator(1 << 20);
+        let mut alloc = crate::test_allocator(1 << 20);
         let job = Job {
             req_type: HOLD,
             req: MsgBuf::alloc(&mut alloc, 8, Origin::Dynamic).unwrap(),
@@ -1536,7 +1536,7 @@ mod tests {
         cfg.stepped = true;
         let pool = WorkerPool::new(cfg, handlers(&gate)).unwrap();
         let mut links = pool.connect(0);
-        let mut f_alloc = crate::sim::test_allocator(1 << 20);
+        let mut f_alloc = crate::test_allocator(1 << 20);
         let job = |alloc: &mut mempool::Allocator| Job {
             req_type: QUICK,
             req: MsgBuf::alloc(alloc, 8, Origin::Dynamic).unwrap(),
@@ -1587,13 +1587,24 @@ mod tests {
         assert!(WorkerPool::new(cfg, Vec::new()).is_ok());
     }
 
+    /// An SM link that carries nothing: these Nexuses never connect.
+    #[derive(Debug)]
+    struct NullSmLink;
+
+    impl crate::sm::SmLink for NullSmLink {
+        fn start(&self, _: &crate::Uri, _: Arc<crate::sm::SmRouter>) -> Result<(), NexusError> {
+            Ok(())
+        }
+        fn send(&self, _: &crate::Uri, _: &crate::Uri, _: &[u8; crate::wire::SM_PKT_BYTES]) {}
+        fn stop(&self, _: &crate::Uri) {}
+    }
+
     #[test]
     fn the_builder_takes_the_policies_and_refuses_a_bad_depth() {
-        let net = crate::sim::SimNet::new(crate::sim::SimConfig::default());
         let build = |uri: &str, policy| {
             crate::Nexus::builder(uri)
-                .sm_link(net.sm_link())
-                .clock(net.erpc_clock())
+                .sm_link(Arc::new(NullSmLink))
+                .clock(crate::Clock::Virtual(crate::VirtualClock::new()))
                 .workers(2)
                 .worker_dispatch(policy)
                 .worker_idle(WorkerIdle::Spin)
@@ -1610,8 +1621,8 @@ mod tests {
             Err(NexusError::WorkerDispatch { depth: 0 })
         ));
         let e = crate::Nexus::builder("d:1")
-            .sm_link(net.sm_link())
-            .clock(net.erpc_clock())
+            .sm_link(Arc::new(NullSmLink))
+            .clock(crate::Clock::Virtual(crate::VirtualClock::new()))
             .build()
             .unwrap();
         assert_eq!(e.worker_idle(), WorkerIdle::default());

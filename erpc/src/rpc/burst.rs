@@ -104,7 +104,7 @@ pub(crate) struct Pending {
 ///   it again with [`Rpc::request_data`]).
 ///
 /// ```
-/// use erpc::sim::SimTransport;
+/// use erpc_sim::SimTransport;
 /// use erpc::{Burst, Rpc};
 ///
 /// /// Hands out sequence numbers: one addition per burst.

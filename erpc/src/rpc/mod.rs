@@ -1404,10 +1404,11 @@ impl<T: Transport, C> Rpc<T, C> {
         self.alloc.free(m.into_buffer());
     }
 
-    /// The fuzz harness's view of live state: each session's number, its
-    /// SM token, and its slots' current request numbers.
-    #[cfg(feature = "sim")]
-    pub(crate) fn live_sessions(
+    /// Test hook (`testing` feature): the fuzz harness's view of live
+    /// state: each session's number, its SM token, and its slots' current
+    /// request numbers.
+    #[cfg(feature = "testing")]
+    pub fn live_sessions(
         &self,
     ) -> impl Iterator<Item = (SessionNum, u64, [u64; crate::consts::SESSION_REQ_WINDOW])> + '_
     {

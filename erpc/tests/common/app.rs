@@ -6,11 +6,11 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use erpc::rng::Rng;
 use erpc::{
     BgResponse, Completion, MsgBuf, NexusBuilder, ReqHandle, Request, Rpc, SessionEvent,
     SessionEventKind, SessionNum,
 };
+use netsim::Rng;
 use transport::Transport;
 
 use super::{check_pattern, fill_pattern, pattern_byte};

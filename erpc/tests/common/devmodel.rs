@@ -8,8 +8,8 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use erpc::sim::{SimConfig, SimNet};
 use erpc::{Nexus, NexusBuilder};
+use erpc_sim::{SimConfig, SimNet};
 use mempool::{Allocator, AllocatorConfig, Fallback, RegionOptions};
 use mlx5::{Device, DeviceConfig, QueueConfig};
 use mlx5_sim::{Fabric, FabricConfig, NicConfig, SimBackend, SimNic};
@@ -63,7 +63,7 @@ impl DevWorld {
     /// (device → switch), as on the simulated network.
     pub fn lossy(seed: u64) -> DevWorld {
         DevWorld {
-            faults: Some(super::LOSSY.faults()),
+            faults: Some(super::LOSSY),
             ..DevWorld::new(seed)
         }
     }
@@ -205,7 +205,7 @@ impl World for DevWorld {
         self.faults.is_none()
     }
 
-    fn queue(&self, i: usize) -> erpc::sim::QueueStats {
+    fn queue(&self, i: usize) -> erpc_sim::QueueStats {
         self.fabric
             .queue(self.nics[i].port())
             .expect("a NIC's port")
@@ -215,7 +215,7 @@ impl World for DevWorld {
         self.fabric.set_queue_trace(self.nics[i].port(), capacity);
     }
 
-    fn queue_trace(&self, i: usize) -> Vec<erpc::sim::QueueSample> {
+    fn queue_trace(&self, i: usize) -> Vec<erpc_sim::QueueSample> {
         self.fabric.queue_trace(self.nics[i].port())
     }
 

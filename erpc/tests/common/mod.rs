@@ -10,8 +10,8 @@ pub mod threads;
 
 use std::sync::Arc;
 
-use erpc::sim::{PortConfig, QueueStats, SimConfig, SimNet, SimTransport};
 use erpc::{Nexus, NexusBuilder, Rpc, RpcConfig, SessionHandler};
+use erpc_sim::{PortConfig, QueueStats, SimConfig, SimNet, SimTransport};
 use transport::Transport;
 
 /// Where scenarios run. A new transport plugs in by implementing this
@@ -30,7 +30,7 @@ pub trait World {
     fn now_ns(&self) -> u64;
     /// A hugepage allocator for one Rpc.
     fn allocator(&mut self, initial_bytes: usize) -> mempool::Allocator {
-        erpc::sim::test_allocator(initial_bytes)
+        erpc_sim::test_allocator(initial_bytes)
     }
     /// True if the links neither lose, duplicate nor reorder: scenarios
     /// then also check that nothing was dropped or retransmitted.
@@ -43,19 +43,16 @@ pub trait World {
     /// Records that queue at every arrival (up to `capacity` samples).
     fn trace_queue(&mut self, i: usize, capacity: usize);
     /// The recorded samples of that queue.
-    fn queue_trace(&self, i: usize) -> Vec<erpc::sim::QueueSample>;
+    fn queue_trace(&self, i: usize) -> Vec<erpc_sim::QueueSample>;
 }
 
 /// The faults of a lossy world: 1% of frames lost, 1% duplicated, 1%
 /// reordered, with delay jitter. Loss recovery must repair everything.
-pub const LOSSY: erpc::sim::LinkConfig = erpc::sim::LinkConfig {
-    delay_ns: 1_000,
-    jitter_ns: 1_000,
-    loss_ppm: 10_000,
-    dup_ppm: 10_000,
-    reorder_ppm: 10_000,
-    corrupt_ppm: 0,
-    corrupt_undetected_ppm: 0,
+pub const LOSSY: erpc_sim::LinkFaults = erpc_sim::LinkFaults {
+    loss: 0.01,
+    duplicate: 0.01,
+    reorder: 0.01,
+    ..erpc_sim::delayed_link(1_000, 1_000)
 };
 
 /// Longest step of virtual time when the network is idle.
@@ -107,7 +104,7 @@ impl SimWorld {
     /// file can be run in it.
     pub fn with_config(mut cfg: SimConfig) -> SimWorld {
         if cfg.deferred_dma.is_none() && deferred_dma_from_env() {
-            cfg.deferred_dma = Some(erpc::sim::DeferredDma::default());
+            cfg.deferred_dma = Some(erpc_sim::DeferredDma::default());
         }
         SimWorld {
             net: SimNet::new(cfg),
@@ -170,7 +167,7 @@ impl World for SimWorld {
 
     fn lossless(&self) -> bool {
         let l = self.net.default_link();
-        l.loss_ppm == 0 && l.dup_ppm == 0 && l.reorder_ppm == 0 && l.corrupt_ppm == 0
+        l.loss == 0.0 && l.duplicate == 0.0 && l.reorder == 0.0 && l.fcs_error == 0.0
     }
 
     fn queue(&self, i: usize) -> QueueStats {
@@ -181,7 +178,7 @@ impl World for SimWorld {
         self.net.set_queue_trace(i, capacity);
     }
 
-    fn queue_trace(&self, i: usize) -> Vec<erpc::sim::QueueSample> {
+    fn queue_trace(&self, i: usize) -> Vec<erpc_sim::QueueSample> {
         self.net.queue_trace(i)
     }
 }

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 
 use erpc::{RpcConfig, SessionEventKind};
 
-use erpc::rng::Rng;
+use netsim::Rng;
 
 use super::app::{self, Ctx, ECHO, NESTED, Op, SIZED};
 use super::{Node, World, run_until};
@@ -301,7 +301,7 @@ pub struct Incast {
 #[derive(Debug, Clone)]
 pub struct IncastReport {
     /// The switch's output queue towards the receiver, at the end.
-    pub queue: erpc::sim::QueueStats,
+    pub queue: erpc_sim::QueueStats,
     /// Requests completed at the senders.
     pub completed: u64,
     /// Requests the receiver's handler ran (the probe's not counted).
@@ -316,7 +316,7 @@ pub struct IncastReport {
     pub goodput_bps: f64,
     /// The queue towards the receiver at every arrival, from the first
     /// request on.
-    pub trace: Vec<erpc::sim::QueueSample>,
+    pub trace: Vec<erpc_sim::QueueSample>,
     /// Virtual time of the first request.
     pub t0_ns: u64,
     /// The probe's round trips: (completion time, RTT), ns.

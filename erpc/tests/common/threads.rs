@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use erpc::rng::Rng;
 use erpc::{Nexus, Rpc, RpcConfig};
 use mempool::Allocator;
+use netsim::Rng;
 use transport::Transport;
 
 use super::app::{self, BG_SIZED, Ctx, ECHO, SIZED};

@@ -33,8 +33,8 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use erpc::sim::{SimConfig, SimNet, SimTransport};
 use erpc::{Completion, Nexus, NexusBuilder, Request, Rpc, RpcConfig};
+use erpc_sim::{SimConfig, SimNet, SimTransport};
 use erpc_typed::{CallError, Ctx, Endpoint, EndpointConfig, Method, Service};
 use mempool::{Allocator, AllocatorConfig, Fallback, RegionOptions};
 use serde::{Deserialize, Serialize};

@@ -9,7 +9,7 @@
 //! single-threaded executor.
 //!
 //! ```
-//! use erpc::sim::{SimConfig, SimNet, SimTransport, test_allocator};
+//! use erpc_sim::{SimConfig, SimNet, SimTransport, test_allocator};
 //! use erpc::Nexus;
 //! use erpc_typed::{Endpoint, EndpointConfig, Method, Service};
 //! use serde::{Deserialize, Serialize};

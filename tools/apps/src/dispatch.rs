@@ -109,7 +109,7 @@ pub struct Arrival {
 /// `n` Poisson arrivals at `load` (utilization of `workers` servers) with
 /// service times from `dist`, from `seed`.
 pub fn schedule(n: usize, load: f64, workers: usize, dist: Bimodal, seed: u64) -> Vec<Arrival> {
-    let mut rng = erpc::rng::Rng::new(seed);
+    let mut rng = netsim::Rng::new(seed);
     let rate_per_ns = load * workers as f64 / dist.mean_ns();
     let mut t = 0.0f64;
     (0..n)
@@ -356,7 +356,7 @@ pub struct SimSetup {
 /// finished client state and the jobs each worker ran.
 pub fn run_simulated(plan: Vec<Arrival>, setup: &SimSetup) -> Result<(LoadGen, Vec<u64>), String> {
     use crate::env::{SimWorld, World};
-    let mut world = SimWorld::new(setup.seed, erpc::sim::LinkConfig::default());
+    let mut world = SimWorld::new(setup.seed, erpc_sim::DEFAULT_LINK);
     world.step_ns = setup.step_ns.max(1);
     let clock = world.net.erpc_clock();
     let e = |e: &dyn std::fmt::Display| e.to_string();

@@ -16,11 +16,11 @@
 use std::net::{Ipv4Addr, UdpSocket};
 use std::time::Duration;
 
-use erpc::sim::{LinkConfig, SimConfig, SimNet, SimTransport};
 use erpc::{Nexus, NexusBuilder, Uri};
+use erpc_sim::{LinkFaults, SimConfig, SimNet, SimTransport};
 use mempool::{Allocator, AllocatorConfig, Fallback, RegionOptions};
 use mlx5::{Device, DeviceConfig, QueueConfig};
-use mlx5_sim::{Fabric, FabricConfig, LinkFaults, NicConfig, SimBackend, SimNic};
+use mlx5_sim::{Fabric, FabricConfig, NicConfig, SimBackend, SimNic};
 use transport::Transport;
 use transport::mlx5::{Mlx5Config, Mlx5Transport};
 
@@ -89,12 +89,12 @@ pub struct SimWorld {
     endpoints: usize,
     seed: u64,
     nexuses: u64,
-    link: LinkConfig,
+    link: LinkFaults,
 }
 
 impl SimWorld {
     /// A network from `seed` whose links behave as `link`.
-    pub fn new(seed: u64, link: LinkConfig) -> SimWorld {
+    pub fn new(seed: u64, link: LinkFaults) -> SimWorld {
         SimWorld {
             net: SimNet::new(SimConfig {
                 seed,
@@ -118,7 +118,7 @@ impl World for SimWorld {
         self.endpoints += 1;
         (
             t,
-            erpc::sim::test_allocator(PROCESS_BYTES),
+            erpc_sim::test_allocator(PROCESS_BYTES),
             self.endpoints - 1,
         )
     }
@@ -152,8 +152,8 @@ impl World for SimWorld {
 
     fn isolate(&mut self, ep: usize, uri: &str, cut: bool) {
         let l = if cut {
-            LinkConfig {
-                loss_ppm: 1_000_000,
+            LinkFaults {
+                loss: 1.0,
                 ..self.link
             }
         } else {
@@ -162,14 +162,7 @@ impl World for SimWorld {
         // What it sends (the endpoint's own link) and what it receives
         // (the switch's side, clean and without delay when not cut).
         self.net.set_link(ep, l);
-        let inbound = if cut {
-            l
-        } else {
-            LinkConfig {
-                delay_ns: 0,
-                ..LinkConfig::default()
-            }
-        };
+        let inbound = if cut { l } else { erpc_sim::delayed_link(0, 0) };
         self.net.set_link_to(ep, inbound);
         self.net
             .sm_hub()

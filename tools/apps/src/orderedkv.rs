@@ -232,7 +232,7 @@ pub struct LoadState {
     cfg: LoadConfig,
     session: Option<u16>,
     in_flight: usize,
-    rng: erpc::rng::Rng,
+    rng: netsim::Rng,
     /// Keep issuing requests.
     pub running: bool,
     /// GET latency, ns.
@@ -254,7 +254,7 @@ impl LoadState {
             cfg,
             session: None,
             in_flight: 0,
-            rng: erpc::rng::Rng::new(cfg.seed),
+            rng: netsim::Rng::new(cfg.seed),
             running: true,
             get_latency: crate::stats::histogram(),
             scan_latency: crate::stats::histogram(),

@@ -153,7 +153,7 @@ pub struct LoadStats {
     pub running: bool,
     /// Tasks still running.
     pub tasks: usize,
-    rng: erpc::rng::Rng,
+    rng: netsim::Rng,
 }
 
 impl LoadStats {
@@ -207,7 +207,7 @@ pub fn start_load<T: Transport + 'static>(
         errors: 0,
         running: true,
         tasks: cfg.window,
-        rng: erpc::rng::Rng::new(cfg.seed),
+        rng: netsim::Rng::new(cfg.seed),
     }));
     for _ in 0..cfg.window {
         let (api, st) = (ep.client(), stats.clone());

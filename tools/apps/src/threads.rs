@@ -176,7 +176,7 @@ impl Endpoints for UdpEndpoints {
     type T = UdpTransport;
     fn make(&self, _node: usize, _thread: usize, _round: usize) -> Res<(Self::T, Allocator)> {
         let t = UdpTransport::new(&UdpConfig::loopback())?;
-        let a = erpc::sim::sim_allocator(RPC_BYTES, self.region)?;
+        let a = erpc_sim::sim_allocator(RPC_BYTES, self.region)?;
         Ok((t, a))
     }
 }

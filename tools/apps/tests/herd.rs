@@ -7,10 +7,10 @@
 
 mod common;
 
-use erpc::sim::LinkConfig;
 use erpc::{Nexus, Rpc, RpcConfig};
 use erpc_apps::env::{DevWorld, SimWorld, World};
 use erpc_apps::herd::{self, ClientConfig, Handlers, KeyDist, KvClient, KvServer};
+use erpc_sim::LinkFaults;
 
 const FILE: &str = "herd";
 
@@ -157,9 +157,9 @@ fn concurrent_clients_under_loss_get_what_the_model_allows() {
                     };
                     let mut w = SimWorld::new(
                         seed,
-                        LinkConfig {
-                            loss_ppm: 5_000,
-                            ..LinkConfig::default()
+                        LinkFaults {
+                            loss: 0.005,
+                            ..erpc_sim::delayed_link(1_000, 0)
                         },
                     );
                     let (c, sv) = run(&mut w, h, &s, seed, |_| {});
@@ -209,7 +209,7 @@ fn the_model_catches_a_store_that_lies() {
             puts_per_mille: 0,
             answers: 200,
         };
-        let mut w = SimWorld::new(1, LinkConfig::default());
+        let mut w = SimWorld::new(1, erpc_sim::DEFAULT_LINK);
         let (c, _) = run(&mut w, Handlers::PerRequest, &s, 1, |t| {
             let k = herd::key(3);
             let v = if other {

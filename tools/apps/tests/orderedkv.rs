@@ -3,7 +3,6 @@
 //! thread, on inline workers (virtual time, deterministic), and on real
 //! worker threads under both dispatch policies.
 
-use erpc::sim::LinkConfig;
 use erpc::{Rpc, RpcConfig, SessionEventKind, WorkerDispatch};
 use erpc_apps::env::{SimWorld, World};
 use erpc_apps::orderedkv::{self, LoadConfig, LoadState, ScanMode, ServerState};
@@ -21,17 +20,14 @@ fn on_sm<T: transport::Transport>(
 
 /// Runs `requests` requests (a tenth SCANs) and returns the client.
 fn run(mode: ScanMode, workers: usize, policy: WorkerDispatch, requests: u64) -> LoadState {
-    let mut w = SimWorld::new(1, LinkConfig::default());
+    let mut w = SimWorld::new(1, erpc_sim::DEFAULT_LINK);
     let index = orderedkv::load(5_000);
-    let server_nexus = orderedkv::register::<erpc::sim::SimTransport>(
-        w.nexus("server:31850"),
-        index.clone(),
-        mode,
-    )
-    .workers(workers)
-    .worker_dispatch(policy)
-    .build()
-    .unwrap();
+    let server_nexus =
+        orderedkv::register::<erpc_sim::SimTransport>(w.nexus("server:31850"), index.clone(), mode)
+            .workers(workers)
+            .worker_dispatch(policy)
+            .build()
+            .unwrap();
     let client_nexus = w.nexus("client:31850").build().unwrap();
     let (st, sa, _) = w.endpoint();
     let (ct, ca, _) = w.endpoint();
@@ -43,7 +39,7 @@ fn run(mode: ScanMode, workers: usize, policy: WorkerDispatch, requests: u64) ->
         ct,
         ca,
         RpcConfig::default(),
-        Some(on_sm::<erpc::sim::SimTransport>),
+        Some(on_sm::<erpc_sim::SimTransport>),
     )
     .unwrap();
     let mut load = LoadState::new(LoadConfig {
@@ -130,9 +126,9 @@ fn a_scan_from_the_last_keys_returns_what_is_left() {
 fn the_typed_store_answers_correctly() {
     use erpc_apps::orderedkv_typed::{self as typed, ClientCtx};
     use erpc_typed::{Endpoint, EndpointConfig, Service};
-    type T = erpc::sim::SimTransport;
+    type T = erpc_sim::SimTransport;
     for mode in [ScanMode::Dispatch, ScanMode::Workers] {
-        let mut w = SimWorld::new(1, LinkConfig::default());
+        let mut w = SimWorld::new(1, erpc_sim::DEFAULT_LINK);
         let index = orderedkv::load(5_000);
         let svc = typed::service::<T>(index.clone(), mode);
         let server_nexus = svc

@@ -7,11 +7,11 @@
 
 mod common;
 
-use erpc::sim::LinkConfig;
 use erpc_apps::env::{DevWorld, SimWorld, World};
 use erpc_apps::lincheck;
 use erpc_apps::raftkv::client::{MixedWorkload, PutWorkload, ReadBack};
 use erpc_apps::raftkv::{ClientConfig, Cluster, ReplicaConfig};
+use erpc_sim::LinkFaults;
 
 const FILE: &str = "raft_sim";
 /// Polls of 1 µs of virtual time.
@@ -47,7 +47,7 @@ fn client_cfg(
 /// eRPC failure timeout in the tests (keep-alives every 10 ms).
 const FAILURE_MS: u64 = 100;
 
-fn sim(seed: u64, link: LinkConfig, snapshot_every: u64) -> Cluster<SimWorld> {
+fn sim(seed: u64, link: LinkFaults, snapshot_every: u64) -> Cluster<SimWorld> {
     Cluster::new(
         SimWorld::new(seed, link),
         3,
@@ -103,7 +103,7 @@ fn a_leader_is_elected_and_writes_commit_on_every_replica() {
         "a_leader_is_elected_and_writes_commit_on_every_replica",
         &[1, 2],
         |seed| {
-            let mut c = sim(seed, LinkConfig::default(), 1 << 40);
+            let mut c = sim(seed, erpc_sim::DEFAULT_LINK, 1 << 40);
             let leader = elect(&mut c);
             c.add_client(
                 client_cfg(1, 4, false),
@@ -144,7 +144,7 @@ fn leader_crash_fails_over_and_loses_no_acknowledged_write() {
         "leader_crash_fails_over_and_loses_no_acknowledged_write",
         &[3, 4],
         |seed| {
-            let mut c = sim(seed, LinkConfig::default(), 1 << 40);
+            let mut c = sim(seed, erpc_sim::DEFAULT_LINK, 1 << 40);
             let old = elect(&mut c);
             c.add_client(
                 client_cfg(2, 4, false),
@@ -179,7 +179,7 @@ fn an_isolated_leader_steps_down_and_catches_up_by_snapshot_after_the_heal() {
         &[5, 6],
         |seed| {
             // Snapshots every 100 entries, sent in 4 KiB chunks.
-            let mut c = sim(seed, LinkConfig::default(), 100);
+            let mut c = sim(seed, erpc_sim::DEFAULT_LINK, 100);
             let old = elect(&mut c);
             c.add_client(
                 client_cfg(3, 4, false),
@@ -248,12 +248,11 @@ fn histories_stay_linearizable_under_loss_and_a_leader_crash() {
         "histories_stay_linearizable_under_loss_and_a_leader_crash",
         &[7, 8, 9],
         |seed| {
-            let link = LinkConfig {
-                loss_ppm: 5_000,
-                dup_ppm: 2_000,
-                reorder_ppm: 5_000,
-                jitter_ns: 2_000,
-                ..LinkConfig::default()
+            let link = LinkFaults {
+                loss: 0.005,
+                duplicate: 0.002,
+                reorder: 0.005,
+                ..erpc_sim::delayed_link(1_000, 2_000)
             };
             let mut c = sim(seed, link, 50);
             let old = elect(&mut c);
@@ -297,7 +296,7 @@ fn the_checker_catches_a_store_that_loses_writes() {
     // store that forgets: simulated by dropping every other acknowledged
     // PUT from the history's reads. A checker that passed this would
     // prove nothing.
-    let mut c = sim(11, LinkConfig::default(), 1 << 40);
+    let mut c = sim(11, erpc_sim::DEFAULT_LINK, 1 << 40);
     elect(&mut c);
     c.add_client(
         client_cfg(20, 2, true),

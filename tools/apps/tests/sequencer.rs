@@ -13,10 +13,10 @@ mod common;
 
 use std::collections::{HashMap, HashSet};
 
-use erpc::sim::LinkConfig;
 use erpc::{Rpc, RpcConfig};
 use erpc_apps::env::{DevWorld, SimWorld, World};
 use erpc_apps::sequencer::{self, Counter, Grant, Handlers, SeqClient, SeqServer};
+use erpc_sim::LinkFaults;
 
 const FILE: &str = "sequencer";
 
@@ -255,9 +255,9 @@ fn every_number_once_across_loss_and_a_client_crash() {
             for h in handlers() {
                 let mut w = SimWorld::new(
                     seed,
-                    LinkConfig {
-                        loss_ppm: 10_000,
-                        ..LinkConfig::default()
+                    LinkFaults {
+                        loss: 0.01,
+                        ..erpc_sim::delayed_link(1_000, 0)
                     },
                 );
                 let r = run(&mut w, h, 4, 4, 24, 1_500, Some((3, 400)), |_| {});
@@ -277,7 +277,7 @@ fn every_number_once_across_loss_and_a_client_crash() {
 #[test]
 fn without_faults_the_numbers_are_exactly_the_counter() {
     for h in handlers() {
-        let mut w = SimWorld::new(4, LinkConfig::default());
+        let mut w = SimWorld::new(4, erpc_sim::DEFAULT_LINK);
         let r = run(&mut w, h, 3, 8, 48, 2_000, None, |_| {});
         assert_eq!(audit(&r), 0, "{h}: no failure, no gap");
         let received: usize = r.clients.iter().map(|c| c.got.len()).sum();
@@ -298,7 +298,7 @@ fn the_device_model_hands_out_every_number_once() {
 /// twice, and the check says so.
 #[test]
 fn a_counter_that_goes_back_is_caught() {
-    let mut w = SimWorld::new(6, LinkConfig::default());
+    let mut w = SimWorld::new(6, erpc_sim::DEFAULT_LINK);
     let r = run(&mut w, Handlers::PerRequest, 2, 2, 8, 300, None, |c| {
         c.store(10, std::sync::atomic::Ordering::Relaxed)
     });

@@ -48,8 +48,8 @@ use std::process::ExitCode;
 
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
+use erpc::CcConfig;
 use erpc::RpcConfig;
-use erpc::cc::CcConfig;
 use erpc_tools::bench::{
     BenchError, DeviceModel, Knobs, Outcome, Point, Progress, RawEcho as RawEchoRun, Settings,
     Vfio, Which, erpc_until, packets_per_direction, ratio_to_raw, raw_echo_data_bytes, raw_echo_on,
@@ -64,9 +64,9 @@ use serde::Serialize;
 /// small-RPC experiment's `--cc on` rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum CcController {
-    /// Timely (`erpc::cc::CcConfig::default()`).
+    /// Timely (`erpc::CcConfig::default()`).
     Timely,
-    /// The delay-target controller (`erpc::cc::CcConfig::swift()`).
+    /// The delay-target controller (`erpc::CcConfig::swift()`).
     Swift,
 }
 
@@ -172,7 +172,7 @@ struct Args {
     /// Rate controller of `--experiment incast`'s CC-on rows and of the
     /// small-RPC experiment's `--cc on` rows: Timely (the default, the
     /// facts sheet's constants) or the delay-target controller
-    /// (`erpc::cc::CcConfig::swift()`: every packet paced).
+    /// (`erpc::CcConfig::swift()`: every packet paced).
     #[arg(long, value_enum, default_value = "timely")]
     controller: CcController,
     /// Delay-target controller: queueing allowed above the base RTT, µs
@@ -233,7 +233,7 @@ struct Args {
     #[arg(long, default_value_t = 4)]
     rpcs_per_session: usize,
     /// Failure timeout in ms for `--experiment failure-detection`.
-    #[arg(long, default_value_t = erpc::consts::FAILURE_TIMEOUT_MS)]
+    #[arg(long, default_value_t = erpc::FAILURE_TIMEOUT_MS)]
     failure_timeout_ms: u64,
     /// (internal) Run as the peer process of the failure-detection
     /// experiment at this URI.
@@ -1164,8 +1164,8 @@ fn run_incast(args: Args) -> Result<(), Quit> {
         ));
     }
     let mut cc = match args.controller {
-        CcController::Timely => erpc::cc::CcConfig::default(),
-        CcController::Swift => erpc::cc::CcConfig::swift(),
+        CcController::Timely => erpc::CcConfig::default(),
+        CcController::Swift => erpc::CcConfig::swift(),
     };
     if let Some(t) = args.headroom_us {
         cc.swift.headroom_us = t;
@@ -1237,7 +1237,7 @@ fn run_incast(args: Args) -> Result<(), Quit> {
         pace_window: cc.pace_window,
         wheel_slot_ns: cc.wheel_slot_ns,
         controller: format!("{:?}", cc.controller),
-        swift: (cc.controller == erpc::cc::Controller::Swift).then_some(cc.swift.into()),
+        swift: (cc.controller == erpc::Controller::Swift).then_some(cc.swift.into()),
     };
     let progress = Progress::new();
     let mut out = Out(io::stdout());

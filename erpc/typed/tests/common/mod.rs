@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use erpc::Nexus;
-use erpc::sim::{SimConfig, SimNet, SimTransport, test_allocator};
+use erpc_sim::{SimConfig, SimNet, SimTransport, test_allocator};
 use erpc_typed::{Ctx, Endpoint, EndpointConfig, Method, Reply, Service};
 use serde::{Deserialize, Serialize};
 

@@ -267,7 +267,7 @@ fn run(cli: &Cli) -> Res<bool> {
     );
     // Reference, same run: the index work alone, in this thread.
     let (get_ns, scan_ns) = {
-        let mut rng = erpc::rng::Rng::new(9);
+        let mut rng = netsim::Rng::new(9);
         let mut buf = vec![0u8; orderedkv::scan_resp_bytes(orderedkv::MAX_SCAN)];
         let n = 20_000u32;
         let t = Instant::now();

@@ -241,11 +241,7 @@ fn bench(a: &BenchArgs) -> Res<bool> {
                  latencies are simulated, not measured)",
                 a.replicas
             );
-            run_bench(
-                SimWorld::new(a.seed, erpc::sim::LinkConfig::default()),
-                a,
-                100,
-            )
+            run_bench(SimWorld::new(a.seed, erpc_sim::DEFAULT_LINK), a, 100)
         }
         t => Err(format!("--transport {t}: device-model or sim").into()),
     }
@@ -439,7 +435,7 @@ fn udp_nexus_and_transport(
 ) -> Res<(Arc<Nexus>, UdpTransport, mempool::Allocator)> {
     let nexus = register(Nexus::builder(&listen.to_string())).build()?;
     let t = UdpTransport::new(&UdpConfig::new(SocketAddrV4::new(*listen.ip(), 0)))?;
-    let alloc = erpc::sim::sim_allocator(env::PROCESS_BYTES, env::region(16))?;
+    let alloc = erpc_sim::sim_allocator(env::PROCESS_BYTES, env::region(16))?;
     Ok((nexus, t, alloc))
 }
 

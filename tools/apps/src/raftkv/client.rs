@@ -593,7 +593,7 @@ pub struct PutWorkload {
     random: bool,
     left: Vec<u64>,
     next_key: Vec<u64>,
-    rng: erpc::rng::Rng,
+    rng: netsim::Rng,
     version: u64,
     /// The last acknowledged value of every key written.
     pub acked: HashMap<Key, Value>,
@@ -629,7 +629,7 @@ impl PutWorkload {
                 .map(|l| keys / lanes + u64::from(l < keys % lanes))
                 .collect(),
             next_key: (0..lanes).collect(),
-            rng: erpc::rng::Rng::new(1),
+            rng: netsim::Rng::new(1),
             version: 1 << 40,
             acked: HashMap::new(),
         }
@@ -644,7 +644,7 @@ impl PutWorkload {
             random: true,
             left: vec![ops; lanes as usize],
             next_key: vec![0; lanes as usize],
-            rng: erpc::rng::Rng::new(seed),
+            rng: netsim::Rng::new(seed),
             version: 2 << 40,
             acked: HashMap::new(),
         }
@@ -799,7 +799,7 @@ pub struct MixedWorkload {
     keys: u64,
     get_percent: u64,
     left: Vec<u64>,
-    rng: erpc::rng::Rng,
+    rng: netsim::Rng,
     next_value: u64,
 }
 
@@ -810,7 +810,7 @@ impl MixedWorkload {
             keys,
             get_percent,
             left: vec![ops; lanes],
-            rng: erpc::rng::Rng::new(seed),
+            rng: netsim::Rng::new(seed),
             next_value: seed << 32,
         }
     }

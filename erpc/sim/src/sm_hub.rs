@@ -18,10 +18,11 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::clock::VirtualClock;
-use crate::nexus::{NexusError, SmLink, SmRouter, SmSource, Uri};
-use crate::rng::Rng;
-use crate::sm_types::SM_PKT_BYTES;
+use erpc::VirtualClock;
+use erpc::sm::{SmLink, SmRouter, SmSource};
+use erpc::wire::SM_PKT_BYTES;
+use erpc::{NexusError, Uri};
+use netsim::Rng;
 
 /// SM hub behaviour.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,7 +83,7 @@ struct Pending {
 /// The sender an SM packet names (the client endpoint of requests, the
 /// server endpoint of responses, as the SM thread routes them).
 fn claimed_sender(pkt: &[u8]) -> Option<Uri> {
-    let p = crate::sm_types::SmPkt::decode(pkt).ok()?;
+    let p = erpc::wire::SmPkt::decode(pkt).ok()?;
     if p.pkt_type.is_req() {
         p.client.uri()
     } else {
@@ -307,7 +308,7 @@ impl SimSmHub {
     /// The attacker of [`SimSmHub::set_forgery`] sees `pkt` go from `from`
     /// to `to`, and perhaps adds a packet of its own.
     fn forge(g: &mut HubInner, now_ns: u64, from: &Uri, to: &Uri, pkt: &[u8; SM_PKT_BYTES]) {
-        use crate::sm_types::{EXT_RPC_BITMAP_BYTES, SmPkt, SmPktType as T};
+        use erpc::wire::{EXT_RPC_BITMAP_BYTES, SmPkt, SmPktType as T};
         if g.recent.len() >= FORGER_MEMORY {
             g.recent.pop_front();
         }
@@ -366,7 +367,7 @@ impl SimSmHub {
                 };
                 let mut r = SmPkt {
                     pkt_type: T::PingResp,
-                    err: crate::sm_types::SmErr::NoError,
+                    err: erpc::wire::SmErr::NoError,
                     uniq_token: g.rng.next_u64(),
                     client: if p.pkt_type.is_req() {
                         p.server

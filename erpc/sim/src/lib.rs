@@ -12,7 +12,7 @@
 //! drop-tail buffer per output port, so that an incast builds a real queue
 //! in virtual time ([`SimNet::queue`]). Each endpoint's link can lose,
 //! duplicate, reorder, corrupt and delay what the endpoint sends
-//! ([`LinkConfig`], applied in the endpoint → switch direction, so a frame
+//! ([`LinkFaults`] from [`delayed_link`], applied in the endpoint → switch direction, so a frame
 //! meets its sender's faults once), from the seed. Nothing moves until
 //! [`SimNet::advance`] is called, so a scenario that polls its Rpcs and
 //! advances the clock in one thread replays exactly from its seed.
@@ -54,15 +54,15 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use netsim::{Direction, LinkFaults, NetConfig, Network, PortId};
+use netsim::{Direction, NetConfig, Network, PortId};
 use transport::wire::{FrameTemplate, Headroom, build_headroom, parse_frame};
 use transport::{
     HEADROOM_BYTES, MTU, RoutingInfo, RxRing, Transport, TransportError, TransportStats, TxItem,
 };
 
-pub use crate::clock::VirtualClock;
 pub use dma::{DeferredDma, SimIommu};
-pub use netsim::{PortConfig, QueueSample, QueueStats};
+pub use erpc::VirtualClock;
+pub use netsim::{LinkFaults, PortConfig, QueueSample, QueueStats};
 pub use sm_hub::{FORGER_URI, SimSmHub, SmHubConfig, SmHubStats};
 
 use ring::RingMem;
@@ -70,76 +70,40 @@ use ring::RingMem;
 /// Most frames [`SimNet::capture`] keeps between takes.
 const CAPTURE_MAX: usize = 1 << 16;
 
-/// Fault injection and timing of one endpoint's link, in the direction
-/// from the endpoint into the switch (what the endpoint sends).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LinkConfig {
-    /// One-way propagation delay.
-    pub delay_ns: u64,
-    /// Extra random delay in `0..=jitter_ns` (order is kept unless a
-    /// packet is picked for reordering).
-    pub jitter_ns: u64,
-    /// Loss probability, per million packets.
-    pub loss_ppm: u32,
-    /// Duplication probability, per million.
-    pub dup_ppm: u32,
-    /// Probability, per million, that a packet is held back by
-    /// `delay_ns + jitter_ns` so that later ones overtake it.
-    pub reorder_ppm: u32,
-    /// Probability that a bit of the frame is flipped on the wire, per
-    /// million. As on a real Ethernet link, the switch port's frame check
-    /// sequence catches it and the frame is dropped (counted as
-    /// `fcs_errors`): to eRPC a corrupted frame is a lost one.
-    pub corrupt_ppm: u32,
-    /// Probability, per million, that one byte after the IPv4 header is
-    /// flipped *past* the frame check (a faulty switch or NIC) and the
-    /// frame is delivered. eRPC, like the C++ eRPC, sends UDP checksum 0
-    /// and relies on the Ethernet FCS, so such damage reaches it: header
-    /// damage is dropped by its consistency checks, payload damage is
-    /// delivered. For robustness tests that check nothing but survival.
-    pub corrupt_undetected_ppm: u32,
-}
-
-impl Default for LinkConfig {
-    fn default() -> Self {
-        LinkConfig {
-            delay_ns: 1_000,
-            jitter_ns: 0,
-            loss_ppm: 0,
-            dup_ppm: 0,
-            reorder_ppm: 0,
-            corrupt_ppm: 0,
-            corrupt_undetected_ppm: 0,
-        }
+/// A link of the simulated network with propagation delay `delay_ns` and
+/// up to `jitter_ns` more per frame, and no fault: the base to give
+/// faults on, as in `LinkFaults { loss: 0.01, ..delayed_link(2_000, 0) }`.
+/// A frame picked for reordering is held back by `delay_ns + jitter_ns`,
+/// and one damaged past the frame check (`corrupt`) is damaged after
+/// eRPC's headroom (the Ethernet, IPv4 and UDP headers), so that what
+/// reaches eRPC is its own header or payload.
+pub const fn delayed_link(delay_ns: u64, jitter_ns: u64) -> LinkFaults {
+    LinkFaults {
+        loss: 0.0,
+        duplicate: 0.0,
+        reorder: 0.0,
+        reorder_delay: Duration::from_nanos(delay_ns + jitter_ns),
+        fcs_error: 0.0,
+        corrupt: 0.0,
+        corrupt_from: HEADROOM_BYTES,
+        delay: Duration::from_nanos(delay_ns),
+        jitter: Duration::from_nanos(jitter_ns),
+        down: false,
     }
 }
 
-impl LinkConfig {
-    /// The same link in the network model's terms.
-    pub fn faults(&self) -> LinkFaults {
-        let p = |ppm: u32| f64::from(ppm) / 1e6;
-        LinkFaults {
-            loss: p(self.loss_ppm),
-            duplicate: p(self.dup_ppm),
-            reorder: p(self.reorder_ppm),
-            reorder_delay: Duration::from_nanos(self.delay_ns + self.jitter_ns),
-            fcs_error: p(self.corrupt_ppm),
-            corrupt: p(self.corrupt_undetected_ppm),
-            corrupt_from: HEADROOM_BYTES,
-            delay: Duration::from_nanos(self.delay_ns),
-            jitter: Duration::from_nanos(self.jitter_ns),
-            down: false,
-        }
-    }
-}
+/// The simulated network's default link (`SimConfig::default().link`): 1 µs
+/// of propagation delay, no jitter, no fault.
+pub const DEFAULT_LINK: LinkFaults = delayed_link(1_000, 0);
 
 /// Settings of a simulated network.
 #[derive(Debug, Clone, Copy)]
 pub struct SimConfig {
     /// Seed of every random choice.
     pub seed: u64,
-    /// Default link behaviour (overridable per endpoint).
-    pub link: LinkConfig,
+    /// Default link behaviour (overridable per endpoint): [`DEFAULT_LINK`]
+    /// unless set.
+    pub link: LinkFaults,
     /// Link rate and switch buffer of every endpoint's port (unlimited by
     /// default: an infinitely fast network).
     pub port: PortConfig,
@@ -158,9 +122,9 @@ impl Default for SimConfig {
     fn default() -> Self {
         SimConfig {
             seed: 1,
-            link: LinkConfig::default(),
+            link: DEFAULT_LINK,
             port: PortConfig::default(),
-            ring_entries: crate::consts::RX_RING_ENTRIES_DEFAULT,
+            ring_entries: erpc::RX_RING_ENTRIES_DEFAULT,
             tx_burst_max: 16,
             sm: SmHubConfig::default(),
             deferred_dma: None,
@@ -457,13 +421,13 @@ impl SimNet {
         self.clock.clone()
     }
 
-    /// The [`crate::Clock`] to give each Nexus.
-    pub fn erpc_clock(&self) -> crate::Clock {
-        crate::Clock::Virtual(self.clock.clone())
+    /// The [`erpc::Clock`] to give each Nexus.
+    pub fn erpc_clock(&self) -> erpc::Clock {
+        erpc::Clock::Virtual(self.clock.clone())
     }
 
     /// The SM hub, as a Nexus SM link.
-    pub fn sm_link(&self) -> Arc<dyn crate::SmLink> {
+    pub fn sm_link(&self) -> Arc<dyn erpc::sm::SmLink> {
         self.hub.clone()
     }
 
@@ -528,7 +492,7 @@ impl SimNet {
                 dma,
             },
         );
-        let faults = n.cfg.link.faults();
+        let faults = n.cfg.link;
         n.net.set_faults(port, Some(Direction::ToSwitch), faults);
         let tx_burst_max = n.cfg.tx_burst_max;
         SimTransport {
@@ -629,37 +593,35 @@ impl SimNet {
 
     /// Sets the behaviour of endpoint `ep`'s link for what `ep` sends
     /// (endpoint → switch).
-    pub fn set_link(&self, ep: usize, cfg: LinkConfig) {
+    pub fn set_link(&self, ep: usize, cfg: LinkFaults) {
         let mut n = self.inner.borrow_mut();
         n.net.device_mut(port(ep)).link_set = true;
-        n.net
-            .set_faults(port(ep), Some(Direction::ToSwitch), cfg.faults());
+        n.net.set_faults(port(ep), Some(Direction::ToSwitch), cfg);
     }
 
     /// Sets the behaviour of endpoint `ep`'s link for what it receives
     /// (switch → endpoint; clean and without delay unless set here).
-    pub fn set_link_to(&self, ep: usize, cfg: LinkConfig) {
+    pub fn set_link_to(&self, ep: usize, cfg: LinkFaults) {
         self.inner
             .borrow_mut()
             .net
-            .set_faults(port(ep), Some(Direction::ToDevice), cfg.faults());
+            .set_faults(port(ep), Some(Direction::ToDevice), cfg);
     }
 
     /// The default link behaviour.
-    pub fn default_link(&self) -> LinkConfig {
+    pub fn default_link(&self) -> LinkFaults {
         self.inner.borrow().cfg.link
     }
 
     /// Changes the default link behaviour (of every endpoint whose link
     /// was not set with [`SimNet::set_link`], and of endpoints added
     /// later).
-    pub fn set_default_link(&self, cfg: LinkConfig) {
+    pub fn set_default_link(&self, cfg: LinkFaults) {
         let mut n = self.inner.borrow_mut();
         n.cfg.link = cfg;
         for i in 0..n.net.port_count() {
             if !n.net.device(port(i)).link_set {
-                n.net
-                    .set_faults(port(i), Some(Direction::ToSwitch), cfg.faults());
+                n.net.set_faults(port(i), Some(Direction::ToSwitch), cfg);
             }
         }
     }
@@ -1128,65 +1090,19 @@ impl Transport for SimTransport {
     }
 }
 
-/// The allocator for the simulated network: [`crate::host_allocator`]
+/// The allocator for the simulated network: [`erpc::host_allocator`]
 /// (the simulated NIC, like kernel UDP, copies packets, so no device reads
 /// the memory), under the name the simulation's users know. Over kernel
-/// UDP call [`crate::host_allocator`], which does not need this feature.
+/// UDP call [`erpc::host_allocator`], which does not need this feature.
 pub fn sim_allocator(
     initial_bytes: usize,
     region: mempool::RegionOptions,
 ) -> Result<mempool::Allocator, mempool::AllocError> {
-    crate::host_allocator(initial_bytes, region)
+    erpc::host_allocator(initial_bytes, region)
 }
 
-/// The allocator of a test (or a test-like benchmark) on the simulated
-/// network: 2 MiB hugepages when enough are free; otherwise, outside CI
-/// (`ERPC_CI` unset), 4 KiB pages with a note on stderr that names the
-/// test's opt-in. In CI a shortage is an error. Tools and examples decide
-/// for themselves and call [`sim_allocator`].
-pub fn test_allocator(initial_bytes: usize) -> mempool::Allocator {
-    test_allocator_with(
-        initial_bytes,
-        Arc::new(mempool::IdentityMapper::new()),
-        None,
-    )
-}
-
-/// [`test_allocator`] with memory registered with `mapper` and freed
-/// blocks filled with `poison` (if set).
-fn test_allocator_with(
-    initial_bytes: usize,
-    mapper: Arc<dyn mempool::DmaMapper>,
-    poison: Option<u8>,
-) -> mempool::Allocator {
-    use mempool::{Allocator, AllocatorConfig, Fallback, RegionOptions};
-    let pages = (initial_bytes as u64).div_ceil(2 << 20).max(1) + 8;
-    let fallback = if mempool::hugepages_available(pages) {
-        Fallback::Never
-    } else if std::env::var_os("ERPC_CI").is_some() {
-        panic!("ERPC_CI is set and fewer than {pages} free 2 MiB hugepages remain");
-    } else {
-        eprintln!(
-            "note: fewer than {pages} free 2 MiB hugepages; this test opts in to 4 KiB pages \
-             (Fallback::SmallPages)"
-        );
-        Fallback::SmallPages
-    };
-    let region = RegionOptions {
-        fallback,
-        ..RegionOptions::default()
-    };
-    let cfg = AllocatorConfig {
-        initial_bytes,
-        region,
-        poison_on_free: poison,
-        ..AllocatorConfig::default()
-    };
-    match Allocator::new(mapper, cfg) {
-        Ok(a) => a,
-        Err(e) => panic!("test allocator of {initial_bytes} bytes: {e}"),
-    }
-}
+pub use erpc::test_allocator;
+use erpc::test_allocator_with;
 
 #[cfg(test)]
 mod tests {
@@ -1236,10 +1152,10 @@ mod tests {
         let cfg = SimConfig {
             seed: 9,
             ring_entries: 64,
-            link: LinkConfig {
-                loss_ppm: 500_000,
-                dup_ppm: 200_000,
-                ..LinkConfig::default()
+            link: LinkFaults {
+                loss: 0.5,
+                duplicate: 0.2,
+                ..crate::delayed_link(1_000, 0)
             },
             ..SimConfig::default()
         };
@@ -1388,10 +1304,7 @@ mod tests {
     #[test]
     fn malformed_frames_read_as_none_and_jitter_keeps_order() {
         let cfg = SimConfig {
-            link: LinkConfig {
-                jitter_ns: 5_000,
-                ..LinkConfig::default()
-            },
+            link: crate::delayed_link(1_000, 5_000),
             ..SimConfig::default()
         };
         let (net, mut a, mut b, r) = pair(cfg);

@@ -1,6 +1,7 @@
 //! The transport conformance suite: the behaviour every [`Transport`] must
-//! show, written once, run against each implementation (cargo feature
-//! `conformance`; this crate's own tests turn it on).
+//! show, written once, run against each implementation. A module of this
+//! crate's tests (`mod conformance;` in a test file), not of the library:
+//! nothing of it ships.
 //!
 //! A transport's tests implement [`Fixture`] (how to make a pair of
 //! transports that reach each other, where TX memory comes from, and how to
@@ -9,8 +10,9 @@
 //! write one `#[test]` per case:
 //!
 //! ```ignore
-//! mod conformance {
-//!     transport::conformance_tests!(crate::MyFixture::new());
+//! mod conformance;
+//! mod cases {
+//!     crate::conformance_tests!(crate::MyFixture::new());
 //! }
 //! ```
 //!
@@ -55,10 +57,13 @@
 //! Ethernet/IPv4/UDP header ([`wire::build_headroom`]) addressed to the
 //! receiver and put it on the fabric.
 
+// Each test file runs the part of the suite its transport supports.
+#![allow(dead_code)]
+
 use std::time::{Duration, Instant};
 
-use crate::wire::{self, FrameError, ParseOptions, ParsedFrame};
-use crate::{
+use transport::wire::{self, FrameError, ParseOptions, ParsedFrame};
+use transport::{
     ERPC_HDR_BYTES, HEADROOM_BYTES, MAX_DATA_PER_PKT, MTU, PKTHDR_BYTES, RoutingInfo, RxRing,
     Transport, TransportStats, TxItem,
 };
@@ -142,7 +147,7 @@ pub trait Fixture {
 /// `e7 5c` at 6, stream (u16 LE) at 8, inverted sequence number (u32 LE) at
 /// 10.
 pub mod probe {
-    use crate::ERPC_HDR_BYTES;
+    use transport::ERPC_HDR_BYTES;
 
     const TAG: [u8; 2] = [0xe7, 0x5c];
 
@@ -698,7 +703,9 @@ pub fn routing_info<F: Fixture>(fx: &mut F) {
         // a queue its formula can produce.
         assert_ne!(ri.rss_table_size, 0, "{who}: RSS table size 0: {ri}");
         assert!(
-            ri.rxq_id < ri.rss_table_size.min(crate::rss::CPP_MAX_QUEUES_PER_PORT),
+            ri.rxq_id
+                < ri.rss_table_size
+                    .min(transport::rss::CPP_MAX_QUEUES_PER_PORT),
             "{who}: RX queue unreachable through its own RSS table: {ri}"
         );
     }
@@ -1472,8 +1479,8 @@ pub fn parse_frame_checked_with(
 pub fn rss_source_port_checked(
     src_ip: std::net::Ipv4Addr,
     info: &RoutingInfo,
-) -> Result<Option<u16>, crate::rss::RssError> {
-    use crate::rss;
+) -> Result<Option<u16>, transport::rss::RssError> {
+    use transport::rss;
     let r = rss::source_port(src_ip, info);
     match r {
         Ok(None) => assert!(info.rss_table_size <= 1, "no port for an RSS peer: {info}"),

@@ -16,9 +16,9 @@ use std::sync::Arc;
 use transport::{MAX_DATA_PER_PKT, Transport};
 
 use super::{DeferredDma, SimConfig, SimNet, SimTransport};
-use crate::pkthdr::{PktHdr, PktType};
-use crate::sm_types::{SM_PKT_BYTES, SmEndpoint, SmErr, SmPkt, SmPktType, TransportType};
-use crate::{Completion, DropReason, Nexus, Request, Rpc, RpcConfig, Uri};
+use erpc::wire::{PktHdr, PktType};
+use erpc::wire::{SM_PKT_BYTES, SmEndpoint, SmErr, SmPkt, SmPktType, TransportType};
+use erpc::{Completion, DropReason, Nexus, Request, Rpc, RpcConfig, Uri};
 
 const ECHO: u8 = 1;
 
@@ -172,7 +172,7 @@ pub fn run(input: &[u8]) -> FuzzReport {
                 let target = (aim & 3 != 0 && !live.is_empty()).then(|| {
                     let (sn, _, reqs) = live[usize::from((aim >> 2) & 3) % live.len()];
                     let slot = usize::from(aim >> 4) % reqs.len();
-                    let w = crate::consts::SESSION_REQ_WINDOW as u64;
+                    let w = erpc::SESSION_REQ_WINDOW as u64;
                     let req_num = match aim & 3 {
                         1 => reqs[slot],
                         2 => reqs[slot] + w,
@@ -186,7 +186,7 @@ pub fn run(input: &[u8]) -> FuzzReport {
                         0 => 0,
                         1 => MAX_DATA_PER_PKT as u32,
                         2 => MAX_DATA_PER_PKT as u32 + 1,
-                        3 => crate::MAX_MSG_BYTES as u32 + 1,
+                        3 => erpc::MAX_MSG_BYTES as u32 + 1,
                         _ => b.u32() & 0xff_ffff,
                     },
                     dest_session_num: u16::from(b.u8() % 3),

@@ -44,8 +44,8 @@ use std::sync::{Mutex, MutexGuard};
 use mempool::{DmaError, DmaMapper, DmaMapping};
 use transport::{ERPC_HDR_BYTES, HEADROOM_BYTES, TxItem};
 
-use crate::pkthdr::PktHdr;
-use crate::rng::Rng;
+use erpc::wire::PktHdr;
+use netsim::Rng;
 
 /// Settings of the deferred-DMA mode ([`super::SimConfig::deferred_dma`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
