@@ -13,7 +13,7 @@ The counting rule (``--rule erpc``, the default; README "instructions per
 RPC" has the same paragraph). An instruction of the binary is eRPC's when,
 reading its inline chain (llvm-symbolizer) from the
 outermost function inward, the last function that is eRPC's own code
-(``erpc/src/``, not the simulated transport ``erpc/src/sim/``) comes after
+(``erpc/src/``, not the simulated transport ``erpc/sim/src/``) comes after
 the last one that is the application's (anything not eRPC, transport or
 library: the benchmark's loop, its handlers and continuations) and is not
 inside a transport datapath entry point (``tx_burst``, ``rx_burst``,
@@ -37,7 +37,7 @@ library work (callgrind keeps costs per call site, not per call path).
 ``--rule host`` counts what a host pays per RPC on the mlx5 path: eRPC,
 the transport crate and the driver (``driver/src/``) are "ours" alike, the
 four entry points included, and the device model (``driver/sim/``, the
-network model ``driver/netsim/``, ``erpc/src/sim/``) is opaque: nothing
+network model ``driver/netsim/``, ``erpc/sim/src/``) is opaque: nothing
 inside it counts, not even driver code it uses. The application is
 everything else, as above.
 
@@ -63,13 +63,13 @@ import sys
 LIBRARY = ("/rustc/", "/.cargo/registry/", "/mempool/src/")
 RULES = {
     "erpc": [
-        ("helper", ("erpc/src/sim/",)),
+        ("helper", ("erpc/sim/src/",)),
         ("ours", ("erpc/src/",)),
         ("helper", ("transport/", "driver/")),
         ("lib", LIBRARY),
     ],
     "host": [
-        ("opaque", ("erpc/src/sim/", "driver/sim/", "driver/netsim/")),
+        ("opaque", ("erpc/sim/src/", "driver/sim/", "driver/netsim/")),
         ("ours", ("erpc/src/", "transport/src/", "driver/src/")),
         ("lib", LIBRARY + ("driver/endpoint/src/",)),
     ],

@@ -212,12 +212,13 @@
 //! # Time
 //!
 //! Everything takes nanoseconds from a [`Clock`]: the calibrated TSC in
-//! production, a [`clock::VirtualClock`] in simulation.
+//! production, a [`VirtualClock`] in simulation.
 //!
 //! # Simulation
 //!
-//! With the `sim` feature (on by default), [`sim::SimNet`] is a seeded,
-//! single-threaded network of [`sim::SimTransport`]s with per-link loss,
+//! The companion crate `erpc-sim` (`erpc/sim/`), a dev-dependency, not
+//! part of this crate: `erpc_sim::SimNet` is a seeded,
+//! single-threaded network of `erpc_sim::SimTransport`s with per-link loss,
 //! duplication, reordering, corruption and delay, and an in-memory SM hub;
 //! a whole multi-Rpc scenario runs in one thread and a seed replays
 //! exactly.
@@ -244,17 +245,28 @@
 //! * `tests/alloc_free.rs`: a counting global allocator proves the request
 //!   path allocates nothing after warm-up.
 //! * `tests/fuzz.rs` (and `erpc/fuzz/` for cargo-fuzz): hostile data and SM
-//!   packets through [`sim::fuzz::run`].
+//!   packets through `erpc_sim::fuzz::run`.
+//!
+//! # Crate layout
+//!
+//! Everything an application uses is at the crate root. Three public
+//! modules serve other kinds of user: [`inspect`] (the debug endpoint's
+//! JSON views, read by `erpc-inspect`), [`sm`] (session-management links,
+//! to carry SM packets some other way than kernel UDP) and [`wire`] (the
+//! packet formats, for dissectors and interoperability tests). The cargo
+//! feature `testing` adds hooks for tests and the simulator (fault
+//! injection, invariant probes, stepped worker pools); it is off in
+//! production builds.
 //!
 //! # Unsafe code
 //!
-//! The crate denies `unsafe_code` except in four named modules: the TSC
-//! read (`clock::tsc`), the simulated NIC's RX ring (`sim::ring`), whose
-//! slots are read in place like DMA memory, the TX batch (`rpc::tx`),
-//! whose entries are the transport's items resolved when a packet is
-//! queued, kept valid by the batch invariant documented there, and the
-//! single-producer single-consumer ring that carries jobs to worker
-//! threads and back (`nexus::spsc`).
+//! The crate denies `unsafe_code` except in three named modules: the TSC
+//! read (`clock::tsc`), the TX batch (`rpc::tx`), whose entries are the
+//! transport's items resolved when a packet is queued, kept valid by the
+//! batch invariant documented there, and the single-producer
+//! single-consumer ring that carries jobs to worker threads and back
+//! (`nexus::spsc`). (The simulated NIC's RX ring, read in place like DMA
+//! memory, is `erpc-sim`'s.)
 
 #![deny(unsafe_code)]
 #![warn(unnameable_types)]
