@@ -184,7 +184,7 @@
 //!
 //! A *burst handler* ([`BurstHandler`], registered with
 //! [`NexusBuilder::burst_handler`]) gets every request of its type from
-//! one RX burst at once, a [`Burst`] of up to [`BURST_MAX`] requests read
+//! one RX burst at once, a [`Burst`] of up to [`MAX_BURST`] requests read
 //! in place in the RX ring, and responds to each ([`Burst::take`], then
 //! [`Rpc::respond`] or [`Rpc::enqueue_response`], now or deferred): the
 //! RDMA design guidelines' batching (prefetch every hash bucket of a burst
@@ -279,7 +279,7 @@ pub mod stats;
 
 pub use clock::{Clock, VirtualClock};
 pub use consts::{
-    BURST_MAX, MAX_MSG_BYTES, MIN_SESSION_CREDITS, SESSION_CREDITS, SESSION_REQ_WINDOW,
+    MAX_BURST, MAX_MSG_BYTES, MIN_SESSION_CREDITS, SESSION_CREDITS, SESSION_REQ_WINDOW,
     rx_ring_entries_for,
 };
 pub use memory::host_allocator;

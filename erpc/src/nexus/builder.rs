@@ -108,7 +108,7 @@ impl NexusBuilder {
 
     /// Registers a burst handler for `req_type`: it runs in the Rpc's
     /// event loop, once per RX burst that brought requests of the type,
-    /// with all of them ([`crate::Burst`], at most [`crate::BURST_MAX`]
+    /// with all of them ([`crate::Burst`], at most [`crate::MAX_BURST`]
     /// per call), each read in place (zero copy), and responds to each
     /// (now, or later for a deferred response). At-most-once, loss
     /// recovery and session resets are as for [`NexusBuilder::handler`];

@@ -68,7 +68,7 @@ pub use sm_hub::{FORGER_URI, SimSmHub, SmHubConfig, SmHubStats};
 use ring::RingMem;
 
 /// Most frames [`SimNet::capture`] keeps between takes.
-const CAPTURE_MAX: usize = 1 << 16;
+const MAX_CAPTURE: usize = 1 << 16;
 
 /// Fault injection and timing of one endpoint's link, in the direction
 /// from the endpoint into the switch (what the endpoint sends).
@@ -351,7 +351,7 @@ fn deliver(x: &mut Extra, ep: &mut Endpoint, frame: &[u8]) {
         return;
     }
     if let Some(c) = ep.captured.as_mut()
-        && c.len() < CAPTURE_MAX
+        && c.len() < MAX_CAPTURE
     {
         c.push(frame.into());
     }

@@ -10,17 +10,17 @@
 //! * An IPv4 literal ("10.0.0.2") is parsed on the spot: no lookup.
 //! * Any other name is looked up by the link's resolver thread, never by
 //!   the sender. A packet to a name not yet resolved waits in a bounded
-//!   queue (at most [`PENDING_PER_NAME`] per name, [`PENDING_MAX`] in all)
+//!   queue (at most [`PENDING_PER_NAME`] per name, [`MAX_PENDING`] in all)
 //!   and is sent by the resolver thread when the answer comes; the sender
 //!   returns at once. (The SM thread would be the wrong place: it answers
 //!   keep-alive pings, and a slow lookup there would get this process
 //!   declared failed by its peers.)
 //! * Answers are cached, positive and negative, in a table of at most
-//!   [`CACHE_MAX`] names (the oldest answer is forgotten first). A positive
+//!   [`MAX_CACHE`] names (the oldest answer is forgotten first). A positive
 //!   answer is used for [`POSITIVE_TTL_MS`] and then looked up again in the
 //!   background while the old address stays in use; a negative one makes
 //!   packets to that name fail at once (counted) for [`NEGATIVE_TTL_MS`].
-//! * At most [`LOOKUPS_MAX`] lookups wait or run at a time: a flood of
+//! * At most [`MAX_LOOKUPS`] lookups wait or run at a time: a flood of
 //!   packets naming fresh hostnames costs a bounded queue, and packets
 //!   beyond it are dropped and counted (SM requests are retried).
 //!
@@ -37,7 +37,7 @@
 //! cannot go out at once — a lock held by another thread, a name without
 //! a fresh cached address, a full socket send buffer (`EAGAIN`) — is
 //! handed to the SM thread through a bounded lock-free queue of
-//! [`DEFERRED_MAX`] packets, which it sends at its next wake-up (within
+//! [`MAX_DEFERRED`] packets, which it sends at its next wake-up (within
 //! its poll interval, at most 20 ms), again without blocking: a packet
 //! that meets a full buffer again is queued again. Only a packet that
 //! finds that queue full is lost, and it is counted
@@ -70,23 +70,23 @@ use super::{NexusError, Uri};
 use crate::sm_types::SM_PKT_BYTES;
 
 /// Names whose answers are cached.
-pub const CACHE_MAX: usize = 1024;
+pub const MAX_CACHE: usize = 1024;
 /// How long a positive answer is used before it is looked up again (in
 /// the background; the old address serves meanwhile).
 pub const POSITIVE_TTL_MS: u64 = 60_000;
 /// How long a name that did not resolve makes sends to it fail at once.
 pub const NEGATIVE_TTL_MS: u64 = 5_000;
 /// Lookups waiting or running at once.
-pub const LOOKUPS_MAX: usize = 16;
+pub const MAX_LOOKUPS: usize = 16;
 /// Packets waiting for lookups, in all.
-pub const PENDING_MAX: usize = 256;
+pub const MAX_PENDING: usize = 256;
 /// Packets waiting for one name's lookup.
 pub const PENDING_PER_NAME: usize = 8;
 /// Packets an Rpc thread (or the resolver thread) could not send at once,
 /// waiting for the SM thread.
-pub const DEFERRED_MAX: usize = 1024;
+pub const MAX_DEFERRED: usize = 1024;
 
-const _: () = assert!(LOOKUPS_MAX <= CACHE_MAX && PENDING_PER_NAME <= PENDING_MAX);
+const _: () = assert!(MAX_LOOKUPS <= MAX_CACHE && PENDING_PER_NAME <= MAX_PENDING);
 
 /// How often the SM thread wakes to check for shutdown.
 const SM_THREAD_POLL_MS: u64 = 20;
@@ -194,7 +194,7 @@ impl AddrBook {
                 Answer::Addr(a) => {
                     if now_ns.saturating_sub(e.at_ns) >= positive_ns
                         && !e.looking_up
-                        && self.lookups < LOOKUPS_MAX
+                        && self.lookups < MAX_LOOKUPS
                     {
                         e.looking_up = true;
                         self.lookups += 1;
@@ -210,12 +210,12 @@ impl AddrBook {
         }
         // The packet waits for a lookup.
         let waiting = self.pending.iter().filter(|(u, _)| u == to).count();
-        if self.pending.len() >= PENDING_MAX || waiting >= PENDING_PER_NAME {
+        if self.pending.len() >= MAX_PENDING || waiting >= PENDING_PER_NAME {
             return Route::Full;
         }
         let looking_up = self.entries.get(to).is_some_and(|e| e.looking_up);
         if !looking_up {
-            if self.lookups >= LOOKUPS_MAX {
+            if self.lookups >= MAX_LOOKUPS {
                 return Route::Full;
             }
             self.make_room(to);
@@ -264,10 +264,10 @@ impl AddrBook {
         }
     }
 
-    /// Keeps the table within [`CACHE_MAX`] names before `to` is added:
+    /// Keeps the table within [`MAX_CACHE`] names before `to` is added:
     /// forgets the oldest answer whose lookup is not under way.
     fn make_room(&mut self, to: &Uri) {
-        if self.entries.len() < CACHE_MAX || self.entries.contains_key(to) {
+        if self.entries.len() < MAX_CACHE || self.entries.contains_key(to) {
             return;
         }
         let oldest = self
@@ -507,7 +507,7 @@ impl Shared {
             None => false,
         };
         if !sent {
-            // Cannot happen while running (the channel holds LOOKUPS_MAX,
+            // Cannot happen while running (the channel holds MAX_LOOKUPS,
             // which the book never exceeds); after a stop the packets go.
             let dropped = lock(&self.book).lookup_refused(to);
             self.queue_full.fetch_add(dropped as u64, Ordering::Relaxed);
@@ -608,7 +608,7 @@ impl UdpSmLink {
                 socket: RwLock::new(None),
                 book: Mutex::new(AddrBook::default()),
                 lookups_tx: Mutex::new(None),
-                deferred: ArrayQueue::new(DEFERRED_MAX),
+                deferred: ArrayQueue::new(MAX_DEFERRED),
                 deferred_count: AtomicU64::new(0),
                 would_block: AtomicU64::new(0),
                 deferred_dropped: AtomicU64::new(0),
@@ -696,7 +696,7 @@ impl SmLink for UdpSmLink {
             .write()
             .unwrap_or_else(|e| e.into_inner()) = Some(sock.clone());
         *lock(&self.shared.router) = Some(router.clone());
-        let (tx, rx) = sync_channel(LOOKUPS_MAX);
+        let (tx, rx) = sync_channel(MAX_LOOKUPS);
         *lock(&self.shared.lookups_tx) = Some(tx);
         let shared = self.shared.clone();
         let resolver = self.resolver.clone();

@@ -59,10 +59,10 @@ fn negative_answers_are_cached_for_their_time() {
 #[test]
 fn cache_lookups_and_waiting_packets_are_bounded() {
     let mut b = AddrBook::default();
-    // Lookups: at most LOOKUPS_MAX at once.
-    for i in 0..LOOKUPS_MAX + 5 {
+    // Lookups: at most MAX_LOOKUPS at once.
+    for i in 0..MAX_LOOKUPS + 5 {
         let r = b.route(&Uri::new(&format!("n{i}"), 1), &PKT, 0);
-        let want = if i < LOOKUPS_MAX {
+        let want = if i < MAX_LOOKUPS {
             Route::QueuedLookUp
         } else {
             Route::Full
@@ -75,23 +75,23 @@ fn cache_lookups_and_waiting_packets_are_bounded() {
         assert_eq!(b.route(&n0, &PKT, 0), Route::Queued);
     }
     assert_eq!(b.route(&n0, &PKT, 0), Route::Full);
-    assert!(b.pending.len() <= PENDING_MAX);
-    // Answers for many names: at most CACHE_MAX remembered, the
+    assert!(b.pending.len() <= MAX_PENDING);
+    // Answers for many names: at most MAX_CACHE remembered, the
     // oldest forgotten first.
-    for i in 0..3 * CACHE_MAX {
+    for i in 0..3 * MAX_CACHE {
         b.answered(&Uri::new(&format!("a{i}"), 1), Some(addr(2)), i as u64);
     }
-    assert!(b.entries.len() <= CACHE_MAX, "{}", b.entries.len());
+    assert!(b.entries.len() <= MAX_CACHE, "{}", b.entries.len());
     assert!(!b.entries.contains_key(&Uri::new("a0", 1)));
     assert!(
         b.entries
-            .contains_key(&Uri::new(&format!("a{}", 3 * CACHE_MAX - 1), 1))
+            .contains_key(&Uri::new(&format!("a{}", 3 * MAX_CACHE - 1), 1))
     );
     // Names being looked up are never evicted.
     assert!(b.entries.contains_key(&Uri::new("n0", 1)));
     // A lookup that cannot start drops its packets and its claim.
     assert_eq!(b.lookup_refused(&n0), PENDING_PER_NAME);
-    assert_eq!(b.lookups, LOOKUPS_MAX - 1);
+    assert_eq!(b.lookups, MAX_LOOKUPS - 1);
 }
 
 fn started(link: &UdpSmLink) -> Arc<SmRouter> {
