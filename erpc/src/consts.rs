@@ -53,22 +53,22 @@ pub const fn rx_ring_entries_for(sessions: usize, credits: usize) -> usize {
 /// only after the NIC has read it.
 pub const CTRL_BUFS: usize = 256;
 /// Largest TX batch eRPC accumulates before calling the transport.
-pub const TX_BATCH_MAX: usize = 64;
+pub const MAX_TX_BATCH: usize = 64;
 /// The most requests one call of a burst handler receives
 /// ([`crate::Burst`]): an RX burst with more requests of the type calls
 /// the handler again for the rest, in pieces of at most this many.
-pub const BURST_MAX: usize = 64;
+pub const MAX_BURST: usize = 64;
 /// Single-packet requests of burst types one RX burst may gather for
 /// their burst handlers (an Rpc's list, allocated once, only when a burst
 /// handler is registered, at most its RX ring's size). Beyond it, in the
 /// rare RX burst that is larger, a request goes to its handler at once, as
 /// a burst of one.
-pub const BURST_PENDING_MAX: usize = 1024;
+pub const MAX_BURST_PENDING: usize = 1024;
 /// A freed session number is reused only after it has been free this long,
 /// so that stray packets for the old session cannot reach a new one.
 pub const SESSION_NUM_QUARANTINE_MS: u64 = 1000;
 /// Most SM packets queued for one Rpc before the Nexus drops (and counts) more.
-pub const SM_QUEUE_MAX: usize = 1024;
+pub const MAX_SM_QUEUE: usize = 1024;
 /// Default retransmission timeout of a client slot: a request that has
 /// made no progress for this long is rolled back to the last packet the
 /// server acknowledged and retransmitted (go-back-N).
@@ -132,7 +132,7 @@ const _: () = assert!(
 );
 const _: () = assert!((8 << 20) <= mempool::MAX_ALLOC);
 const _: () = assert!(SESSION_CREDITS <= RX_RING_ENTRIES_DEFAULT);
-const _: () = assert!(TX_BATCH_MAX <= CTRL_BUFS);
+const _: () = assert!(MAX_TX_BATCH <= CTRL_BUFS);
 const _: () = assert!(MAX_RPC_ID < u8::MAX);
 const _: () = assert!(PKT_LOSS_SCAN_US < RTO_US);
 const _: () = assert!(RTO_US < FAILURE_TIMEOUT_MS * 1000);

@@ -184,7 +184,7 @@
 //!
 //! A *burst handler* ([`BurstHandler`], registered with
 //! [`NexusBuilder::burst_handler`]) gets every request of its type from
-//! one RX burst at once, a [`Burst`] of up to [`BURST_MAX`] requests read
+//! one RX burst at once, a [`Burst`] of up to [`MAX_BURST`] requests read
 //! in place in the RX ring, and responds to each ([`Burst::take`], then
 //! [`Rpc::respond`] or [`Rpc::enqueue_response`], now or deferred): the
 //! RDMA design guidelines' batching (prefetch every hash bucket of a burst
@@ -293,7 +293,7 @@ pub mod wire;
 pub use cc::{CcConfig, Controller, SwiftParams, TimelyParams, WheelConfig, WheelStats};
 pub use clock::{Clock, TscClock, VirtualClock};
 pub use consts::{
-    BURST_MAX, FAILURE_TIMEOUT_MS, MAX_MSG_BYTES, MAX_RPC_ID, MIN_SESSION_CREDITS,
+    FAILURE_TIMEOUT_MS, MAX_BURST, MAX_MSG_BYTES, MAX_RPC_ID, MIN_SESSION_CREDITS,
     RX_RING_ENTRIES_DEFAULT, SESSION_CREDITS, SESSION_REQ_WINDOW, STALL_TIMEOUT_MS,
     rx_ring_entries_for,
 };

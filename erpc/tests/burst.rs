@@ -75,7 +75,7 @@ fn run_once(ctx: &mut Ctx, id: u64) {
 
 fn b_echo(rpc: &mut Rpc<T, Ctx>, ctx: &mut Ctx, b: &mut Burst<'_>) {
     assert!(!b.is_empty());
-    assert!(b.len() <= erpc::BURST_MAX);
+    assert!(b.len() <= erpc::MAX_BURST);
     let ids: Vec<(SessionNum, u64)> = (0..b.len())
         .map(|i| (b.session(i), id_of(b.data(i))))
         .collect();
@@ -316,7 +316,7 @@ fn a_burst_spans_sessions_and_clients() {
         exactly_once(&ns, &ids);
         let s = &ns[0].ctx;
         let largest = bursts_add_up(s, ids.len());
-        assert!(largest <= erpc::BURST_MAX);
+        assert!(largest <= erpc::MAX_BURST);
         // Some burst held requests of several clients (each client's
         // sessions are distinct server sessions; the id names the client).
         let spans = s.bursts.iter().any(|(_, v)| {

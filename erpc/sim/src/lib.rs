@@ -68,7 +68,7 @@ pub use sm_hub::{FORGER_URI, SimSmHub, SmHubConfig, SmHubStats};
 use ring::RingMem;
 
 /// Most frames [`SimNet::capture`] keeps between takes.
-const CAPTURE_MAX: usize = 1 << 16;
+const MAX_CAPTURE: usize = 1 << 16;
 
 /// A link of the simulated network with propagation delay `delay_ns` and
 /// up to `jitter_ns` more per frame, and no fault: the base to give
@@ -315,7 +315,7 @@ fn deliver(x: &mut Extra, ep: &mut Endpoint, frame: &[u8]) {
         return;
     }
     if let Some(c) = ep.captured.as_mut()
-        && c.len() < CAPTURE_MAX
+        && c.len() < MAX_CAPTURE
     {
         c.push(frame.into());
     }

@@ -114,7 +114,7 @@ impl Ord for Pending {
 }
 
 /// Most packets a tap keeps before it stops recording (counted).
-const TAP_MAX: usize = 1 << 16;
+const MAX_TAP: usize = 1 << 16;
 
 /// Packets the forger remembers to replay.
 const FORGER_MEMORY: usize = 64;
@@ -433,7 +433,7 @@ impl SimSmHub {
             }
             let tapped = match g.taps.get_mut(&p.to) {
                 Some(t) => {
-                    if t.len() < TAP_MAX {
+                    if t.len() < MAX_TAP {
                         t.push(p.pkt);
                     }
                     true

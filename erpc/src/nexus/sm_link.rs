@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use super::liveness::{self, Liveness, LivenessStats, PeerFailure, PeerLiveness, Track};
 use super::{NexusError, Uri};
 use crate::clock::Clock;
-use crate::consts::SM_QUEUE_MAX;
+use crate::consts::MAX_SM_QUEUE;
 use crate::sm_types::{EXT_RPC_BITMAP_BYTES, SM_PKT_BYTES, SmErr, SmPkt, SmPktType};
 
 /// Where an SM packet came from, as the SM link saw it: never what the
@@ -119,7 +119,7 @@ impl SmQueue {
         let mut q = self.q.lock().unwrap_or_else(|e| e.into_inner());
         // Failure notices are never dropped: they are rare and each one
         // frees sessions.
-        if q.len() >= SM_QUEUE_MAX && matches!(p, SmItem::Pkt(..) | SmItem::Unresolved(_)) {
+        if q.len() >= MAX_SM_QUEUE && matches!(p, SmItem::Pkt(..) | SmItem::Unresolved(_)) {
             return false;
         }
         q.push_back(p);

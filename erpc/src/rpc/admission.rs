@@ -19,7 +19,7 @@
 //!   session are charged (retries of a known token are answered from the
 //!   token table for free); over the limit they are dropped unanswered, and
 //!   the client's retry comes back later. The table keeps the
-//!   [`SOURCES_MAX`] most recently seen sources (first in, first out).
+//!   [`MAX_SOURCES`] most recently seen sources (first in, first out).
 //! * **RX ring per source** (opt-in). With
 //!   `RpcConfig::ring_entries_per_source` set, the server sessions of one
 //!   source hold at most that many RX ring entries, so that one host,
@@ -59,7 +59,7 @@
 //! received no request on the session. If that notice is lost, the client's
 //! next data packet to the reclaimed session number brings it again (at
 //! most once per SM retry interval), because the number stays reserved for
-//! the reclaimed session for [`RECLAIM_MEMORY_MS`] ([`NOTICES_MAX`] at
+//! the reclaimed session for [`RECLAIM_MEMORY_MS`] ([`MAX_NOTICES`] at
 //! most). A C++ client gets no notice (it has no way to take one): a
 //! request on a reclaimed session is never answered, and the C++ client
 //! does not detect it. So a C++ client that keeps an unused session for
@@ -89,13 +89,13 @@ use crate::session::{Role, SessionState};
 use crate::sm_types::{SmErr, SmPkt, SmPktType};
 
 /// Sources whose connect-request buckets are kept.
-pub(crate) const SOURCES_MAX: usize = 4096;
+pub(crate) const MAX_SOURCES: usize = 4096;
 /// How long a reclaimed session's number stays reserved so that a late
 /// packet of its client brings the notice again.
 pub(crate) const RECLAIM_MEMORY_MS: u64 = 600_000;
 /// Sessions the server ended remembered, reclaimed ones included (the
 /// oldest go first, a reclaimed one's number back to the free list).
-pub(crate) const NOTICES_MAX: usize = 1024;
+pub(crate) const MAX_NOTICES: usize = 1024;
 
 /// Token buckets of connect requests, per source host.
 #[derive(Debug, Default)]
@@ -118,7 +118,7 @@ impl ConnectLimiter {
         }
         let full = u64::from(burst) * TOKEN;
         if !self.buckets.contains_key(src) {
-            if self.order.len() >= SOURCES_MAX
+            if self.order.len() >= MAX_SOURCES
                 && let Some(old) = self.order.pop_front()
             {
                 self.buckets.remove(&old);
@@ -150,7 +150,7 @@ impl ConnectLimiter {
 /// The server sessions each source host holds, with their ring
 /// reservations. Entries of sessions that are gone (or gave their
 /// reservation back) are dropped lazily, when their source is looked at
-/// again or when the table grows past [`SOURCES_MAX`] sources, so nothing
+/// again or when the table grows past [`MAX_SOURCES`] sources, so nothing
 /// outside admission needs to report a session's end.
 #[derive(Debug, Default)]
 pub(crate) struct SourceShares {
@@ -265,7 +265,7 @@ impl<T: Transport, C> Rpc<T, C> {
         if self.ring_share_per_source == 0 {
             return;
         }
-        if self.source_shares.by_source.len() >= SOURCES_MAX
+        if self.source_shares.by_source.len() >= MAX_SOURCES
             && !self.source_shares.by_source.contains_key(src)
         {
             // Forget what no longer holds anything (every entry is a live
@@ -533,7 +533,7 @@ impl<T: Transport, C> Rpc<T, C> {
 
     fn keep_notice(&mut self, sn: SessionNum, notice: SmPkt, reserved: bool, now: u64) {
         self.expire_notices(now);
-        if self.notices.len() >= NOTICES_MAX {
+        if self.notices.len() >= MAX_NOTICES {
             self.release_oldest_notice(now);
         }
         self.notices.push_back(Notice {
@@ -705,12 +705,12 @@ mod tests {
     #[test]
     fn the_source_table_is_bounded() {
         let mut l = ConnectLimiter::default();
-        for i in 0..SOURCES_MAX + 100 {
+        for i in 0..MAX_SOURCES + 100 {
             assert!(l.allow(&src(&format!("h{i}")), 0, 1, 0));
         }
-        assert_eq!(l.len(), SOURCES_MAX);
+        assert_eq!(l.len(), MAX_SOURCES);
         // The first sources were forgotten (and start with a full bucket).
         assert!(l.allow(&src("h0"), 0, 1, 0));
-        assert!(!l.allow(&src(&format!("h{}", SOURCES_MAX + 99)), 0, 1, 0));
+        assert!(!l.allow(&src(&format!("h{}", MAX_SOURCES + 99)), 0, 1, 0));
     }
 }

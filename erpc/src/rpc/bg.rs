@@ -30,7 +30,7 @@ use crate::session::SrvState;
 use crate::stats::DropReason;
 
 /// Jobs handled per event-loop iteration (inline mode and completions).
-const BG_PER_LOOP_MAX: usize = 64;
+const MAX_BG_PER_LOOP: usize = 64;
 
 impl<T: Transport, C> Rpc<T, C> {
     /// Hands the request on slot `i` to a worker.
@@ -129,7 +129,7 @@ impl<T: Transport, C> Rpc<T, C> {
     #[inline(never)]
     pub(crate) fn process_bg(&mut self) {
         if self.bg.links.workers() == 0 {
-            for _ in 0..BG_PER_LOOP_MAX {
+            for _ in 0..MAX_BG_PER_LOOP {
                 let Some(mut job) = self.bg.backlog.pop_front() else {
                     break;
                 };
@@ -138,7 +138,7 @@ impl<T: Transport, C> Rpc<T, C> {
             }
             return;
         }
-        for _ in 0..BG_PER_LOOP_MAX {
+        for _ in 0..MAX_BG_PER_LOOP {
             let Some(job) = self.bg.backlog.pop_front() else {
                 break;
             };
@@ -150,7 +150,7 @@ impl<T: Transport, C> Rpc<T, C> {
         if self.bg.links.outstanding() == 0 {
             return;
         }
-        for _ in 0..BG_PER_LOOP_MAX {
+        for _ in 0..MAX_BG_PER_LOOP {
             let Some(job) = self.bg.links.pop_done() else {
                 break;
             };

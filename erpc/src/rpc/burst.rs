@@ -14,7 +14,7 @@
 //! RX burst's loop, before its ring slots are given back, `process_rx`
 //! calls [`Rpc::run_bursts`] if anything is queued (one test per RX burst):
 //! each type's requests are handed to its handler in pieces of at most
-//! [`BURST_MAX`]. The data slices are found again in the ring by address
+//! [`MAX_BURST`]. The data slices are found again in the ring by address
 //! (a forward walk over the burst's slots), so nothing is stored that
 //! borrows the ring and no unsafe code is needed.
 //!
@@ -30,7 +30,7 @@
 //! Multi-packet requests (reassembled into a msgbuf), and single-packet
 //! ones with zero-copy RX off, are complete only when their last packet is
 //! processed: they go to the handler at once, as a burst of one, and so do
-//! requests beyond the pending list's capacity ([`BURST_PENDING_MAX`]).
+//! requests beyond the pending list's capacity ([`MAX_BURST_PENDING`]).
 //!
 //! After the handler returns, each request is what the handler made of it:
 //! responded; taken ([`Burst::take`]) and not responded, so deferred, as a
@@ -44,15 +44,15 @@ use arrayvec::ArrayVec;
 use transport::{ERPC_HDR_BYTES, RxRing, Transport};
 
 use super::{HandlerSlot, ReqHandle, Rpc, ServerError, SessionNum};
-use crate::consts::BURST_MAX;
+use crate::consts::MAX_BURST;
 #[cfg(doc)]
-use crate::consts::BURST_PENDING_MAX;
+use crate::consts::MAX_BURST_PENDING;
 use crate::msgbuf::MsgBuf;
 use crate::session::{SessionState, SrvState};
 
 /// A burst handler ([`crate::NexusBuilder::burst_handler`]): runs in the
 /// event loop with every request of its type from one RX burst (at most
-/// [`BURST_MAX`] per call), each read in place in the RX ring (zero copy).
+/// [`MAX_BURST`] per call), each read in place in the RX ring (zero copy).
 /// Take each request's handle ([`Burst::take`]) and respond with
 /// [`Rpc::respond`] or [`Rpc::enqueue_response`], now or later (a handle
 /// kept is a deferred response, as with a [`crate::ReqHandler`]). See
@@ -81,7 +81,7 @@ pub(crate) struct Pending {
 /// [`BurstHandler`]: request `i`'s data ([`Burst::data`], in the RX ring:
 /// valid until the handler returns) and its handle ([`Burst::take`]).
 ///
-/// * A burst holds at most [`BURST_MAX`] requests; an RX burst with more
+/// * A burst holds at most [`MAX_BURST`] requests; an RX burst with more
 ///   requests of the type calls the handler again for the rest.
 /// * Multi-packet requests of a burst type still arrive one by one: each
 ///   is complete only when its last packet arrives, and goes to the
@@ -127,7 +127,7 @@ pub struct Burst<'a> {
     taken: u64,
 }
 
-const _: () = assert!(BURST_MAX <= u64::BITS as usize, "one bit of `taken` each");
+const _: () = assert!(MAX_BURST <= u64::BITS as usize, "one bit of `taken` each");
 
 impl<'a> Burst<'a> {
     /// The request type.
@@ -135,7 +135,7 @@ impl<'a> Burst<'a> {
         self.req_type
     }
 
-    /// Requests in the burst (1 to [`BURST_MAX`]).
+    /// Requests in the burst (1 to [`MAX_BURST`]).
     pub fn len(&self) -> usize {
         self.data.len()
     }
@@ -288,7 +288,7 @@ impl<T: Transport, C> Rpc<T, C> {
 
     /// Hands the requests queued during the RX burst of `n` packets from
     /// ring slot `start` to their burst handlers, type by type, in pieces
-    /// of at most [`BURST_MAX`]. Called by `process_rx` before it gives
+    /// of at most [`MAX_BURST`]. Called by `process_rx` before it gives
     /// the slots back.
     #[inline(never)]
     pub(crate) fn run_bursts(&mut self, ctx: &mut C, ring: &T::Ring, start: usize, n: usize) {
@@ -302,8 +302,8 @@ impl<T: Transport, C> Rpc<T, C> {
             };
             // Not initialised beyond what is pushed (a burst is usually a
             // few requests).
-            let mut data: ArrayVec<&[u8], BURST_MAX> = ArrayVec::new();
-            let mut entries: ArrayVec<BurstEntry, BURST_MAX> = ArrayVec::new();
+            let mut data: ArrayVec<&[u8], MAX_BURST> = ArrayVec::new();
+            let mut entries: ArrayVec<BurstEntry, MAX_BURST> = ArrayVec::new();
             // This piece's requests leave the list; the rest move up, in
             // order (so one forward walk of the ring finds each piece).
             let mut kept = 0;

@@ -11,7 +11,7 @@ use transport::Transport;
 use super::Rpc;
 
 /// Stall-queue entries examined per iteration (bounded work).
-const STALLQ_PER_LOOP_MAX: usize = 1024;
+const MAX_STALLQ_PER_LOOP: usize = 1024;
 
 /// [`Rpc`]'s `pending` bit: the credit-stall queue may be non-empty.
 pub(crate) const PENDING_STALLQ: u8 = 1;
@@ -231,7 +231,7 @@ impl<T: Transport, C> Rpc<T, C> {
         // The common pass while a large message waits (its session's
         // credits all out, another slot taking each one that returns):
         // no stalled slot can send, and the queue stays as it is.
-        if len <= STALLQ_PER_LOOP_MAX
+        if len <= MAX_STALLQ_PER_LOOP
             && self
                 .stallq
                 .iter()
@@ -239,7 +239,7 @@ impl<T: Transport, C> Rpc<T, C> {
         {
             return;
         }
-        let n = len.min(STALLQ_PER_LOOP_MAX);
+        let n = len.min(MAX_STALLQ_PER_LOOP);
         for idx in 0..n {
             let (sn, i) = self.stallq[idx];
             if self.stalled_without_credit(sn, i) {

@@ -631,7 +631,7 @@ pub enum CreateError {
         ring_entries: usize,
     },
     /// The transport's TX burst limit is zero or too large.
-    #[error("transport tx_burst_max {0} must be in 1..={max}", max = crate::consts::TX_BATCH_MAX)]
+    #[error("transport tx_burst_max {0} must be in 1..={max}", max = crate::consts::MAX_TX_BATCH)]
     TxBurst(usize),
     /// Loss-recovery timing out of range.
     #[error(
@@ -991,7 +991,7 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             });
         }
         let tx_burst_max = transport.tx_burst_max();
-        if tx_burst_max == 0 || tx_burst_max > crate::consts::TX_BATCH_MAX {
+        if tx_burst_max == 0 || tx_burst_max > crate::consts::MAX_TX_BATCH {
             return Err(CreateError::TxBurst(tx_burst_max));
         }
         let cc = &config.cc;
@@ -1060,7 +1060,7 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
             }
         }
         let burst_pending = if handlers.iter().any(|h| matches!(h, HandlerSlot::Burst(_))) {
-            Vec::with_capacity(ring_entries.min(crate::consts::BURST_PENDING_MAX))
+            Vec::with_capacity(ring_entries.min(crate::consts::MAX_BURST_PENDING))
         } else {
             Vec::new()
         };

@@ -43,7 +43,7 @@ fn slot_base(b: u64) -> u64 {
 }
 
 /// SM packets handled per event-loop iteration.
-const SM_PER_LOOP_MAX: usize = 64;
+const MAX_SM_PER_LOOP: usize = 64;
 
 /// A client connect that timed out. The server may still have created the
 /// session (its response was lost, or arrived late, e.g. because the server
@@ -51,9 +51,9 @@ const SM_PER_LOOP_MAX: usize = 64;
 /// client keeps retrying the connect request, quietly, for as long as the
 /// server remembers tokens (`tokens::TOKEN_MEMORY_MS`); if the server
 /// answers, the client disconnects the session it created (as TCP answers
-/// a late SYN-ACK with a reset). At most [`ABANDONED_MAX`] are kept (the
+/// a late SYN-ACK with a reset). At most [`MAX_ABANDONED`] are kept (the
 /// oldest go first).
-const ABANDONED_MAX: usize = 1024;
+const MAX_ABANDONED: usize = 1024;
 
 #[derive(Debug)]
 pub(crate) struct AbandonedConnect {
@@ -332,7 +332,7 @@ impl<T: Transport, C> Rpc<T, C> {
     /// Records client session `sn`'s SM request in the abandoned list,
     /// which outlives the session: a connect (`disconnecting` false) or
     /// a disconnect, given up at `give_up_ns` (0: after
-    /// `TOKEN_MEMORY_MS`). At most [`ABANDONED_MAX`] (the oldest go).
+    /// `TOKEN_MEMORY_MS`). At most [`MAX_ABANDONED`] (the oldest go).
     fn keep_abandoned(&mut self, sn: SessionNum, now: u64, disconnecting: bool, give_up_ns: u64) {
         let Some(s) = self.session(sn) else { return };
         let record = AbandonedConnect {
@@ -345,7 +345,7 @@ impl<T: Transport, C> Rpc<T, C> {
             disconnecting,
             give_up_ns,
         };
-        if self.abandoned.len() >= ABANDONED_MAX {
+        if self.abandoned.len() >= MAX_ABANDONED {
             self.abandoned.remove(0);
         }
         self.abandoned.push(record);
@@ -491,7 +491,7 @@ impl<T: Transport, C> Rpc<T, C> {
     /// gives up on) overdue SM requests.
     #[inline(never)]
     pub(crate) fn process_sm(&mut self) {
-        for _ in 0..SM_PER_LOOP_MAX {
+        for _ in 0..MAX_SM_PER_LOOP {
             let Some(item) = self.sm_queue.pop() else {
                 break;
             };

@@ -6,7 +6,7 @@
 //! that session, it would hold its RX ring reservation forever, and enough
 //! of them lock every client out. So the server remembers the token of
 //! every server session it freed, for [`TOKEN_MEMORY_MS`] (far longer than
-//! a client retries a connect), in a table bounded to [`TOKEN_MEMORY_MAX`]
+//! a client retries a connect), in a table bounded to [`MAX_TOKEN_MEMORY`]
 //! entries (the oldest are forgotten first), and ignores connect requests
 //! that carry a remembered token. The C++ eRPC remembers every token
 //! forever; the bound keeps a long-lived server's memory flat.
@@ -16,7 +16,7 @@ use std::collections::{HashMap, VecDeque};
 /// How long a freed session's token is remembered.
 pub(crate) const TOKEN_MEMORY_MS: u64 = 10_000;
 /// Most tokens remembered.
-pub(crate) const TOKEN_MEMORY_MAX: usize = 1 << 16;
+pub(crate) const MAX_TOKEN_MEMORY: usize = 1 << 16;
 
 const _: () = assert!(TOKEN_MEMORY_MS >= 10 * crate::consts::FAILURE_TIMEOUT_MS);
 
@@ -31,7 +31,7 @@ impl RetiredTokens {
     /// Remembers `token` from `now_ns` on.
     pub(crate) fn retire(&mut self, token: u64, now_ns: u64) {
         self.expire(now_ns);
-        if self.order.len() >= TOKEN_MEMORY_MAX
+        if self.order.len() >= MAX_TOKEN_MEMORY
             && let Some((t, at)) = self.order.pop_front()
             && self.at.get(&t) == Some(&at)
         {
@@ -120,10 +120,10 @@ mod tests {
     #[test]
     fn bounded_oldest_first_and_re_retiring_refreshes() {
         let mut r = RetiredTokens::default();
-        for t in 0..TOKEN_MEMORY_MAX as u64 + 10 {
+        for t in 0..MAX_TOKEN_MEMORY as u64 + 10 {
             r.retire(t, 1);
         }
-        assert_eq!(r.len(), TOKEN_MEMORY_MAX);
+        assert_eq!(r.len(), MAX_TOKEN_MEMORY);
         assert!(!r.contains(0, 1) && !r.contains(9, 1));
         assert!(r.contains(10, 1));
         // A token retired again lives from its latest retirement.

@@ -61,7 +61,7 @@ use std::ptr::NonNull;
 use transport::{ERPC_HDR_BYTES, HEADROOM_BYTES, PKTHDR_BYTES, Transport, TxItem};
 
 use super::{CTRL_SLOT_BYTES, Rpc};
-use crate::consts::{TX_BATCH_MAX, TX_REFUSED_TRIES};
+use crate::consts::{MAX_TX_BATCH, TX_REFUSED_TRIES};
 use crate::msgbuf::{MsgBuf, pkt_data_bytes};
 use crate::pkthdr::{PktHdr, PktType};
 use crate::session::Session;
@@ -86,11 +86,11 @@ pub(crate) struct TxBatch<R> {
     /// The first `len` are initialised. `'static` stands for "as long as
     /// the batch invariant keeps them valid": they are handed out only for
     /// the length of a `tx_burst` call.
-    items: [MaybeUninit<TxItem<'static, R>>; TX_BATCH_MAX],
+    items: [MaybeUninit<TxItem<'static, R>>; MAX_TX_BATCH],
     /// Each item's TX timestamp cell (client packets under congestion
     /// control), or null.
-    ts: [*const Cell<u64>; TX_BATCH_MAX],
-    owners: [Owner; TX_BATCH_MAX],
+    ts: [*const Cell<u64>; MAX_TX_BATCH],
+    owners: [Owner; MAX_TX_BATCH],
     len: usize,
     /// Moves on whenever the batch is empty: a slot whose `tx_epoch` is
     /// older has no entry queued (see the module doc).
@@ -104,18 +104,18 @@ impl<R> std::fmt::Debug for TxBatch<R> {
 }
 
 /// Largest burst handed to the transport at once (the mlx5 postlist).
-const TX_CHUNK_MAX: usize = 16;
-const _: () = assert!(TX_CHUNK_MAX <= TX_BATCH_MAX);
+const MAX_TX_CHUNK: usize = 16;
+const _: () = assert!(MAX_TX_CHUNK <= MAX_TX_BATCH);
 
 impl<R> TxBatch<R> {
     pub(crate) fn new() -> TxBatch<R> {
         TxBatch {
-            items: [const { MaybeUninit::uninit() }; TX_BATCH_MAX],
-            ts: [std::ptr::null(); TX_BATCH_MAX],
+            items: [const { MaybeUninit::uninit() }; MAX_TX_BATCH],
+            ts: [std::ptr::null(); MAX_TX_BATCH],
             owners: [Owner {
                 session: 0,
                 slot: 0,
-            }; TX_BATCH_MAX],
+            }; MAX_TX_BATCH],
             len: 0,
             epoch: 1,
         }
@@ -124,14 +124,14 @@ impl<R> TxBatch<R> {
     /// Room left.
     #[inline]
     pub(crate) fn room(&self) -> usize {
-        TX_BATCH_MAX - self.len
+        MAX_TX_BATCH - self.len
     }
 
     /// Queues one packet. The caller makes room first (`tx_make_room`).
     #[inline(always)]
     fn push(&mut self, item: TxItem<'static, R>, ts: *const Cell<u64>, owner: Owner) {
         let j = self.len;
-        debug_assert!(j < TX_BATCH_MAX);
+        debug_assert!(j < MAX_TX_BATCH);
         self.items[j].write(item);
         self.ts[j] = ts;
         self.owners[j] = owner;
@@ -506,7 +506,7 @@ impl<T: Transport, C> Rpc<T, C> {
     #[inline(never)]
     fn flush_tx_queued(&mut self) {
         let n = self.tx.len;
-        let chunk = self.tx_burst_max.min(TX_CHUNK_MAX);
+        let chunk = self.tx_burst_max.min(MAX_TX_CHUNK);
         // Congestion control: the TX timestamps of client packets, one
         // clock read per flush with batched timestamps.
         if self.pacing.cc_on() {
@@ -586,7 +586,7 @@ mod tests {
         assert_eq!(lens(&b), [3]);
         b.forget_session(4, &mut stale);
         assert_eq!(stale, 4);
-        assert_eq!(b.room(), TX_BATCH_MAX);
+        assert_eq!(b.room(), MAX_TX_BATCH);
         assert_eq!(b.epoch, e0 + 1, "emptied: a new epoch");
         // Whatever a slot recorded before, it has nothing queued now.
         b.forget_slot(e0, 3, 1, &mut stale);

@@ -10,17 +10,17 @@
 //! * An IPv4 literal ("10.0.0.2") is parsed on the spot: no lookup.
 //! * Any other name is looked up by the link's resolver thread, never by
 //!   the sender. A packet to a name not yet resolved waits in a bounded
-//!   queue (at most [`PENDING_PER_NAME`] per name, [`PENDING_MAX`] in all)
+//!   queue (at most [`PENDING_PER_NAME`] per name, [`MAX_PENDING`] in all)
 //!   and is sent by the resolver thread when the answer comes; the sender
 //!   returns at once. (The SM thread would be the wrong place: it answers
 //!   keep-alive pings, and a slow lookup there would get this process
 //!   declared failed by its peers.)
 //! * Answers are cached, positive and negative, in a table of at most
-//!   [`CACHE_MAX`] names (the oldest answer is forgotten first). A positive
+//!   [`MAX_CACHE`] names (the oldest answer is forgotten first). A positive
 //!   answer is used for [`POSITIVE_TTL_MS`] and then looked up again in the
 //!   background while the old address stays in use; a negative one makes
 //!   packets to that name fail at once (counted) for [`NEGATIVE_TTL_MS`].
-//! * At most [`LOOKUPS_MAX`] lookups wait or run at a time: a flood of
+//! * At most [`MAX_LOOKUPS`] lookups wait or run at a time: a flood of
 //!   packets naming fresh hostnames costs a bounded queue, and packets
 //!   beyond it are dropped and counted (SM requests are retried).
 //!
@@ -37,7 +37,7 @@
 //! cannot go out at once — a lock held by another thread, a name without
 //! a fresh cached address, a full socket send buffer (`EAGAIN`) — is
 //! handed to the SM thread through a bounded lock-free queue of
-//! [`DEFERRED_MAX`] packets, which it sends at its next wake-up (within
+//! [`MAX_DEFERRED`] packets, which it sends at its next wake-up (within
 //! its poll interval, at most 20 ms), again without blocking: a packet
 //! that meets a full buffer again is queued again. Only a packet that
 //! finds that queue full is lost, and it is counted
@@ -70,23 +70,23 @@ use super::{NexusError, Uri};
 use crate::sm_types::SM_PKT_BYTES;
 
 /// Names whose answers are cached.
-pub const CACHE_MAX: usize = 1024;
+pub const MAX_CACHE: usize = 1024;
 /// How long a positive answer is used before it is looked up again (in
 /// the background; the old address serves meanwhile).
 pub const POSITIVE_TTL_MS: u64 = 60_000;
 /// How long a name that did not resolve makes sends to it fail at once.
 pub const NEGATIVE_TTL_MS: u64 = 5_000;
 /// Lookups waiting or running at once.
-pub const LOOKUPS_MAX: usize = 16;
+pub const MAX_LOOKUPS: usize = 16;
 /// Packets waiting for lookups, in all.
-pub const PENDING_MAX: usize = 256;
+pub const MAX_PENDING: usize = 256;
 /// Packets waiting for one name's lookup.
 pub const PENDING_PER_NAME: usize = 8;
 /// Packets an Rpc thread (or the resolver thread) could not send at once,
 /// waiting for the SM thread.
-pub const DEFERRED_MAX: usize = 1024;
+pub const MAX_DEFERRED: usize = 1024;
 
-const _: () = assert!(LOOKUPS_MAX <= CACHE_MAX && PENDING_PER_NAME <= PENDING_MAX);
+const _: () = assert!(MAX_LOOKUPS <= MAX_CACHE && PENDING_PER_NAME <= MAX_PENDING);
 
 /// How often the SM thread wakes to check for shutdown.
 const SM_THREAD_POLL_MS: u64 = 20;
@@ -194,7 +194,7 @@ impl AddrBook {
                 Answer::Addr(a) => {
                     if now_ns.saturating_sub(e.at_ns) >= positive_ns
                         && !e.looking_up
-                        && self.lookups < LOOKUPS_MAX
+                        && self.lookups < MAX_LOOKUPS
                     {
                         e.looking_up = true;
                         self.lookups += 1;
@@ -210,12 +210,12 @@ impl AddrBook {
         }
         // The packet waits for a lookup.
         let waiting = self.pending.iter().filter(|(u, _)| u == to).count();
-        if self.pending.len() >= PENDING_MAX || waiting >= PENDING_PER_NAME {
+        if self.pending.len() >= MAX_PENDING || waiting >= PENDING_PER_NAME {
             return Route::Full;
         }
         let looking_up = self.entries.get(to).is_some_and(|e| e.looking_up);
         if !looking_up {
-            if self.lookups >= LOOKUPS_MAX {
+            if self.lookups >= MAX_LOOKUPS {
                 return Route::Full;
             }
             self.make_room(to);
@@ -264,10 +264,10 @@ impl AddrBook {
         }
     }
 
-    /// Keeps the table within [`CACHE_MAX`] names before `to` is added:
+    /// Keeps the table within [`MAX_CACHE`] names before `to` is added:
     /// forgets the oldest answer whose lookup is not under way.
     fn make_room(&mut self, to: &Uri) {
-        if self.entries.len() < CACHE_MAX || self.entries.contains_key(to) {
+        if self.entries.len() < MAX_CACHE || self.entries.contains_key(to) {
             return;
         }
         let oldest = self
@@ -507,7 +507,7 @@ impl Shared {
             None => false,
         };
         if !sent {
-            // Cannot happen while running (the channel holds LOOKUPS_MAX,
+            // Cannot happen while running (the channel holds MAX_LOOKUPS,
             // which the book never exceeds); after a stop the packets go.
             let dropped = lock(&self.book).lookup_refused(to);
             self.queue_full.fetch_add(dropped as u64, Ordering::Relaxed);
@@ -608,7 +608,7 @@ impl UdpSmLink {
                 socket: RwLock::new(None),
                 book: Mutex::new(AddrBook::default()),
                 lookups_tx: Mutex::new(None),
-                deferred: ArrayQueue::new(DEFERRED_MAX),
+                deferred: ArrayQueue::new(MAX_DEFERRED),
                 deferred_count: AtomicU64::new(0),
                 would_block: AtomicU64::new(0),
                 deferred_dropped: AtomicU64::new(0),
@@ -696,7 +696,7 @@ impl SmLink for UdpSmLink {
             .write()
             .unwrap_or_else(|e| e.into_inner()) = Some(sock.clone());
         *lock(&self.shared.router) = Some(router.clone());
-        let (tx, rx) = sync_channel(LOOKUPS_MAX);
+        let (tx, rx) = sync_channel(MAX_LOOKUPS);
         *lock(&self.shared.lookups_tx) = Some(tx);
         let shared = self.shared.clone();
         let resolver = self.resolver.clone();
@@ -755,263 +755,4 @@ impl SmLink for UdpSmLink {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::mpsc::channel;
-
-    const MS: u64 = 1_000_000;
-    const PKT: [u8; SM_PKT_BYTES] = [7; SM_PKT_BYTES];
-
-    fn addr(port: u16) -> SocketAddr {
-        SocketAddr::from(([10, 0, 0, 9], port))
-    }
-
-    #[test]
-    fn literals_need_no_lookup() {
-        let mut b = AddrBook::default();
-        let to = Uri::new("10.1.2.3", 31850);
-        assert_eq!(
-            b.route(&to, &PKT, 0),
-            Route::Send(SocketAddr::from(([10, 1, 2, 3], 31850)))
-        );
-        assert!(b.entries.is_empty() && b.pending.is_empty());
-    }
-
-    #[test]
-    fn a_name_waits_for_one_lookup_then_is_cached_and_refreshed_in_the_background() {
-        let mut b = AddrBook::default();
-        let to = Uri::new("peer", 1);
-        assert_eq!(b.route(&to, &PKT, 0), Route::QueuedLookUp);
-        assert_eq!(b.route(&to, &PKT, MS), Route::Queued, "one lookup per name");
-        assert_eq!(b.lookups, 1);
-        assert_eq!(b.answered(&to, Some(addr(1)), 2 * MS).len(), 2);
-        assert_eq!(b.lookups, 0);
-        assert_eq!(b.route(&to, &PKT, 3 * MS), Route::Send(addr(1)));
-        // Old answers are used while they are looked up again.
-        let old = 2 * MS + POSITIVE_TTL_MS * MS;
-        assert_eq!(b.route(&to, &PKT, old), Route::SendAndRefresh(addr(1)));
-        assert_eq!(b.route(&to, &PKT, old + 1), Route::Send(addr(1)));
-        // A failed refresh keeps the address.
-        assert!(b.answered(&to, None, old + 2).is_empty());
-        assert_eq!(b.route(&to, &PKT, old + 3), Route::Send(addr(1)));
-        assert_eq!(b.lookups, 0);
-    }
-
-    #[test]
-    fn negative_answers_are_cached_for_their_time() {
-        let mut b = AddrBook::default();
-        let to = Uri::new("nowhere", 1);
-        assert_eq!(b.route(&to, &PKT, 0), Route::QueuedLookUp);
-        assert_eq!(b.answered(&to, None, MS).len(), 1);
-        for t in [MS, 2 * MS, MS + NEGATIVE_TTL_MS * MS - 1] {
-            assert_eq!(b.route(&to, &PKT, t), Route::Unresolved, "no lookup at {t}");
-        }
-        assert_eq!(b.lookups, 0);
-        // Then it is asked again.
-        assert_eq!(
-            b.route(&to, &PKT, MS + NEGATIVE_TTL_MS * MS),
-            Route::QueuedLookUp
-        );
-    }
-
-    #[test]
-    fn cache_lookups_and_waiting_packets_are_bounded() {
-        let mut b = AddrBook::default();
-        // Lookups: at most LOOKUPS_MAX at once.
-        for i in 0..LOOKUPS_MAX + 5 {
-            let r = b.route(&Uri::new(&format!("n{i}"), 1), &PKT, 0);
-            let want = if i < LOOKUPS_MAX {
-                Route::QueuedLookUp
-            } else {
-                Route::Full
-            };
-            assert_eq!(r, want, "name {i}");
-        }
-        // Waiting packets: at most PENDING_PER_NAME per name.
-        let n0 = Uri::new("n0", 1);
-        for _ in 1..PENDING_PER_NAME {
-            assert_eq!(b.route(&n0, &PKT, 0), Route::Queued);
-        }
-        assert_eq!(b.route(&n0, &PKT, 0), Route::Full);
-        assert!(b.pending.len() <= PENDING_MAX);
-        // Answers for many names: at most CACHE_MAX remembered, the
-        // oldest forgotten first.
-        for i in 0..3 * CACHE_MAX {
-            b.answered(&Uri::new(&format!("a{i}"), 1), Some(addr(2)), i as u64);
-        }
-        assert!(b.entries.len() <= CACHE_MAX, "{}", b.entries.len());
-        assert!(!b.entries.contains_key(&Uri::new("a0", 1)));
-        assert!(
-            b.entries
-                .contains_key(&Uri::new(&format!("a{}", 3 * CACHE_MAX - 1), 1))
-        );
-        // Names being looked up are never evicted.
-        assert!(b.entries.contains_key(&Uri::new("n0", 1)));
-        // A lookup that cannot start drops its packets and its claim.
-        assert_eq!(b.lookup_refused(&n0), PENDING_PER_NAME);
-        assert_eq!(b.lookups, LOOKUPS_MAX - 1);
-    }
-
-    fn started(link: &UdpSmLink) -> Arc<SmRouter> {
-        let router = Arc::new(SmRouter::new(
-            Uri::new("127.0.0.1", 0),
-            crate::Clock::tsc(),
-            1,
-            500 * MS,
-            1,
-        ));
-        link.start(&Uri::new("127.0.0.1", 0), router.clone())
-            .unwrap();
-        router
-    }
-
-    /// A sender never waits for a lookup, however long it takes: the
-    /// resolver here blocks until the test lets it go, after `send`
-    /// returned. Then the packet that waited goes out.
-    #[test]
-    fn send_never_waits_for_a_lookup() {
-        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
-        peer.set_read_timeout(Some(Duration::from_secs(60)))
-            .unwrap();
-        let peer_addr = peer.local_addr().unwrap();
-        let (asked_tx, asked_rx) = channel::<String>();
-        let (go_tx, go_rx) = channel::<()>();
-        let go_rx = Mutex::new(go_rx);
-        let link = UdpSmLink::with_resolver(Arc::new(move |host: &str, _port: u16| {
-            asked_tx.send(host.to_owned()).unwrap();
-            lock(&go_rx).recv().ok()?;
-            (host == "peer.test").then_some(peer_addr)
-        }));
-        let _router = started(&link);
-        let to = Uri::new("peer.test", peer_addr.port());
-        let from = Uri::new("127.0.0.1", 0);
-        link.send(&from, &to, &PKT);
-        link.send(&from, &to, &PKT);
-        // Both sends returned; the resolver is still blocked in its lookup.
-        assert_eq!(asked_rx.recv().unwrap(), "peer.test");
-        assert_eq!(link.stats().sent, 0);
-        go_tx.send(()).unwrap();
-        let mut buf = [0u8; 512];
-        for _ in 0..2 {
-            let (n, _) = peer.recv_from(&mut buf).expect("the waiting packets");
-            assert_eq!(&buf[..n], &PKT[..]);
-        }
-        // From now on the cached address is used directly: no lookup.
-        link.send(&from, &to, &PKT);
-        let (n, _) = peer.recv_from(&mut buf).unwrap();
-        assert_eq!(n, SM_PKT_BYTES);
-        assert!(asked_rx.try_recv().is_err(), "looked up once");
-        assert_eq!(link.stats().lookups, 1);
-        // A name that does not resolve: looked up once, then sends to it
-        // fail at once.
-        let nowhere = Uri::new("nowhere.test", 1);
-        link.send(&from, &nowhere, &PKT);
-        assert_eq!(asked_rx.recv().unwrap(), "nowhere.test");
-        go_tx.send(()).unwrap();
-        while link.stats().unresolved == 0 {
-            std::thread::yield_now();
-        }
-        link.send(&from, &nowhere, &PKT);
-        assert!(asked_rx.try_recv().is_err(), "negative answer cached");
-        let s = link.stats();
-        assert_eq!((s.lookups, s.lookup_failures), (2, 1));
-        assert!(s.unresolved >= 1, "{s:?}");
-        link.stop(&from);
-        drop(go_tx);
-    }
-
-    /// An Rpc thread's send never waits for a lock: with the address
-    /// cache held by another thread, a send to a name returns at once and
-    /// the SM thread sends the packet once the cache is free.
-    #[test]
-    fn an_rpc_thread_send_never_waits_for_a_lock() {
-        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
-        peer.set_read_timeout(Some(Duration::from_secs(60)))
-            .unwrap();
-        let peer_addr = peer.local_addr().unwrap();
-        let link = Arc::new(UdpSmLink::with_resolver(Arc::new(
-            move |host: &str, _port: u16| (host == "peer.test").then_some(peer_addr),
-        )));
-        let _router = started(&link);
-        let to = Uri::new("peer.test", peer_addr.port());
-        let from = Uri::new("127.0.0.1", 0);
-        let held = lock(&link.shared.book);
-        let (done_tx, done_rx) = channel();
-        let l = link.clone();
-        let (f, t) = (from.clone(), to.clone());
-        let rpc_thread = std::thread::spawn(move || {
-            l.send(&f, &t, &PKT);
-            done_tx.send(()).unwrap();
-        });
-        // The send returned while the lock is still held (a failure here
-        // means it is waiting for it).
-        done_rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("the send waited for the address cache's lock");
-        rpc_thread.join().unwrap();
-        assert_eq!(link.stats().deferred, 1);
-        drop(held);
-        let mut buf = [0u8; 512];
-        let (n, _) = peer.recv_from(&mut buf).expect("sent by the SM thread");
-        assert_eq!(&buf[..n], &PKT[..]);
-        // Counted just after the datagram left.
-        while link.stats().sent == 0 {
-            std::thread::yield_now();
-        }
-        let s = link.stats();
-        assert_eq!((s.sent, s.deferred_dropped), (1, 0), "{s:?}");
-        link.stop(&from);
-    }
-
-    /// A full socket send buffer loses nothing: the packet goes to the SM
-    /// thread, which sends it again (here the first two tries meet a full
-    /// buffer).
-    #[test]
-    fn a_full_socket_buffer_defers_the_packet_to_the_sm_thread() {
-        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
-        peer.set_read_timeout(Some(Duration::from_secs(60)))
-            .unwrap();
-        let link = UdpSmLink::with_resolver(system_resolver());
-        let _router = started(&link);
-        link.shared
-            .fake_full
-            .store(2, std::sync::atomic::Ordering::Relaxed);
-        let to = Uri::new("127.0.0.1", peer.local_addr().unwrap().port());
-        let from = Uri::new("127.0.0.1", 0);
-        link.send(&from, &to, &PKT);
-        let mut buf = [0u8; 512];
-        let (n, _) = peer.recv_from(&mut buf).expect("sent again later");
-        assert_eq!(&buf[..n], &PKT[..]);
-        while link.stats().sent == 0 {
-            std::thread::yield_now();
-        }
-        let s = link.stats();
-        assert_eq!(
-            (s.would_block, s.sent, s.deferred_dropped),
-            (2, 1, 0),
-            "{s:?}"
-        );
-        assert!(s.deferred >= 2, "{s:?}");
-        link.stop(&from);
-    }
-
-    /// What a datagram claims about its sender is believed only from the
-    /// sender's address (IPv4 and SM port): the router is handed the
-    /// source, and the cache's answer for the claimed URI.
-    #[test]
-    fn the_source_of_a_claimed_uri_is_its_resolved_address() {
-        let mut b = AddrBook::default();
-        let lit = Uri::new("10.1.2.3", 31850);
-        assert_eq!(
-            b.source_of(&lit),
-            Some(SocketAddr::from(([10, 1, 2, 3], 31850)))
-        );
-        let name = Uri::new("peer", 31851);
-        assert_eq!(b.source_of(&name), None, "never looked up: unknown");
-        b.answered(&name, Some(addr(31851)), 0);
-        assert_eq!(b.source_of(&name), Some(addr(31851)));
-        // However old the answer: a source check needs no fresh one.
-        assert_eq!(b.fresh(&name, POSITIVE_TTL_MS * MS), None);
-        assert_eq!(b.source_of(&name), Some(addr(31851)));
-    }
-}
+mod tests;
