@@ -67,7 +67,7 @@
 //! * [`Nexus`] — one per process: URI (host + SM UDP port), the
 //!   request-handler table (dispatch, burst and background handlers,
 //!   registered on a [`NexusBuilder`] before any Rpc exists), worker threads for background handlers, and the
-//!   session-management link ([`SmLink`]: kernel UDP in production, an
+//!   session-management link ([`sm::SmLink`]: kernel UDP in production, an
 //!   in-memory hub on the virtual clock in simulation).
 //! * [`Rpc<T, C>`] — one per thread, generic over the transport `T`
 //!   (static dispatch) and the application context `C`. It owns its
@@ -270,6 +270,7 @@
 
 #![deny(unsafe_code)]
 #![warn(unnameable_types)]
+#![warn(missing_docs, unreachable_pub)]
 
 mod cc;
 mod clock;

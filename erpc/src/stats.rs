@@ -175,7 +175,7 @@ pub struct RpcStats {
     /// flush (counted once per refusal).
     pub tx_refused: u64,
     /// Queued packets given up because the transport refused everything
-    /// for [`crate::consts::TX_REFUSED_TRIES`] TX flushes while the batch
+    /// for `TX_REFUSED_TRIES` (8) TX flushes while the batch
     /// was full; loss recovery resends them.
     pub tx_given_up: u64,
     /// TX queue drains (`tx_flush`): before and after retransmissions,

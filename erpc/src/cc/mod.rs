@@ -91,7 +91,7 @@ pub enum Controller {
     /// Timely with the C++ eRPC's constants (the paper's choice).
     #[default]
     Timely,
-    /// The delay-target controller of [`swift`]: a target RTT near the
+    /// The delay-target controller of Swift (SIGCOMM 2020): a target RTT near the
     /// base RTT, additive increase below it, multiplicative decrease
     /// proportional to the excess at most once per RTT.
     Swift,

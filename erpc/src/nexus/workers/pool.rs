@@ -8,7 +8,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::links::{BgLinks, RpcEnd};
-use super::worker::{LinkState, Worker, WorkerEnd, WorkerLocal, worker_main};
+#[cfg(feature = "testing")]
+use super::worker::WorkerLocal;
+use super::worker::{LinkState, Worker, WorkerEnd, worker_main};
 use super::{BgHandler, WorkerDispatch, WorkerIdle, WorkerStats};
 use crate::nexus::{NexusError, spsc};
 
