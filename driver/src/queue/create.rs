@@ -4,7 +4,7 @@
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use crate::device::{Device, InlineMode, Inner, input, out_len};
+use crate::device::{Device, DeviceInfo, InlineMode, Inner, input, out_len};
 use crate::dma::{DmaMem, PAGE};
 use crate::error::Error;
 use crate::hw::HwBackend;
@@ -120,13 +120,36 @@ impl<B: HwBackend> QueueSet<B> {
         }
     }
 
+    /// Runs a command on the device.
     fn exec(&self, inp: &[u8], out: usize) -> Result<Vec<u8>, Error> {
         self.dev.exec(inp, out)
     }
 
+    /// Creates the queue set's objects, each after those it names (facts
+    /// sheet §8 steps 4 to 6): the UAR, the TX side (CQ, TIS, SQ, which goes
+    /// to ready), the RX side (CQ, Q counter, striding RQ with its WQEs
+    /// posted, which goes to ready, TIR), then the flow rule that steers
+    /// our UDP port to it. Each object is recorded in `created` as soon as
+    /// it exists, so that a failure tears down exactly those.
     fn build(&mut self) -> Result<(), Error> {
         let info = self.dev.info.clone();
-        // UAR for this queue set's doorbells.
+        self.alloc_uar()?;
+        self.create_tx_cq()?;
+        self.create_tis(&info)?;
+        self.create_sq(&info)?;
+        self.modify_sq(QueueState::Rst, QueueState::Rdy)?;
+        self.create_rx_cq()?;
+        self.alloc_q_counter(&info)?;
+        self.create_rq(&info)?;
+        self.post_all_rq_wqes();
+        self.modify_rq(QueueState::Rst, QueueState::Rdy)?;
+        self.create_tir(&info)?;
+        self.add_flow_rule(&info)
+    }
+
+    /// ALLOC_UAR: the page this queue set's doorbells (and BlueFlame
+    /// register) live in.
+    fn alloc_uar(&mut self) -> Result<(), Error> {
         let out = self.exec(
             &input::<MboxIn>(Opcode::AllocUar, 0, 0),
             out_len::<AllocUarOut>(0),
@@ -136,8 +159,12 @@ impl<B: HwBackend> QueueSet<B> {
             .get32(AllocUarOut::UAR);
         self.created.push(QObj::Uar(self.uar));
         self.sq.bf_offset = self.uar as usize * uar::UAR_PAGE_BYTES + uar::BF_OFFSET;
+        Ok(())
+    }
 
-        // TX CQ: every CQE starts invalid, owned by hardware.
+    /// CREATE_CQ of the TX CQ, every CQE first made invalid and owned by
+    /// hardware.
+    fn create_tx_cq(&mut self) -> Result<(), Error> {
         for i in 0..(1usize << self.tx_cq.log) {
             self.tx_cq
                 .ring
@@ -145,8 +172,11 @@ impl<B: HwBackend> QueueSet<B> {
         }
         self.tx_cq.cqn = self.create_cq(&self.tx_cq.ring, self.tx_cq.log, false, DBR_TX_CQ)?;
         self.created.push(QObj::Cq(self.tx_cq.cqn));
+        Ok(())
+    }
 
-        // TIS in our transport domain.
+    /// CREATE_TIS in the device's transport domain.
+    fn create_tis(&mut self, info: &DeviceInfo) -> Result<(), Error> {
         let mut inp = input::<CreateTisIn>(Opcode::CreateTis, 0, 0);
         ViewMut::<CreateTisIn>::new(&mut inp)
             .expect("sized")
@@ -157,8 +187,11 @@ impl<B: HwBackend> QueueSet<B> {
             .expect("sized")
             .get32(CreateTisOut::TISN);
         self.created.push(QObj::Tis(self.tisn));
+        Ok(())
+    }
 
-        // SQ: cyclic, 64-byte WQEBBs.
+    /// CREATE_SQ: cyclic, 64-byte WQEBBs, in reset, reporting to the TX CQ.
+    fn create_sq(&mut self, info: &DeviceInfo) -> Result<(), Error> {
         let pages = self.sq.ring.len() / PAGE;
         let mut inp = input::<CreateSqIn>(Opcode::CreateSq, 0, pages.max(1) * 8);
         {
@@ -195,9 +228,12 @@ impl<B: HwBackend> QueueSet<B> {
             .expect("sized")
             .get32(CreateSqOut::SQN);
         self.created.push(QObj::Sq(self.sq.sqn));
-        self.modify_sq(QueueState::Rst, QueueState::Rdy)?;
+        Ok(())
+    }
 
-        // RX CQ: overrun ignored, pre-filled so the first packet counts as 1.
+    /// CREATE_CQ of the RX CQ: overrun ignored, its CQEs pre-filled so
+    /// that the first packet counts as one (facts sheet §6.6).
+    fn create_rx_cq(&mut self) -> Result<(), Error> {
         let strides = 1u32 << self.rq.log_strides;
         let n = self.rx_cq.entries;
         for i in 0..n {
@@ -221,10 +257,13 @@ impl<B: HwBackend> QueueSet<B> {
             DBR_RX_CQ,
         )?;
         self.created.push(QObj::Cq(self.rx_cq.cqn));
+        Ok(())
+    }
 
-        // A Q counter (out-of-buffer drops) if the function has one to
-        // spare: VFs get few (`max_qp_cnt`), and the RQ works without one
-        // (Linux mlx5e carries on when ALLOC_Q_COUNTER fails).
+    /// ALLOC_Q_COUNTER (out-of-buffer drops), if the function has one to
+    /// spare: VFs get few (`max_qp_cnt`), and the RQ works without one
+    /// (Linux mlx5e carries on when ALLOC_Q_COUNTER fails).
+    fn alloc_q_counter(&mut self, info: &DeviceInfo) -> Result<(), Error> {
         self.counter_set_id = 0;
         if info.max_q_counters > 0 {
             match self.exec(
@@ -243,8 +282,12 @@ impl<B: HwBackend> QueueSet<B> {
                 Err(e) => return Err(e),
             }
         }
+        Ok(())
+    }
 
-        // Striding RQ.
+    /// CREATE_RQ: cyclic striding, in reset, reporting to the RX CQ and
+    /// counted by the Q counter.
+    fn create_rq(&mut self, info: &DeviceInfo) -> Result<(), Error> {
         let log_num_strides =
             wqe::encode_log_num_strides(self.rq.log_strides, info.ext_stride_num_range)
                 .ok_or_else(|| {
@@ -287,15 +330,20 @@ impl<B: HwBackend> QueueSet<B> {
             .expect("sized")
             .get32(CreateRqOut::RQN);
         self.created.push(QObj::Rq(self.rq.rqn));
-        // Until the wqe_id reading is known, one WQE stays unposted (see
-        // `rx_burst`); it is owed, and posted once the reading is known to
-        // be free running.
+        Ok(())
+    }
+
+    /// Posts the RQ's WQEs. Until the wqe_id reading is known, one WQE stays
+    /// unposted (see `rx_burst`); it is owed, and posted once the reading
+    /// is known to be free running.
+    fn post_all_rq_wqes(&mut self) {
         let per_wqe = 1usize << self.rq.log_strides;
         self.rq.to_post = (1usize << self.rq.log_wqes) * per_wqe;
         self.repost();
-        self.modify_rq(QueueState::Rst, QueueState::Rdy)?;
+    }
 
-        // Direct TIR to the RQ.
+    /// CREATE_TIR: direct, to the RQ, in the device's transport domain.
+    fn create_tir(&mut self, info: &DeviceInfo) -> Result<(), Error> {
         let mut inp = input::<CreateTirIn>(Opcode::CreateTir, 0, 0);
         ViewMut::<CreateTirIn>::new(&mut inp)
             .expect("sized")
@@ -308,11 +356,13 @@ impl<B: HwBackend> QueueSet<B> {
             .expect("sized")
             .get32(CreateTirOut::TIRN);
         self.created.push(QObj::Tir(self.tirn));
-
-        self.add_flow_rule(&info)
+        Ok(())
     }
 
-    fn add_flow_rule(&mut self, info: &crate::device::DeviceInfo) -> Result<(), Error> {
+    /// SET_FLOW_TABLE_ENTRY in the device's NIC RX table: frames to our MAC,
+    /// IPv4, UDP, our port go to the TIR. Refused if another queue set has
+    /// the port, or the table is full.
+    fn add_flow_rule(&mut self, info: &DeviceInfo) -> Result<(), Error> {
         let port = self.cfg.udp_port;
         let mut ctl = self.dev.lock();
         let flow = ctl
@@ -370,6 +420,8 @@ impl<B: HwBackend> QueueSet<B> {
         Ok(())
     }
 
+    /// CREATE_CQ of `2^log` 64-byte CQEs in `ring`, on this queue set's UAR,
+    /// reporting to the device's EQ, its doorbell record at `dbr_off`.
     fn create_cq(
         &self,
         ring: &DmaMem,
@@ -400,6 +452,7 @@ impl<B: HwBackend> QueueSet<B> {
             .get32(CreateCqOut::CQN))
     }
 
+    /// MODIFY_SQ from state `from` to `to`.
     pub(super) fn modify_sq(&self, from: QueueState, to: QueueState) -> Result<(), Error> {
         let mut inp = input::<ModifySqIn>(Opcode::ModifySq, 0, 0);
         let mut v = ViewMut::<ModifySqIn>::new(&mut inp).expect("sized");
@@ -409,6 +462,7 @@ impl<B: HwBackend> QueueSet<B> {
         self.exec(&inp, 16).map(|_| ())
     }
 
+    /// MODIFY_RQ from state `from` to `to`.
     fn modify_rq(&self, from: QueueState, to: QueueState) -> Result<(), Error> {
         let mut inp = input::<ModifyRqIn>(Opcode::ModifyRq, 0, 0);
         let mut v = ViewMut::<ModifyRqIn>::new(&mut inp).expect("sized");
