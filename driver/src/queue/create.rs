@@ -41,6 +41,10 @@ impl<B: HwBackend> QueueSet<B> {
             .unsignaled_batch
             .min(sq_wqebbs / (2 * max_wqebbs))
             .max(1);
+        assert!(
+            2 * batch * max_wqebbs <= sq_wqebbs,
+            "validate keeps the SQ large enough"
+        );
 
         let dbr = dev.alloc(PAGE)?;
         let mut qs = QueueSet {
@@ -340,6 +344,8 @@ impl<B: HwBackend> QueueSet<B> {
         let per_wqe = 1usize << self.rq.log_strides;
         self.rq.to_post = (1usize << self.rq.log_wqes) * per_wqe;
         self.repost();
+        assert_eq!(self.rq.to_post, per_wqe, "one WQE owed");
+        assert_eq!(self.rq.head, (1 << self.rq.log_wqes) - 1);
     }
 
     /// CREATE_TIR: direct, to the RQ, in the device's transport domain.

@@ -79,6 +79,7 @@ impl<B: HwBackend> QueueSet<B> {
             let Some((delta, raw)) = self.rx_delta(room) else {
                 break;
             };
+            debug_assert!((1..=room).contains(&delta), "a CQE counts 1..=room packets");
             // The CQE read is that of the last of the `delta` packets; the
             // ones before it (their CQEs overwritten) have no known flags.
             let flags = self.rx_cqe_flags();
@@ -95,6 +96,10 @@ impl<B: HwBackend> QueueSet<B> {
         if total > 0 {
             self.rq.recv_head = (self.rq.recv_head + total as usize) & slot_mask;
             self.rq.reported = self.rq.reported.wrapping_add(total);
+            debug_assert!(
+                total <= outstanding,
+                "reported only strides that were posted"
+            );
             self.stats.rx_pkts += u64::from(total);
             self.stats.rx_bursts += 1;
             if self.rq.to_post >= 1 << self.rq.log_strides {
@@ -191,6 +196,12 @@ impl<B: HwBackend> QueueSet<B> {
     #[inline]
     pub fn post_recvs(&mut self, n: usize) {
         self.rq.to_post += n;
+        // Every ring slot is the NIC's (posted, not reported), the
+        // application's (reported, not given back) or waiting here.
+        debug_assert!(
+            self.rq.to_post + self.rx_outstanding() as usize <= self.cfg.rx_ring_entries(),
+            "gave back more ring slots than rx_burst reported"
+        );
         if self.rq.to_post >= 1 << self.rq.log_strides {
             self.repost();
         }
@@ -208,6 +219,14 @@ impl<B: HwBackend> QueueSet<B> {
             self.stats.rx_reposts += 1;
             posted = true;
         }
+        // WQEs posted beyond the one holding the last reported packet,
+        // counted in strides (which wrap with `reported`).
+        debug_assert!(
+            (self.rx_outstanding() + (self.rq.reported & (per_wqe as u32 - 1)))
+                >> self.rq.log_strides
+                <= self.rx_wqes_ahead(),
+            "no more WQEs posted ahead than the wqe_id reading allows"
+        );
         if posted {
             self.ring_rq_doorbell();
         }
@@ -217,6 +236,8 @@ impl<B: HwBackend> QueueSet<B> {
         let slot = (self.rq.head & ((1 << self.rq.log_wqes) - 1)) as usize;
         let off = slot * MprqWqe::BYTES;
         let wqe_bytes = (1usize << self.rq.log_strides) * self.rq.stride;
+        debug_assert!(off + MprqWqe::BYTES <= self.rq.wqes.len());
+        debug_assert!((slot + 1) * wqe_bytes <= self.rq.data.len());
         let d = off + MprqWqe::DSEG.byte();
         self.rq.wqes.write_be32(
             off + MprqWqe::NSEG.byte() + WqeSrqNextSeg::NEXT_WQE_INDEX.dword(),

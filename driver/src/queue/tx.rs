@@ -110,6 +110,28 @@ impl<B: HwBackend> QueueSet<B> {
     #[inline]
     fn tx_burst_plain(&mut self, frames: &[TxFrame<'_>], signal_at: u32) {
         const _: () = assert!(4 * SEND_WQE_DS == SEND_WQE_BB);
+        // The preconditions above, checked in debug builds (the release
+        // datapath pays nothing for them).
+        let n = frames.len() as u32;
+        debug_assert!(n > 0, "an empty burst has no WQE to ring for");
+        debug_assert!(!self.inline, "one WQEBB per frame: no inline header");
+        debug_assert!(
+            self.sq.pi.wrapping_sub(self.sq.ci) + n <= self.sq.mask + 1,
+            "the SQ has room for the whole burst"
+        );
+        debug_assert_eq!(
+            signal_at,
+            self.sq.batch - 1 - self.sq.since_signal.min(self.sq.batch - 1),
+            "the WQE to signal is the one the unsignaled count makes due"
+        );
+        debug_assert!(
+            signal_at >= n || signal_at + self.sq.batch >= n,
+            "at most one WQE of the burst asks for a completion"
+        );
+        debug_assert!(
+            signal_at >= n || self.sq.signaled.is_none(),
+            "the previous signaled WQE has completed"
+        );
         // The WQE as eight big-endian 64-bit words: control segment (2),
         // Ethernet segment (2, all zero: no inline header, no checksum
         // offload), up to two data segments (2 each, zero if unused).
@@ -164,7 +186,6 @@ impl<B: HwBackend> QueueSet<B> {
             }
             pi = pi.wrapping_add(1);
         }
-        let n = frames.len() as u32;
         self.sq.pi = pi;
         if signal_at < n {
             let at = pi0.wrapping_add(signal_at);
@@ -180,6 +201,7 @@ impl<B: HwBackend> QueueSet<B> {
         }
         self.stats.tx_wqes += u64::from(n);
         self.stats.tx_bytes += bytes;
+        debug_assert!(self.sq.since_signal < self.sq.batch);
         if self.cfg.blueflame && n == 1 {
             let last_off = (pi0 & self.sq.mask) as usize * SEND_WQE_BB;
             self.ring_sq_doorbell(last_off, 1, true);
@@ -259,6 +281,15 @@ impl<B: HwBackend> QueueSet<B> {
         }
         debug_assert_eq!(seg as u32, ds);
         let wqebbs = (ds * SEND_WQE_DS as u32).div_ceil(SEND_WQE_BB as u32);
+        debug_assert!(wqebbs <= MAX_WQEBBS, "the WQE fits its buffer");
+        debug_assert!(
+            self.sq.pi.wrapping_sub(self.sq.ci) + wqebbs <= self.sq.mask + 1,
+            "the caller made room in the SQ"
+        );
+        debug_assert!(
+            !signal || self.sq.signaled.is_none(),
+            "one signaled WQE outstanding at a time"
+        );
         let base = (self.sq.pi & self.sq.mask) as usize * SEND_WQE_BB;
         let ring = &self.sq.ring;
         if wqebbs == 1 {
@@ -280,6 +311,7 @@ impl<B: HwBackend> QueueSet<B> {
         }
         self.stats.tx_wqes += 1;
         self.stats.tx_bytes += (f.first.len() + f.rest.len as usize) as u64;
+        debug_assert!(self.sq.since_signal < self.sq.batch);
         base
     }
 
@@ -289,6 +321,11 @@ impl<B: HwBackend> QueueSet<B> {
     fn ring_sq_doorbell(&mut self, last_off: usize, last_wqebbs: u32, single: bool) {
         self.publish_sq_pi();
         let ring = &self.sq.ring;
+        debug_assert!(
+            last_off.is_multiple_of(SEND_WQE_BB) && last_off < ring.len(),
+            "the last WQE starts at a WQEBB of the ring"
+        );
+        debug_assert!((1..=MAX_WQEBBS).contains(&last_wqebbs));
         let wqe_bytes = last_wqebbs as usize * SEND_WQE_BB;
         if self.cfg.blueflame
             && single
@@ -394,6 +431,10 @@ impl<B: HwBackend> QueueSet<B> {
             } else if let Some((idx, pi_after)) = self.sq.signaled
                 && cqe.wqe_counter == idx
             {
+                debug_assert!(
+                    pi_after.wrapping_sub(self.sq.ci) <= self.sq.pi.wrapping_sub(self.sq.ci),
+                    "a completion frees only WQEBBs that were posted"
+                );
                 self.sq.ci = pi_after;
                 self.sq.signaled = None;
             }
