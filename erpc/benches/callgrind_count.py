@@ -52,6 +52,7 @@ library and helper callees charged, by callee.
 
 import collections
 import re
+import os
 import shutil
 import subprocess
 import sys
@@ -84,12 +85,26 @@ PLAIN = ("lib", "helper")
 ENTRY_POINTS = ("tx_burst", "rx_burst", "tx_flush", "post_recvs")
 
 
+# The workspace root: workspace paths in the rules match from here, so a
+# checkout whose own path contains "driver/" (a worktree named so) does
+# not turn the benchmark's code into helper code.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + "/"
+
+
 def classify(loc, rule):
     if not loc or loc.startswith("?"):
         return "lib"  # no debug info: PLT stubs, runtime glue
+    rel = loc[len(ROOT):] if loc.startswith(ROOT) else None
     for kind, pats in RULES[rule]:
-        if any(p in loc for p in pats):
-            return kind
+        for p in pats:
+            # Library patterns are absolute fragments; workspace ones are
+            # relative to the root (when debug info has relative paths,
+            # the location is matched as it is).
+            if p.startswith("/") or rel is None:
+                if p in loc:
+                    return kind
+            elif rel.startswith(p):
+                return kind
     return "app"
 
 
