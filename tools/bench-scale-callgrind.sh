@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # eRPC's instructions per RPC in the session-scalability experiment
-# (`erpc-bench --experiment scale`, issue 28), counted under callgrind on a
+# (`erpc-bench scale`, issue 28), counted under callgrind on a
 # reduced run: two runs that differ only in RPCs per session, so that the
 # setup (nodes, sessions, connects) cancels; instructions are attributed to
 # eRPC by erpc/benches/callgrind_count.py's rule. The idle event-loop
@@ -27,7 +27,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for k in "$SHORT" "$LONG"; do
   valgrind --tool=callgrind --dump-instr=yes --callgrind-out-file="$tmp/cg.$k" \
-    "$bin" --experiment scale --client-nodes "$CLIENTS" --sessions-per-client "$SESSIONS" \
+    "$bin" scale --client-nodes "$CLIENTS" --sessions-per-client "$SESSIONS" \
     --rpcs-per-session "$k" >"$tmp/out.$k" 2>&1 || { cat "$tmp/out.$k" >&2; exit 1; }
 done
 grep '^total:' "$tmp/out.$LONG"

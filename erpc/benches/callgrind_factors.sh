@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Instructions per RPC with each eRPC-level optimisation of the factor
 # analysis switched off in turn (simulated network, deterministic): the
-# complement of `erpc-bench --experiment factors`, whose wall-clock rates on
+# complement of `erpc-bench factors`, whose wall-clock rates on
 # two shared cores are noisy. Same method and counting rule as
 # callgrind_ir.sh (callgrind_count.py): two runs of different lengths per
 # configuration, the difference cancels setup.

@@ -163,7 +163,7 @@ fn incast_replays_exactly() {
 /// 32-byte RPCs one at a time. Without congestion control the senders'
 /// credits (16 × 32 KiB) overfill the buffer. (Joining one by one keeps
 /// the first round trip's bursts, which no rate control can shape, below
-/// the buffer: `erpc-bench --experiment incast` shows what a synchronised
+/// the buffer: `erpc-bench incast` shows what a synchronised
 /// start of 50 and 100 senders does.)
 const CC_BUFFER_BYTES: u64 = 384 * 1024;
 

@@ -1,4 +1,4 @@
-//! `erpc-bench --experiment cc-overhead`: what congestion control costs
+//! `erpc-bench cc-overhead`: what congestion control costs
 //! when the network is not congested — the small-RPC rate with Timely, the
 //! timing wheel and the bypasses on, against congestion control off, on
 //! the device model in real time (the paper reports at most 9 %).
@@ -14,7 +14,8 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::bench::{BenchError, DeviceModel, Knobs, Point, Progress, erpc_on};
-use crate::memory::MemoryPlan;
+use crate::cli::{JsonOut, Out, Quit, Rounds, Shape, Timing, device_model_settings, memory_plan};
+use crate::memory::{MemoryPlan, bench_pages};
 
 /// One batch size's comparison.
 #[derive(Debug, Clone, Serialize)]
@@ -118,4 +119,101 @@ pub fn cc_overhead(
             }
         })
         .collect())
+}
+
+/// `erpc-bench cc-overhead`: small-RPC rate with congestion control
+/// (Timely, wheel, bypasses) on against off, interleaved rounds on the
+/// device model.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CcOverheadArgs {
+    /// Batch sizes B to measure (comma separated), each 1..=window.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1, 8])]
+    pub batch: Vec<usize>,
+    #[command(flatten)]
+    pub shape: Shape,
+    #[command(flatten)]
+    pub timing: Timing,
+    #[command(flatten)]
+    pub rounds: Rounds,
+    #[command(flatten)]
+    pub out: JsonOut,
+}
+
+impl CcOverheadArgs {
+    /// Checks the flags and runs the experiment, printing its table.
+    pub fn run(&self) -> Result<(), Quit> {
+        self.rounds.check()?;
+        let Shape { window, size } = self.shape;
+        let rounds = self.rounds.rounds;
+        let settings = device_model_settings(self.batch.clone(), window, size, &self.timing)?;
+        let plan = memory_plan(bench_pages(size, window, true));
+        let progress = Progress::new();
+        let mut out = Out::default();
+        out.line(
+            &progress,
+            format!(
+                "erpc-bench cc-overhead: {size}-byte RPCs, window {window}, mlx5 transport on the \
+                 device model, {} s per run, {rounds} interleaved rounds (median); CC on = \
+                 Timely + wheel + bypasses",
+                self.timing.secs
+            ),
+        )?;
+        let rows = cc_overhead(
+            &plan,
+            &self.batch,
+            window,
+            size,
+            rounds,
+            settings.duration(),
+            settings.warmup(),
+            &progress,
+        )?;
+        out.line(
+            &progress,
+            format!(
+                "{:>4} {:>10} {:>10} {:>9} {:>15} {:>17} {:>10} {:>10}",
+                "B",
+                "on Mrps",
+                "off Mrps",
+                "on / off",
+                "paired median",
+                "paired min-max",
+                "on p50 µs",
+                "off p50 µs"
+            ),
+        )?;
+        for r in &rows {
+            out.line(
+                &progress,
+                format!(
+                    "{:>4} {:>10.3} {:>10.3} {:>9.3} {:>15.3} {:>17} {:>10.1} {:>10.1}",
+                    r.batch,
+                    r.on_mrps,
+                    r.off_mrps,
+                    r.ratio,
+                    r.paired_ratio,
+                    format!("{:.3}-{:.3}", r.paired_min, r.paired_max),
+                    r.on_p50_us,
+                    r.off_p50_us
+                ),
+            )?;
+        }
+        #[derive(Serialize)]
+        struct CcReport<'a> {
+            tool: &'static str,
+            experiment: &'static str,
+            window: usize,
+            size: usize,
+            rounds: usize,
+            rows: &'a [CcOverheadRow],
+        }
+        self.out.write(&CcReport {
+            tool: "erpc-bench",
+            experiment: "cc-overhead",
+            window,
+            size,
+            rounds,
+            rows: &rows,
+        })
+    }
 }

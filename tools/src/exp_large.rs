@@ -1,4 +1,4 @@
-//! `erpc-bench --experiment large`: goodput of large messages on the
+//! `erpc-bench large`: goodput of large messages on the
 //! device model, against single-core `memcpy` of the same bytes measured in
 //! the same run (issue 16, item 6).
 //!
@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::bench::{BenchError, DeviceModel, Knobs, Point, Progress, erpc_on};
-use crate::memory::MemoryPlan;
+use crate::cli::{JsonOut, Out, Quit, Timing, device_model_settings, memory_plan};
+use crate::memory::{MemoryPlan, bench_pages};
 
 /// Requests in flight per node.
 pub const LARGE_EXP_WINDOW: usize = 2;
@@ -117,6 +118,83 @@ pub fn large_messages(
         rows.push(r);
     }
     Ok(rows)
+}
+
+/// `erpc-bench large`: goodput of 32 B ... 8 MB requests and responses
+/// against single-core memcpy of the same bytes, same run (device model).
+#[derive(Debug, Clone, clap::Args)]
+pub struct LargeArgs {
+    /// Measure this one size in bytes (default: the curve from 32 B to the
+    /// largest message).
+    #[arg(long)]
+    pub size: Option<usize>,
+    #[command(flatten)]
+    pub timing: Timing,
+    #[command(flatten)]
+    pub out: JsonOut,
+}
+
+impl LargeArgs {
+    /// Checks the flags and runs the experiment, printing its table.
+    pub fn run(&self) -> Result<(), Quit> {
+        let settings =
+            device_model_settings(vec![1], LARGE_EXP_WINDOW, erpc::MAX_MSG_BYTES, &self.timing)?;
+        let sizes = match self.size {
+            Some(size) => vec![size],
+            None => large_sizes(),
+        };
+        let max = *sizes.iter().max().expect("at least one size");
+        let plan = memory_plan(bench_pages(max, LARGE_EXP_WINDOW, true));
+        let progress = Progress::new();
+        let mut out = Out::default();
+        out.line(
+            &progress,
+            format!(
+                "erpc-bench large: requests and responses of each size, {LARGE_EXP_WINDOW} in \
+                 flight per node, one session each way, mlx5 transport on the device model (one \
+                 thread), {} s per point; memcpy on one core before and after each point",
+                self.timing.secs
+            ),
+        )?;
+        out.line(
+            &progress,
+            format!(
+                "{:>9} {:>8} {:>12} {:>22} {:>10}",
+                "size", "RPCs", "Gbit/s", "memcpy Gbit/s (b, a)", "/ memcpy"
+            ),
+        )?;
+        let mut pending: Option<Quit> = None;
+        let (dur, warmup) = (settings.duration(), settings.warmup());
+        let rows = large_messages(&plan, &sizes, dur, warmup, &progress, |r| {
+            let line = format!(
+                "{:>9} {:>8} {:>12.3} {:>10.1} {:>11.1} {:>10.3}",
+                r.size,
+                r.rpcs,
+                r.goodput_gbps,
+                r.memcpy_gbps[0],
+                r.memcpy_gbps[1],
+                r.ratio_to_memcpy
+            );
+            if let Err(e) = out.line(&progress, line) {
+                pending = Some(e);
+            }
+            Ok(())
+        })?;
+        if let Some(q) = pending.take() {
+            return Err(q);
+        }
+        #[derive(Serialize)]
+        struct Json<'a> {
+            experiment: &'static str,
+            window: usize,
+            rows: &'a [LargeRow],
+        }
+        self.out.write(&Json {
+            experiment: "large",
+            window: LARGE_EXP_WINDOW,
+            rows: &rows,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ use mempool::{Fallback, PageSize, RegionOptions};
 use serde::Serialize;
 
 use crate::bench::BenchError;
+use crate::cli::{JsonOut, Quit, Shape, SimNetwork, usage};
 
 /// The request type (echoed).
 const ECHO: u8 = 1;
@@ -512,7 +513,78 @@ pub fn run_scale(
     })
 }
 
-/// The report, as `erpc-bench --experiment scale` prints it.
+/// `erpc-bench scale`: session scalability (the paper's 20 000 sessions):
+/// client nodes of many sessions each against one server node of several
+/// Rpcs, small RPCs with congestion control on, on the simulated network
+/// (virtual time); every RPC checked exactly once.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ScaleArgs {
+    /// Client nodes (one Rpc each).
+    #[arg(long, default_value_t = 100)]
+    pub client_nodes: usize,
+    /// Sessions each client node opens (spread over the server's Rpcs).
+    #[arg(long, default_value_t = 200)]
+    pub sessions_per_client: usize,
+    /// Rpcs of the server node.
+    #[arg(long, default_value_t = 8)]
+    pub server_rpcs: usize,
+    /// RPCs each session carries.
+    #[arg(long, default_value_t = 4)]
+    pub rpcs_per_session: usize,
+    #[command(flatten)]
+    pub shape: Shape,
+    #[command(flatten)]
+    pub net: SimNetwork,
+    #[command(flatten)]
+    pub out: JsonOut,
+}
+
+impl ScaleArgs {
+    /// Checks the flags and runs the experiment, printing its report;
+    /// `heap_now`, if given, reads the process's net heap bytes (for the
+    /// heap per session).
+    pub fn run(&self, heap_now: Option<&dyn Fn() -> i64>) -> Result<(), Quit> {
+        if !(1..=10_000).contains(&self.client_nodes) {
+            return usage(format!(
+                "--client-nodes {}: must be 1 to 10000",
+                self.client_nodes
+            ));
+        }
+        if !(1..=65_000).contains(&self.sessions_per_client) {
+            return usage(format!(
+                "--sessions-per-client {}: must be 1 to 65000 (16-bit session numbers)",
+                self.sessions_per_client
+            ));
+        }
+        if !(1..=1_000_000).contains(&self.rpcs_per_session) {
+            return usage(format!(
+                "--rpcs-per-session {}: must be 1 to 1000000",
+                self.rpcs_per_session
+            ));
+        }
+        if !(1..=1024).contains(&self.shape.window) {
+            return usage(format!("--window {}: must be 1 to 1024", self.shape.window));
+        }
+        self.net.check_link_gbps()?;
+        let c = ScaleConfig {
+            server_rpcs: self.server_rpcs,
+            client_nodes: self.client_nodes,
+            sessions_per_client: self.sessions_per_client,
+            rpcs_per_session: self.rpcs_per_session,
+            window: self.shape.window,
+            size: self.shape.size,
+            link_gbps: self.net.link_gbps,
+            buffer_bytes: self.net.buffer_kib * 1024,
+            delay_ns: self.net.link_delay_ns,
+            ..ScaleConfig::default()
+        };
+        let r = run_scale(&c, heap_now)?;
+        print!("{}", report(&r));
+        self.out.write(&r)
+    }
+}
+
+/// The report, as `erpc-bench scale` prints it.
 pub fn report(r: &ScaleResult) -> String {
     use std::fmt::Write;
     let c = &r.config;

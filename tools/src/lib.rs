@@ -2,12 +2,16 @@
 //! examples).
 //!
 //! * [`bench`](mod@bench): the small-RPC benchmark behind `erpc-bench`.
+//! * [`cli`]: what `erpc-bench`'s jobs share on the command line.
+//! * [`exp_small_rpc`]: `erpc-bench` with no subcommand, the main job
+//!   (small RPCs against a raw echo); [`exp_threads`]: its `--threads N`.
+//! * `erpc-bench`'s other experiments, one subcommand each:
+//!   [`exp_loss`] (`loss`), [`exp_failure`] (`failure-detection`),
+//!   [`exp_factors`] (`factors`), [`exp_incast`] (`incast`, virtual time),
+//!   [`exp_cc`] (`cc-overhead`), [`exp_large`] (`large`) and
+//!   [`exp_scale`] (`scale`, virtual time).
 //! * [`capture`]: `erpc-bench --pcap` (fabric frames and SM packets in one
 //!   file, for `tools/wireshark/erpc.lua`).
-//! * [`experiments`]: `erpc-bench --experiment loss`,
-//!   `failure-detection` and `factors`.
-//! * [`exp_incast`]: `erpc-bench --experiment incast` (virtual time).
-//! * [`exp_cc`]: `erpc-bench --experiment cc-overhead` (device model).
 //! * [`inspect`](mod@inspect): `erpc-inspect` (snapshots of a running
 //!   process's queues, counters and sessions; offline device reports).
 //! * [`memory`]: the hugepages a run needs, and the one note when they are
@@ -23,12 +27,16 @@ pub struct ReadmeDoctests;
 
 pub mod bench;
 pub mod capture;
+pub mod cli;
 pub mod exp_cc;
+pub mod exp_factors;
+pub mod exp_failure;
 pub mod exp_incast;
 pub mod exp_large;
+pub mod exp_loss;
 pub mod exp_scale;
+pub mod exp_small_rpc;
 pub mod exp_threads;
-pub mod experiments;
 pub mod inspect;
 pub mod memory;
 pub mod vfio_tool;

@@ -103,6 +103,23 @@ fn erpc_bench_refuses_bad_values_naming_the_limit() {
     );
 }
 
+/// Runs erpc-bench with `args` that clap itself refuses (a flag the job
+/// does not take): exit 2, every string of `want` on stderr, nothing run.
+fn bench_clap_refuses(args: &[&str], want: &[&str]) {
+    let out = run(BENCH, args);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    for w in want {
+        assert!(err.contains(w), "{args:?}: {w:?} missing in {err}");
+    }
+    assert!(
+        out.stdout.is_empty(),
+        "{args:?}: nothing runs: {}",
+        text(&out.stdout)
+    );
+}
+
 #[test]
 fn erpc_bench_experiment_options_are_checked() {
     for l in ["0.5", "-0.1", "nan", "2"] {
@@ -114,80 +131,71 @@ fn erpc_bench_experiment_options_are_checked() {
         &["--loss is injected by the device model", "udp"],
     );
     bench_refuses(
-        &["--experiment", "loss", "--transport", "udp"],
-        2,
-        &["--experiment loss runs on the device model"],
-    );
-    bench_refuses(
-        &["--experiment", "loss", "--loss", "0.1"],
-        2,
-        &["--loss", "does not apply to --experiment loss"],
-    );
-    bench_refuses(
-        &["--experiment", "failure-detection", "--pcap", "x.pcap"],
-        2,
-        &["--pcap does not apply to --experiment failure-detection"],
-    );
-    bench_refuses(
-        &["--experiment", "failure-detection", "--trials", "0"],
+        &["failure-detection", "--trials", "0"],
         2,
         &["--trials 0", "1 to 1000"],
     );
     bench_refuses(
-        &[
-            "--experiment",
-            "failure-detection",
-            "--failure-timeout-ms",
-            "1",
-        ],
+        &["failure-detection", "--failure-timeout-ms", "1"],
         2,
         &["--failure-timeout-ms 1", "10 to 60000"],
     );
     bench_refuses(
-        &["--experiment", "incast", "--senders", "10,0"],
+        &["incast", "--senders", "10,0"],
         2,
         &["--senders", "1 to 1000"],
     );
     bench_refuses(
-        &["--experiment", "incast", "--buffer-kib", "0"],
+        &["incast", "--buffer-kib", "0"],
         2,
         &["--buffer-kib 0", "1 to 1048576"],
     );
     bench_refuses(
-        &["--experiment", "incast", "--link-delay-ns", "2000000"],
+        &["incast", "--link-delay-ns", "2000000"],
         2,
         &["--link-delay-ns 2000000", "at most 1000000"],
     );
     bench_refuses(
-        &["--experiment", "incast", "--t-low-us", "2000"],
+        &["incast", "--t-low-us", "2000"],
         2,
         &["Timely", "T_low (2000 µs) <= T_high (1000 µs)"],
     );
     bench_refuses(
-        &["--experiment", "incast", "--pcap", "x.pcap"],
-        2,
-        &["--pcap does not apply to --experiment incast"],
-    );
-    bench_refuses(
-        &["--experiment", "cc-overhead", "--transport", "udp"],
-        2,
-        &["--experiment cc-overhead runs on the device model"],
-    );
-    bench_refuses(
-        &["--experiment", "cc-overhead", "--rounds", "0"],
+        &["cc-overhead", "--rounds", "0"],
         2,
         &["--rounds 0", "1 to 100"],
     );
     bench_refuses(
-        &["--experiment", "incast", "--cc", "off"],
+        &["factors", "--window", "0"],
         2,
-        &["--cc applies to --experiment small-rpc only"],
+        &["--window 0", "1 to 1024"],
+    );
+    bench_refuses(&["large", "--secs", "0"], 2, &["--secs", "86400"]);
+    bench_refuses(
+        &["scale", "--client-nodes", "0"],
+        2,
+        &["--client-nodes 0", "1 to 10000"],
     );
     bench_refuses(
         &["--cc", "on,off", "--latency-csv", "x.csv"],
         2,
         &["--latency-csv keeps one distribution per B"],
     );
+    // A flag the experiment does not take is clap's refusal: the device
+    // model's experiments take no --transport, the experiments none of
+    // the main job's --loss, --pcap or --cc, and the main job's flags do
+    // not go before a subcommand.
+    for (args, flag) in [
+        (&["loss", "--transport", "udp"][..], "--transport"),
+        (&["cc-overhead", "--transport", "udp"], "--transport"),
+        (&["loss", "--loss", "0.1"], "--loss"),
+        (&["failure-detection", "--pcap", "x.pcap"], "--pcap"),
+        (&["incast", "--pcap", "x.pcap"], "--pcap"),
+        (&["incast", "--cc", "off"], "--cc"),
+        (&["--batch", "3", "incast"], "--batch"),
+    ] {
+        bench_clap_refuses(args, &[flag]);
+    }
 }
 
 /// `--cc on,off` measures each B with congestion control on and off in
@@ -256,7 +264,6 @@ fn erpc_bench_failure_detection_kills_a_peer_and_reports_the_time() {
     let out = run(
         BENCH,
         &[
-            "--experiment",
             "failure-detection",
             "--trials",
             "2",

@@ -134,7 +134,7 @@ impl CcConfig {
     /// packet), Timely's minimum rate (so the wheel's horizon is the
     /// same), and 100 ns wheel slots: a paced packet leaves at the end of
     /// its slot, and with 0.5 µs slots that rounding alone cost ≈ 0.4 µs
-    /// of probe p99 at N = 100 (`erpc-bench --experiment incast`,
+    /// of probe p99 at N = 100 (`erpc-bench incast`,
     /// BENCHMARKS.md); the price is a wheel of 5× the slots (≈ 22 000,
     /// ≈ 2.3 MB per Rpc) and 5× the slot steps when reaping.
     pub fn swift() -> CcConfig {

@@ -112,7 +112,7 @@ pub struct SwiftParams {
     pub hold_while_falling: bool,
 }
 
-/// The defaults were chosen on `erpc-bench --experiment incast --controller
+/// The defaults were chosen on `erpc-bench incast --controller
 /// swift` (25 Gbit/s, 1 MiB buffer, N = 10 and 100; BENCHMARKS.md): a
 /// decrease factor of 0.1 with the excess over the target normalised by
 /// the target, and an increase capped at 0.5 % of the rate per RTT,

@@ -5,10 +5,10 @@
 //! kernel UDP its own socket on loopback. Session management runs over
 //! kernel UDP on 127.0.0.1 in both.
 //!
-//! A round: the caller builds the two Nexuses, spawns its threads with
-//! [`Endpoints`] to make their transports, and times the interval with
-//! [`Phase`]: every thread connects and warms up, the main thread starts
-//! and stops the count for all of them at once.
+//! A round: the caller builds the two Nexuses and hands [`run_round`] one
+//! input per thread; each thread makes its transports with [`Endpoints`],
+//! connects and warms up, and [`Phase`] has the calling thread start and
+//! stop the count for all of them at once.
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -187,6 +187,7 @@ pub struct Phase {
     created: AtomicUsize,
     ready: AtomicUsize,
     failed: AtomicBool,
+    finished: AtomicUsize,
     start: AtomicBool,
     stop: AtomicBool,
 }
@@ -218,6 +219,17 @@ impl Phase {
     /// A thread gave up before it was ready (its error comes back with it).
     pub fn fail(&self) {
         self.failed.store(true, Ordering::Release);
+    }
+
+    /// A thread is done with the work after the count (a read-back, a
+    /// drain), or gave up: the others may stop serving once all are.
+    pub fn finish(&self) {
+        self.finished.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Every one of the round's `n` threads has called [`Phase::finish`].
+    pub fn all_finished(&self, n: usize) -> bool {
+        self.finished.load(Ordering::Acquire) == n
     }
 
     /// Counting has started.
@@ -253,6 +265,67 @@ impl Phase {
         self.stop.store(true, Ordering::Release);
         Ok(t0.elapsed().as_secs_f64())
     }
+}
+
+/// One round: a thread per item of `inputs`, thread i running
+/// `body(i, inputs[i], phase)`, while the calling thread times the phase
+/// ([`Phase::time`]: `warmup`, then `secs` counted). A thread that fails or
+/// panics counts as finished and fails the phase, so the others neither
+/// wait for it to be ready nor for its work after the count. Returns the
+/// threads' results in order and the seconds counted, or a thread's error
+/// (the last one joined), before the timing's own.
+pub fn run_round<S, T, F>(
+    inputs: Vec<S>,
+    warmup: Duration,
+    secs: Duration,
+    body: F,
+) -> Res<(Vec<T>, f64)>
+where
+    S: Send,
+    T: Send,
+    F: Fn(usize, S, &Phase) -> Res<T> + Sync,
+{
+    let n = inputs.len();
+    let phase = Phase::default();
+    let (phase, body) = (&phase, &body);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = inputs
+            .into_iter()
+            .enumerate()
+            .map(|(i, input)| {
+                scope.spawn(move || {
+                    // A panic releases the others too (they would wait
+                    // for it to finish), then goes on as the panic it is.
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        body(i, input, phase)
+                    }));
+                    if !matches!(r, Ok(Ok(_))) {
+                        phase.finish();
+                        phase.fail();
+                    }
+                    r.unwrap_or_else(|p| std::panic::resume_unwind(p))
+                })
+            })
+            .collect();
+        let timed = phase.time(n, warmup, secs);
+        let mut outs = Vec::with_capacity(n);
+        let mut err = None;
+        let mut panicked = false;
+        for h in handles {
+            match h.join() {
+                Ok(Ok(t)) => outs.push(t),
+                Ok(Err(e)) => err = Some(e),
+                Err(_) => panicked = true,
+            }
+        }
+        if panicked {
+            return Err("a thread panicked".into());
+        }
+        if let Some(e) = err {
+            return Err(e);
+        }
+        Ok((outs, timed?))
+    })
 }
 
 /// Two URIs on 127.0.0.1 for a round's Nexuses (server, client).

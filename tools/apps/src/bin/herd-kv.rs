@@ -134,7 +134,6 @@ fn thread_main<E: Endpoints>(
     (mut sstate, mut cstate): (KvServer, KvClient),
     rate: f64,
     phase: &Phase,
-    finished: &std::sync::atomic::AtomicUsize,
 ) -> Res<ThreadOut> {
     let (st, sa) = e.make(0, i, round)?;
     let (ct, ca) = e.make(1, i, round)?;
@@ -197,9 +196,9 @@ fn thread_main<E: Endpoints>(
         server.run_event_loop_once(&mut sstate);
         if !done && (!cstate.reading_back() || t.elapsed() > Duration::from_secs(120)) {
             done = true;
-            finished.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            phase.finish();
         }
-        if done && finished.load(std::sync::atomic::Ordering::Acquire) == n {
+        if done && phase.all_finished(n) {
             break;
         }
     }
@@ -233,67 +232,37 @@ fn point<E: Endpoints>(
             .build()?,
         Nexus::builder(&uris[1]).workers(0).build()?,
     ];
-    let phase = Phase::new();
-    let finished = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let n = states.len();
     let window = cli.window as usize;
-    let handles: Vec<_> = states
-        .drain(..)
-        .enumerate()
-        .map(|(i, st)| {
-            let (e, nexus, uri, phase, finished) = (
-                e.clone(),
-                nexus.clone(),
-                uris[0].clone(),
-                phase.clone(),
-                finished.clone(),
-            );
-            std::thread::spawn(move || {
-                let r = thread_main(
-                    e,
-                    (i, n, round, window),
-                    nexus,
-                    uri,
-                    st,
-                    rate_per_thread,
-                    &phase,
-                    &finished,
-                );
-                if r.is_err() {
-                    // It set up nothing: the others neither wait for its
-                    // read-back nor for it to be ready.
-                    finished.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-                    phase.fail();
-                }
-                r
-            })
-        })
-        .collect();
-    let timed = phase.time(
-        n,
+    let inputs: Vec<_> = states.drain(..).map(|st| (e.clone(), st)).collect();
+    let (outs, secs) = threads::run_round(
+        inputs,
         Duration::from_secs_f64(cli.warmup),
         Duration::from_secs_f64(cli.secs),
-    );
+        |i, (e, st), phase| {
+            let ctx = (i, n, round, window);
+            thread_main(
+                e,
+                ctx,
+                nexus.clone(),
+                uris[0].clone(),
+                st,
+                rate_per_thread,
+                phase,
+            )
+        },
+    )?;
     let mut out = Outcome::default();
-    let mut first_err = None;
-    for hd in handles {
-        match hd.join().map_err(|_| "a thread panicked")? {
-            Ok(t) => {
-                out.add(&Outcome {
-                    answered: t.answered,
-                    secs: 0.0,
-                    latency: Some(t.latency),
-                    server: t.server_delta,
-                });
-                states.push((t.server, t.client));
-            }
-            Err(e) => first_err = Some(e),
-        }
+    for t in outs {
+        out.add(&Outcome {
+            answered: t.answered,
+            secs: 0.0,
+            latency: Some(t.latency),
+            server: t.server_delta,
+        });
+        states.push((t.server, t.client));
     }
-    if let Some(e) = first_err {
-        return Err(e);
-    }
-    out.secs = timed?;
+    out.secs = secs;
     Ok(out)
 }
 

@@ -72,7 +72,6 @@ fn thread_main<E: Endpoints>(
     server_uri: String,
     (counter, sessions, window): (sequencer::Counter, usize, usize),
     phase: &Phase,
-    finished: &std::sync::atomic::AtomicUsize,
 ) -> Res<ThreadOut> {
     let (st, sa) = e.make(0, i, round)?;
     let (ct, ca) = e.make(1, i, round)?;
@@ -120,9 +119,9 @@ fn thread_main<E: Endpoints>(
         server.run_event_loop_once(&mut sstate);
         if !done && (cstate.in_flight() == 0 || t.elapsed() > Duration::from_secs(60)) {
             done = true;
-            finished.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            phase.finish();
         }
-        if done && finished.load(std::sync::atomic::Ordering::Acquire) == n {
+        if done && phase.all_finished(n) {
             break;
         }
     }
@@ -154,56 +153,24 @@ fn point<E: Endpoints>(e: &E, h: Handlers, round: usize, cli: &Cli) -> Res<Outco
         Nexus::builder(&uris[1]).workers(0).build()?,
     ];
     let counter = sequencer::counter();
-    let phase = Phase::new();
-    let finished = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let handles: Vec<_> = (0..n)
-        .map(|i| {
-            let (e, nexus, uri, phase, finished, counter) = (
-                e.clone(),
-                nexus.clone(),
-                uris[0].clone(),
-                phase.clone(),
-                finished.clone(),
-                counter.clone(),
-            );
-            let (sessions, window) = (cli.sessions as usize, cli.window as usize);
-            std::thread::spawn(move || {
-                let r = thread_main(
-                    e,
-                    (i, n, round),
-                    nexus,
-                    uri,
-                    (counter, sessions, window),
-                    &phase,
-                    &finished,
-                );
-                if r.is_err() {
-                    // It set up nothing: the others neither wait for its
-                    // read-back nor for it to be ready.
-                    finished.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-                    phase.fail();
-                }
-                r
-            })
-        })
-        .collect();
-    let timed = phase.time(
-        n,
+    let (sessions, window) = (cli.sessions as usize, cli.window as usize);
+    let inputs: Vec<_> = (0..n).map(|_| (e.clone(), counter.clone())).collect();
+    let (outs, secs) = threads::run_round(
+        inputs,
         Duration::from_secs_f64(cli.warmup),
         Duration::from_secs_f64(cli.secs),
-    );
-    let mut outs = Vec::new();
-    let mut first_err = None;
-    for hd in handles {
-        match hd.join().map_err(|_| "a thread panicked")? {
-            Ok(t) => outs.push(t),
-            Err(e) => first_err = Some(e),
-        }
-    }
-    if let Some(e) = first_err {
-        return Err(e);
-    }
-    let secs = timed?;
+        |i, (e, counter), phase| {
+            let work = (counter, sessions, window);
+            thread_main(
+                e,
+                (i, n, round),
+                nexus.clone(),
+                uris[0].clone(),
+                work,
+                phase,
+            )
+        },
+    )?;
     let taken = counter.load(std::sync::atomic::Ordering::Acquire);
     let lost: u64 = outs
         .iter()

@@ -1,4 +1,4 @@
-//! `erpc-bench --experiment incast`: N-to-1 incast on eRPC's simulated
+//! `erpc-bench incast`: N-to-1 incast on eRPC's simulated
 //! network (virtual time), with congestion control on and off.
 //!
 //! N senders each stream large requests (1 MB by default, two in flight)
@@ -14,7 +14,7 @@
 //!   frame carries a 58-byte header and 24 bytes of Ethernet overhead on
 //!   the wire, see [`max_goodput_fraction`]);
 //! * the small RPCs' RTT p50/p99 against the RTT of the same RPCs with no
-//!   incast, measured in the same run (`--experiment incast` runs that
+//!   incast, measured in the same run (`erpc-bench incast` runs that
 //!   reference first);
 //! * the switch queue towards the receiver: its high-water mark, its mean
 //!   as seen by arriving frames, and drops;
@@ -37,6 +37,13 @@ use mempool::{Fallback, PageSize, RegionOptions};
 use serde::Serialize;
 
 use crate::bench::BenchError;
+
+mod experiment;
+
+pub use experiment::{
+    IncastArgs, IncastExperiment, IncastReport, SwiftSettings, header_line, incast_experiment,
+    row_line,
+};
 
 /// Request type of the large requests (answered with 16 bytes).
 const BULK: u8 = 1;
@@ -85,7 +92,7 @@ pub struct IncastConfig {
 }
 
 impl IncastConfig {
-    /// The defaults of `erpc-bench --experiment incast` for `senders`
+    /// The defaults of `erpc-bench incast` for `senders`
     /// senders: 1 MB requests, two in flight per sender, about 400 MB in
     /// total (at least 4 per sender), 25 Gbit/s links, 1 µs propagation
     /// delay, a small RPC every 10 µs, 20 ms of warm-up (Timely's
@@ -652,183 +659,6 @@ pub fn run_incast(c: &IncastConfig) -> Result<IncastResult, BenchError> {
         wheel_stale: senders.iter().map(|n| n.rpc.stats().wheel_stale).sum(),
         rate_min_gbps: rates.iter().copied().fold(f64::INFINITY, f64::min),
         rate_max_gbps: rates.iter().copied().fold(0.0, f64::max),
-    })
-}
-
-/// Settings of `erpc-bench --experiment incast`.
-#[derive(Debug, Clone, Serialize)]
-pub struct IncastExperiment {
-    /// Sender counts, one row pair (CC on, CC off) each.
-    pub senders: Vec<usize>,
-    /// Switch buffer per output port, bytes.
-    pub buffer_bytes: u64,
-    /// Link rate, Gbit/s.
-    pub link_gbps: f64,
-    /// One-way propagation delay of every link, ns.
-    pub delay_ns: u64,
-    /// Timely's constants of the CC-on rows.
-    #[serde(skip)]
-    pub cc: CcConfig,
-    /// Timely's T_low and T_high of the CC-on rows, µs.
-    pub t_low_us: f64,
-    /// See `t_low_us`.
-    pub t_high_us: f64,
-    /// Timely's minimum RTT of the CC-on rows (the gradient's unit), µs.
-    pub min_rtt_us: f64,
-    /// The wheel bypass of the CC-on rows (off: every client packet is
-    /// paced, also at link rate).
-    pub wheel_bypass: bool,
-    /// The CC-on rows' pace window (`CcConfig::pace_window`, 0: none).
-    pub pace_window: u16,
-    /// The CC-on rows' wheel slot width, ns.
-    pub wheel_slot_ns: u64,
-    /// The CC-on rows' rate controller (`Timely` or `Swift`).
-    pub controller: String,
-    /// The delay-target controller's constants, when it is the one.
-    pub swift: Option<SwiftSettings>,
-}
-
-/// The delay-target controller's constants (`erpc::SwiftParams`), for
-/// the report.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct SwiftSettings {
-    /// Queueing allowed above the base RTT, µs (at least).
-    pub headroom_us: f64,
-    /// ... and at least this many bytes at the link rate.
-    pub headroom_bytes: f64,
-    /// Most flow scaling added to the target, µs.
-    pub fs_range_us: f64,
-    /// Cap of the base RTT, µs.
-    pub max_base_rtt_us: f64,
-    /// Additive increase per RTT, MB/s.
-    pub ai_mbps: f64,
-    /// ... at most this fraction of the rate.
-    pub ai_frac: f64,
-    /// Decrease factor of the excess over the target.
-    pub beta: f64,
-    /// Largest decrease in one step.
-    pub max_mdf: f64,
-    /// Gain of the queue-gradient term (0: off).
-    pub grad_gain: f64,
-    /// The target's decrease is held while the RTT falls.
-    pub hold_while_falling: bool,
-}
-
-impl From<erpc::SwiftParams> for SwiftSettings {
-    fn from(p: erpc::SwiftParams) -> SwiftSettings {
-        SwiftSettings {
-            headroom_us: p.headroom_us,
-            headroom_bytes: p.headroom_bytes,
-            fs_range_us: p.fs_range_us,
-            max_base_rtt_us: p.max_base_rtt_us,
-            ai_mbps: p.ai_rate / 1e6,
-            ai_frac: p.ai_frac,
-            beta: p.beta,
-            max_mdf: p.max_mdf,
-            grad_gain: p.grad_gain,
-            hold_while_falling: p.hold_while_falling,
-        }
-    }
-}
-
-/// What `erpc-bench --experiment incast` measured.
-#[derive(Debug, Clone, Serialize)]
-pub struct IncastReport {
-    /// The settings.
-    pub settings: IncastExperiment,
-    /// Best possible goodput fraction (header and wire overhead).
-    pub max_goodput_fraction: f64,
-    /// The small RPCs alone (no bulk senders).
-    pub uncongested: IncastResult,
-    /// One row per sender count and CC setting.
-    pub rows: Vec<IncastResult>,
-}
-
-/// The table header of [`row_line`].
-pub fn header_line() -> String {
-    format!(
-        "{:>4} {:>4} {:>7} {:>7} {:>8} {:>8} {:>8} {:>8} {:>9} {:>10} {:>11} {:>7} {:>7} {:>6} {:>11}",
-        "N",
-        "CC",
-        "all/lnk",
-        "ss/lnk",
-        "p50 µs",
-        "p99 µs",
-        "p99/unc",
-        "allp99",
-        "maxq KiB",
-        "ssmaxqKiB",
-        "ssmeanqKiB",
-        "drops",
-        "ssdrops",
-        "rtx",
-        "rate Gb/s"
-    )
-}
-
-/// One row of the table.
-pub fn row_line(r: &IncastResult, uncongested_p99_us: f64) -> String {
-    let kb = |b: f64| b / 1024.0;
-    format!(
-        "{:>4} {:>4} {:>7.3} {:>7} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>9.0} {:>10.0} {:>11.0} {:>7} {:>7} {:>6} {:>11}",
-        r.senders,
-        if r.cc { "on" } else { "off" },
-        r.goodput_fraction,
-        r.steady_fraction.map_or("-".into(), |f| format!("{f:.3}")),
-        r.small_p50_us,
-        r.small_p99_us,
-        r.small_p99_us / uncongested_p99_us.max(1e-9),
-        r.small_all_p99_us,
-        kb(r.queue_max_bytes as f64),
-        kb(r.queue_max_steady_bytes as f64),
-        kb(r.queue_mean_bytes),
-        r.drops,
-        r.drops_steady,
-        r.retransmissions,
-        if r.cc {
-            format!("{:.2}-{:.2}", r.rate_min_gbps, r.rate_max_gbps)
-        } else {
-            "-".into()
-        }
-    )
-}
-
-/// Runs the reference and every row; `line` gets each line of the table
-/// as it is measured.
-pub fn incast_experiment(
-    e: &IncastExperiment,
-    mut line: impl FnMut(String) -> Result<(), BenchError>,
-) -> Result<IncastReport, BenchError> {
-    let uncongested = run_incast(
-        &IncastConfig::new(0, e.cc, e.buffer_bytes)
-            .with_link(e.link_gbps)
-            .with_delay(e.delay_ns),
-    )?;
-    line(format!(
-        "uncongested small RPCs ({} B, alone): p50 {:.2} µs, p99 {:.2} µs over {} RPCs",
-        IncastConfig::new(0, e.cc, 0).small_bytes,
-        uncongested.small_p50_us,
-        uncongested.small_p99_us,
-        uncongested.small_rpcs
-    ))?;
-    line(header_line())?;
-    let mut rows = Vec::new();
-    for &n in &e.senders {
-        for cc in [e.cc, CcConfig::disabled()] {
-            let r = run_incast(
-                &IncastConfig::new(n, cc, e.buffer_bytes)
-                    .with_link(e.link_gbps)
-                    .with_delay(e.delay_ns),
-            )?;
-            line(row_line(&r, uncongested.small_p99_us))?;
-            rows.push(r);
-        }
-    }
-    Ok(IncastReport {
-        settings: e.clone(),
-        max_goodput_fraction: max_goodput_fraction(),
-        uncongested,
-        rows,
     })
 }
 
