@@ -752,7 +752,7 @@ impl<T: Transport, C> Rpc<T, C> {
     /// The copy the event loop publishes: counters and sessions as they
     /// are, no formatting.
     pub(crate) fn inspect_raw(&self) -> RpcRaw {
-        let (unreserved, entries) = self.rx_ring_unreserved();
+        let (unreserved, entries) = self.ring_reservation();
         let alloc = self.alloc_stats();
         RpcRaw {
             rpc_id: self.rpc_id(),

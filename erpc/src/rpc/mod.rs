@@ -6,7 +6,7 @@
 //! (requests for response), `tx` (the single TX path), `rx` (packet
 //! dispatch and validation), `ev_loop`, `loss` (retransmission timeout and
 //! go-back-N), `reset` (failed peers, session reset and teardown with
-//! requests outstanding), fault injection (at the end of this file), `sm_handlers`
+//! requests outstanding), `testing` (test hooks: fault injection and probes), `sm_handlers`
 //! (session management), `bg` (worker-thread handlers), `burst` (burst
 //! handlers), `status` (the server's error answers).
 
@@ -25,6 +25,8 @@ mod ev_loop;
 mod resp;
 
 mod reset;
+
+mod testing;
 
 mod config;
 mod errors;
@@ -585,19 +587,6 @@ impl<T: Transport, C> Rpc<T, C> {
         self.session(sn).map(|s| s.busy_slots() + s.backlog.len())
     }
 
-    /// What the Rpc keeps for its active client sessions (see
-    /// [`ActivePools`]): follows the sessions with requests, not the
-    /// sessions open.
-    pub fn active_pools(&self) -> ActivePools {
-        let (spare_ts_arrays, wheel_sessions) = self.active.pooled();
-        ActivePools {
-            active_sessions: self.active.len(),
-            spare_ts_arrays,
-            wheel_sessions,
-            wheel_pool_buckets: self.wheel.as_ref().map_or(0, |w| w.pool_buckets()),
-        }
-    }
-
     /// The timing wheel's counters (`None` with congestion control off).
     pub fn wheel_stats(&self) -> Option<crate::cc::WheelStats> {
         self.wheel.as_ref().map(|w| w.stats())
@@ -606,39 +595,6 @@ impl<T: Transport, C> Rpc<T, C> {
     /// Go-back-N rollbacks on a session so far.
     pub fn session_retransmits(&self, sn: SessionNum) -> Option<u64> {
         self.session(sn).map(|s| s.retransmits)
-    }
-
-    /// Checks the credit invariant of every connected client session:
-    /// credits plus unacknowledged packets of its slots equal the
-    /// session's credits. For tests (deterministic simulation); returns a
-    /// description of the first violation.
-    pub fn check_credit_invariant(&self) -> Result<(), String> {
-        for s in self.sessions.iter().flatten() {
-            if s.role != session::Role::Client {
-                continue;
-            }
-            let max = s.credits_max;
-            let out: u32 = s
-                .slots
-                .iter()
-                .zip(s.half.client().iter())
-                .filter(|(sl, _)| sl.tx_msgbuf.is_some())
-                .map(|(_, c)| c.num_tx - c.num_rx)
-                .sum();
-            if s.credits + out != max {
-                return Err(format!(
-                    "session {}: {} credits + {} unacknowledged != {}",
-                    s.local_num, s.credits, out, max
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// RX ring entries not reserved by sessions, and the ring's size (each
-    /// open session reserves its credits' worth).
-    pub fn rx_ring_unreserved(&self) -> (usize, usize) {
-        (self.ring_entries_available, self.ring_entries)
     }
 
     /// Session numbers of every session (client and server, any state).
@@ -686,20 +642,9 @@ impl<T: Transport, C> Rpc<T, C> {
         self.alloc.free(m.into_buffer());
     }
 
-    /// The fuzz harness's view of live state: each session's number, its
-    /// SM token, and its slots' current request numbers.
-    #[cfg(feature = "sim")]
-    pub(crate) fn live_sessions(
-        &self,
-    ) -> impl Iterator<Item = (SessionNum, u64, [u64; crate::consts::SESSION_REQ_WINDOW])> + '_
-    {
-        self.sessions.iter().flatten().map(|s| {
-            (
-                s.local_num,
-                s.uniq_token,
-                std::array::from_fn(|i| s.slots[i].cur_req_num),
-            )
-        })
+    /// RX ring entries not reserved by sessions, and the ring's size.
+    pub(crate) fn ring_reservation(&self) -> (usize, usize) {
+        (self.ring_entries_available, self.ring_entries)
     }
 
     #[inline]
@@ -815,60 +760,5 @@ impl<T: Transport, C> Drop for Rpc<T, C> {
         if let Some(ctrl) = self.ctrl.take() {
             self.alloc.free(ctrl);
         }
-    }
-}
-
-// Fault injection for tests and benchmarks, compiled in always (as in the
-// C++ `rpc_fault_inject.cc`, but never behind a build flag that CI does not
-// build). When unused it costs one predictable branch per packet sent
-// (`Session::fault_drop_tx`). Here, after every other method, because
-// rustdoc lists a type's methods in source order (a child module's before
-// this file's): the test hooks come last on the Rpc page.
-/// Fault injection (test hooks): packets dropped on purpose, peers
-/// declared failed, sessions reset, request numbers chosen.
-impl<T: Transport, C> Rpc<T, C> {
-    /// Drops the next `n` packets this Rpc sends on session `sn` (data,
-    /// credit returns, requests for response) as if the network lost
-    /// them: the transport counts them in `tx_dropped_on_purpose` and does
-    /// not send them. Loss recovery has to repair the damage.
-    pub fn fault_drop_tx(&mut self, sn: SessionNum, n: u32) -> Result<(), SessionError> {
-        match self.session(sn) {
-            Some(s) if s.state != SessionState::Resetting => {
-                s.fault_drop_tx.set(n);
-                Ok(())
-            }
-            _ => Err(SessionError::NoSession(sn)),
-        }
-    }
-
-    /// Declares the remote Nexus at `uri` (`host:port`) failed in this
-    /// process, as if it had stopped answering keep-alive pings: every Rpc
-    /// of this Nexus resets its sessions to it (here at the next event-loop
-    /// iteration).
-    pub fn fault_fail_remote(&mut self, uri: &str) -> Result<(), SessionError> {
-        let uri = crate::nexus::Uri::parse(uri)?;
-        self.nexus.fault_fail_remote(&uri);
-        Ok(())
-    }
-
-    /// Test hook: sessions this Rpc creates or accepts from now on number
-    /// their requests from `base` (rounded down to a multiple of the 8
-    /// slots, within 44 bits): slot `i` starts at `base + i`, whatever the
-    /// handshake said. With `base` near 2^44 a test reaches the request-
-    /// number wrap in a few requests. Both ends of a session must use the
-    /// same base: an erpc-rs server adopts the base an erpc-rs client
-    /// proposes, so setting it at the client is enough between erpc-rs
-    /// peers; a peer presenting itself as C++ (no SM extensions) numbers
-    /// from 0 unless it is set there too. `None` goes back to the
-    /// handshake's base.
-    pub fn fault_set_req_base(&mut self, base: Option<u64>) {
-        self.req_base_override = base.map(|b| {
-            b & crate::pkthdr::MAX_REQ_NUM & !(crate::consts::SESSION_REQ_WINDOW as u64 - 1)
-        });
-    }
-
-    /// Resets session `sn` as [`Rpc::reset_session`] does.
-    pub fn fault_reset_session(&mut self, sn: SessionNum) -> Result<(), SessionError> {
-        self.reset_session(sn)
     }
 }
