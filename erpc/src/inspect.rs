@@ -743,12 +743,6 @@ impl NexusInspect {
 
 /// Inspection: what `erpc-inspect` shows of the Rpc.
 impl<T: Transport, C> Rpc<T, C> {
-    /// What the debug endpoint shows of this Rpc (also usable directly,
-    /// e.g. by tests and tools in the same process).
-    pub fn inspect_view(&self) -> RpcView {
-        self.inspect_raw().view()
-    }
-
     /// The copy the event loop publishes: counters and sessions as they
     /// are, no formatting.
     pub(crate) fn inspect_raw(&self) -> RpcRaw {

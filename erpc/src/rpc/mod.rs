@@ -10,21 +10,11 @@
 //! (session management), `bg` (worker-thread handlers), `burst` (burst
 //! handlers), `status` (the server's error answers).
 
-// Rustdoc lists an Rpc's methods module by module, child modules first in
-// the order they are declared, then this file's: the application's API
-// (sessions, requests, the event loop, responses) comes first, then
-// `Rpc::new` and the Rpc's state (this file), then the test hooks (at the
-// end of this file) and `inspect_view` (crate::inspect).
+// Rustdoc lists an Rpc's methods impl block by impl block, child modules
+// first in the order they are declared: the public API (`api`), then the
+// test hooks (`testing`). Every other impl block of `Rpc` is crate-private.
 // (One group each: rustfmt would sort a group.)
-mod sm_handlers;
-
-mod req;
-
-mod ev_loop;
-
-mod resp;
-
-mod reset;
+mod api;
 
 mod testing;
 
@@ -38,10 +28,15 @@ mod bg;
 mod burst;
 mod cc;
 mod cr;
+mod ev_loop;
 mod loss;
+mod req;
+mod reset;
 mod resolve;
+mod resp;
 mod rfr;
 mod rx;
+mod sm_handlers;
 mod status;
 mod tokens;
 mod tx;
@@ -52,11 +47,11 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use mempool::{Allocator, Buffer};
-use transport::{MAX_DATA_PER_PKT, RxRing, Transport};
+use transport::{RxRing, Transport};
 
 use crate::clock::Clock;
 use crate::consts::{CONNECT_BURST_PER_SOURCE, CTRL_BUFS};
-use crate::msgbuf::{MsgBuf, MsgBufError, Origin};
+use crate::msgbuf::{MsgBuf, Origin};
 use crate::nexus::{BgLinks, HandlerEntry, Job, Nexus, SmQueue};
 use crate::session::{self, Session, SessionState};
 use crate::stats::RpcStats;
@@ -104,13 +99,14 @@ struct BgState {
 /// An eRPC endpoint: one per thread, made with [`Rpc::new`]. See the crate
 /// documentation.
 ///
-/// Its methods, in the order below: sessions ([`Rpc::create_session`]),
-/// requests ([`Rpc::enqueue_request`], completed in continuations), the
-/// event loop ([`Rpc::run_event_loop_once`]), responses
-/// ([`Rpc::respond`], [`Rpc::enqueue_response`]) and session resets; then
-/// creation, settings, counters and session state, and message buffers
-/// ([`Rpc::alloc_msg_buffer`]); last the test hooks (`fault_*`) and the
-/// debug endpoint's view.
+/// Its methods, in the order below (the order an application uses them):
+/// creation; message buffers ([`Rpc::alloc_msg_buffer`]); sessions
+/// ([`Rpc::create_session`], [`Rpc::destroy_session`],
+/// [`Rpc::session_info`]); requests ([`Rpc::enqueue_request`], completed
+/// in continuations) and responses ([`Rpc::respond`],
+/// [`Rpc::enqueue_response`]); the event loop
+/// ([`Rpc::run_event_loop_once`]); then settings, counters and probes;
+/// last the test hooks (`fault_*`).
 pub struct Rpc<T: Transport, C> {
     transport: T,
     /// The RX ring reader; taken out while the RX loop runs.
@@ -438,195 +434,11 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
     }
 }
 
-/// The Rpc's identity, settings, counters and sessions, and its message
-/// buffers.
+/// Message buffers back to where they came from, and session lookup.
 impl<T: Transport, C> Rpc<T, C> {
-    /// This Rpc's id in its Nexus.
-    pub fn rpc_id(&self) -> u8 {
-        self.rpc_id
-    }
-
-    /// The Nexus.
-    pub fn nexus(&self) -> &Arc<Nexus> {
-        &self.nexus
-    }
-
-    /// The settings this Rpc runs with: those it was created with, except
-    /// that congestion control is off on a transport whose round trips
-    /// are a host software stack's unless `cc.on_software_stack` asked for
-    /// it (see [`crate::cc::CcConfig::on_software_stack`]).
-    pub fn config(&self) -> &RpcConfig {
-        &self.config
-    }
-
-    /// Counters.
-    pub fn stats(&self) -> &RpcStats {
-        &self.stats
-    }
-
-    /// The transport (for its counters).
-    pub fn transport(&self) -> &T {
-        &self.transport
-    }
-
-    /// The hugepage allocator's counters.
-    pub fn alloc_stats(&self) -> mempool::AllocStats {
-        self.alloc.stats()
-    }
-
-    /// Current time on this Rpc's clock.
-    pub fn now_ns(&self) -> u64 {
-        self.clock.now_ns()
-    }
-
-    /// Sessions open (client and server).
-    pub fn num_sessions(&self) -> usize {
-        self.open_sessions
-    }
-
-    /// Largest data per packet.
-    pub fn max_data_per_pkt(&self) -> usize {
-        MAX_DATA_PER_PKT
-    }
-
-    /// State of a session, if it exists.
-    pub fn session_state(&self, sn: SessionNum) -> Option<crate::SessionState> {
-        self.session(sn).map(|s| {
-            if s.closing {
-                SessionState::DisconnectInProgress
-            } else {
-                s.state
-            }
-        })
-    }
-
-    /// A snapshot of session `sn`.
-    pub fn session_info(&self, sn: SessionNum) -> Option<SessionInfo> {
-        let s = self.session(sn)?;
-        let is_client = s.role == session::Role::Client;
-        let now = self.clock.now_ns();
-        Some(SessionInfo {
-            session: sn,
-            is_client,
-            state: s.state,
-            remote_uri: s.remote_uri.to_string(),
-            remote_rpc_id: s.remote_rpc_id(),
-            remote_session: s.remote_num,
-            remote_incarnation: s.remote_incarnation,
-            credits: s.credits,
-            busy_slots: if is_client {
-                s.busy_slots()
-            } else {
-                s.busy_handlers()
-            },
-            backlog: s.backlog.len(),
-            req_nums: std::array::from_fn(|i| s.slots[i].cur_req_num),
-            retransmits: s.retransmits,
-            timely_gbps: s.cc.as_ref().map(|c| c.ctl().rate() * 8.0 / 1e9),
-            rtt_us: s
-                .cc
-                .as_ref()
-                .and_then(|c| c.last_rtt_ns)
-                .map(|ns| ns as f64 / 1e3),
-            slots: std::array::from_fn(|i| {
-                let req_num = s.slots[i].cur_req_num;
-                if is_client {
-                    let c = &s.half.client()[i];
-                    let busy = s.slots[i].tx_msgbuf.is_some();
-                    SlotInfo {
-                        req_num,
-                        state: match (busy, c.num_tx > c.num_rx) {
-                            (false, _) => "idle",
-                            (true, true) => "in_flight",
-                            (true, false) => "waiting",
-                        },
-                        tx_pkts: busy.then_some(c.num_tx),
-                        rx_pkts: busy.then_some(c.num_rx),
-                        waited_ns: busy.then(|| now.saturating_sub(c.progress_ns)),
-                    }
-                } else {
-                    let sv = &s.half.server()[i];
-                    SlotInfo {
-                        req_num,
-                        state: sv.state.name(),
-                        tx_pkts: None,
-                        rx_pkts: (sv.state != session::SrvState::Idle).then_some(sv.num_rx),
-                        waited_ns: sv.busy().then(|| now.saturating_sub(sv.progress_ns)),
-                    }
-                }
-            }),
-            quiet_ns: {
-                let newest = if is_client {
-                    s.half.client().iter().map(|c| c.progress_ns).max()
-                } else {
-                    s.half.server().iter().map(|sv| sv.progress_ns).max()
-                };
-                newest.filter(|&t| t != 0).map(|t| now.saturating_sub(t))
-            },
-        })
-    }
-
-    /// True for a client session, false for a server session, `None` if no
-    /// such session.
-    pub fn session_is_client(&self, sn: SessionNum) -> Option<bool> {
-        self.session(sn).map(|s| s.role == session::Role::Client)
-    }
-
-    /// True if the client session is connected.
-    pub fn is_connected(&self, sn: SessionNum) -> bool {
-        self.session_state(sn) == Some(crate::SessionState::Connected)
-    }
-
-    /// Credits the client session has right now.
-    pub fn session_credits(&self, sn: SessionNum) -> Option<usize> {
-        self.session(sn).map(|s| s.credits as usize)
-    }
-
-    /// Requests in flight (in slots) plus queued in the backlog.
-    pub fn outstanding_requests(&self, sn: SessionNum) -> Option<usize> {
-        self.session(sn).map(|s| s.busy_slots() + s.backlog.len())
-    }
-
-    /// The timing wheel's counters (`None` with congestion control off).
-    pub fn wheel_stats(&self) -> Option<crate::cc::WheelStats> {
-        self.wheel.as_ref().map(|w| w.stats())
-    }
-
-    /// Go-back-N rollbacks on a session so far.
-    pub fn session_retransmits(&self, sn: SessionNum) -> Option<u64> {
-        self.session(sn).map(|s| s.retransmits)
-    }
-
-    /// Session numbers of every session (client and server, any state).
-    pub fn session_nums(&self) -> Vec<SessionNum> {
-        self.sessions
-            .iter()
-            .flatten()
-            .map(|s| s.local_num)
-            .collect()
-    }
-
-    /// Allocates a msgbuf of capacity `max_data_bytes` (up to
-    /// [`crate::MAX_MSG_BYTES`]); its size starts at the capacity.
-    pub fn alloc_msg_buffer(&mut self, max_data_bytes: usize) -> Result<MsgBuf, MsgBufError> {
-        MsgBuf::alloc(&mut self.alloc, max_data_bytes, Origin::Dynamic)
-    }
-
-    /// Changes a msgbuf's data size (at most its capacity).
-    pub fn resize_msg_buffer(
-        &mut self,
-        m: &mut MsgBuf,
-        data_bytes: usize,
-    ) -> Result<(), MsgBufError> {
-        m.resize(data_bytes)
-    }
-
-    /// Frees a msgbuf. A server slot's preallocated response buffer goes
-    /// back to its slot.
-    pub fn free_msg_buffer(&mut self, m: MsgBuf) {
-        self.recycle(m);
-    }
-
+    /// Frees a msgbuf ([`Rpc::free_msg_buffer`]): a server slot's
+    /// preallocated response buffer goes back to its slot, any other to
+    /// the allocator.
     pub(crate) fn recycle(&mut self, m: MsgBuf) {
         if let Origin::PreallocResp { session, slot } = m.origin()
             && let Some(s) = self.sessions.session_mut(session)

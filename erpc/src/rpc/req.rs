@@ -40,15 +40,9 @@ fn grow_and_push<T: Transport, C>(
 }
 
 impl<T: Transport, C> Rpc<T, C> {
-    /// Sends `req` on client session `session` with request type
-    /// `req_type`; the response goes into `resp`. When the request
-    /// completes, `cont` runs in the event loop with both buffers and
-    /// `tag`. Requests beyond the session's 8 slots, or enqueued before the
-    /// session is connected, wait in the session's backlog.
-    ///
-    /// Packets leave at the next event-loop iteration (or earlier, when a
-    /// TX batch fills up).
-    pub fn enqueue_request(
+    /// Client: [`Rpc::enqueue_request`]. The request goes into a free
+    /// slot of a connected session at once, else into its backlog.
+    pub(crate) fn submit_request(
         &mut self,
         session: SessionNum,
         req_type: u8,
@@ -806,21 +800,5 @@ impl<T: Transport, C> Rpc<T, C> {
                 tracing::warn!(error = %e, "no memory to keep a deferred request");
             }
         }
-    }
-
-    /// The request data of a request whose handler returned without
-    /// responding; valid until [`Rpc::enqueue_response`].
-    pub fn request_data(&self, h: &ReqHandle) -> Option<&[u8]> {
-        let s = self.session(h.session)?;
-        let i = usize::from(h.slot);
-        if s.slots[i].cur_req_num != h.req_num {
-            return None;
-        }
-        s.half
-            .as_server()
-            .and_then(|a| a.get(i))?
-            .req_msgbuf
-            .as_ref()
-            .map(|m| m.data())
     }
 }

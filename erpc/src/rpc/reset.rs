@@ -92,15 +92,8 @@ pub(crate) enum Owed<T: Transport, C> {
 }
 
 impl<T: Transport, C> Rpc<T, C> {
-    /// Resets session `sn` (client or server) at once, as if its peer had
-    /// failed, without telling the peer beyond a best-effort disconnect
-    /// request from a client session. Client: outstanding requests
-    /// complete with [`RpcError::SessionReset`] and the session-event
-    /// callback reports [`SessionEventKind::Reset`]. Server: the session is
-    /// freed once its running handlers respond.
-    ///
-    /// The continuations and the event run in the next event-loop iteration.
-    pub fn reset_session(&mut self, sn: SessionNum) -> Result<(), SessionError> {
+    /// [`Rpc::reset_session`]: the application resets a session.
+    pub(crate) fn reset_by_application(&mut self, sn: SessionNum) -> Result<(), SessionError> {
         let role = match self.session(sn) {
             Some(s) if s.state != SessionState::Resetting => s.role,
             _ => return Err(SessionError::NoSession(sn)),

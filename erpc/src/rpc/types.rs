@@ -5,7 +5,10 @@
 use std::fmt;
 
 use super::{Rpc, RpcError};
+use transport::Transport;
+
 use crate::msgbuf::MsgBuf;
+use crate::session::{Role, Session, SrvState};
 use crate::sm_types::SmErr;
 
 /// A dispatch-mode request handler. Runs in the event loop; `req.data`
@@ -229,4 +232,70 @@ pub struct ActivePools {
     pub wheel_sessions: usize,
     /// Buckets in the timing wheel's pool.
     pub wheel_pool_buckets: usize,
+}
+
+impl SessionInfo {
+    /// The snapshot of session `s` at time `now` (ns).
+    pub(super) fn of<T: Transport, C>(s: &Session<T, C>, now: u64) -> SessionInfo {
+        let is_client = s.role == Role::Client;
+        SessionInfo {
+            session: s.local_num,
+            is_client,
+            state: s.state,
+            remote_uri: s.remote_uri.to_string(),
+            remote_rpc_id: s.remote_rpc_id(),
+            remote_session: s.remote_num,
+            remote_incarnation: s.remote_incarnation,
+            credits: s.credits,
+            busy_slots: if is_client {
+                s.busy_slots()
+            } else {
+                s.busy_handlers()
+            },
+            backlog: s.backlog.len(),
+            req_nums: std::array::from_fn(|i| s.slots[i].cur_req_num),
+            retransmits: s.retransmits,
+            timely_gbps: s.cc.as_ref().map(|c| c.ctl().rate() * 8.0 / 1e9),
+            rtt_us: s
+                .cc
+                .as_ref()
+                .and_then(|c| c.last_rtt_ns)
+                .map(|ns| ns as f64 / 1e3),
+            slots: std::array::from_fn(|i| {
+                let req_num = s.slots[i].cur_req_num;
+                if is_client {
+                    let c = &s.half.client()[i];
+                    let busy = s.slots[i].tx_msgbuf.is_some();
+                    SlotInfo {
+                        req_num,
+                        state: match (busy, c.num_tx > c.num_rx) {
+                            (false, _) => "idle",
+                            (true, true) => "in_flight",
+                            (true, false) => "waiting",
+                        },
+                        tx_pkts: busy.then_some(c.num_tx),
+                        rx_pkts: busy.then_some(c.num_rx),
+                        waited_ns: busy.then(|| now.saturating_sub(c.progress_ns)),
+                    }
+                } else {
+                    let sv = &s.half.server()[i];
+                    SlotInfo {
+                        req_num,
+                        state: sv.state.name(),
+                        tx_pkts: None,
+                        rx_pkts: (sv.state != SrvState::Idle).then_some(sv.num_rx),
+                        waited_ns: sv.busy().then(|| now.saturating_sub(sv.progress_ns)),
+                    }
+                }
+            }),
+            quiet_ns: {
+                let newest = if is_client {
+                    s.half.client().iter().map(|c| c.progress_ns).max()
+                } else {
+                    s.half.server().iter().map(|sv| sv.progress_ns).max()
+                };
+                newest.filter(|&t| t != 0).map(|t| now.saturating_sub(t))
+            },
+        }
+    }
 }
