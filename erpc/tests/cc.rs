@@ -143,21 +143,16 @@ fn a_slow_link_rate_paces_the_session() {
         let nexus = common::app::register::<<W as World>::T>(w2.nexus("x:1"))
             .build()
             .unwrap();
-        let e = erpc::Rpc::<_, common::app::Ctx>::new(
-            &nexus,
-            0,
-            t,
-            w2.allocator(1 << 20),
-            RpcConfig {
+        let e = erpc::Rpc::<_, common::app::Ctx>::builder(&nexus, t, w2.allocator(1 << 20))
+            .config(RpcConfig {
                 cc: CcConfig {
                     link_gbps: 0.08,
                     ..CcConfig::default()
                 },
                 ..RpcConfig::default()
-            },
-            None,
-        )
-        .unwrap_err();
+            })
+            .build()
+            .unwrap_err();
         assert!(e.to_string().contains("minimum rate 15 MB/s"), "{e}");
     });
 }

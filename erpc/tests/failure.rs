@@ -50,15 +50,11 @@ fn restart(w: &mut W, ns: &mut Vec<N<W>>, i: usize, seed: u64) {
     let nexus = app::register::<<W as World>::T>(w.nexus(&uri(i)))
         .build()
         .unwrap();
-    let rpc = erpc::Rpc::new(
-        &nexus,
-        i as u8,
-        t,
-        w.allocator(8 << 20),
-        RpcConfig::default(),
-        Some(app::sm_handler),
-    )
-    .unwrap();
+    let rpc = erpc::Rpc::builder(&nexus, t, w.allocator(8 << 20))
+        .id(i as u8)
+        .session_handler(app::sm_handler)
+        .build()
+        .unwrap();
     ns.push(Node {
         rpc,
         ctx: Ctx::new(seed ^ 0xdead),

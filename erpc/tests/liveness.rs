@@ -447,15 +447,12 @@ fn a_long_idle_served_session_is_reclaimed_when_the_ring_is_full() {
                     let t = w
                         .net
                         .add_transport_with_ring(if i == 1 { 64 } else { 4096 });
-                    let rpc = erpc::Rpc::new(
-                        &nexus,
-                        i as u8,
-                        t,
-                        w.allocator(8 << 20),
-                        cfg,
-                        Some(app::sm_handler),
-                    )
-                    .unwrap();
+                    let rpc = erpc::Rpc::builder(&nexus, t, w.allocator(8 << 20))
+                        .id(i as u8)
+                        .config(cfg)
+                        .session_handler(app::sm_handler)
+                        .build()
+                        .unwrap();
                     common::Node {
                         rpc,
                         ctx: app::Ctx::new(seed + i as u64),

@@ -86,7 +86,7 @@ use std::process::{Command, Stdio};
 
 use common::app::{self, Ctx, ECHO, SIZED};
 use erpc::rng::Rng;
-use erpc::{Nexus, Rpc, RpcConfig};
+use erpc::{Nexus, Rpc};
 use mempool::Allocator;
 use transport::Transport;
 use transport::udp::{UdpConfig, UdpTransport};
@@ -325,15 +325,11 @@ fn kill_test_child(role: &str, me: Ipv4Addr, peer: Ipv4Addr) {
     let nexus = app::register::<UdpTransport>(Nexus::builder(&format!("{me}:31850")))
         .build()
         .expect("nexus");
-    let mut rpc: Rpc<UdpTransport, Ctx> = Rpc::new(
-        &nexus,
-        0,
-        t,
-        erpc::sim::test_allocator(8 << 20),
-        RpcConfig::default(),
-        Some(app::sm_handler::<UdpTransport>),
-    )
-    .expect("rpc");
+    let mut rpc: Rpc<UdpTransport, Ctx> =
+        Rpc::builder(&nexus, t, erpc::sim::test_allocator(8 << 20))
+            .session_handler(app::sm_handler::<UdpTransport>)
+            .build()
+            .expect("rpc");
     let mut ctx = Ctx::new(1);
     let clock = nexus.clock().clone();
     let deadline = clock.now_ns() + 60_000_000_000;
@@ -477,15 +473,10 @@ fn child<T: Transport + 'static>(role: &str, me: Ipv4Addr, peer: Ipv4Addr, t: T,
         .workers(1)
         .build()
         .expect("nexus");
-    let mut rpc: Rpc<T, Ctx> = Rpc::new(
-        &nexus,
-        0,
-        t,
-        alloc,
-        RpcConfig::default(),
-        Some(app::sm_handler::<T>),
-    )
-    .expect("rpc");
+    let mut rpc: Rpc<T, Ctx> = Rpc::builder(&nexus, t, alloc)
+        .session_handler(app::sm_handler::<T>)
+        .build()
+        .expect("rpc");
     let mut ctx = Ctx::new(role.parse().unwrap());
     let clock = nexus.clock().clone();
     let deadline = clock.now_ns() + 60_000_000_000;

@@ -583,15 +583,10 @@ fn routing_resolution_failures_and_server_out_of_memory() {
                     .build()
                     .unwrap();
                 let t = Bogus(net.add_transport(), bogus);
-                let rpc = erpc::Rpc::new(
-                    &nexus,
-                    0,
-                    t,
-                    alloc,
-                    RpcConfig::default(),
-                    Some(app::sm_handler::<Bogus>),
-                )
-                .unwrap();
+                let rpc = erpc::Rpc::builder(&nexus, t, alloc)
+                    .session_handler(app::sm_handler::<Bogus>)
+                    .build()
+                    .unwrap();
                 (rpc, Ctx::new(seed))
             };
             let limited = || {
@@ -766,30 +761,18 @@ fn api_errors_are_typed_and_return_buffers() {
             // Rpc id already taken in that Nexus.
             let nexus = ns[0].rpc.nexus().clone();
             let t = w.transport();
-            let e = erpc::Rpc::<_, Ctx>::new(
-                &nexus,
-                0,
-                t,
-                w.allocator(2 << 20),
-                RpcConfig::default(),
-                None,
-            )
-            .unwrap_err();
+            let e = erpc::Rpc::<_, Ctx>::builder(&nexus, t, w.allocator(2 << 20))
+                .build()
+                .unwrap_err();
             assert!(matches!(e, erpc::CreateError::RpcId(0)), "{e}");
             // A handler registered for another context type.
             let other = app::register::<<SimWorld as World>::T>(w.nexus("typed:1"))
                 .build()
                 .unwrap();
             let t = w.transport();
-            let e = erpc::Rpc::<_, u32>::new(
-                &other,
-                0,
-                t,
-                w.allocator(2 << 20),
-                RpcConfig::default(),
-                None,
-            )
-            .unwrap_err();
+            let e = erpc::Rpc::<_, u32>::builder(&other, t, w.allocator(2 << 20))
+                .build()
+                .unwrap_err();
             assert!(
                 matches!(e, erpc::CreateError::HandlerType { req_type: 1, .. }),
                 "{e}"

@@ -40,15 +40,10 @@ fn malformed_uris_fail_at_once() {
         .clock(net.erpc_clock())
         .build()
         .unwrap();
-    let mut rpc: Rpc<SimTransport, App> = Rpc::new(
-        &nexus,
-        0,
-        net.add_transport(),
-        test_allocator(2 << 20),
-        RpcConfig::default(),
-        None,
-    )
-    .unwrap();
+    let mut rpc: Rpc<SimTransport, App> =
+        Rpc::builder(&nexus, net.add_transport(), test_allocator(2 << 20))
+            .build()
+            .unwrap();
     for (uri, why) in [
         ("garbage", "port is missing"),
         ("garbage:", "port is not a number"),
@@ -94,14 +89,14 @@ fn unresolvable_host_is_named_as_such() {
         failure_timeout_ms: 600_000,
         ..RpcConfig::default()
     };
-    let mut rpc: Rpc<UdpTransport, App> = Rpc::new(
+    let mut rpc: Rpc<UdpTransport, App> = Rpc::builder(
         &nexus,
-        0,
         UdpTransport::new(&UdpConfig::loopback()).unwrap(),
         erpc::host_allocator(2 << 20, test_allocator_region()).unwrap(),
-        cfg,
-        Some(on_session::<UdpTransport>),
     )
+    .config(cfg)
+    .session_handler(on_session::<UdpTransport>)
+    .build()
     .unwrap();
     let mut app = App::default();
     for round in 0..2 {

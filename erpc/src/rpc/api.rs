@@ -9,16 +9,50 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use mempool::Allocator;
 use transport::{MAX_DATA_PER_PKT, Transport};
 
 use super::{
-    Continuation, EnqueueError, ReqHandle, RespondError, Rpc, RpcConfig, SessionError, SessionInfo,
-    SessionNum,
+    Continuation, CreateError, EnqueueError, ReqHandle, RespondError, Rpc, RpcBuilder, RpcConfig,
+    SessionError, SessionHandler, SessionInfo, SessionNum,
 };
 use crate::msgbuf::{MsgBuf, MsgBufError, Origin};
 use crate::nexus::Nexus;
 use crate::session::{Role, SessionState};
 use crate::stats::RpcStats;
+
+/// Making an Rpc.
+impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
+    /// Starts building an Rpc on `nexus` that owns `transport` and the
+    /// hugepage allocator `alloc` (registered with the transport's DMA
+    /// mapper). The builder's settings have defaults: Rpc id 0,
+    /// [`RpcConfig::default`], no session-event callback (see
+    /// [`RpcBuilder`]).
+    pub fn builder(nexus: &Arc<Nexus>, transport: T, alloc: Allocator) -> RpcBuilder<T, C> {
+        RpcBuilder::new(nexus, transport, alloc)
+    }
+
+    /// [`Rpc::builder`] with every setting given: kept for callers not
+    /// yet converted to the builder.
+    #[doc(hidden)]
+    pub fn new(
+        nexus: &Arc<Nexus>,
+        rpc_id: u8,
+        transport: T,
+        alloc: Allocator,
+        config: RpcConfig,
+        sm_handler: Option<SessionHandler<T, C>>,
+    ) -> Result<Rpc<T, C>, CreateError> {
+        let b = Rpc::builder(nexus, transport, alloc)
+            .id(rpc_id)
+            .config(config);
+        match sm_handler {
+            Some(h) => b.session_handler(h),
+            None => b,
+        }
+        .build()
+    }
+}
 
 /// Message buffers, sessions, requests, responses and the event loop.
 impl<T: Transport, C> Rpc<T, C> {

@@ -25,6 +25,7 @@ mod types;
 mod active;
 mod admission;
 mod bg;
+mod builder;
 mod burst;
 mod cc;
 mod cr;
@@ -47,15 +48,15 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use mempool::{Allocator, Buffer};
-use transport::{RxRing, Transport};
+use transport::Transport;
 
 use crate::clock::Clock;
-use crate::consts::{CONNECT_BURST_PER_SOURCE, CTRL_BUFS};
 use crate::msgbuf::{MsgBuf, Origin};
-use crate::nexus::{BgLinks, HandlerEntry, Job, Nexus, SmQueue};
+use crate::nexus::{BgLinks, Job, Nexus, SmQueue};
 use crate::session::{self, Session, SessionState};
 use crate::stats::RpcStats;
 
+pub use builder::RpcBuilder;
 pub use burst::{Burst, BurstHandler};
 pub use config::RpcConfig;
 pub use errors::{
@@ -96,7 +97,7 @@ struct BgState {
     scratch: Vec<Box<Vec<u8>>>,
 }
 
-/// An eRPC endpoint: one per thread, made with [`Rpc::new`]. See the crate
+/// An eRPC endpoint: one per thread, made with [`Rpc::builder`]. See the crate
 /// documentation.
 ///
 /// Its methods, in the order below (the order an application uses them):
@@ -144,7 +145,7 @@ pub struct Rpc<T: Transport, C> {
     /// Header slots of control packets (always `Some` until drop).
     ctrl: Option<Buffer>,
     ctrl_next: usize,
-    /// Control header slots (a power of two; see `Rpc::new`).
+    /// Control header slots (a power of two; see `builder::ctrl_buffer`).
     ctrl_bufs: usize,
     tx_burst_max: usize,
     /// Client slots waiting for credits: (session, slot).
@@ -240,199 +241,6 @@ impl<T: Transport, C> fmt::Debug for Rpc<T, C> {
 /// Bytes per control-packet header slot in the control buffer.
 const CTRL_SLOT_BYTES: usize = 64;
 const _: () = assert!(CTRL_SLOT_BYTES >= transport::PKTHDR_BYTES);
-
-impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
-    /// Creates an Rpc with id `rpc_id` on `nexus`, owning `transport` and
-    /// the hugepage allocator `alloc` (registered with the transport's DMA
-    /// mapper). Copies the Nexus's handler table.
-    pub fn new(
-        nexus: &Arc<Nexus>,
-        rpc_id: u8,
-        mut transport: T,
-        mut alloc: Allocator,
-        mut config: RpcConfig,
-        sm_handler: Option<SessionHandler<T, C>>,
-    ) -> Result<Rpc<T, C>, CreateError> {
-        if config.cc.enabled && !transport.rtt_is_network() && !config.cc.on_software_stack {
-            // See `CcConfig::on_software_stack`.
-            tracing::info!(
-                rpc_id,
-                "congestion control off: this transport's round trips are a host software \
-                 stack's (set cc.on_software_stack to run it anyway)"
-            );
-            config.cc.enabled = false;
-        }
-        let ring = transport.take_rx_ring().ok_or(CreateError::RingTaken)?;
-        let ring_entries = ring.entries();
-        if config.session_credits == 0 || config.session_credits > ring_entries {
-            return Err(CreateError::Credits {
-                credits: config.session_credits,
-                ring_entries,
-            });
-        }
-        let tx_burst_max = transport.tx_burst_max();
-        if tx_burst_max == 0 || tx_burst_max > crate::consts::TX_BATCH_MAX {
-            return Err(CreateError::TxBurst(tx_burst_max));
-        }
-        let cc = &config.cc;
-        if cc.enabled
-            && !(cc.link_rate().is_finite()
-                && cc.timely.min_rate > 0.0
-                && cc.link_rate() >= cc.timely.min_rate)
-        {
-            return Err(CreateError::CcConfig {
-                link_gbps: cc.link_gbps,
-                min_rate_mbps: cc.timely.min_rate / 1e6,
-            });
-        }
-        if config.rto_us == 0
-            || config.pkt_loss_scan_us == 0
-            || config.pkt_loss_scan_us >= config.rto_us
-        {
-            return Err(CreateError::LossTiming {
-                rto_us: config.rto_us,
-                scan_us: config.pkt_loss_scan_us,
-            });
-        }
-        // A slot's wheel entries carry an 8-bit rollback generation: a
-        // stale entry must leave the wheel (within its horizon) before the
-        // slot's generation comes round again, at most one rollback per
-        // retransmission timeout.
-        if cc.enabled {
-            let horizon_us = cc.wheel().horizon_ns.div_ceil(1000);
-            let min_us = horizon_us.div_ceil(u64::from(u8::MAX)) + 1;
-            if config.rto_us < min_us {
-                return Err(CreateError::RtoBelowWheel {
-                    rto_us: config.rto_us,
-                    min_us,
-                });
-            }
-        }
-        let mut handlers = Box::new([HandlerSlot::None; 256]);
-        for (t, slot) in handlers.iter_mut().enumerate() {
-            match nexus.handler(t as u8) {
-                None => {}
-                Some(HandlerEntry::Background(_)) => *slot = HandlerSlot::Background,
-                Some(HandlerEntry::Burst { func, type_name }) => {
-                    match func.downcast_ref::<BurstHandler<T, C>>() {
-                        Some(f) => *slot = HandlerSlot::Burst(*f),
-                        None => {
-                            return Err(CreateError::HandlerType {
-                                req_type: t as u8,
-                                registered: type_name,
-                                expected: std::any::type_name::<BurstHandler<T, C>>(),
-                            });
-                        }
-                    }
-                }
-                Some(HandlerEntry::Dispatch { func, type_name }) => {
-                    match func.downcast_ref::<ReqHandler<T, C>>() {
-                        Some(f) => *slot = HandlerSlot::Dispatch(*f),
-                        None => {
-                            return Err(CreateError::HandlerType {
-                                req_type: t as u8,
-                                registered: type_name,
-                                expected: std::any::type_name::<ReqHandler<T, C>>(),
-                            });
-                        }
-                    }
-                }
-            }
-        }
-        let burst_pending = if handlers.iter().any(|h| matches!(h, HandlerSlot::Burst(_))) {
-            Vec::with_capacity(ring_entries.min(crate::consts::BURST_PENDING_MAX))
-        } else {
-            Vec::new()
-        };
-        let sm_queue = nexus
-            .register_rpc(rpc_id)
-            .ok_or(CreateError::RpcId(rpc_id))?;
-        // Control headers are rewritten only after `ctrl_bufs` later
-        // control packets: at least twice what the transport may still
-        // hold unread (its send queue), so none is rewritten under the NIC.
-        let ctrl_bufs = (2 * transport.tx_depth())
-            .max(CTRL_BUFS)
-            .next_power_of_two();
-        let ctrl = match alloc.alloc(ctrl_bufs * CTRL_SLOT_BYTES) {
-            Ok(c) => c,
-            Err(e) => {
-                nexus.unregister_rpc(rpc_id);
-                return Err(e.into());
-            }
-        };
-        let clock = nexus.clock().clone();
-        let now_ns = clock.now_ns();
-        Ok(Rpc {
-            transport,
-            ring: Some(ring),
-            ring_entries,
-            rx_head: 0,
-            alloc,
-            nexus: nexus.clone(),
-            rpc_id,
-            clock,
-            now_ns,
-            config,
-            sessions: session::SessionTable::new(),
-            free_session_nums: VecDeque::new(),
-            open_sessions: 0,
-            ring_entries_available: ring_entries,
-            handlers,
-            burst_pending,
-            sm_handler,
-            sm_queue,
-            sm_pending: Vec::new(),
-            token_map: HashMap::new(),
-            retired_tokens: tokens::RetiredTokens::default(),
-            abandoned: Vec::new(),
-            tx: TxBatch::new(),
-            ctrl: Some(ctrl),
-            ctrl_next: 0,
-            ctrl_bufs,
-            tx_burst_max,
-            stallq: Vec::with_capacity(64),
-            active: active::Active::new(config.session_credits.next_power_of_two()),
-            owed: VecDeque::new(),
-            req_base_override: None,
-            connect_limiter: admission::ConnectLimiter::default(),
-            source_shares: admission::SourceShares::default(),
-            ring_share_per_source: config.ring_entries_per_source.unwrap_or(0),
-            connect_burst: config.connect_burst_per_source.unwrap_or_else(|| {
-                u32::try_from(ring_entries / config.session_credits)
-                    .unwrap_or(u32::MAX)
-                    .max(CONNECT_BURST_PER_SOURCE)
-            }),
-            notices: VecDeque::new(),
-            reassembling: Vec::new(),
-            idle_candidates: Vec::new(),
-            last_idle_walk_ns: 0,
-            unserved: VecDeque::new(),
-            next_probe_round_ns: 0,
-            next_loss_scan_ns: now_ns + config.pkt_loss_scan_us * 1000,
-            drops_logged: Default::default(),
-            rto_ns: config.rto_us * 1000,
-            loss_scan_ns: config.pkt_loss_scan_us * 1000,
-            loss_scan_deferred: false,
-            wheel: config
-                .cc
-                .enabled
-                .then(|| crate::cc::TimingWheel::new(config.cc.wheel(), now_ns)),
-            pacing: cc::Pacing::new(&config.cc),
-            cc_shared: crate::cc::CcShared::new(&config.cc),
-            tx_ts_cap: config.session_credits.next_power_of_two(),
-            bg: BgState {
-                links: nexus.workers().connect(rpc_id),
-                backlog: VecDeque::new(),
-                scratch: Vec::new(),
-            },
-            pending: 0,
-            gate: 0,
-            stats: RpcStats::default(),
-            inspect: nexus.inspect_publisher(rpc_id),
-            _not_send: PhantomData,
-        })
-    }
-}
 
 /// Message buffers back to where they came from, and session lookup.
 impl<T: Transport, C> Rpc<T, C> {

@@ -470,7 +470,7 @@ impl<T: Transport, C> Rpc<T, C> {
         // the control buffer, which lives as long as the Rpc. Control
         // slots are reused only after ctrl_bufs more control packets: more
         // than the batch holds (`consts`) and at least twice what the
-        // transport may hold unread (`Rpc::new`), so a control header is
+        // transport may hold unread (`RpcBuilder::build`), so a control header is
         // never rewritten while queued or under the NIC.
         let item = unsafe {
             TxItem::from_raw(
