@@ -610,7 +610,7 @@ impl RpcRaw {
                         .collect(),
                     quiet_ms: s.quiet_ns.map(|ns| ns as f64 / 1e6),
                     rtt_us: s.rtt_us,
-                    timely_rate_gbps: s.timely_gbps,
+                    timely_rate_gbps: s.cc_rate_gbps,
                 })
                 .collect(),
         }

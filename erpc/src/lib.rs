@@ -292,8 +292,8 @@ pub use nexus::{
 pub use rpc::{
     ActivePools, Burst, BurstHandler, Completion, Continuation, CreateError, EnqueueError,
     EnqueueErrorKind, ReqHandle, ReqHandler, Request, RespondError, Rpc, RpcBuilder, RpcConfig,
-    RpcError, ServerError, SessionError, SessionEvent, SessionEventKind, SessionHandler,
-    SessionInfo, SessionNum, SlotInfo,
+    RpcError, ServerError, SessionEnd, SessionError, SessionEvent, SessionEventKind,
+    SessionHandler, SessionInfo, SessionNum, SlotInfo,
 };
 pub use session::SessionState;
 pub use sm_types::{SmErr, TransportType};

@@ -68,7 +68,7 @@ fn an_uncongested_session_bypasses_timely_and_the_wheel() {
             assert!(s.wheel_bypassed >= 500 * 4, "{s:?}");
             assert_eq!(ns[0].rpc.wheel_stats().unwrap().inserted, 0);
             let sn = ns[0].ctx.sessions[0];
-            assert_eq!(ns[0].rpc.session_info(sn).unwrap().timely_gbps, Some(25.0));
+            assert_eq!(ns[0].rpc.session_info(sn).unwrap().cc_rate_gbps, Some(25.0));
         },
     );
 }

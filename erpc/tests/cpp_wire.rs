@@ -1479,7 +1479,10 @@ fn our_client_takes_a_cpp_servers_connect_errors() {
         );
         assert_eq!(
             b.ctx.events.last().map(|e| (e.session, e.kind)),
-            Some((sn, SessionEventKind::ConnectFailed(err)))
+            Some((
+                sn,
+                SessionEventKind::Ended(erpc::SessionEnd::ConnectFailed(err))
+            ))
         );
         assert_eq!(b.rpc.rx_ring_unreserved().0, 4096);
         let stale = b.rpc.stats().drops(DropReason::SmStale);

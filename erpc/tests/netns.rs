@@ -380,15 +380,20 @@ fn kill_test_child(role: &str, me: Ipv4Addr, peer: Ipv4Addr) {
             rpc.stats()
         );
     }
-    let all_peer_failed = ctx
-        .failures
-        .iter()
-        .all(|e| matches!(e, erpc::RpcError::PeerFailed { .. }));
+    let all_peer_failed = ctx.failures.iter().all(|e| {
+        matches!(
+            e,
+            erpc::RpcError::SessionEnded {
+                why: erpc::SessionEnd::PeerFailed,
+                ..
+            }
+        )
+    });
     assert!(all_peer_failed && ctx.completed == 0, "{:?}", ctx.failures);
     assert!(
         ctx.events
             .iter()
-            .any(|e| e.kind == erpc::SessionEventKind::PeerFailed)
+            .any(|e| e.kind == erpc::SessionEventKind::Ended(erpc::SessionEnd::PeerFailed))
     );
     assert_eq!(rpc.num_sessions(), 0);
     println!(

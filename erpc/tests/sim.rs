@@ -211,7 +211,7 @@ fn many_sessions_up_to_the_ring_limit() {
         });
         assert!(ns[2].ctx.events.contains(&erpc::SessionEvent {
             session: sn,
-            kind: SessionEventKind::ConnectFailed(SmErr::RingExhausted)
+            kind: SessionEventKind::Ended(erpc::SessionEnd::ConnectFailed(SmErr::RingExhausted))
         }));
         assert_eq!(ns[2].rpc.session_state(sn), None);
         // Requests over all 32 client sessions of node 0.
@@ -259,7 +259,7 @@ fn session_management_errors_and_retries() {
             });
             assert_eq!(
                 ns[0].ctx.events[0].kind,
-                SessionEventKind::ConnectFailed(SmErr::InvalidRemoteRpcId)
+                SessionEventKind::Ended(erpc::SessionEnd::ConnectFailed(SmErr::InvalidRemoteRpcId))
             );
             assert_eq!(ns[0].ctx.events[0].session, sn);
             assert_eq!(ns[1].rpc.nexus().sm_stats().invalid_rpc_id_req, 1);
@@ -406,7 +406,7 @@ fn transport_types_erpc_rs_peers_accept_and_cpp_peers_refuse() {
                 match want {
                     Some(err) => assert_eq!(
                         kind,
-                        SessionEventKind::ConnectFailed(err),
+                        SessionEventKind::Ended(erpc::SessionEnd::ConnectFailed(err)),
                         "{tt:?}, extensions {extensions}"
                     ),
                     None => {
@@ -635,7 +635,9 @@ fn routing_resolution_failures_and_server_out_of_memory() {
                 liar.1.events[0],
                 erpc::SessionEvent {
                     session: sn,
-                    kind: SessionEventKind::ConnectFailed(SmErr::RoutingResolutionFailure)
+                    kind: SessionEventKind::Ended(erpc::SessionEnd::ConnectFailed(
+                        SmErr::RoutingResolutionFailure
+                    ))
                 }
             );
             assert_eq!(honest.0.num_sessions(), 0);
@@ -647,7 +649,9 @@ fn routing_resolution_failures_and_server_out_of_memory() {
                 honest.1.events[0],
                 erpc::SessionEvent {
                     session: sn,
-                    kind: SessionEventKind::ConnectFailed(SmErr::RoutingResolutionFailure)
+                    kind: SessionEventKind::Ended(erpc::SessionEnd::ConnectFailed(
+                        SmErr::RoutingResolutionFailure
+                    ))
                 }
             );
             assert_eq!(liar.0.num_sessions(), 0, "server session torn down");
@@ -666,7 +670,9 @@ fn routing_resolution_failures_and_server_out_of_memory() {
                 honest.1.events[0],
                 erpc::SessionEvent {
                     session: sn,
-                    kind: SessionEventKind::ConnectFailed(SmErr::OutOfMemory)
+                    kind: SessionEventKind::Ended(erpc::SessionEnd::ConnectFailed(
+                        SmErr::OutOfMemory
+                    ))
                 }
             );
             assert_eq!(oom.0.num_sessions(), 0);

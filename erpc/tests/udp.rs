@@ -94,7 +94,9 @@ fn sm_over_udp_unknown_rpc_id_and_garbage() {
         ctx.events,
         vec![erpc::SessionEvent {
             session: sn,
-            kind: erpc::SessionEventKind::ConnectFailed(erpc::SmErr::InvalidRemoteRpcId)
+            kind: erpc::SessionEventKind::Ended(erpc::SessionEnd::ConnectFailed(
+                erpc::SmErr::InvalidRemoteRpcId
+            ))
         }]
     );
     let st = nexus.sm_stats();

@@ -1,7 +1,7 @@
 //! `create_session`'s URI: a malformed one fails at once, naming what is
 //! wrong; a host name that does not resolve fails the session as soon as
 //! the SM link's lookup answers, as `HostNotFound`, and the requests that
-//! waited for it with `RpcError::HostNotFound` (not 500 ms later as a
+//! waited for it with `SessionEnd::HostNotFound` (not 500 ms later as a
 //! connect timeout).
 
 use std::sync::Arc;
@@ -117,12 +117,22 @@ fn unresolvable_host_is_named_as_such() {
         }
         let ev = app.events[round];
         assert_eq!(ev.session, sn);
-        assert_eq!(ev.kind, SessionEventKind::HostNotFound, "round {round}");
+        assert_eq!(
+            ev.kind,
+            SessionEventKind::Ended(erpc::SessionEnd::HostNotFound),
+            "round {round}"
+        );
         assert!(ev.kind.to_string().contains("does not resolve"));
         while app.failed.len() <= round {
             rpc.run_event_loop_once(&mut app);
         }
-        assert_eq!(app.failed[round], RpcError::HostNotFound { session: sn });
+        assert_eq!(
+            app.failed[round],
+            RpcError::SessionEnded {
+                session: sn,
+                why: erpc::SessionEnd::HostNotFound
+            }
+        );
         assert_eq!(rpc.num_sessions(), 0);
     }
     assert_eq!(rpc.stats().sm_unresolved, 2);

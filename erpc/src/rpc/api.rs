@@ -85,10 +85,10 @@ impl<T: Transport, C> Rpc<T, C> {
     /// A malformed URI (no port, a host that is no IPv4 address or
     /// hostname) fails here, with [`SessionError::BadUri`]. A host name
     /// that does not resolve fails the session as soon as the SM link's
-    /// lookup answers ([`SessionEventKind::HostNotFound`](crate::SessionEventKind::HostNotFound),
-    /// its requests with [`RpcError::HostNotFound`](crate::RpcError::HostNotFound)); a host that resolves but does not
+    /// lookup answers (its event and its requests report
+    /// [`SessionEnd::HostNotFound`](crate::SessionEnd::HostNotFound)); a host that resolves but does not
     /// answer times out after the failure timeout
-    /// ([`SessionEventKind::ConnectTimedOut`](crate::SessionEventKind::ConnectTimedOut)).
+    /// ([`SessionEnd::ConnectTimedOut`](crate::SessionEnd::ConnectTimedOut)).
     pub fn create_session(
         &mut self,
         remote_uri: &str,
@@ -110,8 +110,8 @@ impl<T: Transport, C> Rpc<T, C> {
     /// Resets session `sn` (client or server) at once, as if its peer had
     /// failed, without telling the peer beyond a best-effort disconnect
     /// request from a client session. Client: outstanding requests
-    /// complete with [`RpcError::SessionReset`](crate::RpcError::SessionReset) and the session-event
-    /// callback reports [`SessionEventKind::Reset`](crate::SessionEventKind::Reset). Server: the session is
+    /// complete with, and the session-event callback reports,
+    /// [`SessionEnd::Reset`](crate::SessionEnd::Reset). Server: the session is
     /// freed once its running handlers respond.
     ///
     /// The continuations and the event run in the next event-loop iteration.

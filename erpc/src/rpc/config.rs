@@ -52,7 +52,7 @@ pub struct RpcConfig {
     /// (retries, connect and disconnect timeouts).
     pub pkt_loss_scan_us: u64,
     /// A connect request unanswered for this long fails the session with
-    /// [`SessionEventKind::ConnectTimedOut`]; an unanswered disconnect
+    /// [`SessionEnd::ConnectTimedOut`](crate::SessionEnd::ConnectTimedOut); an unanswered disconnect
     /// request frees the session locally (default 500 ms, the failure
     /// timeout). Peers are declared failed by the Nexus's own failure
     /// timeout ([`NexusBuilder::failure_timeout_ms`](crate::NexusBuilder::failure_timeout_ms)),
@@ -62,7 +62,7 @@ pub struct RpcConfig {
     /// The stall bound (default 10 s, `consts::STALL_TIMEOUT_MS`): a
     /// request that got nothing back for this long (no credit return, no
     /// response packet, no "in progress" notice) fails with its session,
-    /// [`RpcError::Stalled`]. Time in which this Rpc's event loop did not
+    /// [`SessionEnd::Stalled`](crate::SessionEnd::Stalled). Time in which this Rpc's event loop did not
     /// run (the thread was descheduled, or the application did not poll)
     /// is not counted. It is the bound on how long any continuation waits
     /// when the peer's Nexus still answers pings but its Rpc does not run,
@@ -112,7 +112,7 @@ pub struct RpcConfig {
     /// When a new session finds the RX ring short, server sessions that
     /// never received a request and are at least this old are reclaimed,
     /// oldest first (default 10 s; `None`: never). An erpc-rs client is
-    /// told ([`SessionEventKind::ServerReclaimed`]); a C++ client cannot
+    /// told ([`SessionEnd::ServerReclaimed`](crate::SessionEnd::ServerReclaimed)); a C++ client cannot
     /// be, and its next request on that session goes unanswered.
     pub unused_session_reclaim_ms: Option<u64>,
     /// When a new session finds the RX ring short and no unused session
@@ -120,7 +120,7 @@ pub struct RpcConfig {
     /// requests but received none for this long, and run none, are
     /// reclaimed, least recently used first (default 60 s; `None`:
     /// never). The client, if it is alive, is told
-    /// ([`SessionEventKind::ServerReclaimed`]); its next request would not
+    /// ([`SessionEnd::ServerReclaimed`](crate::SessionEnd::ServerReclaimed)); its next request would not
     /// have run. A C++ client's sessions are never reclaimed this way.
     pub idle_session_reclaim_ms: Option<u64>,
 }

@@ -17,90 +17,20 @@ pub enum RpcError {
         /// Response buffer capacity.
         capacity: usize,
     },
-    /// The session never connected (the request was waiting for it).
-    #[error("session {session} failed to connect: {err}")]
-    ConnectFailed {
+    /// The session ended, or never connected, without the application
+    /// destroying it; `why` says how, and whether the request ran.
+    #[error("session {session}: {why}")]
+    SessionEnded {
         /// Session number.
         session: SessionNum,
-        /// The SM error.
-        err: SmErr,
+        /// How it ended (what its [`SessionEventKind::Ended`](crate::SessionEventKind::Ended)
+        /// event reports too).
+        why: SessionEnd,
     },
-    /// The session's connect request went unanswered for the connect
-    /// timeout (the request was waiting for it).
-    #[error("session {session} timed out connecting")]
-    TimedOut {
-        /// Session number.
-        session: SessionNum,
-    },
-    /// The server's host name does not resolve (the SM link's lookup
-    /// found no IPv4 address), so the session could not connect (the
-    /// request was waiting for it) and is gone. The request did not run.
-    #[error("session {session} failed to connect: the server's host name does not resolve")]
-    HostNotFound {
-        /// Session number.
-        session: SessionNum,
-    },
-    /// The remote process (or its Rpc) was declared failed: it answered
-    /// no keep-alive ping for the failure timeout, restarted, or dropped
-    /// the Rpc. The session is gone. The request may or may not have run.
-    #[error("the peer of session {session} failed")]
-    PeerFailed {
-        /// Session number.
-        session: SessionNum,
-    },
-    /// The session was reset ([`Rpc::reset_session`] or fault injection).
-    /// The request may or may not have run.
-    #[error("session {session} was reset")]
-    SessionReset {
-        /// Session number.
-        session: SessionNum,
-    },
-    /// [`Rpc::destroy_session`] was called with the request outstanding.
-    /// The request may or may not have run.
+    /// [`Rpc::destroy_session`](crate::Rpc::destroy_session) was called
+    /// with the request outstanding. The request may or may not have run.
     #[error("session {session} was destroyed")]
     SessionDestroyed {
-        /// Session number.
-        session: SessionNum,
-    },
-    /// The session, to a C++ eRPC peer, used up its 44-bit request
-    /// numbers (2^44 requests; a C++ server cannot follow a wrap) and was
-    /// reset. The request that found no number was not sent; requests in
-    /// flight on the session at that moment may or may not have run.
-    /// Create a new session. Sessions between erpc-rs peers wrap instead
-    /// and never end this way.
-    #[error("session {session} ran out of request numbers; create a new session")]
-    ReqNumsExhausted {
-        /// Session number.
-        session: SessionNum,
-    },
-    /// The server reclaimed the session: it had received no request on it
-    /// (`unused_session_reclaim_ms`), or none for a long time
-    /// (`idle_session_reclaim_ms`), and needed its RX ring entries for
-    /// another session. The request did not run. Create a new session.
-    #[error("the server reclaimed session {session}, unused; create a new session")]
-    ServerReclaimed {
-        /// Session number.
-        session: SessionNum,
-    },
-    /// The server ended the session without being asked: its application
-    /// reset it, or it declared this client failed (e.g. after losing
-    /// session-management packets one way). The session is gone; the
-    /// request may or may not have run. Create a new session.
-    #[error("the server ended session {session}; create a new session")]
-    ServerEnded {
-        /// Session number.
-        session: SessionNum,
-    },
-    /// A request of the session got nothing back from the server for
-    /// [`RpcConfig::stall_timeout_ms`] although the server was not declared
-    /// failed: the server's Rpc stopped running, only the data path to it
-    /// is cut, or (toward a C++ eRPC server, which cannot say "in
-    /// progress") its handler ran longer than the bound. The session is
-    /// gone; the request may or may not have run. Create a new session.
-    #[error(
-        "a request of session {session} got no answer for the stall bound; the session is gone"
-    )]
-    Stalled {
         /// Session number.
         session: SessionNum,
     },
@@ -114,6 +44,70 @@ pub enum RpcError {
         /// What the server said.
         err: ServerError,
     },
+}
+
+/// How a session ended, or never connected, without the application
+/// destroying it: what its session event reports
+/// ([`SessionEventKind::Ended`](crate::SessionEventKind::Ended)) and what
+/// every request still on it completes with ([`RpcError::SessionEnded`]).
+/// Each says whether those requests ran. The session is gone; a new one
+/// may be created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionEnd {
+    /// The server refused the connect request. Requests waiting for the
+    /// session did not run.
+    #[error("failed to connect: {0}")]
+    ConnectFailed(SmErr),
+    /// The connect request went unanswered for the connect timeout.
+    /// Requests waiting for the session did not run.
+    #[error("timed out connecting")]
+    ConnectTimedOut,
+    /// The server's host name does not resolve (the SM link's lookup
+    /// found no IPv4 address), so the session could not connect. Reported
+    /// as soon as the lookup answers, not after the connect timeout.
+    /// Requests waiting for the session did not run.
+    #[error("failed to connect: the server's host name does not resolve")]
+    HostNotFound,
+    /// The remote process (or its Rpc) was declared failed: it answered
+    /// no keep-alive ping for the failure timeout, restarted, or dropped
+    /// the Rpc. A request may or may not have run. A new session to the
+    /// same URI may be created (e.g. when the process restarts).
+    #[error("the peer failed")]
+    PeerFailed,
+    /// The session was reset locally ([`Rpc::reset_session`](crate::Rpc::reset_session)
+    /// or fault injection). A request may or may not have run.
+    #[error("reset")]
+    Reset,
+    /// The session, to a C++ eRPC peer, used up its 44-bit request
+    /// numbers (2^44 requests; a C++ server cannot follow a wrap) and was
+    /// reset. The request that found no number was not sent; requests in
+    /// flight on the session at that moment may or may not have run.
+    /// Create a new session. Sessions between erpc-rs peers wrap instead
+    /// and never end this way.
+    #[error("ran out of request numbers; create a new session")]
+    ReqNumsExhausted,
+    /// The server reclaimed the session: it had received no request on it
+    /// (`unused_session_reclaim_ms`), or none for a long time
+    /// (`idle_session_reclaim_ms`), and needed its RX ring entries for
+    /// another session. No request ran. Create a new session.
+    #[error("reclaimed by the server, unused; create a new session")]
+    ServerReclaimed,
+    /// The server ended the session without being asked: its application
+    /// reset it, or it declared this client failed (e.g. after losing
+    /// session-management packets one way). A request may or may not have
+    /// run. Create a new session.
+    #[error("ended by the server; create a new session")]
+    ServerEnded,
+    /// A request of the session got nothing back from the server for
+    /// [`RpcConfig::stall_timeout_ms`](crate::RpcConfig::stall_timeout_ms)
+    /// although the server was not declared failed: the server's Rpc
+    /// stopped running, only the data path to it is cut, or (toward a C++
+    /// eRPC server, which cannot say "in progress") its handler ran longer
+    /// than the bound. A request may or may not have run. Create a new
+    /// session.
+    #[error("a request got no answer for the stall bound")]
+    Stalled,
 }
 
 /// Why a server failed a request, as its status packet says (see
@@ -350,8 +344,10 @@ pub enum SessionError {
     /// All 65535 session numbers are in use.
     #[error("no free session number")]
     NoSessionNum,
-    /// No such client session.
-    #[error("no client session {0}")]
+    /// No such session: none with this number, one being reset, or (for
+    /// [`Rpc::destroy_session`](crate::Rpc::destroy_session), which takes
+    /// client sessions only) a server session.
+    #[error("no session {0} (or not a client session, where one is needed)")]
     NoSuchSession(SessionNum),
     /// The session is not connected.
     #[error("session {session} is {state:?}, not connected")]
@@ -361,7 +357,4 @@ pub enum SessionError {
         /// Its state.
         state: crate::SessionState,
     },
-    /// No such session (client or server).
-    #[error("no session {0}")]
-    NoSession(SessionNum),
 }

@@ -60,7 +60,8 @@ pub use builder::RpcBuilder;
 pub use burst::{Burst, BurstHandler};
 pub use config::RpcConfig;
 pub use errors::{
-    CreateError, EnqueueError, EnqueueErrorKind, RespondError, RpcError, ServerError, SessionError,
+    CreateError, EnqueueError, EnqueueErrorKind, RespondError, RpcError, ServerError, SessionEnd,
+    SessionError,
 };
 pub(crate) use tx::TxBatch;
 pub use types::{

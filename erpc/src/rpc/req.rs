@@ -11,7 +11,7 @@ use super::reset::{FailedReq, Owed, ResetCause};
 use super::tx::write_msg_hdrs;
 use super::{
     Continuation, EnqueueError, EnqueueErrorKind, HandlerSlot, ReqHandle, Request, Rpc, RpcError,
-    ServerError, SessionNum,
+    ServerError, SessionEnd, SessionNum,
 };
 use crate::consts::{MAX_MSG_BYTES, SESSION_REQ_WINDOW};
 use crate::msgbuf::{MsgBuf, Origin, data_size_to_num_pkts, pkt_data_bytes};
@@ -216,7 +216,7 @@ impl<T: Transport, C> Rpc<T, C> {
 
     /// A request cannot be numbered on a session to a C++ eRPC server (see
     /// `start_request`): it fails, and so does the session, with
-    /// [`RpcError::ReqNumsExhausted`] (the continuations run in the next
+    /// [`SessionEnd::ReqNumsExhausted`](crate::SessionEnd::ReqNumsExhausted) (the continuations run in the next
     /// event-loop iteration). A new session starts from request number 8
     /// again.
     #[cold]
@@ -238,7 +238,10 @@ impl<T: Transport, C> Rpc<T, C> {
             resp,
             cont,
             tag,
-            err: RpcError::ReqNumsExhausted { session },
+            err: RpcError::SessionEnded {
+                session,
+                why: SessionEnd::ReqNumsExhausted,
+            },
         }));
         self.gate |= super::ev_loop::GATE_OWED;
         self.reset_client_session(session, ResetCause::ReqNumsExhausted);

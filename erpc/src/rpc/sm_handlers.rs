@@ -10,7 +10,7 @@
 use transport::{MAX_DATA_PER_PKT, Transport};
 
 use super::reset::{FailedReq, Owed};
-use super::{Rpc, RpcError, SessionError, SessionEventKind, SessionNum};
+use super::{Rpc, RpcError, SessionEnd, SessionError, SessionEventKind, SessionNum};
 use crate::consts::{
     MAX_RPC_ID, MAX_SESSIONS, SESSION_CREDITS, SESSION_NUM_QUARANTINE_MS, SESSION_REQ_WINDOW,
 };
@@ -851,7 +851,7 @@ impl<T: Transport, C> Rpc<T, C> {
             None => return,
         };
         // The event first: it logs the session's peer.
-        self.owe_event(sn, SessionEventKind::ConnectFailed(err));
+        self.owe_event(sn, SessionEventKind::Ended(SessionEnd::ConnectFailed(err)));
         self.free_session(sn);
         for p in backlog {
             self.owed.push_back(Owed::Failed(FailedReq {
@@ -860,7 +860,10 @@ impl<T: Transport, C> Rpc<T, C> {
                 resp: p.resp,
                 cont: p.cont,
                 tag: p.tag,
-                err: RpcError::ConnectFailed { session: sn, err },
+                err: RpcError::SessionEnded {
+                    session: sn,
+                    why: SessionEnd::ConnectFailed(err),
+                },
             }));
         }
     }

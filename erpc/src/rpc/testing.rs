@@ -27,7 +27,7 @@ impl<T: Transport, C> Rpc<T, C> {
                 s.fault_drop_tx.set(n);
                 Ok(())
             }
-            _ => Err(SessionError::NoSession(sn)),
+            _ => Err(SessionError::NoSuchSession(sn)),
         }
     }
 

@@ -4,12 +4,11 @@
 
 use std::fmt;
 
-use super::{Rpc, RpcError};
+use super::{Rpc, RpcError, SessionEnd};
 use transport::Transport;
 
 use crate::msgbuf::MsgBuf;
 use crate::session::{Role, Session, SrvState};
-use crate::sm_types::SmErr;
 
 /// A dispatch-mode request handler. Runs in the event loop; `req.data`
 /// is the request (in the RX ring for single-packet requests: zero copy).
@@ -81,56 +80,21 @@ pub struct Completion {
 pub enum SessionEventKind {
     /// The server accepted the session.
     Connected,
-    /// The session could not be connected (and is gone).
-    ConnectFailed(SmErr),
-    /// The connect request went unanswered for the connect timeout (the
-    /// session is gone).
-    ConnectTimedOut,
-    /// The server's host name does not resolve: the SM link's lookup
-    /// found no IPv4 address (the session is gone, and requests waiting
-    /// for it completed with [`RpcError::HostNotFound`]). Reported as soon
-    /// as the lookup answers, not after the connect timeout.
-    HostNotFound,
-    /// The session was disconnected (and is gone).
+    /// The session was disconnected ([`Rpc::destroy_session`]) and is
+    /// gone.
     Disconnected,
-    /// The remote end was declared failed; the session is gone and its
-    /// requests completed with [`RpcError::PeerFailed`]. A new session to
-    /// the same URI may be created (e.g. when the process restarts).
-    PeerFailed,
-    /// The session was reset locally ([`Rpc::reset_session`], fault
-    /// injection) and is gone.
-    Reset,
-    /// The session, to a C++ eRPC peer, ran out of request numbers and is
-    /// gone (see [`RpcError::ReqNumsExhausted`]).
-    ReqNumsExhausted,
-    /// The server reclaimed the session, which had sent it no request,
-    /// because it needed the RX ring entries (see
-    /// [`RpcError::ServerReclaimed`]). The session is gone.
-    ServerReclaimed,
-    /// The server ended the session without being asked (see
-    /// [`RpcError::ServerEnded`]). The session is gone.
-    ServerEnded,
-    /// A request of the session got no answer for the stall bound (see
-    /// [`RpcError::Stalled`]). The session is gone.
-    Stalled,
+    /// The session ended, or never connected, without the application
+    /// destroying it, and is gone; its requests completed with
+    /// [`RpcError::SessionEnded`] and the same [`SessionEnd`].
+    Ended(SessionEnd),
 }
 
 impl fmt::Display for SessionEventKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             SessionEventKind::Connected => f.write_str("connected"),
-            SessionEventKind::ConnectFailed(e) => write!(f, "connect failed: {e}"),
-            SessionEventKind::ConnectTimedOut => f.write_str("connect timed out"),
-            SessionEventKind::HostNotFound => {
-                f.write_str("connect failed: the server's host name does not resolve")
-            }
             SessionEventKind::Disconnected => f.write_str("disconnected"),
-            SessionEventKind::PeerFailed => f.write_str("peer failed"),
-            SessionEventKind::Reset => f.write_str("reset"),
-            SessionEventKind::ReqNumsExhausted => f.write_str("request numbers exhausted"),
-            SessionEventKind::ServerReclaimed => f.write_str("reclaimed by the server"),
-            SessionEventKind::ServerEnded => f.write_str("ended by the server"),
-            SessionEventKind::Stalled => f.write_str("stalled"),
+            SessionEventKind::Ended(why) => why.fmt(f),
         }
     }
 }
@@ -174,9 +138,9 @@ pub struct SessionInfo {
     pub retransmits: u64,
     /// Client: the congestion controller's current rate in Gbit/s —
     /// Timely's, or the delay-target controller's with
-    /// [`crate::cc::CcConfig::swift`] (the name predates the second
-    /// controller; `None` with congestion control off).
-    pub timely_gbps: Option<f64>,
+    /// [`crate::cc::CcConfig::swift`] (`None` with congestion control
+    /// off).
+    pub cc_rate_gbps: Option<f64>,
     /// Client: the last RTT sample in µs, from a packet's TX timestamp to
     /// its acknowledgement (`None` with congestion control off or before
     /// the first acknowledgement).
@@ -255,7 +219,7 @@ impl SessionInfo {
             backlog: s.backlog.len(),
             req_nums: std::array::from_fn(|i| s.slots[i].cur_req_num),
             retransmits: s.retransmits,
-            timely_gbps: s.cc.as_ref().map(|c| c.ctl().rate() * 8.0 / 1e9),
+            cc_rate_gbps: s.cc.as_ref().map(|c| c.ctl().rate() * 8.0 / 1e9),
             rtt_us: s
                 .cc
                 .as_ref()
