@@ -13,7 +13,7 @@ use super::{
     SessionHandler, TxBatch, active, admission, cc, tokens,
 };
 use crate::consts::{CONNECT_BURST_PER_SOURCE, CTRL_BUFS};
-use crate::nexus::{HandlerEntry, Nexus};
+use crate::nexus::{HandlerEntry, Nexus, SmQueue};
 use crate::session;
 use crate::stats::RpcStats;
 
@@ -85,43 +85,126 @@ impl<T: Transport + 'static, C: 'static> RpcBuilder<T, C> {
     /// the Nexus's handler table (each dispatch and burst handler must
     /// have been registered for this `T` and `C`), registers the id with
     /// the Nexus and allocates the control-packet headers.
-    pub fn build(self) -> Result<Rpc<T, C>, CreateError> {
-        let RpcBuilder {
-            nexus,
-            mut transport,
-            mut alloc,
-            rpc_id,
-            mut config,
-            sm_handler,
-        } = self;
-        cc_for_transport(&transport, &mut config, rpc_id);
-        let ring = transport.take_rx_ring().ok_or(CreateError::RingTaken)?;
-        check_config(&config, ring.entries(), transport.tx_burst_max())?;
-        let handlers = handler_table::<T, C>(&nexus)?;
-        let sm_queue = nexus
-            .register_rpc(rpc_id)
-            .ok_or(CreateError::RpcId(rpc_id))?;
-        let (ctrl, ctrl_bufs) = match ctrl_buffer(&mut alloc, transport.tx_depth()) {
+    pub fn build(mut self) -> Result<Rpc<T, C>, CreateError> {
+        cc_for_transport(&self.transport, &mut self.config, self.rpc_id);
+        let ring = self
+            .transport
+            .take_rx_ring()
+            .ok_or(CreateError::RingTaken)?;
+        check_config(&self.config, ring.entries(), self.transport.tx_burst_max())?;
+        let handlers = handler_table::<T, C>(&self.nexus)?;
+        let sm_queue = self
+            .nexus
+            .register_rpc(self.rpc_id)
+            .ok_or(CreateError::RpcId(self.rpc_id))?;
+        let ctrl = match ctrl_buffer(&mut self.alloc, self.transport.tx_depth()) {
             Ok(c) => c,
             Err(e) => {
-                nexus.unregister_rpc(rpc_id);
+                self.nexus.unregister_rpc(self.rpc_id);
                 return Err(e.into());
             }
         };
-        let parts = Parts {
+        Ok(self.assemble(ring, handlers, sm_queue, ctrl))
+    }
+
+    /// The Rpc, from the builder and what `build` acquired (its RX ring,
+    /// handler table, SM queue and control buffer): every queue empty, its
+    /// timers starting now.
+    fn assemble(
+        self,
+        ring: T::Ring,
+        handlers: Box<[HandlerSlot<T, C>; 256]>,
+        sm_queue: Arc<SmQueue>,
+        (ctrl, ctrl_bufs): (Buffer, usize),
+    ) -> Rpc<T, C> {
+        let RpcBuilder {
             nexus,
             transport,
-            ring,
             alloc,
             rpc_id,
             config,
             sm_handler,
-            handlers,
-            sm_queue,
-            ctrl,
-            ctrl_bufs,
+        } = self;
+        let ring_entries = ring.entries();
+        let tx_burst_max = transport.tx_burst_max();
+        // Burst requests of one RX burst, queued until the burst is read;
+        // allocated once (none without a burst handler).
+        let burst_pending = if handlers.iter().any(|h| matches!(h, HandlerSlot::Burst(_))) {
+            Vec::with_capacity(ring_entries.min(crate::consts::BURST_PENDING_MAX))
+        } else {
+            Vec::new()
         };
-        Ok(parts.assemble())
+        let clock = nexus.clock().clone();
+        let now_ns = clock.now_ns();
+        Rpc {
+            ring: Some(ring),
+            ring_entries,
+            rx_head: 0,
+            alloc,
+            rpc_id,
+            clock,
+            now_ns,
+            sessions: session::SessionTable::new(),
+            free_session_nums: VecDeque::new(),
+            open_sessions: 0,
+            ring_entries_available: ring_entries,
+            handlers,
+            burst_pending,
+            sm_handler,
+            sm_queue,
+            sm_pending: Vec::new(),
+            token_map: HashMap::new(),
+            retired_tokens: tokens::RetiredTokens::default(),
+            abandoned: Vec::new(),
+            tx: TxBatch::new(),
+            ctrl: Some(ctrl),
+            ctrl_next: 0,
+            ctrl_bufs,
+            tx_burst_max,
+            stallq: Vec::with_capacity(64),
+            active: active::Active::new(config.session_credits.next_power_of_two()),
+            owed: VecDeque::new(),
+            req_base_override: None,
+            connect_limiter: admission::ConnectLimiter::default(),
+            source_shares: admission::SourceShares::default(),
+            ring_share_per_source: config.ring_entries_per_source.unwrap_or(0),
+            connect_burst: config.connect_burst_per_source.unwrap_or_else(|| {
+                u32::try_from(ring_entries / config.session_credits)
+                    .unwrap_or(u32::MAX)
+                    .max(CONNECT_BURST_PER_SOURCE)
+            }),
+            notices: VecDeque::new(),
+            reassembling: Vec::new(),
+            idle_candidates: Vec::new(),
+            last_idle_walk_ns: 0,
+            unserved: VecDeque::new(),
+            next_probe_round_ns: 0,
+            next_loss_scan_ns: now_ns + config.pkt_loss_scan_us * 1000,
+            drops_logged: Default::default(),
+            rto_ns: config.rto_us * 1000,
+            loss_scan_ns: config.pkt_loss_scan_us * 1000,
+            loss_scan_deferred: false,
+            wheel: config
+                .cc
+                .enabled
+                .then(|| crate::cc::TimingWheel::new(config.cc.wheel(), now_ns)),
+            pacing: cc::Pacing::new(&config.cc),
+            cc_shared: crate::cc::CcShared::new(&config.cc),
+            tx_ts_cap: config.session_credits.next_power_of_two(),
+            bg: BgState {
+                links: nexus.workers().connect(rpc_id),
+                backlog: VecDeque::new(),
+                scratch: Vec::new(),
+            },
+            pending: 0,
+            gate: 0,
+            stats: RpcStats::default(),
+            inspect: nexus.inspect_publisher(rpc_id),
+            transport,
+            nexus,
+            config,
+            _not_send: PhantomData,
+        }
     }
 }
 
@@ -242,118 +325,4 @@ fn ctrl_buffer(
     let ctrl = alloc.alloc(ctrl_bufs * CTRL_SLOT_BYTES)?;
     debug_assert!(ctrl.capacity() >= ctrl_bufs * CTRL_SLOT_BYTES);
     Ok((ctrl, ctrl_bufs))
-}
-
-/// What `build` has checked and acquired, before the Rpc is put together.
-struct Parts<T: Transport, C> {
-    nexus: Arc<Nexus>,
-    transport: T,
-    ring: T::Ring,
-    alloc: Allocator,
-    rpc_id: u8,
-    config: RpcConfig,
-    sm_handler: Option<SessionHandler<T, C>>,
-    handlers: Box<[HandlerSlot<T, C>; 256]>,
-    sm_queue: Arc<crate::nexus::SmQueue>,
-    ctrl: Buffer,
-    ctrl_bufs: usize,
-}
-
-impl<T: Transport, C> Parts<T, C> {
-    /// The Rpc, every queue empty, its timers starting now.
-    fn assemble(self) -> Rpc<T, C> {
-        let Parts {
-            nexus,
-            transport,
-            ring,
-            alloc,
-            rpc_id,
-            config,
-            sm_handler,
-            handlers,
-            sm_queue,
-            ctrl,
-            ctrl_bufs,
-        } = self;
-        let ring_entries = ring.entries();
-        let tx_burst_max = transport.tx_burst_max();
-        // Burst requests of one RX burst, queued until the burst is read;
-        // allocated once (none without a burst handler).
-        let burst_pending = if handlers.iter().any(|h| matches!(h, HandlerSlot::Burst(_))) {
-            Vec::with_capacity(ring_entries.min(crate::consts::BURST_PENDING_MAX))
-        } else {
-            Vec::new()
-        };
-        let clock = nexus.clock().clone();
-        let now_ns = clock.now_ns();
-        Rpc {
-            ring: Some(ring),
-            ring_entries,
-            rx_head: 0,
-            alloc,
-            rpc_id,
-            clock,
-            now_ns,
-            sessions: session::SessionTable::new(),
-            free_session_nums: VecDeque::new(),
-            open_sessions: 0,
-            ring_entries_available: ring_entries,
-            handlers,
-            burst_pending,
-            sm_handler,
-            sm_queue,
-            sm_pending: Vec::new(),
-            token_map: HashMap::new(),
-            retired_tokens: tokens::RetiredTokens::default(),
-            abandoned: Vec::new(),
-            tx: TxBatch::new(),
-            ctrl: Some(ctrl),
-            ctrl_next: 0,
-            ctrl_bufs,
-            tx_burst_max,
-            stallq: Vec::with_capacity(64),
-            active: active::Active::new(config.session_credits.next_power_of_two()),
-            owed: VecDeque::new(),
-            req_base_override: None,
-            connect_limiter: admission::ConnectLimiter::default(),
-            source_shares: admission::SourceShares::default(),
-            ring_share_per_source: config.ring_entries_per_source.unwrap_or(0),
-            connect_burst: config.connect_burst_per_source.unwrap_or_else(|| {
-                u32::try_from(ring_entries / config.session_credits)
-                    .unwrap_or(u32::MAX)
-                    .max(CONNECT_BURST_PER_SOURCE)
-            }),
-            notices: VecDeque::new(),
-            reassembling: Vec::new(),
-            idle_candidates: Vec::new(),
-            last_idle_walk_ns: 0,
-            unserved: VecDeque::new(),
-            next_probe_round_ns: 0,
-            next_loss_scan_ns: now_ns + config.pkt_loss_scan_us * 1000,
-            drops_logged: Default::default(),
-            rto_ns: config.rto_us * 1000,
-            loss_scan_ns: config.pkt_loss_scan_us * 1000,
-            loss_scan_deferred: false,
-            wheel: config
-                .cc
-                .enabled
-                .then(|| crate::cc::TimingWheel::new(config.cc.wheel(), now_ns)),
-            pacing: cc::Pacing::new(&config.cc),
-            cc_shared: crate::cc::CcShared::new(&config.cc),
-            tx_ts_cap: config.session_credits.next_power_of_two(),
-            bg: BgState {
-                links: nexus.workers().connect(rpc_id),
-                backlog: VecDeque::new(),
-                scratch: Vec::new(),
-            },
-            pending: 0,
-            gate: 0,
-            stats: RpcStats::default(),
-            inspect: nexus.inspect_publisher(rpc_id),
-            transport,
-            nexus,
-            config,
-            _not_send: PhantomData,
-        }
-    }
 }

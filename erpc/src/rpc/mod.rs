@@ -1,14 +1,24 @@
 //! The Rpc endpoint: one per thread, generic over the transport `T` and
 //! the application context `C`.
 //!
-//! One file per mechanism, as in the C++ eRPC: `req` (requests, both
-//! sides), `resp` (responses), `cr` (explicit credit returns), `rfr`
-//! (requests for response), `tx` (the single TX path), `rx` (packet
-//! dispatch and validation), `ev_loop`, `loss` (retransmission timeout and
-//! go-back-N), `reset` (failed peers, session reset and teardown with
-//! requests outstanding), `testing` (test hooks: fault injection and probes), `sm_handlers`
-//! (session management), `bg` (worker-thread handlers), `burst` (burst
-//! handlers), `status` (the server's error answers).
+//! The public surface: `api` (every public method of [`Rpc`], in the
+//! order an application uses them, as the C++ `rpc.h` lists them),
+//! `builder` ([`RpcBuilder`] and the steps of making an Rpc), `types`
+//! (handler types, requests, completions, session events and snapshots),
+//! `errors`, `config` ([`RpcConfig`]) and `testing` (test hooks: fault
+//! injection and probes). This file holds the [`Rpc`] struct and its drop.
+//!
+//! The mechanisms, one file each, as in the C++ eRPC: `req` (requests,
+//! both sides), `resp` (responses), `cr` (explicit credit returns and the
+//! credit invariant), `rfr` (requests for response), `tx` (the single TX
+//! path), `rx` (packet dispatch and validation), `ev_loop`, `loss`
+//! (retransmission timeout and go-back-N), `reset` (failed peers, session
+//! reset and teardown with requests outstanding), `sm_handlers` (session
+//! management), `admission` (connect limits and reclaiming server
+//! sessions), `active` (the active client sessions), `cc` (congestion
+//! control and pacing), `resolve` (host names that do not resolve), `bg`
+//! (worker-thread handlers), `burst` (burst handlers), `status` (the
+//! server's error answers), `tokens` (retired session tokens).
 
 // Rustdoc lists an Rpc's methods impl block by impl block, child modules
 // first in the order they are declared: the public API (`api`), then the
