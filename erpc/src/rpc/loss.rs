@@ -250,6 +250,11 @@ impl<T: Transport, C> Rpc<T, C> {
         c.wheel_count = 0;
         c.resent = true;
         s.retransmits += 1;
+        debug_assert_eq!(
+            super::cr::credit_balance(s),
+            Ok(()),
+            "session {sn} after a rollback"
+        );
         self.stats.retransmissions += 1;
         self.stats.retransmitted_pkts += u64::from(delta);
         if self.stats.retransmissions.is_power_of_two() {

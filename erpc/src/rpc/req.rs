@@ -143,6 +143,10 @@ impl<T: Transport, C> Rpc<T, C> {
             unreachable!("caller checked the session");
         };
         debug_assert!(s.active, "a request starts only on an active session");
+        debug_assert!(
+            s.role == Role::Client && s.state == SessionState::Connected,
+            "a request starts only on a connected client session"
+        );
         let route = s.route.as_ref().expect("connected session has a route");
         let slot = &mut s.slots[i];
         debug_assert!(slot.tx_msgbuf.is_none());
@@ -202,6 +206,11 @@ impl<T: Transport, C> Rpc<T, C> {
             c.num_tx = 1;
             c.in_flight_ns = now;
             s.credits -= 1;
+            debug_assert_eq!(
+                super::cr::credit_balance(s),
+                Ok(()),
+                "session {session} after a request packet went out"
+            );
             let ts_at = if self.pacing.cc_on() {
                 self.stats.wheel_bypassed += 1;
                 Some(super::cc::ts_index(self.tx_ts_cap, i, 0))
@@ -297,6 +306,11 @@ impl<T: Transport, C> Rpc<T, C> {
             stallq.push((sn, i as u8));
             *pending |= super::ev_loop::PENDING_STALLQ;
         }
+        debug_assert_eq!(
+            super::cr::credit_balance(s),
+            Ok(()),
+            "session {sn} after its only credit went out"
+        );
         Some(pkt)
     }
 
@@ -375,6 +389,11 @@ impl<T: Transport, C> Rpc<T, C> {
             // slot's first unacknowledged packet may bypass, which
             // `cc_pace` decides packet by packet.
             let paced = super::cc::burst_paced(pacing, c.wheel_count, s.cc.as_ref());
+            debug_assert_eq!(
+                super::cr::credit_balance(s),
+                Ok(()),
+                "session {session} after {n} packets went out"
+            );
             if pacing.cc_on() && !paced {
                 self.stats.wheel_bypassed += u64::from(n);
             }

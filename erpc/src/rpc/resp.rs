@@ -34,6 +34,7 @@ impl<T: Transport, C> Rpc<T, C> {
             return Err(stale);
         };
         // A handle's slot is below the window by construction.
+        debug_assert!(usize::from(h.slot) < SESSION_REQ_WINDOW);
         let i = usize::from(h.slot) % SESSION_REQ_WINDOW;
         // A client session has no server halves: never awaiting.
         let awaiting = match s.half.as_server_mut() {
@@ -159,6 +160,11 @@ impl<T: Transport, C> Rpc<T, C> {
         self.stats.rx_accepted += 1;
         debug_assert!(s.credits < max_credits);
         s.credits = (s.credits + 1).min(max_credits);
+        debug_assert_eq!(
+            super::cr::credit_balance(s),
+            Ok(()),
+            "session {sn} after a response packet"
+        );
         if self.pacing.cc_on() {
             // The RTT sample, with the session in hand.
             let rx = super::cc::rx_time(&self.config.cc, now, &self.clock);
@@ -299,6 +305,11 @@ impl<T: Transport, C> Rpc<T, C> {
             resp: c.resp_msgbuf.take().expect("in flight"),
             result,
         };
+        debug_assert_eq!(
+            super::cr::credit_balance(s),
+            Ok(()),
+            "session {sn} after a request completed"
+        );
         self.stats.reqs_completed += 1;
         if failed {
             self.stats.reqs_failed += 1;
