@@ -149,7 +149,6 @@ impl<T: Transport, C> Rpc<T, C> {
     ///
     /// Packets leave at the next event-loop iteration (or earlier, when a
     /// TX batch fills up).
-    #[inline(always)]
     pub fn enqueue_request(
         &mut self,
         session: SessionNum,

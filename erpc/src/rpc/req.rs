@@ -41,7 +41,10 @@ fn grow_and_push<T: Transport, C>(
 
 impl<T: Transport, C> Rpc<T, C> {
     /// Client: [`Rpc::enqueue_request`]. The request goes into a free
-    /// slot of a connected session at once, else into its backlog.
+    /// slot of a connected session at once, else into its backlog. Always
+    /// inlined into its one caller, so that the public method is this
+    /// function, as it was before the API moved to `api.rs`.
+    #[inline(always)]
     pub(crate) fn submit_request(
         &mut self,
         session: SessionNum,

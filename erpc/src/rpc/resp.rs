@@ -17,8 +17,9 @@ use crate::stats::DropReason;
 
 impl<T: Transport, C> Rpc<T, C> {
     /// Server: [`Rpc::enqueue_response`]. Writes every packet header of
-    /// the response and queues its first packet.
-    #[inline]
+    /// the response and queues its first packet. Always inlined into its
+    /// one caller, so that the public method is this function.
+    #[inline(always)]
     pub(crate) fn send_response(
         &mut self,
         h: ReqHandle,
