@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use erpc::{Completion, MsgBuf, Nexus, Request, Rpc, RpcConfig, WorkerIdle};
+use erpc::{Completion, MsgBuf, Nexus, Request, Rpc, WorkerIdle};
 use erpc_sim::{SimConfig, SimNet, SimTransport, test_allocator};
 
 /// The value the queues carry: the size of an eRPC job.
@@ -329,15 +329,9 @@ fn rpc_pair(
             };
         }
         let nexus = b.build().unwrap();
-        let mut rpc = Rpc::new(
-            &nexus,
-            0,
-            net.add_transport(),
-            test_allocator(8 << 20),
-            RpcConfig::default(),
-            None,
-        )
-        .unwrap();
+        let mut rpc = Rpc::builder(&nexus, net.add_transport(), test_allocator(8 << 20))
+            .build()
+            .unwrap();
         let bufs = (
             rpc.alloc_msg_buffer(8).unwrap(),
             rpc.alloc_msg_buffer(8).unwrap(),

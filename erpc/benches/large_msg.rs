@@ -14,7 +14,7 @@
 //! erpc/benches/callgrind_large.sh        # per data packet, two sizes
 //! ```
 
-use erpc::{Completion, MsgBuf, Nexus, Request, Rpc, RpcConfig};
+use erpc::{Completion, MsgBuf, Nexus, Request, Rpc};
 use erpc_sim::{SimConfig, SimNet, SimTransport, test_allocator};
 
 const REQ: u8 = 1;
@@ -64,15 +64,9 @@ fn nodes(net: &SimNet, size: usize) -> Vec<(Rpc<SimTransport, Ctx>, Ctx)> {
             // Request and response buffers of the window, the server's
             // responses, and room for the reassembly of requests.
             let arena = (8 * WINDOW * size).next_power_of_two().max(8 << 20);
-            let mut rpc = Rpc::new(
-                &nexus,
-                0,
-                net.add_transport(),
-                test_allocator(arena),
-                RpcConfig::default(),
-                None,
-            )
-            .unwrap();
+            let mut rpc = Rpc::builder(&nexus, net.add_transport(), test_allocator(arena))
+                .build()
+                .unwrap();
             let pool = (0..WINDOW)
                 .map(|_| {
                     let mut req = rpc.alloc_msg_buffer(size).unwrap();

@@ -156,15 +156,10 @@ fn sim_nodes_as(
                 .clock(net.erpc_clock())
                 .build()
                 .unwrap();
-            let mut rpc = Rpc::new(
-                &nexus,
-                0,
-                net.add_transport(),
-                test_allocator(8 << 20),
-                cfg,
-                None,
-            )
-            .unwrap();
+            let mut rpc = Rpc::builder(&nexus, net.add_transport(), test_allocator(8 << 20))
+                .config(cfg)
+                .build()
+                .unwrap();
             let ctx = new_ctx(&mut rpc, net.erpc_clock());
             (rpc, ctx)
         })
@@ -350,15 +345,11 @@ fn udp_run(b: usize, window: usize, dur: Duration) -> UdpResult {
             );
             std::thread::spawn(move || {
                 let t = UdpTransport::new(&UdpConfig::loopback()).unwrap();
-                let mut rpc: Rpc<UdpTransport, Ctx> = Rpc::new(
-                    &nexus,
-                    id,
-                    t,
-                    test_allocator(8 << 20),
-                    RpcConfig::default(),
-                    None,
-                )
-                .unwrap();
+                let mut rpc: Rpc<UdpTransport, Ctx> =
+                    Rpc::builder(&nexus, t, test_allocator(8 << 20))
+                        .id(id)
+                        .build()
+                        .unwrap();
                 let mut c = new_ctx(&mut rpc, nexus.clock().clone());
                 ready.wait();
                 c.session = rpc.create_session(&uri, 1 - id).unwrap();

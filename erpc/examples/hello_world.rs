@@ -20,9 +20,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use erpc::{
-    Completion, Nexus, NexusBuilder, Request, Rpc, RpcConfig, SessionEvent, SessionEventKind,
-};
+use erpc::{Completion, Nexus, NexusBuilder, Request, Rpc, SessionEvent, SessionEventKind};
 use erpc_sim::{SimConfig, SimNet, SimTransport, sim_allocator};
 use mempool::{Fallback, RegionOptions};
 use transport::Transport;
@@ -176,14 +174,9 @@ fn device_model(region: RegionOptions) -> Result<()> {
                 ..Default::default()
             },
         )?;
-        Ok(Rpc::new(
-            n,
-            0,
-            t,
-            alloc,
-            RpcConfig::default(),
-            Some(on_session::<Mlx5Transport<SimBackend>>),
-        )?)
+        Ok(Rpc::builder(n, t, alloc)
+            .session_handler(on_session::<Mlx5Transport<SimBackend>>)
+            .build()?)
     };
     let (mut server, mut client) = (rpc(&sn, 1)?, rpc(&cn, 2)?);
     let (mut s_app, mut c_app) = (App::default(), App::default());
@@ -214,14 +207,11 @@ fn simulated(region: RegionOptions) -> Result<()> {
     };
     let (sn, cn) = (nexus("server:31850")?, nexus("client:31851")?);
     let rpc = |n: &Arc<Nexus>| -> Result<Rpc<SimTransport, App>> {
-        Ok(Rpc::new(
-            n,
-            0,
-            net.add_transport(),
-            sim_allocator(RPC_BYTES, region)?,
-            RpcConfig::default(),
-            Some(on_session::<SimTransport>),
-        )?)
+        Ok(
+            Rpc::builder(n, net.add_transport(), sim_allocator(RPC_BYTES, region)?)
+                .session_handler(on_session::<SimTransport>)
+                .build()?,
+        )
     };
     let (mut server, mut client) = (rpc(&sn)?, rpc(&cn)?);
     let (mut s_app, mut c_app) = (App::default(), App::default());
@@ -255,14 +245,9 @@ fn udp(region: RegionOptions) -> Result<()> {
     let (sn, cn) = (nexus(&su)?, nexus(&cu)?);
     let rpc = |n: &Arc<Nexus>| -> Result<Rpc<UdpTransport, App>> {
         let t = UdpTransport::new(&UdpConfig::loopback())?;
-        Ok(Rpc::new(
-            n,
-            0,
-            t,
-            erpc::host_allocator(RPC_BYTES, region)?,
-            RpcConfig::default(),
-            Some(on_session::<UdpTransport>),
-        )?)
+        Ok(Rpc::builder(n, t, erpc::host_allocator(RPC_BYTES, region)?)
+            .session_handler(on_session::<UdpTransport>)
+            .build()?)
     };
     let (mut server, mut client) = (rpc(&sn)?, rpc(&cn)?);
     let (mut s_app, mut c_app) = (App::default(), App::default());

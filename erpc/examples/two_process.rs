@@ -20,7 +20,7 @@ use std::error::Error;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use erpc::{Completion, Nexus, Request, Rpc, RpcConfig};
+use erpc::{Completion, Nexus, Request, Rpc};
 use mempool::{Fallback, RegionOptions};
 use transport::udp::{UdpConfig, UdpTransport};
 
@@ -84,7 +84,7 @@ fn server(uri: &str) -> Result<()> {
         .build()?;
     let t = UdpTransport::new(&UdpConfig::loopback())?;
     let alloc = erpc::host_allocator(32 << 20, region(20))?;
-    let mut rpc = Rpc::new(&nexus, 0, t, alloc, RpcConfig::default(), None)?;
+    let mut rpc = Rpc::builder(&nexus, t, alloc).build()?;
     let mut s = Server::default();
     // The line a supervisor (or the test) waits for.
     println!("server: listening on {uri}");
@@ -180,7 +180,7 @@ fn client(server_uri: &str, requests: u64, size: usize, window: usize) -> Result
     let nexus = Nexus::builder(&format!("127.0.0.1:{port}")).build()?;
     let t = UdpTransport::new(&UdpConfig::loopback())?;
     let alloc = erpc::host_allocator(32 << 20, region(20))?;
-    let mut rpc = Rpc::new(&nexus, 0, t, alloc, RpcConfig::default(), None)?;
+    let mut rpc = Rpc::builder(&nexus, t, alloc).build()?;
     let session = rpc.create_session(server_uri, 0)?;
     let mut c = Client {
         session,

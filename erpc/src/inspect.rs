@@ -610,7 +610,7 @@ impl RpcRaw {
                         .collect(),
                     quiet_ms: s.quiet_ns.map(|ns| ns as f64 / 1e6),
                     rtt_us: s.rtt_us,
-                    timely_rate_gbps: s.timely_gbps,
+                    timely_rate_gbps: s.cc_rate_gbps,
                 })
                 .collect(),
         }
@@ -743,16 +743,10 @@ impl NexusInspect {
 
 /// Inspection: what `erpc-inspect` shows of the Rpc.
 impl<T: Transport, C> Rpc<T, C> {
-    /// What the debug endpoint shows of this Rpc (also usable directly,
-    /// e.g. by tests and tools in the same process).
-    pub fn inspect_view(&self) -> RpcView {
-        self.inspect_raw().view()
-    }
-
     /// The copy the event loop publishes: counters and sessions as they
     /// are, no formatting.
     pub(crate) fn inspect_raw(&self) -> RpcRaw {
-        let (unreserved, entries) = self.rx_ring_unreserved();
+        let (unreserved, entries) = self.ring_reservation();
         let alloc = self.alloc_stats();
         RpcRaw {
             rpc_id: self.rpc_id(),

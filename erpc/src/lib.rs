@@ -69,7 +69,8 @@
 //!   registered on a [`NexusBuilder`] before any Rpc exists), worker threads for background handlers, and the
 //!   session-management link ([`sm::SmLink`]: kernel UDP in production, an
 //!   in-memory hub on the virtual clock in simulation).
-//! * [`Rpc<T, C>`] — one per thread, generic over the transport `T`
+//! * [`Rpc<T, C>`] — one per thread, made with [`Rpc::builder`] (an
+//!   [`RpcBuilder`]), generic over the transport `T`
 //!   (static dispatch) and the application context `C`. It owns its
 //!   transport, its hugepage allocator, its sessions and queues; it is
 //!   `!Send`. [`Rpc::run_event_loop_once`] takes `&mut C` and runs
@@ -93,7 +94,7 @@
 //!
 //! ```
 //! use erpc_sim::{SimConfig, SimNet, SimTransport, sim_allocator};
-//! use erpc::{Completion, Nexus, Request, Rpc, RpcConfig};
+//! use erpc::{Completion, Nexus, Request, Rpc};
 //! use mempool::{Fallback, RegionOptions};
 //!
 //! const ECHO: u8 = 1;
@@ -134,15 +135,13 @@
 //! // runs where none are reserved.
 //! let memory = RegionOptions { fallback: Fallback::SmallPages, ..Default::default() };
 //! let rpc = |nexus| {
-//!     Rpc::<SimTransport, App>::new(
-//!         nexus,
-//!         0, // Rpc id within its Nexus
-//!         net.add_transport(),
-//!         sim_allocator(2 << 20, memory)?,
-//!         RpcConfig::default(),
-//!         None, // no session-event callback
-//!     )
-//!     .map_err(Box::<dyn std::error::Error>::from)
+//!     let alloc = sim_allocator(2 << 20, memory)?;
+//!     // Rpc id 0 within its Nexus, default settings, no session-event
+//!     // callback: the builder's defaults (`.id(..)`, `.config(..)`,
+//!     // `.session_handler(..)` change them).
+//!     Rpc::<SimTransport, App>::builder(nexus, net.add_transport(), alloc)
+//!         .build()
+//!         .map_err(Box::<dyn std::error::Error>::from)
 //! };
 //! let (mut server, mut client) = (rpc(&server_nexus)?, rpc(&client_nexus)?);
 //!
@@ -308,11 +307,13 @@ pub use nexus::{
     BgHandler, BgResponse, LivenessStats, Nexus, NexusBuilder, NexusError, PeerLiveness, Uri,
     WorkerDispatch, WorkerIdle, WorkerStats,
 };
+#[cfg(feature = "testing")]
+pub use rpc::ActivePools;
 pub use rpc::{
-    ActivePools, Burst, BurstHandler, Completion, Continuation, CreateError, EnqueueError,
-    EnqueueErrorKind, ReqHandle, ReqHandler, Request, RespondError, Rpc, RpcConfig, RpcError,
-    ServerError, SessionError, SessionEvent, SessionEventKind, SessionHandler, SessionInfo,
-    SessionNum, SlotInfo,
+    Burst, BurstHandler, Completion, Continuation, CreateError, EnqueueError, EnqueueErrorKind,
+    ReqHandle, ReqHandler, Request, RespondError, Rpc, RpcBuilder, RpcConfig, RpcError,
+    ServerError, SessionEnd, SessionError, SessionEvent, SessionEventKind, SessionHandler,
+    SessionInfo, SessionNum, SlotInfo,
 };
 pub use session::SessionState;
 pub use sm_types::{SmErr, TransportType};

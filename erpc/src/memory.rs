@@ -30,7 +30,7 @@ use mempool::{AllocError, Allocator, AllocatorConfig, IdentityMapper, RegionOpti
 /// let transport = UdpTransport::new(&UdpConfig::loopback())?;
 /// let alloc = erpc::host_allocator(8 << 20, Default::default())?;
 /// let rpc: erpc::Rpc<_, ()> =
-///     erpc::Rpc::new(&nexus, 0, transport, alloc, erpc::RpcConfig::default(), None)?;
+///     erpc::Rpc::builder(&nexus, transport, alloc).build()?;
 /// # drop(rpc);
 /// # Ok(())
 /// # }

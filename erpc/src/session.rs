@@ -10,7 +10,8 @@
 //! sslot: go-back-N rolls `num_tx` back to `num_rx` when the slot has made
 //! no progress for the retransmission timeout (`rpc/loss.rs`).
 //!
-//! Credit invariant of a connected client session, checked by the tests:
+//! Credit invariant of a connected client session, checked by the tests
+//! and asserted in debug builds where it must hold (`rpc/cr.rs`):
 //! `credits + sum over busy slots of (num_tx - num_rx) == credits_max`.
 
 use std::collections::VecDeque;

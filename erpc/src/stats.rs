@@ -293,7 +293,7 @@ pub struct RpcStats {
     pub sm_end_notices: u64,
     /// Connecting client sessions failed because the SM link found no
     /// address for the server's host name
-    /// ([`crate::SessionEventKind::HostNotFound`]).
+    /// ([`SessionEnd::HostNotFound`](crate::SessionEnd::HostNotFound)).
     pub sm_unresolved: u64,
     /// SM requests given up after the failure timeout (connect: the
     /// session fails; disconnect: it is freed locally).

@@ -646,7 +646,7 @@ fn a_handler_of_the_wrong_type_is_refused() {
         .expect("nexus");
     let t = w.transport();
     let a = w.allocator(1 << 20);
-    let e = Rpc::<T, Ctx>::new(&nexus, 0, t, a, RpcConfig::default(), None).unwrap_err();
+    let e = Rpc::<T, Ctx>::builder(&nexus, t, a).build().unwrap_err();
     assert!(
         matches!(
             e,

@@ -68,7 +68,7 @@ fn an_uncongested_session_bypasses_timely_and_the_wheel() {
             assert!(s.wheel_bypassed >= 500 * 4, "{s:?}");
             assert_eq!(ns[0].rpc.wheel_stats().unwrap().inserted, 0);
             let sn = ns[0].ctx.sessions[0];
-            assert_eq!(ns[0].rpc.session_info(sn).unwrap().timely_gbps, Some(25.0));
+            assert_eq!(ns[0].rpc.session_info(sn).unwrap().cc_rate_gbps, Some(25.0));
         },
     );
 }
@@ -143,21 +143,16 @@ fn a_slow_link_rate_paces_the_session() {
         let nexus = common::app::register::<<W as World>::T>(w2.nexus("x:1"))
             .build()
             .unwrap();
-        let e = erpc::Rpc::<_, common::app::Ctx>::new(
-            &nexus,
-            0,
-            t,
-            w2.allocator(1 << 20),
-            RpcConfig {
+        let e = erpc::Rpc::<_, common::app::Ctx>::builder(&nexus, t, w2.allocator(1 << 20))
+            .config(RpcConfig {
                 cc: CcConfig {
                     link_gbps: 0.08,
                     ..CcConfig::default()
                 },
                 ..RpcConfig::default()
-            },
-            None,
-        )
-        .unwrap_err();
+            })
+            .build()
+            .unwrap_err();
         assert!(e.to_string().contains("minimum rate 15 MB/s"), "{e}");
     });
 }

@@ -385,7 +385,15 @@ impl<C: 'static> Bench<C> {
         let t = net.add_transport();
         let our_ep = t.endpoint();
         let ri = t.local_routing_info();
-        let rpc = Rpc::new(&n, rpc_id, t, test_allocator(8 << 20), cfg, sm).unwrap();
+        let b = Rpc::builder(&n, t, test_allocator(8 << 20))
+            .id(rpc_id)
+            .config(cfg);
+        let rpc = match sm {
+            Some(h) => b.session_handler(h),
+            None => b,
+        }
+        .build()
+        .unwrap();
         // The C++ peer: an endpoint nobody reads but the capture.
         let peer = net.add_transport();
         let cpp_ep = peer.endpoint();
@@ -1471,7 +1479,10 @@ fn our_client_takes_a_cpp_servers_connect_errors() {
         );
         assert_eq!(
             b.ctx.events.last().map(|e| (e.session, e.kind)),
-            Some((sn, SessionEventKind::ConnectFailed(err)))
+            Some((
+                sn,
+                SessionEventKind::Ended(erpc::SessionEnd::ConnectFailed(err))
+            ))
         );
         assert_eq!(b.rpc.rx_ring_unreserved().0, 4096);
         let stale = b.rpc.stats().drops(DropReason::SmStale);

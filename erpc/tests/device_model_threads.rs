@@ -228,18 +228,15 @@ fn four_rpcs_per_node_on_four_threads_with_loss() {
                         },
                     )
                     .map_err(|e| e.to_string())?;
-                    let rpc = erpc::Rpc::new(
-                        &nexuses[node],
-                        i as u8,
-                        t,
-                        a,
-                        erpc::RpcConfig {
+                    let rpc = erpc::Rpc::builder(&nexuses[node], t, a)
+                        .id(i as u8)
+                        .config(erpc::RpcConfig {
                             failure_timeout_ms: 30_000,
                             ..Default::default()
-                        },
-                        Some(app::sm_handler),
-                    )
-                    .map_err(|e| e.to_string())?;
+                        })
+                        .session_handler(app::sm_handler)
+                        .build()
+                        .map_err(|e| e.to_string())?;
                     owned.push(Owned {
                         rpc,
                         ctx: app::Ctx::new(0x5000 + (node * 16 + i) as u64),

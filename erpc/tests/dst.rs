@@ -849,21 +849,17 @@ fn new_rpc<N: Net>(
     rto_us: u64,
 ) -> Node<N::T> {
     let alloc = net.allocator();
-    let rpc = Rpc::new(
-        nexus,
-        0,
-        t,
-        alloc,
-        RpcConfig {
+    let rpc = Rpc::builder(nexus, t, alloc)
+        .config(RpcConfig {
             cc,
             rto_us,
             pkt_loss_scan_us: rto_us / 10,
             stall_timeout_ms: Some(STALL_MS),
             ..RpcConfig::default()
-        },
-        Some(sm_handler::<N::T>),
-    )
-    .expect("rpc");
+        })
+        .session_handler(sm_handler::<N::T>)
+        .build()
+        .expect("rpc");
     let baseline = in_use(&rpc);
     Node {
         rpc,

@@ -50,15 +50,11 @@ fn restart(w: &mut W, ns: &mut Vec<N<W>>, i: usize, seed: u64) {
     let nexus = app::register::<<W as World>::T>(w.nexus(&uri(i)))
         .build()
         .unwrap();
-    let rpc = erpc::Rpc::new(
-        &nexus,
-        i as u8,
-        t,
-        w.allocator(8 << 20),
-        RpcConfig::default(),
-        Some(app::sm_handler),
-    )
-    .unwrap();
+    let rpc = erpc::Rpc::builder(&nexus, t, w.allocator(8 << 20))
+        .id(i as u8)
+        .session_handler(app::sm_handler)
+        .build()
+        .unwrap();
     ns.push(Node {
         rpc,
         ctx: Ctx::new(seed ^ 0xdead),
@@ -120,18 +116,20 @@ fn a_dead_peer_fails_outstanding_requests_after_the_failure_timeout() {
                 "detected after {took} ns"
             );
             assert!(
-                ns[0]
-                    .ctx
-                    .failures
-                    .iter()
-                    .all(|e| matches!(e, RpcError::PeerFailed { .. })),
+                ns[0].ctx.failures.iter().all(|e| matches!(
+                    e,
+                    RpcError::SessionEnded {
+                        why: erpc::SessionEnd::PeerFailed,
+                        ..
+                    }
+                )),
                 "{:?}",
                 ns[0].ctx.failures
             );
             assert_eq!(
                 events(&ns[0])
                     .iter()
-                    .filter(|&&k| k == SessionEventKind::PeerFailed)
+                    .filter(|&&k| k == SessionEventKind::Ended(erpc::SessionEnd::PeerFailed))
                     .count(),
                 2
             );
@@ -225,7 +223,7 @@ fn a_restarted_peer_gets_new_sessions_and_old_packets_are_dropped() {
                     .ctx
                     .events
                     .iter()
-                    .any(|e| e.kind == SessionEventKind::PeerFailed)
+                    .any(|e| e.kind == SessionEventKind::Ended(erpc::SessionEnd::PeerFailed))
             });
             restart(&mut w, &mut ns, 1, seed);
             ns[0].ctx.sessions.clear();
@@ -289,13 +287,13 @@ fn a_peer_restarted_within_the_failure_timeout_is_noticed_by_its_incarnation() {
             // The next ping's answer carries the new incarnation.
             assert!(took < 60 * MS, "noticed after {took} ns");
             assert_eq!(ns[0].rpc.nexus().liveness_stats().failed_restarted, 1);
-            assert!(
-                ns[0]
-                    .ctx
-                    .failures
-                    .iter()
-                    .all(|e| matches!(e, RpcError::PeerFailed { .. }))
-            );
+            assert!(ns[0].ctx.failures.iter().all(|e| matches!(
+                e,
+                RpcError::SessionEnded {
+                    why: erpc::SessionEnd::PeerFailed,
+                    ..
+                }
+            )));
         },
     );
 }
@@ -351,14 +349,14 @@ fn fault_injection_fails_a_remote_and_resets_sessions() {
             run_until(&mut w, &mut ns, 100_000, "reset", |ns| {
                 ns[0].ctx.failed == 3
             });
-            assert!(
-                ns[0]
-                    .ctx
-                    .failures
-                    .iter()
-                    .all(|e| matches!(e, RpcError::SessionReset { .. }))
-            );
-            assert!(events(&ns[0]).contains(&SessionEventKind::Reset));
+            assert!(ns[0].ctx.failures.iter().all(|e| matches!(
+                e,
+                RpcError::SessionEnded {
+                    why: erpc::SessionEnd::Reset,
+                    ..
+                }
+            )));
+            assert!(events(&ns[0]).contains(&SessionEventKind::Ended(erpc::SessionEnd::Reset)));
             // The one-shot disconnect reached the server: its session waits
             // for the held handlers, then goes.
             run_until(&mut w, &mut ns, 100_000, "server", |ns| {
@@ -380,13 +378,13 @@ fn fault_injection_fails_a_remote_and_resets_sessions() {
             run_until(&mut w, &mut ns, 100_000, "failed", |ns| {
                 ns[0].ctx.failed == 5
             });
-            assert!(
-                ns[0]
-                    .ctx
-                    .failures
-                    .iter()
-                    .all(|e| matches!(e, RpcError::PeerFailed { .. }))
-            );
+            assert!(ns[0].ctx.failures.iter().all(|e| matches!(
+                e,
+                RpcError::SessionEnded {
+                    why: erpc::SessionEnd::PeerFailed,
+                    ..
+                }
+            )));
             assert_eq!(ns[0].rpc.num_sessions(), 0);
             assert_eq!(ns[0].rpc.nexus().liveness_stats().failed_injected, 1);
             // Dropping the next packets of a session is repaired by loss recovery.
@@ -419,14 +417,17 @@ fn a_connect_to_a_dead_peer_times_out_and_its_requests_fail() {
                 ns[0].ctx.failed == 3
             });
             assert!((500 * MS..510 * MS).contains(&(w.now_ns() - t0)));
-            assert_eq!(events(&ns[0]), vec![SessionEventKind::ConnectTimedOut]);
-            assert!(
-                ns[0]
-                    .ctx
-                    .failures
-                    .iter()
-                    .all(|e| matches!(e, RpcError::TimedOut { .. }))
+            assert_eq!(
+                events(&ns[0]),
+                vec![SessionEventKind::Ended(erpc::SessionEnd::ConnectTimedOut)]
             );
+            assert!(ns[0].ctx.failures.iter().all(|e| matches!(
+                e,
+                RpcError::SessionEnded {
+                    why: erpc::SessionEnd::ConnectTimedOut,
+                    ..
+                }
+            )));
             assert_eq!(ns[0].rpc.stats().sm_timeouts, 1);
             assert_eq!(ns[0].rpc.num_sessions(), 0);
         },
@@ -497,13 +498,13 @@ fn sessions_to_an_unpingable_peer_fail_at_the_stall_bound() {
             let took = w.now_ns() - t0;
             let bound = erpc::STALL_TIMEOUT_MS * MS;
             assert!((bound..=bound + 10 * MS).contains(&took), "{took}");
-            assert!(
-                ns[0]
-                    .ctx
-                    .failures
-                    .iter()
-                    .all(|e| matches!(e, RpcError::Stalled { .. }))
-            );
+            assert!(ns[0].ctx.failures.iter().all(|e| matches!(
+                e,
+                RpcError::SessionEnded {
+                    why: erpc::SessionEnd::Stalled,
+                    ..
+                }
+            )));
         },
     );
 }

@@ -131,14 +131,17 @@ fn a_session_to_a_cpp_peer_ends_cleanly_instead_of_wrapping() {
             );
             assert_eq!(
                 ns[0].ctx.failures,
-                vec![RpcError::ReqNumsExhausted { session: sn }]
+                vec![RpcError::SessionEnded {
+                    session: sn,
+                    why: erpc::SessionEnd::ReqNumsExhausted
+                }]
             );
             run_until(&mut w, &mut ns, 1000, "event", |ns| {
                 ns[0]
                     .ctx
                     .events
                     .iter()
-                    .any(|e| e.kind == SessionEventKind::ReqNumsExhausted)
+                    .any(|e| e.kind == SessionEventKind::Ended(erpc::SessionEnd::ReqNumsExhausted))
             });
             assert_eq!(ns[0].rpc.session_state(sn), None, "the session is gone");
             assert_eq!(ns[1].rpc.stats().drops(DropReason::StaleReqNum), 0);
@@ -513,7 +516,9 @@ fn a_server_full_of_forged_sessions_reclaims_them_for_real_clients() {
             });
             assert_eq!(
                 ns[1].ctx.events[0].kind,
-                SessionEventKind::ConnectFailed(erpc::SmErr::RingExhausted)
+                SessionEventKind::Ended(erpc::SessionEnd::ConnectFailed(
+                    erpc::SmErr::RingExhausted
+                ))
             );
             assert_eq!(ns[1].rpc.session_state(sn), None);
             // ... and served once they are old enough to be reclaimed.
@@ -615,7 +620,7 @@ fn an_unused_session_is_reclaimed_only_when_the_ring_is_short_and_its_client_is_
             assert!(
                 ns[1].ctx.events.contains(&erpc::SessionEvent {
                     session: idle,
-                    kind: SessionEventKind::ServerReclaimed
+                    kind: SessionEventKind::Ended(erpc::SessionEnd::ServerReclaimed)
                 }),
                 "{:?}",
                 ns[1].ctx.events
@@ -676,7 +681,10 @@ fn a_lost_reclaim_notice_comes_again_with_the_clients_next_packet() {
             });
             assert_eq!(
                 ns[1].ctx.failures,
-                vec![RpcError::ServerReclaimed { session: idle }]
+                vec![RpcError::SessionEnded {
+                    session: idle,
+                    why: erpc::SessionEnd::ServerReclaimed
+                }]
             );
             assert!(ns[0].rpc.stats().sm_reclaim_notices_resent >= 1);
             assert_eq!(ns[1].rpc.session_state(idle), None);

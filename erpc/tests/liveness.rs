@@ -81,15 +81,19 @@ fn a_session_the_server_resets_ends_at_its_client() {
                 ns[0].ctx.failed == 3
             });
             assert!(
-                ns[0]
-                    .ctx
-                    .failures
-                    .iter()
-                    .all(|e| matches!(e, RpcError::ServerEnded { .. })),
+                ns[0].ctx.failures.iter().all(|e| matches!(
+                    e,
+                    RpcError::SessionEnded {
+                        why: erpc::SessionEnd::ServerEnded,
+                        ..
+                    }
+                )),
                 "{:?}",
                 ns[0].ctx.failures
             );
-            assert!(events(&ns[0]).contains(&SessionEventKind::ServerEnded));
+            assert!(
+                events(&ns[0]).contains(&SessionEventKind::Ended(erpc::SessionEnd::ServerEnded))
+            );
             assert_eq!(ns[0].rpc.num_sessions(), 0);
             assert_eq!(ns[1].rpc.stats().sm_end_notices, 1);
         },
@@ -126,7 +130,10 @@ fn a_lost_end_notice_comes_again_with_the_clients_next_packet() {
             });
             assert!(matches!(
                 ns[0].ctx.failures[0],
-                RpcError::ServerEnded { .. }
+                RpcError::SessionEnded {
+                    why: erpc::SessionEnd::ServerEnded,
+                    ..
+                }
             ));
             assert!(ns[1].rpc.stats().sm_reclaim_notices_resent >= 1);
         },
@@ -157,13 +164,13 @@ fn a_client_declared_failed_by_the_server_alone_is_told() {
             run_until(&mut w, &mut ns, 1_000_000, "the client hears", |ns| {
                 ns[0].ctx.failed == 2
             });
-            assert!(
-                ns[0]
-                    .ctx
-                    .failures
-                    .iter()
-                    .all(|e| matches!(e, RpcError::ServerEnded { .. }))
-            );
+            assert!(ns[0].ctx.failures.iter().all(|e| matches!(
+                e,
+                RpcError::SessionEnded {
+                    why: erpc::SessionEnd::ServerEnded,
+                    ..
+                }
+            )));
         },
     );
 }
@@ -261,15 +268,20 @@ fn requests_to_a_server_rpc_that_stopped_running_fail_at_the_stall_bound() {
                 "failed after {took} ns"
             );
             assert!(
-                ns[0]
-                    .ctx
-                    .failures
-                    .iter()
-                    .all(|e| matches!(e, RpcError::Stalled { .. })),
+                ns[0].ctx.failures.iter().all(|e| matches!(
+                    e,
+                    RpcError::SessionEnded {
+                        why: erpc::SessionEnd::Stalled,
+                        ..
+                    }
+                )),
                 "{:?}",
                 ns[0].ctx.failures
             );
-            assert_eq!(events(&ns[0]).last(), Some(&SessionEventKind::Stalled));
+            assert_eq!(
+                events(&ns[0]).last(),
+                Some(&SessionEventKind::Ended(erpc::SessionEnd::Stalled))
+            );
             assert_eq!(ns[0].rpc.stats().sessions_stalled, 1);
             assert_eq!(ns[0].rpc.num_sessions(), 0);
             assert_eq!(
@@ -447,15 +459,12 @@ fn a_long_idle_served_session_is_reclaimed_when_the_ring_is_full() {
                     let t = w
                         .net
                         .add_transport_with_ring(if i == 1 { 64 } else { 4096 });
-                    let rpc = erpc::Rpc::new(
-                        &nexus,
-                        i as u8,
-                        t,
-                        w.allocator(8 << 20),
-                        cfg,
-                        Some(app::sm_handler),
-                    )
-                    .unwrap();
+                    let rpc = erpc::Rpc::builder(&nexus, t, w.allocator(8 << 20))
+                        .id(i as u8)
+                        .config(cfg)
+                        .session_handler(app::sm_handler)
+                        .build()
+                        .unwrap();
                     common::Node {
                         rpc,
                         ctx: app::Ctx::new(seed + i as u64),

@@ -85,7 +85,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::process::{Command, Stdio};
 
 use common::app::{self, Ctx, ECHO, SIZED};
-use erpc::{Nexus, Rpc, RpcConfig};
+use erpc::{Nexus, Rpc};
 use mempool::Allocator;
 use netsim::Rng;
 use transport::Transport;
@@ -325,15 +325,11 @@ fn kill_test_child(role: &str, me: Ipv4Addr, peer: Ipv4Addr) {
     let nexus = app::register::<UdpTransport>(Nexus::builder(&format!("{me}:31850")))
         .build()
         .expect("nexus");
-    let mut rpc: Rpc<UdpTransport, Ctx> = Rpc::new(
-        &nexus,
-        0,
-        t,
-        erpc_sim::test_allocator(8 << 20),
-        RpcConfig::default(),
-        Some(app::sm_handler::<UdpTransport>),
-    )
-    .expect("rpc");
+    let mut rpc: Rpc<UdpTransport, Ctx> =
+        Rpc::builder(&nexus, t, erpc_sim::test_allocator(8 << 20))
+            .session_handler(app::sm_handler::<UdpTransport>)
+            .build()
+            .expect("rpc");
     let mut ctx = Ctx::new(1);
     let clock = nexus.clock().clone();
     let deadline = clock.now_ns() + 60_000_000_000;
@@ -384,15 +380,20 @@ fn kill_test_child(role: &str, me: Ipv4Addr, peer: Ipv4Addr) {
             rpc.stats()
         );
     }
-    let all_peer_failed = ctx
-        .failures
-        .iter()
-        .all(|e| matches!(e, erpc::RpcError::PeerFailed { .. }));
+    let all_peer_failed = ctx.failures.iter().all(|e| {
+        matches!(
+            e,
+            erpc::RpcError::SessionEnded {
+                why: erpc::SessionEnd::PeerFailed,
+                ..
+            }
+        )
+    });
     assert!(all_peer_failed && ctx.completed == 0, "{:?}", ctx.failures);
     assert!(
         ctx.events
             .iter()
-            .any(|e| e.kind == erpc::SessionEventKind::PeerFailed)
+            .any(|e| e.kind == erpc::SessionEventKind::Ended(erpc::SessionEnd::PeerFailed))
     );
     assert_eq!(rpc.num_sessions(), 0);
     println!(
@@ -477,15 +478,10 @@ fn child<T: Transport + 'static>(role: &str, me: Ipv4Addr, peer: Ipv4Addr, t: T,
         .workers(1)
         .build()
         .expect("nexus");
-    let mut rpc: Rpc<T, Ctx> = Rpc::new(
-        &nexus,
-        0,
-        t,
-        alloc,
-        RpcConfig::default(),
-        Some(app::sm_handler::<T>),
-    )
-    .expect("rpc");
+    let mut rpc: Rpc<T, Ctx> = Rpc::builder(&nexus, t, alloc)
+        .session_handler(app::sm_handler::<T>)
+        .build()
+        .expect("rpc");
     let mut ctx = Ctx::new(role.parse().unwrap());
     let clock = nexus.clock().clone();
     let deadline = clock.now_ns() + 60_000_000_000;

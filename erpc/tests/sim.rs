@@ -207,7 +207,7 @@ fn many_sessions_up_to_the_ring_limit() {
         });
         assert!(ns[2].ctx.events.contains(&erpc::SessionEvent {
             session: sn,
-            kind: SessionEventKind::ConnectFailed(SmErr::RingExhausted)
+            kind: SessionEventKind::Ended(erpc::SessionEnd::ConnectFailed(SmErr::RingExhausted))
         }));
         assert_eq!(ns[2].rpc.session_state(sn), None);
         // Requests over all 32 client sessions of node 0.
@@ -255,7 +255,7 @@ fn session_management_errors_and_retries() {
             });
             assert_eq!(
                 ns[0].ctx.events[0].kind,
-                SessionEventKind::ConnectFailed(SmErr::InvalidRemoteRpcId)
+                SessionEventKind::Ended(erpc::SessionEnd::ConnectFailed(SmErr::InvalidRemoteRpcId))
             );
             assert_eq!(ns[0].ctx.events[0].session, sn);
             assert_eq!(ns[1].rpc.nexus().sm_stats().invalid_rpc_id_req, 1);
@@ -402,7 +402,7 @@ fn transport_types_erpc_rs_peers_accept_and_cpp_peers_refuse() {
                 match want {
                     Some(err) => assert_eq!(
                         kind,
-                        SessionEventKind::ConnectFailed(err),
+                        SessionEventKind::Ended(erpc::SessionEnd::ConnectFailed(err)),
                         "{tt:?}, extensions {extensions}"
                     ),
                     None => {
@@ -578,15 +578,10 @@ fn routing_resolution_failures_and_server_out_of_memory() {
                     .build()
                     .unwrap();
                 let t = Bogus(net.add_transport(), bogus);
-                let rpc = erpc::Rpc::new(
-                    &nexus,
-                    0,
-                    t,
-                    alloc,
-                    RpcConfig::default(),
-                    Some(app::sm_handler::<Bogus>),
-                )
-                .unwrap();
+                let rpc = erpc::Rpc::builder(&nexus, t, alloc)
+                    .session_handler(app::sm_handler::<Bogus>)
+                    .build()
+                    .unwrap();
                 (rpc, Ctx::new(seed))
             };
             let limited = || {
@@ -635,7 +630,9 @@ fn routing_resolution_failures_and_server_out_of_memory() {
                 liar.1.events[0],
                 erpc::SessionEvent {
                     session: sn,
-                    kind: SessionEventKind::ConnectFailed(SmErr::RoutingResolutionFailure)
+                    kind: SessionEventKind::Ended(erpc::SessionEnd::ConnectFailed(
+                        SmErr::RoutingResolutionFailure
+                    ))
                 }
             );
             assert_eq!(honest.0.num_sessions(), 0);
@@ -647,7 +644,9 @@ fn routing_resolution_failures_and_server_out_of_memory() {
                 honest.1.events[0],
                 erpc::SessionEvent {
                     session: sn,
-                    kind: SessionEventKind::ConnectFailed(SmErr::RoutingResolutionFailure)
+                    kind: SessionEventKind::Ended(erpc::SessionEnd::ConnectFailed(
+                        SmErr::RoutingResolutionFailure
+                    ))
                 }
             );
             assert_eq!(liar.0.num_sessions(), 0, "server session torn down");
@@ -666,7 +665,9 @@ fn routing_resolution_failures_and_server_out_of_memory() {
                 honest.1.events[0],
                 erpc::SessionEvent {
                     session: sn,
-                    kind: SessionEventKind::ConnectFailed(SmErr::OutOfMemory)
+                    kind: SessionEventKind::Ended(erpc::SessionEnd::ConnectFailed(
+                        SmErr::OutOfMemory
+                    ))
                 }
             );
             assert_eq!(oom.0.num_sessions(), 0);
@@ -761,30 +762,18 @@ fn api_errors_are_typed_and_return_buffers() {
             // Rpc id already taken in that Nexus.
             let nexus = ns[0].rpc.nexus().clone();
             let t = w.transport();
-            let e = erpc::Rpc::<_, Ctx>::new(
-                &nexus,
-                0,
-                t,
-                w.allocator(2 << 20),
-                RpcConfig::default(),
-                None,
-            )
-            .unwrap_err();
+            let e = erpc::Rpc::<_, Ctx>::builder(&nexus, t, w.allocator(2 << 20))
+                .build()
+                .unwrap_err();
             assert!(matches!(e, erpc::CreateError::RpcId(0)), "{e}");
             // A handler registered for another context type.
             let other = app::register::<<SimWorld as World>::T>(w.nexus("typed:1"))
                 .build()
                 .unwrap();
             let t = w.transport();
-            let e = erpc::Rpc::<_, u32>::new(
-                &other,
-                0,
-                t,
-                w.allocator(2 << 20),
-                RpcConfig::default(),
-                None,
-            )
-            .unwrap_err();
+            let e = erpc::Rpc::<_, u32>::builder(&other, t, w.allocator(2 << 20))
+                .build()
+                .unwrap_err();
             assert!(
                 matches!(e, erpc::CreateError::HandlerType { req_type: 1, .. }),
                 "{e}"

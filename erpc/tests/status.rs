@@ -200,15 +200,11 @@ fn small_node(w: &mut W, i: usize, seed: u64, max_bytes: usize) -> N<W> {
         },
     )
     .unwrap();
-    let rpc = erpc::Rpc::new(
-        &nexus,
-        i as u8,
-        w.transport(),
-        alloc,
-        RpcConfig::default(),
-        Some(app::sm_handler),
-    )
-    .unwrap();
+    let rpc = erpc::Rpc::builder(&nexus, w.transport(), alloc)
+        .id(i as u8)
+        .session_handler(app::sm_handler)
+        .build()
+        .unwrap();
     Node {
         rpc,
         ctx: Ctx::new(seed),

@@ -72,15 +72,12 @@ fn sm_over_udp_unknown_rpc_id_and_garbage() {
         .build()
         .unwrap();
     let t = UdpTransport::new(&UdpConfig::loopback()).unwrap();
-    let mut rpc: Rpc<UdpTransport, Ctx> = Rpc::new(
-        &nexus,
-        3,
-        t,
-        erpc_sim::test_allocator(4 << 20),
-        RpcConfig::default(),
-        Some(app::sm_handler::<UdpTransport>),
-    )
-    .unwrap();
+    let mut rpc: Rpc<UdpTransport, Ctx> =
+        Rpc::builder(&nexus, t, erpc_sim::test_allocator(4 << 20))
+            .id(3)
+            .session_handler(app::sm_handler::<UdpTransport>)
+            .build()
+            .unwrap();
     let mut ctx = Ctx::new(1);
     // Garbage to the SM port is counted, never trusted.
     let junk = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -97,7 +94,9 @@ fn sm_over_udp_unknown_rpc_id_and_garbage() {
         ctx.events,
         vec![erpc::SessionEvent {
             session: sn,
-            kind: erpc::SessionEventKind::ConnectFailed(erpc::SmErr::InvalidRemoteRpcId)
+            kind: erpc::SessionEventKind::Ended(erpc::SessionEnd::ConnectFailed(
+                erpc::SmErr::InvalidRemoteRpcId
+            ))
         }]
     );
     let st = nexus.sm_stats();
@@ -118,7 +117,11 @@ fn congestion_control_defaults_off_on_kernel_udp() {
     let make = |id: u8, cfg: RpcConfig| {
         let t = UdpTransport::new(&UdpConfig::loopback()).unwrap();
         let rpc: Rpc<UdpTransport, Ctx> =
-            Rpc::new(&nexus, id, t, erpc_sim::test_allocator(4 << 20), cfg, None).unwrap();
+            Rpc::builder(&nexus, t, erpc_sim::test_allocator(4 << 20))
+                .id(id)
+                .config(cfg)
+                .build()
+                .unwrap();
         rpc.config().cc.enabled
     };
     assert!(!make(0, RpcConfig::default()), "default: off over UDP");
@@ -136,14 +139,12 @@ fn congestion_control_defaults_off_on_kernel_udp() {
         .clock(net.erpc_clock())
         .build()
         .unwrap();
-    let rpc: Rpc<erpc_sim::SimTransport, Ctx> = Rpc::new(
+    let rpc: Rpc<erpc_sim::SimTransport, Ctx> = Rpc::builder(
         &sim_nexus,
-        0,
         net.add_transport(),
         erpc_sim::test_allocator(4 << 20),
-        RpcConfig::default(),
-        None,
     )
+    .build()
     .unwrap();
     assert!(
         rpc.config().cc.enabled,

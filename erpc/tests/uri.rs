@@ -1,7 +1,7 @@
 //! `create_session`'s URI: a malformed one fails at once, naming what is
 //! wrong; a host name that does not resolve fails the session as soon as
 //! the SM link's lookup answers, as `HostNotFound`, and the requests that
-//! waited for it with `RpcError::HostNotFound` (not 500 ms later as a
+//! waited for it with `SessionEnd::HostNotFound` (not 500 ms later as a
 //! connect timeout).
 
 use std::sync::Arc;
@@ -40,15 +40,10 @@ fn malformed_uris_fail_at_once() {
         .clock(net.erpc_clock())
         .build()
         .unwrap();
-    let mut rpc: Rpc<SimTransport, App> = Rpc::new(
-        &nexus,
-        0,
-        net.add_transport(),
-        test_allocator(2 << 20),
-        RpcConfig::default(),
-        None,
-    )
-    .unwrap();
+    let mut rpc: Rpc<SimTransport, App> =
+        Rpc::builder(&nexus, net.add_transport(), test_allocator(2 << 20))
+            .build()
+            .unwrap();
     for (uri, why) in [
         ("garbage", "port is missing"),
         ("garbage:", "port is not a number"),
@@ -94,14 +89,14 @@ fn unresolvable_host_is_named_as_such() {
         failure_timeout_ms: 600_000,
         ..RpcConfig::default()
     };
-    let mut rpc: Rpc<UdpTransport, App> = Rpc::new(
+    let mut rpc: Rpc<UdpTransport, App> = Rpc::builder(
         &nexus,
-        0,
         UdpTransport::new(&UdpConfig::loopback()).unwrap(),
         erpc::host_allocator(2 << 20, test_allocator_region()).unwrap(),
-        cfg,
-        Some(on_session::<UdpTransport>),
     )
+    .config(cfg)
+    .session_handler(on_session::<UdpTransport>)
+    .build()
     .unwrap();
     let mut app = App::default();
     for round in 0..2 {
@@ -122,12 +117,22 @@ fn unresolvable_host_is_named_as_such() {
         }
         let ev = app.events[round];
         assert_eq!(ev.session, sn);
-        assert_eq!(ev.kind, SessionEventKind::HostNotFound, "round {round}");
+        assert_eq!(
+            ev.kind,
+            SessionEventKind::Ended(erpc::SessionEnd::HostNotFound),
+            "round {round}"
+        );
         assert!(ev.kind.to_string().contains("does not resolve"));
         while app.failed.len() <= round {
             rpc.run_event_loop_once(&mut app);
         }
-        assert_eq!(app.failed[round], RpcError::HostNotFound { session: sn });
+        assert_eq!(
+            app.failed[round],
+            RpcError::SessionEnded {
+                session: sn,
+                why: erpc::SessionEnd::HostNotFound
+            }
+        );
         assert_eq!(rpc.num_sessions(), 0);
     }
     assert_eq!(rpc.stats().sm_unresolved, 2);

@@ -112,15 +112,11 @@ fn small_node(w: &mut W, nexus: &Arc<Nexus>, max_bytes: usize, seed: u64) -> N<W
         },
     )
     .unwrap();
-    let rpc = erpc::Rpc::new(
-        nexus,
-        1,
-        w.transport(),
-        alloc,
-        RpcConfig::default(),
-        Some(app::sm_handler),
-    )
-    .unwrap();
+    let rpc = erpc::Rpc::builder(nexus, w.transport(), alloc)
+        .id(1)
+        .session_handler(app::sm_handler)
+        .build()
+        .unwrap();
     Node {
         rpc,
         ctx: Ctx::new(seed ^ 1),

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use erpc::{Completion, Nexus, ReqHandle, Request, Rpc, RpcConfig, RpcError};
+use erpc::{Completion, Nexus, ReqHandle, Request, Rpc, RpcConfig, RpcError, SessionEnd};
 use serde::Serialize;
 use transport::Transport;
 use transport::udp::{UdpConfig, UdpTransport};
@@ -202,11 +202,15 @@ pub fn failure_detection(
                     )));
                 }
             }
-            if let Some(e) = c
-                .errors
-                .iter()
-                .find(|e| !matches!(e, RpcError::PeerFailed { .. }))
-            {
+            if let Some(e) = c.errors.iter().find(|e| {
+                !matches!(
+                    e,
+                    RpcError::SessionEnded {
+                        why: SessionEnd::PeerFailed,
+                        ..
+                    }
+                )
+            }) {
                 return Err(BenchError::Run(format!("expected PeerFailed, got {e}")));
             }
             let at = c.failed_at.expect("errors were recorded");

@@ -217,7 +217,7 @@ fn fixture() -> Result<(), String> {
     let cc = nodes[0]
         .0
         .session_info(sn)
-        .map(|i| (i.rtt_us, i.timely_gbps));
+        .map(|i| (i.rtt_us, i.cc_rate_gbps));
     let truth = json!({
         "client_req_nums": info(0),
         "server_req_nums": info(1),

@@ -18,7 +18,7 @@ use transport::{MAX_DATA_PER_PKT, Transport};
 use super::{DeferredDma, SimConfig, SimNet, SimTransport};
 use erpc::wire::{PktHdr, PktType};
 use erpc::wire::{SM_PKT_BYTES, SmEndpoint, SmErr, SmPkt, SmPktType, TransportType};
-use erpc::{Completion, DropReason, Nexus, Request, Rpc, RpcConfig, Uri};
+use erpc::{Completion, DropReason, Nexus, Request, Rpc, Uri};
 
 const ECHO: u8 = 1;
 
@@ -120,15 +120,9 @@ pub fn run(input: &[u8]) -> FuzzReport {
     };
     let (nc, ns) = (nexus("client:1"), nexus("server:1"));
     let new_rpc = |n: &Arc<Nexus>| {
-        FRpc::new(
-            n,
-            0,
-            net.add_transport(),
-            net.allocator(2 << 20),
-            RpcConfig::default(),
-            None,
-        )
-        .expect("rpc")
+        FRpc::builder(n, net.add_transport(), net.allocator(2 << 20))
+            .build()
+            .expect("rpc")
     };
     let mut rpcs = [new_rpc(&nc), new_rpc(&ns)];
     let mut ctxs = [Ctx::default(), Ctx::default()];

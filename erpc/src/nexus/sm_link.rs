@@ -323,7 +323,7 @@ impl SmRouter {
 
     /// The SM link found no address for `uri`'s host: every Rpc fails
     /// its sessions still connecting to it
-    /// ([`crate::SessionEventKind::HostNotFound`]). Called by links that
+    /// ([`SessionEnd::HostNotFound`](crate::SessionEnd::HostNotFound)). Called by links that
     /// resolve names; a full inbox drops the notice (the session then
     /// times out connecting, as before).
     pub fn host_unresolved(&self, uri: &Uri) {

@@ -54,8 +54,8 @@
 //! carries the SM extensions) is told with a connect response carrying
 //! "server disconnected" (C++ clients ignore such a response for a
 //! connected session); it resets the session with
-//! [`crate::SessionEventKind::ServerReclaimed`] and its requests fail with
-//! [`crate::RpcError::ServerReclaimed`]. None of them ran: the server had
+//! [`SessionEnd::ServerReclaimed`](crate::SessionEnd::ServerReclaimed), the end its event and
+//! its failed requests report. None of them ran: the server had
 //! received no request on the session. If that notice is lost, the client's
 //! next data packet to the reclaimed session number brings it again (at
 //! most once per SM retry interval), because the number stays reserved for
@@ -77,7 +77,7 @@
 //! back after the usual quarantine). A reason byte in the notice's server
 //! endpoint (`sm_types::EXT_END_REASON`) tells the client which it was:
 //! reclaimed unused (nothing ran), or
-//! [`crate::SessionEventKind::ServerEnded`] (a request may have run).
+//! [`SessionEnd::ServerEnded`](crate::SessionEnd::ServerEnded) (a request may have run).
 
 use std::collections::{HashMap, VecDeque};
 

@@ -1,12 +1,21 @@
 //! Explicit credit returns. The server sends one for every request packet
 //! but the last (same request and packet number, size 0); the client
 //! regains one credit per CR and may send more request packets.
+//!
+//! The session credit invariant (`session.rs`) lives here too: a client
+//! session's credits plus the packets of its busy slots not yet
+//! acknowledged equal its credits in all ([`credit_balance`]). Debug
+//! builds assert it where it must hold: after request packets are sent
+//! (`req.rs`), a credit return or a response packet is taken
+//! (`process_expl_cr`, `process_resp_pkt`), a request completes
+//! (`complete`) and a slot is rolled back (`loss.rs`).
 
 use transport::Transport;
 
 use super::Rpc;
 use crate::consts::SESSION_REQ_WINDOW;
 use crate::pkthdr::{PktType, RxHdr};
+use crate::session::{Role, Session};
 use crate::stats::DropReason;
 
 impl<T: Transport, C> Rpc<T, C> {
@@ -70,6 +79,11 @@ impl<T: Transport, C> Rpc<T, C> {
         self.stats.rx_accepted += 1;
         debug_assert!(s.credits < max_credits);
         s.credits = (s.credits + 1).min(max_credits);
+        debug_assert_eq!(
+            credit_balance(s),
+            Ok(()),
+            "session {sn} after a credit return"
+        );
         if self.pacing.cc_on() {
             // The RTT sample, with the session in hand.
             let rx = super::cc::rx_time(&self.config.cc, now, &self.clock);
@@ -113,4 +127,26 @@ impl<T: Transport, C> Rpc<T, C> {
 #[inline]
 pub(crate) fn slot_has_more<T: Transport, C>(c: &crate::session::ClientInfo<T, C>) -> bool {
     c.num_tx < c.wire_pkts()
+}
+
+/// The session credit invariant of `s`: at a client, `credits` plus
+/// `num_tx - num_rx` over the slots with a request equals `credits_max`.
+/// `Err((credits, unacknowledged))` when it does not hold; a server
+/// session holds no credits and always passes.
+pub(crate) fn credit_balance<T: Transport, C>(s: &Session<T, C>) -> Result<(), (u32, u32)> {
+    if s.role != Role::Client {
+        return Ok(());
+    }
+    let out: u32 = s
+        .slots
+        .iter()
+        .zip(s.half.client().iter())
+        .filter(|(sl, _)| sl.tx_msgbuf.is_some())
+        .map(|(_, c)| c.num_tx - c.num_rx)
+        .sum();
+    if s.credits + out == s.credits_max {
+        Ok(())
+    } else {
+        Err((s.credits, out))
+    }
 }

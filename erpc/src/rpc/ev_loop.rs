@@ -4,8 +4,6 @@
 //! dispatch handlers run inside it; so do the error continuations and
 //! session events that resets and failures owe the application.
 
-use std::time::Duration;
-
 use transport::Transport;
 
 use super::Rpc;
@@ -28,13 +26,9 @@ pub(crate) const GATE_IN_LOOP: u8 = 1;
 pub(crate) const GATE_OWED: u8 = 2;
 
 impl<T: Transport, C> Rpc<T, C> {
-    /// One iteration of the event loop. Handlers and continuations run in
-    /// it and receive `ctx`.
-    ///
-    /// # Panics
-    /// If called from a handler or continuation (re-entrance).
+    /// One iteration of the event loop ([`Rpc::run_event_loop_once`]).
     #[inline(always)]
-    pub fn run_event_loop_once(&mut self, ctx: &mut C) {
+    pub(crate) fn event_loop_once(&mut self, ctx: &mut C) {
         // Always inlined into the caller's loop (it is called in one): no
         // call and no frame per iteration. The common iteration finds
         // nothing to do: every step below is an inline check, and the work
@@ -88,15 +82,6 @@ impl<T: Transport, C> Rpc<T, C> {
         self.gate |= GATE_IN_LOOP;
         if self.gate & GATE_OWED != 0 {
             self.pay_owed(ctx);
-        }
-    }
-
-    /// Runs the event loop for `dur` on this Rpc's clock. With a virtual
-    /// clock this returns only once something else advances the clock.
-    pub fn run_event_loop(&mut self, ctx: &mut C, dur: Duration) {
-        let deadline = self.clock.now_ns() + dur.as_nanos() as u64;
-        while self.clock.now_ns() < deadline {
-            self.run_event_loop_once(ctx);
         }
     }
 

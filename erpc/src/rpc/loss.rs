@@ -33,7 +33,7 @@
 //! The stall bound (`RpcConfig::stall_timeout_ms`): a slot with packets
 //! in flight that got nothing back for the bound (`progress_ns`: its
 //! enqueue or first send, a credit return, a response packet, an "in
-//! progress" notice) fails with its session, [`crate::RpcError::Stalled`].
+//! progress" notice) fails with its session, [`SessionEnd::Stalled`](crate::SessionEnd::Stalled).
 //! It is what ends a request whose server's Nexus answers pings while its
 //! Rpc does not run, or whose data path alone is cut, and the only failure
 //! detection toward a C++ eRPC peer, which cannot be pinged. An erpc-rs
@@ -250,6 +250,11 @@ impl<T: Transport, C> Rpc<T, C> {
         c.wheel_count = 0;
         c.resent = true;
         s.retransmits += 1;
+        debug_assert_eq!(
+            super::cr::credit_balance(s),
+            Ok(()),
+            "session {sn} after a rollback"
+        );
         self.stats.retransmissions += 1;
         self.stats.retransmitted_pkts += u64::from(delta);
         if self.stats.retransmissions.is_power_of_two() {
@@ -302,7 +307,7 @@ impl<T: Transport, C> Rpc<T, C> {
     }
 
     /// A request of client session `sn` got no answer for the stall
-    /// bound: the session fails ([`crate::RpcError::Stalled`]). An erpc-rs
+    /// bound: the session fails ([`SessionEnd::Stalled`](crate::SessionEnd::Stalled)). An erpc-rs
     /// server is told (it frees its end once its handlers respond); a C++
     /// eRPC server is not, since it cannot take a disconnect while a
     /// request of the session is unfinished (README, "Talking to C++

@@ -11,7 +11,7 @@ use super::reset::{FailedReq, Owed, ResetCause};
 use super::tx::write_msg_hdrs;
 use super::{
     Continuation, EnqueueError, EnqueueErrorKind, HandlerSlot, ReqHandle, Request, Rpc, RpcError,
-    ServerError, SessionNum,
+    ServerError, SessionEnd, SessionNum,
 };
 use crate::consts::{MAX_MSG_BYTES, SESSION_REQ_WINDOW};
 use crate::msgbuf::{MsgBuf, Origin, data_size_to_num_pkts, pkt_data_bytes};
@@ -40,15 +40,12 @@ fn grow_and_push<T: Transport, C>(
 }
 
 impl<T: Transport, C> Rpc<T, C> {
-    /// Sends `req` on client session `session` with request type
-    /// `req_type`; the response goes into `resp`. When the request
-    /// completes, `cont` runs in the event loop with both buffers and
-    /// `tag`. Requests beyond the session's 8 slots, or enqueued before the
-    /// session is connected, wait in the session's backlog.
-    ///
-    /// Packets leave at the next event-loop iteration (or earlier, when a
-    /// TX batch fills up).
-    pub fn enqueue_request(
+    /// Client: [`Rpc::enqueue_request`]. The request goes into a free
+    /// slot of a connected session at once, else into its backlog. Always
+    /// inlined into its one caller, so that the public method is this
+    /// function, as it was before the API moved to `api.rs`.
+    #[inline(always)]
+    pub(crate) fn submit_request(
         &mut self,
         session: SessionNum,
         req_type: u8,
@@ -149,6 +146,10 @@ impl<T: Transport, C> Rpc<T, C> {
             unreachable!("caller checked the session");
         };
         debug_assert!(s.active, "a request starts only on an active session");
+        debug_assert!(
+            s.role == Role::Client && s.state == SessionState::Connected,
+            "a request starts only on a connected client session"
+        );
         let route = s.route.as_ref().expect("connected session has a route");
         let slot = &mut s.slots[i];
         debug_assert!(slot.tx_msgbuf.is_none());
@@ -208,6 +209,11 @@ impl<T: Transport, C> Rpc<T, C> {
             c.num_tx = 1;
             c.in_flight_ns = now;
             s.credits -= 1;
+            debug_assert_eq!(
+                super::cr::credit_balance(s),
+                Ok(()),
+                "session {session} after a request packet went out"
+            );
             let ts_at = if self.pacing.cc_on() {
                 self.stats.wheel_bypassed += 1;
                 Some(super::cc::ts_index(self.tx_ts_cap, i, 0))
@@ -222,7 +228,7 @@ impl<T: Transport, C> Rpc<T, C> {
 
     /// A request cannot be numbered on a session to a C++ eRPC server (see
     /// `start_request`): it fails, and so does the session, with
-    /// [`RpcError::ReqNumsExhausted`] (the continuations run in the next
+    /// [`SessionEnd::ReqNumsExhausted`](crate::SessionEnd::ReqNumsExhausted) (the continuations run in the next
     /// event-loop iteration). A new session starts from request number 8
     /// again.
     #[cold]
@@ -244,7 +250,10 @@ impl<T: Transport, C> Rpc<T, C> {
             resp,
             cont,
             tag,
-            err: RpcError::ReqNumsExhausted { session },
+            err: RpcError::SessionEnded {
+                session,
+                why: SessionEnd::ReqNumsExhausted,
+            },
         }));
         self.gate |= super::ev_loop::GATE_OWED;
         self.reset_client_session(session, ResetCause::ReqNumsExhausted);
@@ -300,6 +309,11 @@ impl<T: Transport, C> Rpc<T, C> {
             stallq.push((sn, i as u8));
             *pending |= super::ev_loop::PENDING_STALLQ;
         }
+        debug_assert_eq!(
+            super::cr::credit_balance(s),
+            Ok(()),
+            "session {sn} after its only credit went out"
+        );
         Some(pkt)
     }
 
@@ -378,6 +392,11 @@ impl<T: Transport, C> Rpc<T, C> {
             // slot's first unacknowledged packet may bypass, which
             // `cc_pace` decides packet by packet.
             let paced = super::cc::burst_paced(pacing, c.wheel_count, s.cc.as_ref());
+            debug_assert_eq!(
+                super::cr::credit_balance(s),
+                Ok(()),
+                "session {session} after {n} packets went out"
+            );
             if pacing.cc_on() && !paced {
                 self.stats.wheel_bypassed += u64::from(n);
             }
@@ -806,21 +825,5 @@ impl<T: Transport, C> Rpc<T, C> {
                 tracing::warn!(error = %e, "no memory to keep a deferred request");
             }
         }
-    }
-
-    /// The request data of a request whose handler returned without
-    /// responding; valid until [`Rpc::enqueue_response`].
-    pub fn request_data(&self, h: &ReqHandle) -> Option<&[u8]> {
-        let s = self.session(h.session)?;
-        let i = usize::from(h.slot);
-        if s.slots[i].cur_req_num != h.req_num {
-            return None;
-        }
-        s.half
-            .as_server()
-            .and_then(|a| a.get(i))?
-            .req_msgbuf
-            .as_ref()
-            .map(|m| m.data())
     }
 }

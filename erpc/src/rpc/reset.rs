@@ -22,7 +22,9 @@
 
 use transport::Transport;
 
-use super::{Completion, RespondError, Rpc, RpcError, SessionError, SessionEventKind, SessionNum};
+use super::{
+    Completion, RespondError, Rpc, RpcError, SessionEnd, SessionError, SessionEventKind, SessionNum,
+};
 use crate::msgbuf::{MsgBuf, Origin};
 use crate::nexus::PeerFailure;
 use crate::session::{Role, SessionState, SrvState};
@@ -47,28 +49,28 @@ pub(crate) enum ResetCause {
 }
 
 impl ResetCause {
-    fn error(self, session: SessionNum) -> RpcError {
+    /// How the session ended, as its event and its requests report it.
+    fn end(self) -> SessionEnd {
         match self {
-            ResetCause::PeerFailed => RpcError::PeerFailed { session },
-            ResetCause::Requested => RpcError::SessionReset { session },
-            ResetCause::ConnectTimedOut => RpcError::TimedOut { session },
-            ResetCause::ReqNumsExhausted => RpcError::ReqNumsExhausted { session },
-            ResetCause::ServerReclaimed => RpcError::ServerReclaimed { session },
-            ResetCause::ServerEnded => RpcError::ServerEnded { session },
-            ResetCause::Stalled => RpcError::Stalled { session },
+            ResetCause::PeerFailed => SessionEnd::PeerFailed,
+            ResetCause::Requested => SessionEnd::Reset,
+            ResetCause::ConnectTimedOut => SessionEnd::ConnectTimedOut,
+            ResetCause::ReqNumsExhausted => SessionEnd::ReqNumsExhausted,
+            ResetCause::ServerReclaimed => SessionEnd::ServerReclaimed,
+            ResetCause::ServerEnded => SessionEnd::ServerEnded,
+            ResetCause::Stalled => SessionEnd::Stalled,
+        }
+    }
+
+    fn error(self, session: SessionNum) -> RpcError {
+        RpcError::SessionEnded {
+            session,
+            why: self.end(),
         }
     }
 
     fn event(self) -> SessionEventKind {
-        match self {
-            ResetCause::PeerFailed => SessionEventKind::PeerFailed,
-            ResetCause::Requested => SessionEventKind::Reset,
-            ResetCause::ConnectTimedOut => SessionEventKind::ConnectTimedOut,
-            ResetCause::ReqNumsExhausted => SessionEventKind::ReqNumsExhausted,
-            ResetCause::ServerReclaimed => SessionEventKind::ServerReclaimed,
-            ResetCause::ServerEnded => SessionEventKind::ServerEnded,
-            ResetCause::Stalled => SessionEventKind::Stalled,
-        }
+        SessionEventKind::Ended(self.end())
     }
 }
 
@@ -92,18 +94,11 @@ pub(crate) enum Owed<T: Transport, C> {
 }
 
 impl<T: Transport, C> Rpc<T, C> {
-    /// Resets session `sn` (client or server) at once, as if its peer had
-    /// failed, without telling the peer beyond a best-effort disconnect
-    /// request from a client session. Client: outstanding requests
-    /// complete with [`RpcError::SessionReset`] and the session-event
-    /// callback reports [`SessionEventKind::Reset`]. Server: the session is
-    /// freed once its running handlers respond.
-    ///
-    /// The continuations and the event run in the next event-loop iteration.
-    pub fn reset_session(&mut self, sn: SessionNum) -> Result<(), SessionError> {
+    /// [`Rpc::reset_session`]: the application resets a session.
+    pub(crate) fn reset_by_application(&mut self, sn: SessionNum) -> Result<(), SessionError> {
         let role = match self.session(sn) {
             Some(s) if s.state != SessionState::Resetting => s.role,
-            _ => return Err(SessionError::NoSession(sn)),
+            _ => return Err(SessionError::NoSuchSession(sn)),
         };
         match role {
             Role::Client => {
@@ -281,6 +276,11 @@ impl<T: Transport, C> Rpc<T, C> {
     /// (URI, Rpc id, session number) and what happened.
     #[cold]
     fn log_client_event(&self, sn: SessionNum, kind: &SessionEventKind) {
+        // An ending by its name alone (`PeerFailed`, not `Ended(PeerFailed)`).
+        let kind: &dyn std::fmt::Debug = match kind {
+            SessionEventKind::Ended(why) => why,
+            other => other,
+        };
         match self.session(sn) {
             Some(s) => tracing::debug!(
                 rpc = self.rpc_id(),

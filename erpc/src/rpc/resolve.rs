@@ -2,13 +2,13 @@
 //! link resolves hostnames off the Rpc's thread (`nexus::udp_sm`); when a
 //! lookup finds no address, the router tells every Rpc
 //! (`SmItem::Unresolved`), and the sessions still connecting to that URI
-//! fail at once with [`SessionEventKind::HostNotFound`] instead of timing
+//! fail at once with [`SessionEnd::HostNotFound`](crate::SessionEnd::HostNotFound) instead of timing
 //! out a failure timeout later as if the host had not answered.
 
 use transport::Transport;
 
 use super::reset::{FailedReq, Owed};
-use super::{Rpc, RpcError, SessionEventKind};
+use super::{Rpc, RpcError, SessionEnd, SessionEventKind};
 use crate::nexus::Uri;
 use crate::session::{Role, SessionState};
 
@@ -36,7 +36,7 @@ impl<T: Transport, C> Rpc<T, C> {
             };
             tracing::warn!(session = sn, %uri, "host name does not resolve; session failed");
             self.stats.sm_unresolved += 1;
-            self.owe_event(sn, SessionEventKind::HostNotFound);
+            self.owe_event(sn, SessionEventKind::Ended(SessionEnd::HostNotFound));
             self.free_session(sn);
             for p in backlog {
                 self.owed.push_back(Owed::Failed(FailedReq {
@@ -45,7 +45,10 @@ impl<T: Transport, C> Rpc<T, C> {
                     resp: p.resp,
                     cont: p.cont,
                     tag: p.tag,
-                    err: RpcError::HostNotFound { session: sn },
+                    err: RpcError::SessionEnded {
+                        session: sn,
+                        why: SessionEnd::HostNotFound,
+                    },
                 }));
             }
         }

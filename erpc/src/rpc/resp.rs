@@ -5,53 +5,26 @@
 //! copied into the response msgbuf in order; the last one completes the
 //! request and runs the continuation.
 
-use transport::{MAX_DATA_PER_PKT, Transport};
+use transport::Transport;
 
 use super::tx::write_msg_hdrs;
 use super::{Completion, ReqHandle, RespondError, Rpc, RpcError, SessionNum};
 use crate::consts::{MAX_MSG_BYTES, SESSION_REQ_WINDOW};
-use crate::msgbuf::{MsgBuf, MsgBufError, Origin, data_size_to_num_pkts, pkt_data_bytes};
+use crate::msgbuf::{MsgBuf, data_size_to_num_pkts, pkt_data_bytes};
 use crate::pkthdr::{PktHdr, PktType, RxHdr};
 use crate::session::SrvState;
 use crate::stats::DropReason;
 
 impl<T: Transport, C> Rpc<T, C> {
-    /// A buffer for the response to `h` of `len` bytes: the slot's
-    /// preallocated MTU-size buffer when `len` fits one packet (no
-    /// allocation), a new msgbuf otherwise.
-    pub fn response_buffer(&mut self, h: &ReqHandle, len: usize) -> Result<MsgBuf, MsgBufError> {
-        if len <= MAX_DATA_PER_PKT
-            && self.config.prealloc_responses
-            && let Some(s) = self.session_mut(h.session)
-            && let Some(mut m) = s
-                .half
-                .as_server_mut()
-                .and_then(|a| a.get_mut(usize::from(h.slot)))
-                .and_then(|sv| sv.pre_resp.take())
-        {
-            // An MTU-size buffer holds one packet.
-            m.resize_checked(len);
-            return Ok(m);
-        }
-        MsgBuf::alloc(&mut self.alloc, len, Origin::Dynamic)
-    }
-
-    /// Responds to `h` with a copy of `data` (through
-    /// [`Rpc::response_buffer`], so small responses use the preallocated
-    /// buffer).
-    pub fn respond(&mut self, h: ReqHandle, data: &[u8]) -> Result<(), RespondError> {
-        let mut m = self
-            .response_buffer(&h, data.len())
-            .map_err(|_| RespondError::OutOfMemory(data.len()))?;
-        m.data_mut().copy_from_slice(data);
-        self.enqueue_response(h, m)
-    }
-
-    /// Sends `resp` as the response to the request `h`. The request
-    /// buffer of `h` is released. The Rpc keeps `resp` until the client's
-    /// next request on the slot proves it arrived, then recycles it.
-    #[inline]
-    pub fn enqueue_response(&mut self, h: ReqHandle, mut resp: MsgBuf) -> Result<(), RespondError> {
+    /// Server: [`Rpc::enqueue_response`]. Writes every packet header of
+    /// the response and queues its first packet. Always inlined into its
+    /// one caller, so that the public method is this function.
+    #[inline(always)]
+    pub(crate) fn send_response(
+        &mut self,
+        h: ReqHandle,
+        mut resp: MsgBuf,
+    ) -> Result<(), RespondError> {
         let stale = RespondError::Stale {
             session: h.session,
             req_num: h.req_num,
@@ -62,6 +35,7 @@ impl<T: Transport, C> Rpc<T, C> {
             return Err(stale);
         };
         // A handle's slot is below the window by construction.
+        debug_assert!(usize::from(h.slot) < SESSION_REQ_WINDOW);
         let i = usize::from(h.slot) % SESSION_REQ_WINDOW;
         // A client session has no server halves: never awaiting.
         let awaiting = match s.half.as_server_mut() {
@@ -187,6 +161,11 @@ impl<T: Transport, C> Rpc<T, C> {
         self.stats.rx_accepted += 1;
         debug_assert!(s.credits < max_credits);
         s.credits = (s.credits + 1).min(max_credits);
+        debug_assert_eq!(
+            super::cr::credit_balance(s),
+            Ok(()),
+            "session {sn} after a response packet"
+        );
         if self.pacing.cc_on() {
             // The RTT sample, with the session in hand.
             let rx = super::cc::rx_time(&self.config.cc, now, &self.clock);
@@ -327,6 +306,11 @@ impl<T: Transport, C> Rpc<T, C> {
             resp: c.resp_msgbuf.take().expect("in flight"),
             result,
         };
+        debug_assert_eq!(
+            super::cr::credit_balance(s),
+            Ok(()),
+            "session {sn} after a request completed"
+        );
         self.stats.reqs_completed += 1;
         if failed {
             self.stats.reqs_failed += 1;

@@ -10,7 +10,7 @@
 use transport::{MAX_DATA_PER_PKT, Transport};
 
 use super::reset::{FailedReq, Owed};
-use super::{Rpc, RpcError, SessionError, SessionEventKind, SessionNum};
+use super::{Rpc, RpcError, SessionEnd, SessionError, SessionEventKind, SessionNum};
 use crate::consts::{
     MAX_RPC_ID, MAX_SESSIONS, SESSION_CREDITS, SESSION_NUM_QUARANTINE_MS, SESSION_REQ_WINDOW,
 };
@@ -190,19 +190,9 @@ impl<T: Transport, C> Rpc<T, C> {
         Ok(())
     }
 
-    /// Starts connecting a client session to Rpc `remote_rpc_id` of the
-    /// Nexus at `remote_uri` (`host:port`). Returns the session number at
-    /// once; the session-event callback reports the outcome. Requests may
-    /// be enqueued right away: they wait until the session connects.
-    ///
-    /// A malformed URI (no port, a host that is no IPv4 address or
-    /// hostname) fails here, with [`SessionError::BadUri`]. A host name
-    /// that does not resolve fails the session as soon as the SM link's
-    /// lookup answers ([`SessionEventKind::HostNotFound`], its requests
-    /// with [`RpcError::HostNotFound`]); a host that resolves but does not
-    /// answer times out after the failure timeout
-    /// ([`SessionEventKind::ConnectTimedOut`]).
-    pub fn create_session(
+    /// [`Rpc::create_session`]: checks the URI and the RX ring, makes the
+    /// client session and sends its connect request.
+    pub(crate) fn connect_session(
         &mut self,
         remote_uri: &str,
         remote_rpc_id: u8,
@@ -274,13 +264,9 @@ impl<T: Transport, C> Rpc<T, C> {
         Ok(sn)
     }
 
-    /// Starts disconnecting client session `sn`, which must be connected.
-    /// Requests still in flight or queued on it complete with
-    /// [`RpcError::SessionDestroyed`] (their continuations run in the next
-    /// event-loop iteration). The session-event callback reports
-    /// `Disconnected` when the server answers (or after the failure
-    /// timeout if it never does).
-    pub fn destroy_session(&mut self, sn: SessionNum) -> Result<(), SessionError> {
+    /// [`Rpc::destroy_session`]: fails the session's requests and starts
+    /// its disconnect (after its slots finish, toward a C++ server).
+    pub(crate) fn disconnect_session(&mut self, sn: SessionNum) -> Result<(), SessionError> {
         let now = self.clock.now_ns();
         let Some(s) = self.session_mut(sn).filter(|s| s.role == Role::Client) else {
             return Err(SessionError::NoSuchSession(sn));
@@ -865,7 +851,7 @@ impl<T: Transport, C> Rpc<T, C> {
             None => return,
         };
         // The event first: it logs the session's peer.
-        self.owe_event(sn, SessionEventKind::ConnectFailed(err));
+        self.owe_event(sn, SessionEventKind::Ended(SessionEnd::ConnectFailed(err)));
         self.free_session(sn);
         for p in backlog {
             self.owed.push_back(Owed::Failed(FailedReq {
@@ -874,7 +860,10 @@ impl<T: Transport, C> Rpc<T, C> {
                 resp: p.resp,
                 cont: p.cont,
                 tag: p.tag,
-                err: RpcError::ConnectFailed { session: sn, err },
+                err: RpcError::SessionEnded {
+                    session: sn,
+                    why: SessionEnd::ConnectFailed(err),
+                },
             }));
         }
     }

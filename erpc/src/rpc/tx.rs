@@ -310,6 +310,7 @@ impl<T: Transport, C> Rpc<T, C> {
         pkt_idx: u32,
         ts_at: Option<usize>,
     ) {
+        debug_assert!(tx.room() != 0, "the caller makes room first");
         let drop = fault_drop(s);
         if drop {
             stats.tx_fault_dropped += 1;
@@ -412,6 +413,12 @@ impl<T: Transport, C> Rpc<T, C> {
         msg_size: u32,
     ) {
         self.tx_make_room();
+        debug_assert!(
+            self.sessions
+                .session(session)
+                .is_some_and(|s| s.route.is_some()),
+            "a control packet goes to a session {session} that exists and has a route"
+        );
         let Some(s) = self.sessions.session(session) else {
             return;
         };
@@ -470,7 +477,7 @@ impl<T: Transport, C> Rpc<T, C> {
         // the control buffer, which lives as long as the Rpc. Control
         // slots are reused only after ctrl_bufs more control packets: more
         // than the batch holds (`consts`) and at least twice what the
-        // transport may hold unread (`Rpc::new`), so a control header is
+        // transport may hold unread (`RpcBuilder::build`), so a control header is
         // never rewritten while queued or under the NIC.
         let item = unsafe {
             TxItem::from_raw(
@@ -505,6 +512,11 @@ impl<T: Transport, C> Rpc<T, C> {
 
     #[inline(never)]
     fn flush_tx_queued(&mut self) {
+        debug_assert_eq!(
+            self.batch_invariant(),
+            Ok(()),
+            "TX batch invariant at flush"
+        );
         let n = self.tx.len;
         let chunk = self.tx_burst_max.min(MAX_TX_CHUNK);
         // Congestion control: the TX timestamps of client packets, one
@@ -538,6 +550,42 @@ impl<T: Transport, C> Rpc<T, C> {
             self.stats.tx_refused += (n - done) as u64;
         }
         self.tx.consume(done);
+    }
+}
+
+impl<T: Transport, C> Rpc<T, C> {
+    /// The batch invariant (module doc) as far as the owners tell it, for
+    /// debug assertions: every queued entry's session is live and has its
+    /// route; a message entry's slot still holds its message, and queued
+    /// it in this epoch (the epoch moves only when the batch is empty, so
+    /// an entry of an earlier one would have outlived a `forget_slot`).
+    /// The first violation, described.
+    fn batch_invariant(&self) -> Result<(), String> {
+        for (j, o) in self.tx.owners[..self.tx.len].iter().enumerate() {
+            let Some(s) = self.sessions.session(o.session) else {
+                return Err(format!("entry {j}: session {} is gone", o.session));
+            };
+            if s.route.is_none() {
+                return Err(format!("entry {j}: session {} has no route", o.session));
+            }
+            if o.slot == CTRL_SLOT {
+                continue;
+            }
+            let sl = &s.slots[usize::from(o.slot)];
+            if sl.tx_msgbuf.is_none() {
+                return Err(format!(
+                    "entry {j}: slot {} of session {} holds no message",
+                    o.slot, o.session
+                ));
+            }
+            if sl.tx_epoch != self.tx.epoch {
+                return Err(format!(
+                    "entry {j}: slot {} of session {} queued in epoch {}, the batch is in {}",
+                    o.slot, o.session, sl.tx_epoch, self.tx.epoch
+                ));
+            }
+        }
+        Ok(())
     }
 }
 

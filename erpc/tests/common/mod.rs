@@ -200,7 +200,13 @@ impl<T: Transport + 'static, C: 'static> Node<T, C> {
     ) -> Node<T, C> {
         let t = w.transport();
         let a = w.allocator(8 << 20);
-        let rpc = Rpc::new(nexus, rpc_id, t, a, cfg, sm).expect("Rpc::new");
+        let b = Rpc::builder(nexus, t, a).id(rpc_id).config(cfg);
+        let rpc = match sm {
+            Some(h) => b.session_handler(h),
+            None => b,
+        }
+        .build()
+        .expect("Rpc::builder");
         Node { rpc, ctx }
     }
 

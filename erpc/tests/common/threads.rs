@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use erpc::{Nexus, Rpc, RpcConfig};
+use erpc::{Nexus, Rpc};
 use mempool::Allocator;
 use netsim::Rng;
 use transport::Transport;
@@ -27,15 +27,11 @@ pub fn rpc_thread<T: Transport + 'static>(
     make: impl FnOnce() -> Result<(T, Allocator), String>,
 ) -> Result<(), String> {
     let (t, alloc) = make()?;
-    let mut rpc: Rpc<T, Ctx> = Rpc::new(
-        &nexus,
-        rpc_id,
-        t,
-        alloc,
-        RpcConfig::default(),
-        Some(app::sm_handler::<T>),
-    )
-    .map_err(|e| e.to_string())?;
+    let mut rpc: Rpc<T, Ctx> = Rpc::builder(&nexus, t, alloc)
+        .id(rpc_id)
+        .session_handler(app::sm_handler::<T>)
+        .build()
+        .map_err(|e| e.to_string())?;
     let mut ctx = Ctx::new(0x1234 + u64::from(rpc_id));
     ready.wait();
     for (uri, id) in &peers {

@@ -191,7 +191,12 @@ impl<T: Transport + 'static> Node<T> {
         let cfg = RpcConfig::default();
         match mode {
             Mode::Raw | Mode::RawWire => Node::Raw(
-                Box::new(Rpc::new(nexus, 0, t, alloc, cfg, None).expect("rpc")),
+                Box::new(
+                    Rpc::builder(nexus, t, alloc)
+                        .config(cfg)
+                        .build()
+                        .expect("rpc"),
+                ),
                 RawCtx {
                     session: 0,
                     completed: 0,

@@ -114,7 +114,7 @@ fn ns(d: Duration) -> u64 {
 
 impl<T: Transport + 'static, C: 'static> Endpoint<T, C> {
     /// Creates the Rpc `rpc_id` of `nexus` over `transport` and `alloc`
-    /// (as [`Rpc::new`]), serving `service` (whose request types must have
+    /// (as [`Rpc::builder`]), serving `service` (whose request types must have
     /// been [registered](Service::register) on the Nexus), with `app` as
     /// the application's context.
     pub fn new(
@@ -126,14 +126,11 @@ impl<T: Transport + 'static, C: 'static> Endpoint<T, C> {
         service: &Service<T, C>,
         app: C,
     ) -> Result<Self, CreateError> {
-        let rpc = Rpc::new(
-            nexus,
-            rpc_id,
-            transport,
-            alloc,
-            config.rpc,
-            Some(crate::layer::on_session::<T, C>),
-        )?;
+        let rpc = Rpc::builder(nexus, transport, alloc)
+            .id(rpc_id)
+            .config(config.rpc)
+            .session_handler(crate::layer::on_session::<T, C>)
+            .build()?;
         let exec = Executor::default();
         let spawner = exec.spawner();
         let table = Rc::new(service.table());

@@ -2,13 +2,13 @@
 
 use std::sync::Arc;
 
-use erpc::{EnqueueErrorKind, MsgBufError, RpcError};
+use erpc::{EnqueueErrorKind, MsgBufError, RpcError, SessionEnd};
 
 use crate::codec::CodecError;
 
 /// Why a typed call did not return a response. Every error of the core
 /// arrives as [`CallError::Rpc`] with the core's [`RpcError`], typed: the
-/// peer failed ([`RpcError::PeerFailed`]), the session was reset or
+/// peer failed ([`SessionEnd::PeerFailed`](erpc::SessionEnd::PeerFailed)), the session was reset or
 /// destroyed, the connect failed or timed out, the host name does not
 /// resolve, the server failed the request with a status
 /// ([`RpcError::Server`]: no handler, no memory, a panicking background
@@ -58,14 +58,16 @@ impl CallError {
         matches!(
             self,
             CallError::Rpc(
-                RpcError::PeerFailed { .. }
-                    | RpcError::SessionReset { .. }
-                    | RpcError::SessionDestroyed { .. }
-                    | RpcError::ConnectFailed { .. }
-                    | RpcError::TimedOut { .. }
-                    | RpcError::HostNotFound { .. }
-                    | RpcError::ReqNumsExhausted { .. }
-                    | RpcError::ServerReclaimed { .. }
+                RpcError::SessionEnded {
+                    why: SessionEnd::PeerFailed
+                        | SessionEnd::Reset
+                        | SessionEnd::ConnectFailed(_)
+                        | SessionEnd::ConnectTimedOut
+                        | SessionEnd::HostNotFound
+                        | SessionEnd::ReqNumsExhausted
+                        | SessionEnd::ServerReclaimed,
+                    ..
+                } | RpcError::SessionDestroyed { .. }
             ) | CallError::Enqueue(_)
         )
     }

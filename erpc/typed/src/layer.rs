@@ -16,8 +16,8 @@ use std::rc::{Rc, Weak};
 use std::task::Waker;
 
 use erpc::{
-    Completion, MsgBuf, ReqHandle, RespondError, Rpc, RpcError, SessionEvent, SessionEventKind,
-    SessionNum,
+    Completion, MsgBuf, ReqHandle, RespondError, Rpc, RpcError, SessionEnd, SessionEvent,
+    SessionEventKind, SessionNum,
 };
 use transport::{MAX_DATA_PER_PKT, Transport};
 
@@ -612,14 +612,11 @@ fn on_complete<T: Transport + 'static, C: 'static>(
 fn session_end(ev: SessionEvent) -> Option<RpcError> {
     let session = ev.session;
     Some(match ev.kind {
-        SessionEventKind::ConnectFailed(err) => RpcError::ConnectFailed { session, err },
-        SessionEventKind::ConnectTimedOut => RpcError::TimedOut { session },
-        SessionEventKind::HostNotFound => RpcError::HostNotFound { session },
         SessionEventKind::Disconnected => RpcError::SessionDestroyed { session },
-        SessionEventKind::PeerFailed => RpcError::PeerFailed { session },
-        SessionEventKind::Reset => RpcError::SessionReset { session },
-        SessionEventKind::ReqNumsExhausted => RpcError::ReqNumsExhausted { session },
-        SessionEventKind::ServerReclaimed => RpcError::ServerReclaimed { session },
+        // (As before the outcomes were shared: these two leave the queue
+        // alone.)
+        SessionEventKind::Ended(SessionEnd::ServerEnded | SessionEnd::Stalled) => return None,
+        SessionEventKind::Ended(why) => RpcError::SessionEnded { session, why },
         _ => return None,
     })
 }

@@ -111,7 +111,7 @@
 //!   on. An event-loop handler that panics unwinds out of the server's
 //!   [`Endpoint::run_once`], as a raw dispatch handler's panic leaves
 //!   `run_event_loop_once`: that Rpc is done, and its clients' calls fail
-//!   with `RpcError::PeerFailed` once their failure detection sees the
+//!   with `SessionEnd::PeerFailed` once their failure detection sees the
 //!   process gone (`tests/typed_sim.rs` runs both).
 //!
 //! # The raw API underneath

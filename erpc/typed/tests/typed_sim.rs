@@ -316,7 +316,13 @@ fn errors_reach_the_caller_typed() {
     assert_eq!(res.len(), 12);
     for r in &res {
         assert!(
-            matches!(r, Err(CallError::Rpc(RpcError::SessionReset { .. }))),
+            matches!(
+                r,
+                Err(CallError::Rpc(RpcError::SessionEnded {
+                    why: erpc::SessionEnd::Reset,
+                    ..
+                }))
+            ),
             "{r:?}"
         );
         assert!(r.as_ref().unwrap_err().session_gone());
@@ -338,7 +344,13 @@ fn errors_reach_the_caller_typed() {
         panic!("the peer failure did not end the call");
     };
     assert!(
-        matches!(r, Err(CallError::Rpc(RpcError::PeerFailed { .. }))),
+        matches!(
+            r,
+            Err(CallError::Rpc(RpcError::SessionEnded {
+                why: erpc::SessionEnd::PeerFailed,
+                ..
+            }))
+        ),
         "{r:?}"
     );
 
@@ -349,7 +361,10 @@ fn errors_reach_the_caller_typed() {
         matches!(
             r,
             Err(erpc_typed::ConnectError::Failed(CallError::Rpc(
-                RpcError::TimedOut { .. }
+                RpcError::SessionEnded {
+                    why: erpc::SessionEnd::ConnectTimedOut,
+                    ..
+                }
             )))
         ),
         "{r:?}"
@@ -498,7 +513,13 @@ fn a_panicking_event_loop_handler_ends_the_server_and_its_callers_learn_it() {
     for r in [r1.map(|r| r.map(|_| ())), r2.map(|r| r.map(|_| ()))] {
         let r = r.expect("the failure reached the call within 2 s of virtual time");
         assert!(
-            matches!(r, Err(CallError::Rpc(RpcError::PeerFailed { .. }))),
+            matches!(
+                r,
+                Err(CallError::Rpc(RpcError::SessionEnded {
+                    why: erpc::SessionEnd::PeerFailed,
+                    ..
+                }))
+            ),
             "{r:?}"
         );
     }

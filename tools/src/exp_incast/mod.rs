@@ -565,7 +565,7 @@ pub fn run_incast(c: &IncastConfig) -> Result<IncastResult, BenchError> {
             let sn = n.app.session.expect("connected");
             eprintln!(
                 "sender: {:?} Gbit/s, {} rtx, wheel {:?}",
-                n.rpc.session_info(sn).and_then(|s| s.timely_gbps),
+                n.rpc.session_info(sn).and_then(|s| s.cc_rate_gbps),
                 n.rpc.stats().retransmissions,
                 n.rpc.wheel_stats()
             );
@@ -604,7 +604,7 @@ pub fn run_incast(c: &IncastConfig) -> Result<IncastResult, BenchError> {
         .filter_map(|n| {
             n.rpc
                 .session_info(n.app.session.expect("connected"))
-                .and_then(|s| s.timely_gbps)
+                .and_then(|s| s.cc_rate_gbps)
         })
         .collect();
     let small = nodes.last().expect("nodes");

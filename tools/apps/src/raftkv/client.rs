@@ -16,7 +16,8 @@ use std::sync::Arc;
 use hdrhistogram::Histogram;
 
 use erpc::{
-    Completion, Nexus, Rpc, RpcConfig, RpcError, SessionEvent, SessionEventKind, SessionNum,
+    Completion, Nexus, Rpc, RpcConfig, RpcError, SessionEnd, SessionEvent, SessionEventKind,
+    SessionNum,
 };
 use transport::Transport;
 
@@ -549,10 +550,13 @@ fn on_resp<T: Transport + 'static>(
             tracing::debug!(lane = l, error = %e, "request failed; retrying elsewhere");
             if matches!(
                 e,
-                RpcError::PeerFailed { .. }
-                    | RpcError::SessionReset { .. }
-                    | RpcError::ConnectFailed { .. }
-                    | RpcError::TimedOut { .. }
+                RpcError::SessionEnded {
+                    why: SessionEnd::PeerFailed
+                        | SessionEnd::Reset
+                        | SessionEnd::ConnectFailed(_)
+                        | SessionEnd::ConnectTimedOut,
+                    ..
+                }
             ) && st.sessions.get(st.leader).copied().flatten() == Some(c.session)
             {
                 st.leader = (st.leader + 1) % n;
