@@ -55,9 +55,9 @@ pub fn failure_peer(uri: &str) -> Result<(), BenchError> {
         .map_err(|e| BenchError::setup("peer UDP transport", e))?;
     let alloc = erpc_sim::sim_allocator(4 << 20, mempool::RegionOptions::default())
         .map_err(|e| BenchError::setup("peer buffers", e))?;
-    let mut rpc: Rpc<UdpTransport, Held> =
-        Rpc::new(&nexus, 0, t, alloc, RpcConfig::default(), None)
-            .map_err(|e| BenchError::setup("peer Rpc", e))?;
+    let mut rpc: Rpc<UdpTransport, Held> = Rpc::builder(&nexus, t, alloc)
+        .build()
+        .map_err(|e| BenchError::setup("peer Rpc", e))?;
     let mut held = Held::default();
     println!("READY");
     let mut told = 0;
@@ -157,7 +157,9 @@ pub fn failure_detection(
                 failure_timeout_ms: timeout_ms,
                 ..RpcConfig::default()
             };
-            let mut rpc: Rpc<UdpTransport, Client> = Rpc::new(&nexus, 0, t, alloc, cfg, None)
+            let mut rpc: Rpc<UdpTransport, Client> = Rpc::builder(&nexus, t, alloc)
+                .config(cfg)
+                .build()
                 .map_err(|e| BenchError::setup("client Rpc", e))?;
             let mut c = Client {
                 session: 0,

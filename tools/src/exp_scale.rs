@@ -337,7 +337,10 @@ pub fn run_scale(
         let ep = nodes.len();
         let alloc = erpc_sim::sim_allocator(8 << 20, region())
             .map_err(|e| setup(format!("buffers of server Rpc {id}"))(&e))?;
-        let rpc = Rpc::new(&server_nexus, id as u8, t, alloc, cfg, None)
+        let rpc = Rpc::builder(&server_nexus, t, alloc)
+            .id(id as u8)
+            .config(cfg)
+            .build()
             .map_err(|e| setup(format!("server Rpc {id}"))(&e))?;
         nodes.push(Node {
             rpc,
@@ -358,7 +361,9 @@ pub fn run_scale(
         let ep = nodes.len();
         let alloc = erpc_sim::sim_allocator(8 << 20, region())
             .map_err(|e| setup(format!("buffers of client {i}"))(&e))?;
-        let rpc = Rpc::new(&nexus, 0, t, alloc, cfg, None)
+        let rpc = Rpc::builder(&nexus, t, alloc)
+            .config(cfg)
+            .build()
             .map_err(|e| setup(format!("Rpc of client {i}"))(&e))?;
         let app = App {
             size: c.size,

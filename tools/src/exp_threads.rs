@@ -250,7 +250,9 @@ fn measure(
                                 BenchError::setup(format!("thread {i}: buffers on NIC {k}"), e)
                             })?;
                             let mut rpc =
-                                Rpc::new(&nx[k], i as u8, t, a, RpcConfig::default(), None)
+                                Rpc::builder(&nx[k], t, a)
+                                    .id(i as u8)
+                                    .build()
                                     .map_err(|e| {
                                         BenchError::setup(format!("thread {i}: Rpc of node {k}"), e)
                                     })?;
@@ -282,7 +284,9 @@ fn measure(
                                 BenchError::setup(format!("thread {i}: buffers of node {k}"), e)
                             })?;
                             let mut rpc =
-                                Rpc::new(&nx[k], i as u8, t, a, RpcConfig::default(), None)
+                                Rpc::builder(&nx[k], t, a)
+                                    .id(i as u8)
+                                    .build()
                                     .map_err(|e| {
                                         BenchError::setup(format!("thread {i}: Rpc of node {k}"), e)
                                     })?;

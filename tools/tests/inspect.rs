@@ -151,16 +151,15 @@ fn fixture() -> Result<(), String> {
             .handler::<T, App>(ECHO, echo)
             .build()
             .map_err(|e| e.to_string())?;
-        let rpc = Rpc::new(
+        let rpc = Rpc::builder(
             &nexus,
-            i,
             dm.transport(usize::from(i), 31850 + u16::from(i), &Knobs::default())
                 .map_err(|e| e.to_string())?,
             dm.allocator(usize::from(i), 16 << 20)
                 .map_err(|e| e.to_string())?,
-            RpcConfig::default(),
-            None,
         )
+        .id(i)
+        .build()
         .map_err(|e| e.to_string())?;
         nodes.push((rpc, App::default()));
         nexuses.push(nexus);

@@ -31,27 +31,6 @@ impl<T: Transport + 'static, C: 'static> Rpc<T, C> {
     pub fn builder(nexus: &Arc<Nexus>, transport: T, alloc: Allocator) -> RpcBuilder<T, C> {
         RpcBuilder::new(nexus, transport, alloc)
     }
-
-    /// [`Rpc::builder`] with every setting given: kept for callers not
-    /// yet converted to the builder.
-    #[doc(hidden)]
-    pub fn new(
-        nexus: &Arc<Nexus>,
-        rpc_id: u8,
-        transport: T,
-        alloc: Allocator,
-        config: RpcConfig,
-        sm_handler: Option<SessionHandler<T, C>>,
-    ) -> Result<Rpc<T, C>, CreateError> {
-        let b = Rpc::builder(nexus, transport, alloc)
-            .id(rpc_id)
-            .config(config);
-        match sm_handler {
-            Some(h) => b.session_handler(h),
-            None => b,
-        }
-        .build()
-    }
 }
 
 /// Message buffers, sessions, requests, responses and the event loop.

@@ -368,10 +368,12 @@ pub fn run_simulated(plan: Vec<Arrival>, setup: &SimSetup) -> Result<(LoadGen, V
     let client_nexus = world.nexus("client:1").build().map_err(|x| e(&x))?;
     let (st, sa, _) = world.endpoint();
     let (ct, ca, _) = world.endpoint();
-    let mut server: Rpc<_, ()> =
-        Rpc::new(&server_nexus, 0, st, sa, erpc::RpcConfig::default(), None).map_err(|x| e(&x))?;
-    let mut client: Rpc<_, LoadGen> =
-        Rpc::new(&client_nexus, 0, ct, ca, erpc::RpcConfig::default(), None).map_err(|x| e(&x))?;
+    let mut server: Rpc<_, ()> = Rpc::builder(&server_nexus, st, sa)
+        .build()
+        .map_err(|x| e(&x))?;
+    let mut client: Rpc<_, LoadGen> = Rpc::builder(&client_nexus, ct, ca)
+        .build()
+        .map_err(|x| e(&x))?;
     let mut sessions = Vec::new();
     for _ in 0..setup.sessions {
         sessions.push(client.create_session("server:1", 0).map_err(|x| e(&x))?);

@@ -51,8 +51,7 @@ fn run<W: World>(
     let mut servers = Vec::new();
     for (i, t) in tables.into_iter().enumerate() {
         let (tr, a, _) = w.endpoint();
-        let rpc: Rpc<W::T, KvServer> =
-            Rpc::new(&snx, i as u8, tr, a, RpcConfig::default(), None).unwrap();
+        let rpc: Rpc<W::T, KvServer> = Rpc::builder(&snx, tr, a).id(i as u8).build().unwrap();
         servers.push((rpc, KvServer::new(t)));
     }
     let mut clients = Vec::new();
@@ -61,8 +60,7 @@ fn run<W: World>(
         let cu = w.uri(&format!("client{c}"));
         let nx = w.nexus(&cu).workers(0).build().unwrap();
         let (tr, a, _) = w.endpoint();
-        let mut rpc: Rpc<W::T, KvClient> =
-            Rpc::new(&nx, 0, tr, a, RpcConfig::default(), None).unwrap();
+        let mut rpc: Rpc<W::T, KvClient> = Rpc::builder(&nx, tr, a).build().unwrap();
         let sessions = (0..s.parts)
             .map(|p| vec![rpc.create_session(&su, p as u8).unwrap()])
             .collect();

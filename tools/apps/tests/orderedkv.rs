@@ -31,17 +31,12 @@ fn run(mode: ScanMode, workers: usize, policy: WorkerDispatch, requests: u64) ->
     let client_nexus = w.nexus("client:31850").build().unwrap();
     let (st, sa, _) = w.endpoint();
     let (ct, ca, _) = w.endpoint();
-    let mut server = Rpc::new(&server_nexus, 0, st, sa, RpcConfig::default(), None).unwrap();
+    let mut server = Rpc::builder(&server_nexus, st, sa).build().unwrap();
     let mut sstate = ServerState::new(index.clone());
-    let mut client = Rpc::new(
-        &client_nexus,
-        0,
-        ct,
-        ca,
-        RpcConfig::default(),
-        Some(on_sm::<erpc_sim::SimTransport>),
-    )
-    .unwrap();
+    let mut client = Rpc::builder(&client_nexus, ct, ca)
+        .session_handler(on_sm::<erpc_sim::SimTransport>)
+        .build()
+        .unwrap();
     let mut load = LoadState::new(LoadConfig {
         keys: 5_000,
         window: 8,

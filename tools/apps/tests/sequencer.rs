@@ -67,8 +67,7 @@ fn run<W: World>(
     let mut servers = Vec::new();
     for i in 0..2u8 {
         let (tr, a, _) = w.endpoint();
-        let rpc: Rpc<W::T, SeqServer> =
-            Rpc::new(&snx, i, tr, a, RpcConfig::default(), None).unwrap();
+        let rpc: Rpc<W::T, SeqServer> = Rpc::builder(&snx, tr, a).id(i).build().unwrap();
         let mut st = SeqServer::new(counter.clone());
         st.log = Some(Vec::with_capacity(clients * answers * 2));
         servers.push((rpc, st));
@@ -78,8 +77,7 @@ fn run<W: World>(
         let cu = w.uri(&format!("client{c}"));
         let nx = w.nexus(&cu).workers(0).build().unwrap();
         let (tr, a, ep) = w.endpoint();
-        let mut rpc: Rpc<W::T, SeqClient> =
-            Rpc::new(&nx, 0, tr, a, RpcConfig::default(), None).unwrap();
+        let mut rpc: Rpc<W::T, SeqClient> = Rpc::builder(&nx, tr, a).build().unwrap();
         let sns = (0..sessions)
             .map(|s| rpc.create_session(&su, ((c + s) % 2) as u8).unwrap())
             .collect();

@@ -78,14 +78,14 @@ where
     let uris: Vec<String> = nexuses.iter().map(|n| n.uri().to_string()).collect();
     let mut nodes: Vec<(R<W::B>, Ctx)> = Vec::new();
     for (i, nexus) in nexuses.iter().enumerate() {
-        let mut rpc = Rpc::new(
+        let mut rpc = Rpc::builder(
             nexus,
-            i as u8,
             w.transport(i, DATA_PORT + i as u16, knobs)?,
             w.allocator(i, node_bytes(p.size, p.window))?,
-            knobs.rpc,
-            None,
         )
+        .id(i as u8)
+        .config(knobs.rpc)
+        .build()
         .map_err(|e| BenchError::setup(format!("Rpc of node {i}"), e))?;
         let c = new_ctx(&mut rpc, p)?;
         nodes.push((rpc, c));

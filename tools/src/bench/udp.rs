@@ -131,7 +131,10 @@ pub fn udp_erpc_with(
             node_bytes(p.size, p.window),
             &format!("message buffers of node {i}"),
         )?;
-        let mut rpc = Rpc::new(&nexus, i as u8, t, alloc, cfg, None)
+        let mut rpc = Rpc::builder(&nexus, t, alloc)
+            .id(i as u8)
+            .config(cfg)
+            .build()
             .map_err(|e| BenchError::setup(format!("Rpc of node {i}"), e))?;
         let c = new_ctx(&mut rpc, p)?;
         nodes.push((rpc, c));

@@ -394,7 +394,9 @@ pub fn run_incast(c: &IncastConfig) -> Result<IncastResult, BenchError> {
         };
         let alloc = erpc_sim::sim_allocator(initial, region())
             .map_err(|e| setup(format!("buffers of node {i}"))(&e))?;
-        let rpc = Rpc::new(&nexus, 0, net.add_transport(), alloc, cfg, None)
+        let rpc = Rpc::builder(&nexus, net.add_transport(), alloc)
+            .config(cfg)
+            .build()
             .map_err(|e| setup(format!("Rpc of node {i}"))(&e))?;
         nodes.push(Node {
             rpc,

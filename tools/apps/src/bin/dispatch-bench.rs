@@ -263,7 +263,7 @@ fn dev_pair(
     let client_nexus = world.nexus(&cu).build()?;
     let (st, sa) = world.queue_set(0, 33_000 + 2 * n)?;
     let (ct, ca) = world.queue_set(1, 33_001 + 2 * n)?;
-    let mut server: Rpc<_, ()> = Rpc::new(&server_nexus, 0, st, sa, RpcConfig::default(), None)?;
+    let mut server: Rpc<_, ()> = Rpc::builder(&server_nexus, st, sa).build()?;
     fn on_sm<T: transport::Transport>(
         _: &mut Rpc<T, LoadGen>,
         _: &mut LoadGen,
@@ -273,14 +273,9 @@ fn dev_pair(
             eprintln!("session {}: {}", ev.session, ev.kind);
         }
     }
-    let mut client = Rpc::new(
-        &client_nexus,
-        0,
-        ct,
-        ca,
-        RpcConfig::default(),
-        Some(on_sm::<<DevWorld as World>::T>),
-    )?;
+    let mut client = Rpc::builder(&client_nexus, ct, ca)
+        .session_handler(on_sm::<<DevWorld as World>::T>)
+        .build()?;
     let mut sessions = Vec::new();
     for _ in 0..cli.sessions {
         sessions.push(client.create_session(&su, 0)?);

@@ -137,10 +137,8 @@ fn thread_main<E: Endpoints>(
 ) -> Res<ThreadOut> {
     let (st, sa) = e.make(0, i, round)?;
     let (ct, ca) = e.make(1, i, round)?;
-    let mut server: Rpc<E::T, KvServer> =
-        Rpc::new(&nexus[0], i as u8, st, sa, RpcConfig::default(), None)?;
-    let mut client: Rpc<E::T, KvClient> =
-        Rpc::new(&nexus[1], i as u8, ct, ca, RpcConfig::default(), None)?;
+    let mut server: Rpc<E::T, KvServer> = Rpc::builder(&nexus[0], st, sa).id(i as u8).build()?;
+    let mut client: Rpc<E::T, KvClient> = Rpc::builder(&nexus[1], ct, ca).id(i as u8).build()?;
     if !phase.created(n) {
         return Err(format!("thread {i}: another thread failed to set up").into());
     }

@@ -86,7 +86,7 @@ fn round(
     let client_nexus = world.nexus(&cu).build()?;
     let (st, sa) = world.queue_set(0, 32_000 + 2 * n)?;
     let (ct, ca) = world.queue_set(1, 32_001 + 2 * n)?;
-    let mut server = Rpc::new(&server_nexus, 0, st, sa, RpcConfig::default(), None)?;
+    let mut server = Rpc::builder(&server_nexus, st, sa).build()?;
     let mut sstate = ServerState::new(index.clone());
     fn on_sm<T: transport::Transport>(
         _rpc: &mut Rpc<T, LoadState>,
@@ -97,14 +97,9 @@ fn round(
             st.set_session(ev.session);
         }
     }
-    let mut client = Rpc::new(
-        &client_nexus,
-        0,
-        ct,
-        ca,
-        RpcConfig::default(),
-        Some(on_sm::<<DevWorld as World>::T>),
-    )?;
+    let mut client = Rpc::builder(&client_nexus, ct, ca)
+        .session_handler(on_sm::<<DevWorld as World>::T>)
+        .build()?;
     let mut load = LoadState::new(LoadConfig {
         keys: cli.keys,
         window: cli.window,

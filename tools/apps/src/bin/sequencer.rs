@@ -75,10 +75,8 @@ fn thread_main<E: Endpoints>(
 ) -> Res<ThreadOut> {
     let (st, sa) = e.make(0, i, round)?;
     let (ct, ca) = e.make(1, i, round)?;
-    let mut server: Rpc<E::T, SeqServer> =
-        Rpc::new(&nexus[0], i as u8, st, sa, RpcConfig::default(), None)?;
-    let mut client: Rpc<E::T, SeqClient> =
-        Rpc::new(&nexus[1], i as u8, ct, ca, RpcConfig::default(), None)?;
+    let mut server: Rpc<E::T, SeqServer> = Rpc::builder(&nexus[0], st, sa).id(i as u8).build()?;
+    let mut client: Rpc<E::T, SeqClient> = Rpc::builder(&nexus[1], ct, ca).id(i as u8).build()?;
     if !phase.created(n) {
         return Err(format!("thread {i}: another thread failed to set up").into());
     }

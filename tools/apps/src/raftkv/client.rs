@@ -244,14 +244,11 @@ impl<T: Transport + 'static> Client<T> {
         cfg: ClientConfig,
         workload: Box<dyn Workload>,
     ) -> Result<Client<T>, erpc::CreateError> {
-        let rpc = Rpc::new(
-            nexus,
-            rpc_id,
-            transport,
-            alloc,
-            rpc_cfg,
-            Some(on_session::<T>),
-        )?;
+        let rpc = Rpc::builder(nexus, transport, alloc)
+            .id(rpc_id)
+            .config(rpc_cfg)
+            .session_handler(on_session::<T>)
+            .build()?;
         let n = cfg.replicas.len();
         let lanes = (0..cfg.lanes)
             .map(|_| Lane {

@@ -366,14 +366,11 @@ impl<T: Transport + 'static> Replica<T> {
             KvStore::new(&voters),
             &super::log::logger(cfg.id),
         )?;
-        let rpc = Rpc::new(
-            nexus,
-            rpc_id,
-            transport,
-            alloc,
-            rpc_cfg,
-            Some(on_session::<T>),
-        )?;
+        let rpc = Rpc::builder(nexus, transport, alloc)
+            .id(rpc_id)
+            .config(rpc_cfg)
+            .session_handler(on_session::<T>)
+            .build()?;
         let peers = cfg
             .peers
             .iter()
