@@ -117,7 +117,7 @@ impl TscClock {
 mod tsc {
     #[cfg(target_arch = "x86_64")]
     #[inline]
-    pub fn read() -> u64 {
+    pub(super) fn read() -> u64 {
         // SAFETY: `rdtsc` has no preconditions on x86-64: it reads a
         // counter register and touches no memory.
         unsafe { core::arch::x86_64::_rdtsc() }

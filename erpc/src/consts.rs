@@ -27,11 +27,11 @@ pub const MAX_RPC_ID: u8 = 254;
 /// Session number that means "none" on the wire.
 pub const INVALID_SESSION_NUM: u16 = u16::MAX;
 /// Largest number of sessions an Rpc can ever number (client and server).
-pub const MAX_SESSIONS: usize = INVALID_SESSION_NUM as usize;
+pub(crate) const MAX_SESSIONS: usize = INVALID_SESSION_NUM as usize;
 /// Default base UDP port of session management (process i uses base + i).
 pub const SM_UDP_PORT_BASE: u16 = 31850;
 /// Session-management request retry interval.
-pub const SM_RETRY_MS: u64 = 100;
+pub(crate) const SM_RETRY_MS: u64 = 100;
 /// Default RX ring entries the Rpc assumes per transport (the transport
 /// reports its own; sessions reserve credits' worth each).
 pub const RX_RING_ENTRIES_DEFAULT: usize = 4096;
@@ -51,9 +51,9 @@ pub const fn rx_ring_entries_for(sessions: usize, credits: usize) -> usize {
 /// status packets), at least: an Rpc keeps twice what its transport may
 /// hold unread (`Transport::tx_depth`), if more, so a slot is rewritten
 /// only after the NIC has read it.
-pub const CTRL_BUFS: usize = 256;
+pub(crate) const CTRL_BUFS: usize = 256;
 /// Largest TX batch eRPC accumulates before calling the transport.
-pub const MAX_TX_BATCH: usize = 64;
+pub(crate) const MAX_TX_BATCH: usize = 64;
 /// The most requests one call of a burst handler receives
 /// ([`crate::Burst`]): an RX burst with more requests of the type calls
 /// the handler again for the rest, in pieces of at most this many.
@@ -63,34 +63,34 @@ pub const MAX_BURST: usize = 64;
 /// handler is registered, at most its RX ring's size). Beyond it, in the
 /// rare RX burst that is larger, a request goes to its handler at once, as
 /// a burst of one.
-pub const MAX_BURST_PENDING: usize = 1024;
+pub(crate) const MAX_BURST_PENDING: usize = 1024;
 /// A freed session number is reused only after it has been free this long,
 /// so that stray packets for the old session cannot reach a new one.
-pub const SESSION_NUM_QUARANTINE_MS: u64 = 1000;
+pub(crate) const SESSION_NUM_QUARANTINE_MS: u64 = 1000;
 /// Most SM packets queued for one Rpc before the Nexus drops (and counts) more.
-pub const MAX_SM_QUEUE: usize = 1024;
+pub(crate) const MAX_SM_QUEUE: usize = 1024;
 /// Default retransmission timeout of a client slot: a request that has
 /// made no progress for this long is rolled back to the last packet the
 /// server acknowledged and retransmitted (go-back-N).
-pub const RTO_US: u64 = 5000;
+pub(crate) const RTO_US: u64 = 5000;
 /// Default interval of the packet-loss scan (client slots are checked
 /// against the retransmission timeout this often).
-pub const PKT_LOSS_SCAN_US: u64 = 500;
+pub(crate) const PKT_LOSS_SCAN_US: u64 = 500;
 /// Default machine-failure timeout: a remote Nexus that has answered no
 /// keep-alive ping for this long is declared failed, and a connect request
 /// unanswered for this long fails.
 pub const FAILURE_TIMEOUT_MS: u64 = 500;
 /// Keep-alive pings per failure timeout (a peer must miss this many in a
 /// row to be declared failed).
-pub const PINGS_PER_FAILURE_TIMEOUT: u64 = 10;
+pub(crate) const PINGS_PER_FAILURE_TIMEOUT: u64 = 10;
 /// The least default burst of connect requests per source (see
 /// `RpcConfig::connect_burst_per_source`, whose default is the sessions
 /// the RX ring holds, but never less than this): more than the sessions
 /// one Rpc can hold with the default ring and credits, so a legitimate
 /// client opening many sessions at once is never slowed.
-pub const CONNECT_BURST_PER_SOURCE: u32 = 256;
+pub(crate) const CONNECT_BURST_PER_SOURCE: u32 = 256;
 /// Default refill of that burst, per second.
-pub const CONNECTS_PER_SEC_PER_SOURCE: u32 = 128;
+pub(crate) const CONNECTS_PER_SEC_PER_SOURCE: u32 = 128;
 /// Default least credits a server grants an erpc-rs client's session
 /// (`RpcConfig::min_session_credits`): a quarter of the default 32, so a
 /// 4096-entry ring holds at most 512 sessions however few credits their
@@ -98,7 +98,7 @@ pub const CONNECTS_PER_SEC_PER_SOURCE: u32 = 128;
 pub const MIN_SESSION_CREDITS: usize = 8;
 /// Default age after which a server session that never received a request
 /// may be reclaimed when the RX ring is short.
-pub const UNUSED_SESSION_RECLAIM_MS: u64 = 10_000;
+pub(crate) const UNUSED_SESSION_RECLAIM_MS: u64 = 10_000;
 /// Default stall bound: a client request that got nothing back for this
 /// long (no credit return, response packet or "in progress" notice; time
 /// in which the client's own event loop did not run is not counted) fails
@@ -110,11 +110,11 @@ pub const UNUSED_SESSION_RECLAIM_MS: u64 = 10_000;
 pub const STALL_TIMEOUT_MS: u64 = 10_000;
 /// Default idle time after which a served server session of an erpc-rs
 /// client may be reclaimed when the RX ring is short.
-pub const IDLE_SESSION_RECLAIM_MS: u64 = 60_000;
+pub(crate) const IDLE_SESSION_RECLAIM_MS: u64 = 60_000;
 /// Tries of a TX batch the transport keeps refusing (with a TX flush
 /// between tries) before the oldest queued packet is given up to loss
 /// recovery (counted in `RpcStats::tx_given_up`).
-pub const TX_REFUSED_TRIES: usize = 8;
+pub(crate) const TX_REFUSED_TRIES: usize = 8;
 
 const _: () = assert!(MTU == 1024 && PKTHDR_BYTES == 56 && MAX_DATA_PER_PKT == 968);
 const _: () = assert!(MAX_MSG_BYTES == 7_903_368, "the C++ eRPC's kMaxMsgSize");

@@ -269,7 +269,7 @@
 
 #![deny(unsafe_code)]
 #![warn(unnameable_types)]
-#![warn(missing_docs, unreachable_pub)]
+#![deny(missing_docs, unreachable_pub)]
 
 mod cc;
 mod clock;

@@ -23,7 +23,7 @@ use crate::consts::MAX_MSG_BYTES;
 
 /// Packets needed for `data_bytes` of data (a message always has at least one).
 #[inline]
-pub const fn data_size_to_num_pkts(data_bytes: usize) -> usize {
+pub(crate) const fn data_size_to_num_pkts(data_bytes: usize) -> usize {
     // Most messages are one packet: a compare instead of the division.
     if data_bytes <= MAX_DATA_PER_PKT {
         1
@@ -42,7 +42,7 @@ pub const fn msgbuf_bytes(max_data_bytes: usize) -> usize {
 
 /// Data bytes in packet `pkt_idx` of a `data_bytes` message.
 #[inline]
-pub const fn pkt_data_bytes(data_bytes: usize, pkt_idx: usize) -> usize {
+pub(crate) const fn pkt_data_bytes(data_bytes: usize, pkt_idx: usize) -> usize {
     let start = pkt_idx * MAX_DATA_PER_PKT;
     let rest = data_bytes.saturating_sub(start);
     if rest < MAX_DATA_PER_PKT {

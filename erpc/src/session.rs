@@ -26,7 +26,7 @@ use crate::sm_types::{EndpointFields, SmEndpoint, SmErr};
 
 /// Which end of the session we are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
+pub(crate) enum Role {
     /// We send requests.
     Client,
     /// We run handlers and send responses.
@@ -126,7 +126,7 @@ impl<T: Transport, C> ClientInfo<T, C> {
     /// one RFR per response packet after the first); before the response's
     /// first packet arrives (`resp_pkts == 0`), the request packets alone.
     #[inline]
-    pub fn wire_pkts(&self) -> u32 {
+    pub(crate) fn wire_pkts(&self) -> u32 {
         if self.resp_pkts == 0 {
             self.req_pkts
         } else {
@@ -158,7 +158,7 @@ pub(crate) enum SrvState {
 
 impl SrvState {
     /// The state's name as the debug endpoint shows it.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             SrvState::Idle => "idle",
             SrvState::Receiving => "receiving",
@@ -193,7 +193,7 @@ pub(crate) struct ServerInfo {
 impl ServerInfo {
     /// A handler has the slot's request and has not responded yet.
     #[inline]
-    pub fn busy(&self) -> bool {
+    pub(crate) fn busy(&self) -> bool {
         matches!(
             self.state,
             SrvState::InHandler | SrvState::Deferred | SrvState::Background
@@ -241,7 +241,7 @@ pub(crate) enum Half<T: Transport, C> {
 impl<T: Transport, C> Half<T, C> {
     /// The client halves (a client session's).
     #[inline(always)]
-    pub fn client(&self) -> &[ClientInfo<T, C>; SESSION_REQ_WINDOW] {
+    pub(crate) fn client(&self) -> &[ClientInfo<T, C>; SESSION_REQ_WINDOW] {
         match self {
             Half::Client(c) => c,
             Half::Server(_) => unreachable!("a server session has no client half"),
@@ -250,7 +250,7 @@ impl<T: Transport, C> Half<T, C> {
 
     /// See [`Half::client`].
     #[inline(always)]
-    pub fn client_mut(&mut self) -> &mut [ClientInfo<T, C>; SESSION_REQ_WINDOW] {
+    pub(crate) fn client_mut(&mut self) -> &mut [ClientInfo<T, C>; SESSION_REQ_WINDOW] {
         match self {
             Half::Client(c) => c,
             Half::Server(_) => unreachable!("a server session has no client half"),
@@ -259,7 +259,7 @@ impl<T: Transport, C> Half<T, C> {
 
     /// The server halves (a server session's).
     #[inline(always)]
-    pub fn server(&self) -> &[ServerInfo; SESSION_REQ_WINDOW] {
+    pub(crate) fn server(&self) -> &[ServerInfo; SESSION_REQ_WINDOW] {
         match self {
             Half::Server(s) => s,
             Half::Client(_) => unreachable!("a client session has no server half"),
@@ -268,7 +268,7 @@ impl<T: Transport, C> Half<T, C> {
 
     /// See [`Half::server`].
     #[inline(always)]
-    pub fn server_mut(&mut self) -> &mut [ServerInfo; SESSION_REQ_WINDOW] {
+    pub(crate) fn server_mut(&mut self) -> &mut [ServerInfo; SESSION_REQ_WINDOW] {
         match self {
             Half::Server(s) => s,
             Half::Client(_) => unreachable!("a client session has no server half"),
@@ -277,7 +277,7 @@ impl<T: Transport, C> Half<T, C> {
 
     /// The server halves, if this is a server session's.
     #[inline]
-    pub fn as_server_mut(&mut self) -> Option<&mut [ServerInfo; SESSION_REQ_WINDOW]> {
+    pub(crate) fn as_server_mut(&mut self) -> Option<&mut [ServerInfo; SESSION_REQ_WINDOW]> {
         match self {
             Half::Server(s) => Some(s),
             Half::Client(_) => None,
@@ -286,7 +286,7 @@ impl<T: Transport, C> Half<T, C> {
 
     /// The client halves, if this is a client session's.
     #[inline]
-    pub fn as_client_mut(&mut self) -> Option<&mut [ClientInfo<T, C>; SESSION_REQ_WINDOW]> {
+    pub(crate) fn as_client_mut(&mut self) -> Option<&mut [ClientInfo<T, C>; SESSION_REQ_WINDOW]> {
         match self {
             Half::Client(c) => Some(c),
             Half::Server(_) => None,
@@ -295,7 +295,7 @@ impl<T: Transport, C> Half<T, C> {
 
     /// See [`Half::as_server_mut`].
     #[inline]
-    pub fn as_server(&self) -> Option<&[ServerInfo; SESSION_REQ_WINDOW]> {
+    pub(crate) fn as_server(&self) -> Option<&[ServerInfo; SESSION_REQ_WINDOW]> {
         match self {
             Half::Server(s) => Some(s),
             Half::Client(_) => None,
@@ -377,7 +377,7 @@ pub(crate) struct Session<T: Transport, C> {
 
 impl<T: Transport, C> Session<T, C> {
     #[allow(clippy::too_many_arguments)]
-    pub fn new(
+    pub(crate) fn new(
         role: Role,
         state: SessionState,
         local_num: u16,
@@ -431,7 +431,7 @@ impl<T: Transport, C> Session<T, C> {
     /// Numbers the slots' requests from `base` (see
     /// `sm_types::EXT_REQ_BASE`): slot `i` starts at `base + i`. Only
     /// before the first request.
-    pub fn set_req_base(&mut self, base: u64) {
+    pub(crate) fn set_req_base(&mut self, base: u64) {
         debug_assert_eq!(base % SESSION_REQ_WINDOW as u64, 0);
         for (i, sl) in self.slots.iter_mut().enumerate() {
             debug_assert!(sl.tx_msgbuf.is_none());
@@ -440,22 +440,22 @@ impl<T: Transport, C> Session<T, C> {
     }
 
     /// The client's whole SM endpoint.
-    pub fn client_endpoint(&self) -> SmEndpoint {
+    pub(crate) fn client_endpoint(&self) -> SmEndpoint {
         self.client_ep.with_host(&self.client_host)
     }
 
     /// The server's whole SM endpoint.
-    pub fn server_endpoint(&self) -> SmEndpoint {
+    pub(crate) fn server_endpoint(&self) -> SmEndpoint {
         self.server_ep.with_host(&self.server_host)
     }
 
     /// Takes the server's SM endpoint from a connect response.
-    pub fn set_server_endpoint(&mut self, ep: &SmEndpoint) {
+    pub(crate) fn set_server_endpoint(&mut self, ep: &SmEndpoint) {
         (self.server_ep, self.server_host) = ep.split();
     }
 
     /// Rpc id of the remote end.
-    pub fn remote_rpc_id(&self) -> u8 {
+    pub(crate) fn remote_rpc_id(&self) -> u8 {
         match self.role {
             Role::Client => self.server_ep.rpc_id,
             Role::Server => self.client_ep.rpc_id,
@@ -464,19 +464,19 @@ impl<T: Transport, C> Session<T, C> {
 
     /// Index of a client slot with no request in flight.
     #[inline]
-    pub fn free_slot(&self) -> Option<usize> {
+    pub(crate) fn free_slot(&self) -> Option<usize> {
         self.slots.iter().position(|s| s.tx_msgbuf.is_none())
     }
 
     /// Client slots with a request in flight.
-    pub fn busy_slots(&self) -> usize {
+    pub(crate) fn busy_slots(&self) -> usize {
         self.slots.iter().filter(|s| s.tx_msgbuf.is_some()).count()
     }
 
     /// Hands every buffer the session holds to `f`: each slot's message,
     /// a client's response buffers and backlogged requests, a server's
     /// reassembly and preallocated response buffers.
-    pub fn into_buffers(self, mut f: impl FnMut(MsgBuf)) {
+    pub(crate) fn into_buffers(self, mut f: impl FnMut(MsgBuf)) {
         for sl in self.slots {
             sl.tx_msgbuf.into_iter().for_each(&mut f);
         }
@@ -505,7 +505,7 @@ impl<T: Transport, C> Session<T, C> {
     }
 
     /// Server slots whose handler has not responded yet.
-    pub fn busy_handlers(&self) -> usize {
+    pub(crate) fn busy_handlers(&self) -> usize {
         self.half
             .as_server()
             .map_or(0, |svs| svs.iter().filter(|sv| sv.busy()).count())

@@ -64,7 +64,7 @@ pub enum DropReason {
 }
 
 /// Number of drop reasons.
-pub const DROP_REASONS: usize = DropReason::SmUnexpected as usize + 1;
+pub(crate) const DROP_REASONS: usize = DropReason::SmUnexpected as usize + 1;
 
 impl DropReason {
     /// All reasons, in counter order.

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use erpc::{Completion, MsgBuf, Request, Rpc, RpcConfig};
+use erpc::{Completion, MsgBuf, Request, Rpc};
 use erpc_tools::bench::{DeviceModel, Knobs, Testbed, packets_per_direction};
 use erpc_tools::inspect::Snapshot;
 use erpc_tools::memory::MemoryPlan;

@@ -21,14 +21,17 @@
 //!   with none of the slot's packets in the wheel (the wheel bypass);
 //! * a go-back-N rollback drops the slot's packets still in the wheel.
 
-pub mod swift;
-pub mod timely;
-pub mod wheel;
+pub(crate) mod swift;
+pub(crate) mod timely;
+pub(crate) mod wheel;
 
 use crate::consts::SESSION_CREDITS;
-pub use swift::{Swift, SwiftParams};
-pub use timely::{Timely, TimelyParams, Update};
-pub use wheel::{TimingWheel, WheelConfig, WheelEnt, WheelStats};
+pub(crate) use swift::Swift;
+pub use swift::SwiftParams;
+pub use timely::TimelyParams;
+pub(crate) use timely::{Timely, Update};
+pub(crate) use wheel::{TimingWheel, WheelEnt};
+pub use wheel::{WheelConfig, WheelStats};
 
 /// Congestion-control settings of an Rpc. Everything on by default, as a
 /// user would run it; each optimisation can be switched off to measure it.
@@ -175,7 +178,7 @@ impl CcConfig {
 
 /// A session's rate controller.
 #[derive(Debug, Clone)]
-pub enum RateCtl {
+pub(crate) enum RateCtl {
     /// Timely.
     Timely(Timely),
     /// The delay-target controller.
@@ -215,7 +218,7 @@ impl RateCtl {
 
     /// The current rate, bytes/s.
     #[inline]
-    pub fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         match self {
             RateCtl::Timely(t) => t.rate(),
             RateCtl::Swift(s) => s.rate(),
@@ -224,7 +227,7 @@ impl RateCtl {
 
     /// True at the link rate.
     #[inline]
-    pub fn uncongested(&self) -> bool {
+    pub(crate) fn uncongested(&self) -> bool {
         match self {
             RateCtl::Timely(t) => t.uncongested(),
             RateCtl::Swift(s) => s.uncongested(),
@@ -235,7 +238,7 @@ impl RateCtl {
     /// ignores it (as in the C++ eRPC); the delay-target controller
     /// restarts from its minimum rate ([`Swift::on_timeout`]).
     #[inline]
-    pub fn on_timeout(&mut self, now_ns: u64) {
+    pub(crate) fn on_timeout(&mut self, now_ns: u64) {
         match self {
             RateCtl::Timely(_) => {}
             RateCtl::Swift(s) => s.on_timeout(now_ns),
@@ -244,7 +247,7 @@ impl RateCtl {
 
     /// An RTT sample (see [`Timely::update`], [`Swift::update`]).
     #[inline(always)]
-    pub fn update(&mut self, now_ns: u64, rtt_ns: u64, bypass: bool) -> Update {
+    pub(crate) fn update(&mut self, now_ns: u64, rtt_ns: u64, bypass: bool) -> Update {
         match self {
             RateCtl::Timely(t) => t.update(now_ns, rtt_ns, bypass),
             RateCtl::Swift(s) => s.update(now_ns, rtt_ns, bypass),

@@ -145,7 +145,7 @@ use super::Update;
 
 /// One session's controller state.
 #[derive(Debug, Clone)]
-pub struct Swift {
+pub(crate) struct Swift {
     rate: f64,
     link_rate: f64,
     /// Shared by the Rpc's sessions (one copy per Rpc, not per session).
@@ -169,7 +169,11 @@ pub struct Swift {
 impl Swift {
     /// A session starting at the link rate (bytes/s) at time `now_ns`.
     /// `p` may be shared (an `Arc`) by many sessions.
-    pub fn new(p: impl Into<std::sync::Arc<SwiftParams>>, link_rate: f64, now_ns: u64) -> Swift {
+    pub(crate) fn new(
+        p: impl Into<std::sync::Arc<SwiftParams>>,
+        link_rate: f64,
+        now_ns: u64,
+    ) -> Swift {
         let p = p.into();
         let f_min = (p.min_rate / link_rate).clamp(f64::MIN_POSITIVE, 1.0);
         Swift {
@@ -189,32 +193,32 @@ impl Swift {
 
     /// The current rate, bytes/s.
     #[inline]
-    pub fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         self.rate
     }
 
     /// True at the link rate.
     #[inline]
-    pub fn uncongested(&self) -> bool {
+    pub(crate) fn uncongested(&self) -> bool {
         self.rate == self.link_rate
     }
 
     /// The smallest RTT sample so far, at most `max_base_rtt_us`, ns
     /// (`None` before the first).
-    pub fn base_rtt_ns(&self) -> Option<u64> {
+    pub(crate) fn base_rtt_ns(&self) -> Option<u64> {
         (self.base_rtt_ns != u64::MAX).then_some(self.base_rtt_ns)
     }
 
     /// The target RTT at the current rate, ns (`None` before the first
     /// sample).
-    pub fn target_ns(&self) -> Option<f64> {
+    pub(crate) fn target_ns(&self) -> Option<f64> {
         let base = self.base_rtt_ns()?;
         Some(base as f64 + self.headroom_ns + self.flow_scaling_us() * 1e3)
     }
 
     /// The flow-scaling part of the target at the current rate, µs: 0 at
     /// the link rate, `fs_range_us` at the minimum rate.
-    pub fn flow_scaling_us(&self) -> f64 {
+    pub(crate) fn flow_scaling_us(&self) -> f64 {
         if self.p.fs_range_us <= 0.0 || self.fs_norm <= 0.0 {
             return 0.0;
         }
@@ -229,7 +233,7 @@ impl Swift {
     /// buffer that just overflowed). (A slow start back to half the old
     /// rate was tried: at N = 100 its doublings overflowed the buffer a
     /// second time.)
-    pub fn on_timeout(&mut self, now_ns: u64) {
+    pub(crate) fn on_timeout(&mut self, now_ns: u64) {
         self.rate = self.p.min_rate.min(self.link_rate);
         self.last_decrease_ns = now_ns;
         self.last_sample_ns = now_ns;
@@ -240,7 +244,7 @@ impl Swift {
     /// skip the computation at link rate when the sample is within the
     /// target (the base RTT is still tracked).
     #[inline(never)]
-    pub fn update(&mut self, now_ns: u64, rtt_ns: u64, bypass: bool) -> Update {
+    pub(crate) fn update(&mut self, now_ns: u64, rtt_ns: u64, bypass: bool) -> Update {
         if rtt_ns == 0 {
             return Update::Ignored;
         }

@@ -60,7 +60,7 @@ impl Default for TimelyParams {
 
 /// What [`Timely::update`] did with a sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Update {
+pub(crate) enum Update {
     /// The rate was recomputed.
     Updated,
     /// Skipped: at link rate and RTT ≤ `t_low` (the bypass).
@@ -71,7 +71,7 @@ pub enum Update {
 
 /// One session's Timely state.
 #[derive(Debug, Clone)]
-pub struct Timely {
+pub(crate) struct Timely {
     rate: f64,
     link_rate: f64,
     prev_rtt_us: f64,
@@ -87,7 +87,11 @@ pub struct Timely {
 impl Timely {
     /// A session starting at the link rate (bytes/s) at time `now_ns`.
     /// `p` may be shared (an `Arc`) by many sessions.
-    pub fn new(p: impl Into<std::sync::Arc<TimelyParams>>, link_rate: f64, now_ns: u64) -> Timely {
+    pub(crate) fn new(
+        p: impl Into<std::sync::Arc<TimelyParams>>,
+        link_rate: f64,
+        now_ns: u64,
+    ) -> Timely {
         let p = p.into();
         Timely {
             rate: link_rate,
@@ -104,38 +108,38 @@ impl Timely {
 
     /// The current rate, bytes/s.
     #[inline]
-    pub fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         self.rate
     }
 
     /// The link rate, bytes/s.
     #[cfg(test)]
     #[inline]
-    pub fn link_rate(&self) -> f64 {
+    pub(crate) fn link_rate(&self) -> f64 {
         self.link_rate
     }
 
     /// `t_low`, ns: at the link rate, a sample at most this is bypassed.
     #[inline]
-    pub fn t_low_ns(&self) -> u64 {
+    pub(crate) fn t_low_ns(&self) -> u64 {
         self.t_low_ns
     }
 
     /// True at the link rate (the session is not rate limited).
     #[inline]
-    pub fn uncongested(&self) -> bool {
+    pub(crate) fn uncongested(&self) -> bool {
         self.rate == self.link_rate
     }
 
     /// The EWMA of RTT differences, µs.
     #[cfg(test)]
-    pub fn avg_rtt_diff_us(&self) -> f64 {
+    pub(crate) fn avg_rtt_diff_us(&self) -> f64 {
         self.avg_rtt_diff
     }
 
     /// Consecutive negative RTT differences so far.
     #[cfg(test)]
-    pub fn neg_gradient_count(&self) -> u32 {
+    pub(crate) fn neg_gradient_count(&self) -> u32 {
         self.neg_gradient_count
     }
 
@@ -143,7 +147,7 @@ impl Timely {
     /// skip the computation at link rate when the sample is at most
     /// `t_low`.
     #[inline]
-    pub fn update(&mut self, now_ns: u64, rtt_ns: u64, bypass: bool) -> Update {
+    pub(crate) fn update(&mut self, now_ns: u64, rtt_ns: u64, bypass: bool) -> Update {
         if bypass && self.rate == self.link_rate && rtt_ns <= self.t_low_ns {
             return Update::Bypassed;
         }

@@ -26,12 +26,12 @@
 use std::collections::VecDeque;
 
 /// Entries per bucket (as in the C++ wheel).
-pub const BUCKET_CAP: usize = 5;
+pub(crate) const BUCKET_CAP: usize = 5;
 const NIL: u32 = u32::MAX;
 
 /// One paced packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WheelEnt {
+pub(crate) struct WheelEnt {
     /// Request number of the request the packet belongs to.
     pub req_num: u64,
     /// Client session.
@@ -108,7 +108,7 @@ pub struct WheelStats {
 
 /// A timing wheel on a nanosecond clock.
 #[derive(Debug)]
-pub struct TimingWheel {
+pub(crate) struct TimingWheel {
     cfg: WheelConfig,
     heads: Vec<Head>,
     /// Buckets: the first `heads.len()` are the slots' own; the rest are
@@ -129,7 +129,7 @@ pub struct TimingWheel {
 
 impl TimingWheel {
     /// An empty wheel whose first slot ends one slot width after `now_ns`.
-    pub fn new(cfg: WheelConfig, now_ns: u64) -> TimingWheel {
+    pub(crate) fn new(cfg: WheelConfig, now_ns: u64) -> TimingWheel {
         let n = cfg.slots();
         let heads = (0..n).map(|i| Head { last: i as u32 }).collect();
         TimingWheel {
@@ -148,7 +148,7 @@ impl TimingWheel {
     /// Makes room for `entries` more packets in the wheel at once without
     /// allocating later (called when a session is created, with its
     /// credits).
-    pub fn reserve(&mut self, entries: usize) {
+    pub(crate) fn reserve(&mut self, entries: usize) {
         let buckets = entries.div_ceil(BUCKET_CAP) + 1;
         let start = self.buckets.len();
         self.buckets.resize(start + buckets, Bucket::new());
@@ -162,7 +162,7 @@ impl TimingWheel {
     /// did. (The Rpc reserves per active session and shrinks the pool
     /// when fewer sessions are active, so that the pool follows the
     /// sessions with requests, not the most there ever were.)
-    pub fn shrink_to(&mut self, reservations: usize, entries: usize) -> bool {
+    pub(crate) fn shrink_to(&mut self, reservations: usize, entries: usize) -> bool {
         if !self.is_empty() {
             return false;
         }
@@ -180,30 +180,31 @@ impl TimingWheel {
     }
 
     /// Buckets in the pool (beyond each slot's own), free or in use.
-    pub fn pool_buckets(&self) -> usize {
+    #[cfg(feature = "testing")]
+    pub(crate) fn pool_buckets(&self) -> usize {
         self.buckets.len() - self.heads.len()
     }
 
     /// Counters.
-    pub fn stats(&self) -> WheelStats {
+    pub(crate) fn stats(&self) -> WheelStats {
         self.stats
     }
 
     /// Packets in the wheel or in its ready queue.
     #[inline]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.count + self.ready.len()
     }
 
     /// True if nothing is scheduled or ready.
     #[inline]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Moves every slot whose time has come (its time ≤ `now_ns`) to the
     /// ready queue. `now_ns` must not decrease between calls.
-    pub fn reap(&mut self, now_ns: u64) {
+    pub(crate) fn reap(&mut self, now_ns: u64) {
         if self.count == 0 {
             self.rebase_if_behind(now_ns);
             return;
@@ -254,7 +255,12 @@ impl TimingWheel {
     /// Schedules `ent` to leave at `desired_ns` (≥ `now_ns`; beyond the
     /// horizon it goes into the last slot). Returns the entry back if no
     /// bucket is left (the caller sends it now).
-    pub fn insert(&mut self, ent: WheelEnt, now_ns: u64, desired_ns: u64) -> Result<(), WheelEnt> {
+    pub(crate) fn insert(
+        &mut self,
+        ent: WheelEnt,
+        now_ns: u64,
+        desired_ns: u64,
+    ) -> Result<(), WheelEnt> {
         self.reap(now_ns);
         let n = self.heads.len();
         let cur_tx = self.cur_tx_ns;
@@ -290,7 +296,7 @@ impl TimingWheel {
 
     /// Takes the next packet whose time has come (after [`TimingWheel::reap`]).
     #[inline]
-    pub fn pop_ready(&mut self) -> Option<WheelEnt> {
+    pub(crate) fn pop_ready(&mut self) -> Option<WheelEnt> {
         self.ready.pop_front()
     }
 }

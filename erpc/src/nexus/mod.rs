@@ -25,10 +25,12 @@ use std::sync::{Arc, Mutex};
 
 pub(crate) use builder::HandlerEntry;
 pub use builder::NexusBuilder;
-pub use liveness::{LivenessStats, PeerFailure, PeerLiveness};
+pub(crate) use liveness::PeerFailure;
+pub use liveness::{LivenessStats, PeerLiveness};
 pub(crate) use sm_link::PktFrom;
 pub(crate) use sm_link::SmItem;
-pub use sm_link::{SmLink, SmQueue, SmRouter, SmRouterStats, SmSource};
+pub(crate) use sm_link::SmQueue;
+pub use sm_link::{SmLink, SmRouter, SmRouterStats, SmSource};
 pub use udp_sm::{Resolver, UdpSmLink, UdpSmStats, system_resolver};
 #[cfg(feature = "testing")]
 pub use workers::SteppedJob;

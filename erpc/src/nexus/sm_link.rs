@@ -95,7 +95,7 @@ pub(crate) enum SmItem {
 /// An Rpc's inbox of SM packets. The event loop checks [`SmQueue::len`]
 /// (one atomic load) and takes the lock only when something is there.
 #[derive(Debug, Default)]
-pub struct SmQueue {
+pub(crate) struct SmQueue {
     pending: AtomicUsize,
     q: Mutex<VecDeque<SmItem>>,
     /// An [`SmItem::Inspect`] is queued (at most one is).
@@ -105,13 +105,13 @@ pub struct SmQueue {
 impl SmQueue {
     /// Packets waiting.
     #[inline]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.pending.load(Ordering::Acquire)
     }
 
     /// True if nothing waits.
     #[inline]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
@@ -368,6 +368,7 @@ impl SmRouter {
     }
 
     /// Fault injection: declare the Nexus at `uri` failed now.
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn inject_failure(&self, uri: &Uri) {
         let f = self.live().inject_failure(uri);
         self.broadcast(vec![f]);

@@ -59,6 +59,7 @@ impl Active {
 
     /// Spare timestamp arrays, and the most sessions ever active (the
     /// timing wheel has room for that many).
+    #[cfg(feature = "testing")]
     pub(crate) fn pooled(&self) -> (usize, usize) {
         (self.ts_pool.len(), self.wheel_sessions)
     }

@@ -13,8 +13,8 @@ use mempool::Allocator;
 use transport::{MAX_DATA_PER_PKT, Transport};
 
 use super::{
-    Continuation, CreateError, EnqueueError, ReqHandle, RespondError, Rpc, RpcBuilder, RpcConfig,
-    SessionError, SessionHandler, SessionInfo, SessionNum,
+    Continuation, EnqueueError, ReqHandle, RespondError, Rpc, RpcBuilder, RpcConfig, SessionError,
+    SessionInfo, SessionNum,
 };
 use crate::msgbuf::{MsgBuf, MsgBufError, Origin};
 use crate::nexus::Nexus;

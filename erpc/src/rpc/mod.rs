@@ -75,9 +75,11 @@ pub use errors::{
     SessionError,
 };
 pub(crate) use tx::TxBatch;
+#[cfg(feature = "testing")]
+pub use types::ActivePools;
 pub use types::{
-    ActivePools, Completion, Continuation, ReqHandle, ReqHandler, Request, SessionEvent,
-    SessionEventKind, SessionHandler, SessionInfo, SessionNum, SlotInfo,
+    Completion, Continuation, ReqHandle, ReqHandler, Request, SessionEvent, SessionEventKind,
+    SessionHandler, SessionInfo, SessionNum, SlotInfo,
 };
 
 enum HandlerSlot<T: Transport, C> {

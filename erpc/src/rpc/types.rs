@@ -185,6 +185,7 @@ pub struct SlotInfo {
 /// ([`Rpc::active_pools`]). An idle session holds none of it; the pools
 /// grow with the most sessions active at once and shrink back (a few
 /// dozen spare arrays a scan; the wheel's buckets once it is empty).
+#[cfg(feature = "testing")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ActivePools {
     /// Client sessions with requests (what the loss scan visits).

@@ -7,7 +7,7 @@
 
 mod common;
 
-use erpc::{Nexus, Rpc, RpcConfig};
+use erpc::{Nexus, Rpc};
 use erpc_apps::env::{DevWorld, SimWorld, World};
 use erpc_apps::herd::{self, ClientConfig, Handlers, KeyDist, KvClient, KvServer};
 use erpc_sim::LinkFaults;

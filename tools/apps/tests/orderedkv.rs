@@ -3,7 +3,7 @@
 //! thread, on inline workers (virtual time, deterministic), and on real
 //! worker threads under both dispatch policies.
 
-use erpc::{Rpc, RpcConfig, SessionEventKind, WorkerDispatch};
+use erpc::{Rpc, SessionEventKind, WorkerDispatch};
 use erpc_apps::env::{SimWorld, World};
 use erpc_apps::orderedkv::{self, LoadConfig, LoadState, ScanMode, ServerState};
 use erpc_apps::raftkv::client::key;

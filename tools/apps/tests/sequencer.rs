@@ -13,7 +13,7 @@ mod common;
 
 use std::collections::{HashMap, HashSet};
 
-use erpc::{Rpc, RpcConfig};
+use erpc::Rpc;
 use erpc_apps::env::{DevWorld, SimWorld, World};
 use erpc_apps::sequencer::{self, Counter, Grant, Handlers, SeqClient, SeqServer};
 use erpc_sim::LinkFaults;

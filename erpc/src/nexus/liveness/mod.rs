@@ -72,7 +72,7 @@ use crate::sm_types::{
 
 /// A remote Nexus (or one Rpc of it) that failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PeerFailure {
+pub(crate) struct PeerFailure {
     /// The remote Nexus.
     pub uri: Uri,
     /// Its incarnation the failure applies to (0: any incarnation, as a
@@ -89,7 +89,8 @@ pub(crate) enum FailCause {
     Silent,
     /// The URI answered with another incarnation (restarted process).
     Restarted,
-    /// Fault injection.
+    /// Fault injection (`Nexus::fault_fail_remote`, `testing` feature).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     Injected,
 }
 
@@ -551,6 +552,7 @@ impl Liveness {
     }
 
     /// Fault injection: declare `uri` failed now.
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn inject_failure(&mut self, uri: &Uri) -> PeerFailure {
         let incarnation = self.peers.remove(uri).map_or(0, |p| p.incarnation);
         self.count(FailCause::Injected);

@@ -70,21 +70,21 @@ use super::{NexusError, Uri};
 use crate::sm_types::SM_PKT_BYTES;
 
 /// Names whose answers are cached.
-pub const MAX_CACHE: usize = 1024;
+pub(super) const MAX_CACHE: usize = 1024;
 /// How long a positive answer is used before it is looked up again (in
 /// the background; the old address serves meanwhile).
-pub const POSITIVE_TTL_MS: u64 = 60_000;
+pub(super) const POSITIVE_TTL_MS: u64 = 60_000;
 /// How long a name that did not resolve makes sends to it fail at once.
-pub const NEGATIVE_TTL_MS: u64 = 5_000;
+pub(super) const NEGATIVE_TTL_MS: u64 = 5_000;
 /// Lookups waiting or running at once.
-pub const MAX_LOOKUPS: usize = 16;
+pub(super) const MAX_LOOKUPS: usize = 16;
 /// Packets waiting for lookups, in all.
-pub const MAX_PENDING: usize = 256;
+pub(super) const MAX_PENDING: usize = 256;
 /// Packets waiting for one name's lookup.
-pub const PENDING_PER_NAME: usize = 8;
+pub(super) const PENDING_PER_NAME: usize = 8;
 /// Packets an Rpc thread (or the resolver thread) could not send at once,
 /// waiting for the SM thread.
-pub const MAX_DEFERRED: usize = 1024;
+pub(super) const MAX_DEFERRED: usize = 1024;
 
 const _: () = assert!(MAX_LOOKUPS <= MAX_CACHE && PENDING_PER_NAME <= MAX_PENDING);
 

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser};
 
-use erpc::{Nexus, Rpc, RpcConfig, SessionEventKind, WorkerDispatch, WorkerIdle};
+use erpc::{Nexus, Rpc, SessionEventKind, WorkerDispatch, WorkerIdle};
 use erpc_apps::cli;
 use erpc_apps::dispatch::{self, Arrival, Bimodal, LoadGen, Service};
 use erpc_apps::env::{self, DevWorld, World};

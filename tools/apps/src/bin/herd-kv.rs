@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 
-use erpc::{Nexus, Rpc, RpcConfig};
+use erpc::{Nexus, Rpc};
 use erpc_apps::herd::{self, ClientConfig, Handlers, KeyDist, KvClient, KvServer, ServerStats};
 use erpc_apps::stats::Percentiles;
 use erpc_apps::threads::{

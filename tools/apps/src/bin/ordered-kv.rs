@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 
-use erpc::{Rpc, RpcConfig, SessionEventKind};
+use erpc::{Rpc, SessionEventKind};
 use erpc_apps::cli;
 use erpc_apps::env::{self, DevWorld, World};
 use erpc_apps::orderedkv::{self, Index, LoadConfig, LoadState, ScanMode, ServerState};

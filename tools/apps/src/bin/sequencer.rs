@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 
-use erpc::{Nexus, Rpc, RpcConfig};
+use erpc::{Nexus, Rpc};
 use erpc_apps::sequencer::{self, Handlers, SeqClient, SeqServer};
 use erpc_apps::stats::Percentiles;
 use erpc_apps::threads::{
