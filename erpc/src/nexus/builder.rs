@@ -226,7 +226,7 @@ impl NexusBuilder {
     /// The machine-failure timeout (default 500 ms): a remote Nexus that
     /// answers no keep-alive ping for this long is declared failed and
     /// every session to it is reset (its requests complete with
-    /// [`crate::RpcError::PeerFailed`]). Pings go out ten times per
+    /// [`crate::RpcError::SessionEnded`], [`crate::SessionEnd::PeerFailed`]). Pings go out ten times per
     /// timeout. Values below 10 ms are raised to 10 ms.
     pub fn failure_timeout_ms(mut self, ms: u64) -> Self {
         self.failure_timeout_ms = ms.max(10);
