@@ -10,9 +10,14 @@
 //! mlx5 transport does by default, for C++ raw peers).
 #![no_main]
 
+// The transport conformance suite's checked parsers (a module of the
+// transport tests, not of the library).
+#[path = "../../tests/conformance/mod.rs"]
+mod conformance;
+
 use libfuzzer_sys::fuzz_target;
 use transport::MTU;
-use transport::conformance::{parse_frame_checked, parse_frame_checked_with};
+use conformance::{parse_frame_checked, parse_frame_checked_with};
 use transport::wire::{ETH_HDR_BYTES, IPV4_HDR_BYTES, ParseOptions, ipv4_checksum};
 
 const LAX: ParseOptions = ParseOptions {

@@ -8,10 +8,15 @@
 //! Input: 4 bytes of our IPv4 address, then the routing info.
 #![no_main]
 
+// The transport conformance suite's checked parsers (a module of the
+// transport tests, not of the library).
+#[path = "../../tests/conformance/mod.rs"]
+mod conformance;
+
 use std::net::Ipv4Addr;
 
 use libfuzzer_sys::fuzz_target;
-use transport::conformance::rss_source_port_checked;
+use conformance::rss_source_port_checked;
 use transport::{ROUTING_INFO_BYTES, RoutingInfo};
 
 fuzz_target!(|data: &[u8]| {
