@@ -555,7 +555,12 @@ impl<T: Transport, C> Rpc<T, C> {
         }
     }
 
-    fn handle_connect_req(&mut self, pkt: &SmPkt, from: &PktFrom) {
+    /// A connect request this server has seen before, or one from a dead
+    /// incarnation of its client: answered again (a retransmission of a
+    /// live session's request) or dropped (a late duplicate of a gone
+    /// session's, a stale or unverified incarnation). True when handled
+    /// here; false for a request that may make a new session.
+    fn old_connect_req(&mut self, pkt: &SmPkt, from: &PktFrom) -> bool {
         // A retransmitted request: answer again with the same session.
         if let Some(&sn) = self.token_map.get(&pkt.uniq_token) {
             if let Some(s) = self.session(sn)
@@ -565,7 +570,8 @@ impl<T: Transport, C> Rpc<T, C> {
                 let mut r = pkt.response(SmErr::NoError);
                 r.server = s.server_endpoint();
                 self.stats.sm_dup_connect += 1;
-                return self.send_sm(&r);
+                self.send_sm(&r);
+                return true;
             }
             self.token_map.remove(&pkt.uniq_token);
         }
@@ -576,14 +582,14 @@ impl<T: Transport, C> Rpc<T, C> {
             .contains(pkt.uniq_token, self.clock.now_ns())
         {
             self.stats.sm_stale_connect += 1;
-            return self.stats.drop(DropReason::SmStale);
+            self.stats.drop(DropReason::SmStale);
+            return true;
         }
-        let ext_client = self.ext_peer(&pkt.client);
         // A request naming an incarnation of its client older than the one
         // we track (a dead process's, late or replayed), or a newer one not
         // from the client's address, would fail live sessions or make a
         // session to a dead process: dropped (see `nexus::liveness`).
-        if ext_client
+        if self.ext_peer(&pkt.client)
             && let Some(uri) = pkt.client.uri()
             && !self
                 .nexus
@@ -591,8 +597,17 @@ impl<T: Transport, C> Rpc<T, C> {
                 .may_track(&uri, pkt.client.incarnation(), from.verified)
         {
             self.stats.sm_connect_stale_incarnation += 1;
-            return self.stats.drop(DropReason::SmStale);
+            self.stats.drop(DropReason::SmStale);
+            return true;
         }
+        false
+    }
+
+    fn handle_connect_req(&mut self, pkt: &SmPkt, from: &PktFrom) {
+        if self.old_connect_req(pkt, from) {
+            return;
+        }
+        let ext_client = self.ext_peer(&pkt.client);
         // A new session: charged to the host it came from.
         if !self.admit_connect(&from.host) {
             return;
