@@ -62,7 +62,7 @@ use transport::{
 };
 
 pub use dma::{DeferredDma, SimIommu};
-pub use erpc::VirtualClock;
+use erpc::VirtualClock;
 pub use netsim::{LinkFaults, PortConfig, QueueSample, QueueStats};
 pub use nic::{SimRing, SimRoute, SimTransport};
 pub use sm_hub::{FORGER_URI, SimSmHub, SmHubConfig, SmHubStats};
