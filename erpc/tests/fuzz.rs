@@ -69,3 +69,15 @@ fn a_request_at_a_fresh_slots_number_is_dropped_as_stale() {
     assert_eq!(r.dropped, 1, "{r:?}");
     assert_eq!(r.dropped_in_session, 1, "{r:?}");
 }
+
+/// An input proptest found (2026-11-28): a spoofed request at the next
+/// request number of a live slot, answered by the server, whose answer
+/// the client's genuine request then got as a duplicate's. eRPC does not
+/// authenticate packets (nor does the C++ eRPC), so the harness allows
+/// one spoiled RPC per such packet; this input must keep passing, and
+/// must keep containing one.
+#[test]
+fn a_spoofed_next_request_spoils_at_most_one_rpc() {
+    let report = erpc_sim::fuzz::run(include_bytes!("data/fuzz-spoofed-next-request.bin"));
+    assert!(report.spoofed_in_window >= 1, "{report:?}");
+}

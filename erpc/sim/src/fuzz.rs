@@ -65,6 +65,15 @@ pub struct FuzzReport {
     pub aimed_live: u64,
     /// Of those, at the slot's current request number exactly.
     pub aimed_current: u64,
+    /// Of those, spoofs the receiver cannot tell from genuine packets: a
+    /// good magic number, a request at the server or a response at the
+    /// client, at the slot's current or (a request) next request number.
+    /// eRPC, like the C++ eRPC, does not authenticate data packets, so
+    /// each of these may take the place of a genuine packet (a forged
+    /// next request is answered, and the client's real one then gets that
+    /// answer as a duplicate's) and spoil one RPC's data: completed echoes
+    /// with wrong data are allowed up to this many, and no more.
+    pub spoofed_in_window: u64,
     /// Structured SM packets that carried the token of a live session.
     pub sm_live_token: u64,
     /// Data packets dropped by a check that needs the session found
@@ -203,6 +212,14 @@ pub fn run(input: &[u8]) -> FuzzReport {
                 let mut p = hdr.encode().expect("fields in range").to_vec();
                 if sel & 2 != 0 {
                     p[13] ^= 0x10; // bad magic
+                } else if target.is_some()
+                    && match (to, hdr.pkt_type) {
+                        (1, PktType::Req) => aim & 3 == 1 || aim & 3 == 2,
+                        (0, PktType::Resp) => aim & 3 == 1,
+                        _ => false,
+                    }
+                {
+                    report.spoofed_in_window += 1;
                 }
                 let dlen = match b.u8() % 4 {
                     0 => usize::from(b.u16()) % (MAX_DATA_PER_PKT + 8),
@@ -304,6 +321,12 @@ pub fn run(input: &[u8]) -> FuzzReport {
             .map(|&r| s.drops(r))
             .sum::<u64>();
     }
-    assert_eq!(ctxs[0].bad, 0, "a completed echo returned wrong data");
+    assert!(
+        ctxs[0].bad <= report.spoofed_in_window,
+        "{} completed echoes returned wrong data, more than the {} spoofed in-window packets \
+         could explain",
+        ctxs[0].bad,
+        report.spoofed_in_window
+    );
     report
 }
