@@ -211,9 +211,11 @@ impl<B: HwBackend> QueueSet<B> {
     /// WQEs allowed ahead permits; rings the doorbell if any was posted.
     pub(super) fn repost(&mut self) {
         let per_wqe = 1usize << self.rq.log_strides;
-        let limit = (self.rq.reported >> self.rq.log_strides).wrapping_add(self.rx_wqes_ahead());
+        let ahead = self.rx_wqes_ahead();
         let mut posted = false;
-        while self.rq.to_post >= per_wqe && self.rq.head != limit {
+        while self.rq.to_post >= per_wqe
+            && !at_post_limit(self.rq.head, self.rq.reported, self.rq.log_strides, ahead)
+        {
             self.write_rq_wqe();
             self.rq.to_post -= per_wqe;
             self.stats.rx_reposts += 1;
@@ -269,5 +271,74 @@ impl<B: HwBackend> QueueSet<B> {
             stride: self.rq.stride,
             entries: self.cfg.rx_ring_entries(),
         }
+    }
+}
+
+/// Whether `head` WQEs posted (a count that wraps at 2^32) have reached
+/// the most that may be posted: `ahead` WQEs beyond the one holding the
+/// last of `reported` strides (which wraps at 2^32 too). Compared in
+/// strides, where the two counters wrap together: in WQEs, `reported >>
+/// log_strides` wraps at 2^(32 - log_strides) while `head` wraps at 2^32,
+/// so after 2^32 strides (minutes at line rate) the limit would never be
+/// met and every free WQE would be posted, defeating the stale-CQE guard
+/// of the ring-index readings (see `rx_wqes_ahead`). The strides posted
+/// never exceed the limit by construction, so equality mod 2^32 is
+/// reaching it.
+#[inline]
+fn at_post_limit(head: u32, reported: u32, log_strides: u32, ahead: u32) -> bool {
+    let per_wqe = 1u32 << log_strides;
+    head << log_strides == (reported & !(per_wqe - 1)).wrapping_add(ahead << log_strides)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::at_post_limit;
+
+    /// The limit, on true (unwrapped) counts: posted WQEs against the WQE
+    /// of the last reported stride plus `ahead`.
+    fn reached(head: u64, reported: u64, log_strides: u32, ahead: u64) -> bool {
+        head == (reported >> log_strides) + ahead
+    }
+
+    /// Around the 2^32-stride wrap (and far from it) the wrapped counters
+    /// give the true answer for every head from the last reported WQE to
+    /// the limit; the WQE-unit comparison this replaced did not past the
+    /// wrap.
+    #[test]
+    fn the_post_limit_holds_across_the_counters_wrap() {
+        for log_strides in [0, 3, 6, 9] {
+            for ahead in [1u64, 7, 8, 255] {
+                for base in [
+                    0u64,
+                    1 << 20,
+                    (1 << 32) - 4096,
+                    1 << 32,
+                    (1 << 32) + 4096,
+                    5 << 32,
+                ] {
+                    for reported in base..base + 64 {
+                        let first = reported >> log_strides;
+                        for head in first..=first + ahead {
+                            assert_eq!(
+                                at_post_limit(
+                                    head as u32,
+                                    reported as u32,
+                                    log_strides,
+                                    ahead as u32
+                                ),
+                                reached(head, reported, log_strides, ahead),
+                                "log_strides {log_strides} ahead {ahead} reported {reported} head {head}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        // The old reading, past the wrap: never at the limit.
+        let (log_strides, ahead, reported) = (3u32, 7u32, (1u64 << 32) + 16);
+        let head = ((reported >> log_strides) + u64::from(ahead)) as u32;
+        let old = (reported as u32 >> log_strides).wrapping_add(ahead);
+        assert_ne!(head, old);
+        assert!(at_post_limit(head, reported as u32, log_strides, ahead));
     }
 }
