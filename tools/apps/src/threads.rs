@@ -15,6 +15,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::herd::Handlers;
+
 use mempool::{Allocator, AllocatorConfig, RegionOptions};
 use mlx5::{Device, DeviceConfig, QueueConfig};
 use mlx5_sim::{Fabric, FabricConfig, NicConfig, SimBackend, SimNic};
@@ -334,6 +336,53 @@ pub fn uris() -> [String; 2] {
         format!("127.0.0.1:{}", crate::env::free_udp_port()),
         format!("127.0.0.1:{}", crate::env::free_udp_port()),
     ]
+}
+
+/// The flags every per-thread benchmark takes (`herd-kv`, `sequencer`),
+/// flattened into each binary's own: where it runs, on how many threads,
+/// how long, with which handlers.
+#[derive(clap::Args, Debug)]
+pub struct RoundArgs {
+    /// dev (the device model) or udp (kernel UDP on loopback).
+    #[arg(long, default_value = "dev")]
+    pub transport: String,
+    /// Threads (server and client Rpc each), 1 to 16.
+    #[arg(long, default_value_t = 1)]
+    pub threads: u64,
+    /// Requests in flight per client Rpc, 1 to 1024.
+    #[arg(long, default_value_t = 64)]
+    pub window: u64,
+    /// Seconds measured per point, 0.1 to 600.
+    #[arg(long, default_value_t = 2.0)]
+    pub secs: f64,
+    /// Seconds of warm-up per point, 0 to 60.
+    #[arg(long, default_value_t = 0.5)]
+    pub warmup: f64,
+    /// per-request, burst or both.
+    #[arg(long, default_value = "both")]
+    pub handlers: String,
+}
+
+impl RoundArgs {
+    /// Checks the flags (each refusal names the flag and its limit) and
+    /// returns the transport and the handler kinds to measure.
+    pub fn check(&self) -> Result<(Net, Vec<Handlers>), String> {
+        let net: Net = self
+            .transport
+            .parse()
+            .map_err(|e| format!("--transport {e}"))?;
+        in_range("--threads", self.threads, 1, 16)?;
+        in_range("--window", self.window, 1, 1024)?;
+        secs_in_range("--secs", self.secs, 0.1, 600.0)?;
+        secs_in_range("--warmup", self.warmup, 0.0, 60.0)?;
+        let handlers = match self.handlers.as_str() {
+            "per-request" => vec![Handlers::PerRequest],
+            "burst" => vec![Handlers::Burst],
+            "both" => vec![Handlers::PerRequest, Handlers::Burst],
+            h => return Err(format!("--handlers {h:?}: per-request, burst or both")),
+        };
+        Ok((net, handlers))
+    }
 }
 
 /// Checks a count flag: `1..=max`, or a message naming the limit.

@@ -28,9 +28,7 @@ use clap::Parser;
 use erpc::{Nexus, Rpc};
 use erpc_apps::herd::{self, ClientConfig, Handlers, KeyDist, KvClient, KvServer, ServerStats};
 use erpc_apps::stats::Percentiles;
-use erpc_apps::threads::{
-    self, DevNet, Endpoints, Net, Phase, Res, UdpEndpoints, in_range, secs_in_range,
-};
+use erpc_apps::threads::{self, DevNet, Endpoints, Net, Phase, Res, UdpEndpoints, in_range};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -38,12 +36,8 @@ use erpc_apps::threads::{
     about = "HERD-style key-value store over eRPC: per-request vs burst handlers"
 )]
 struct Cli {
-    /// dev (the device model) or udp (kernel UDP on loopback).
-    #[arg(long, default_value = "dev")]
-    transport: String,
-    /// Threads (server and client Rpc each), 1 to 16.
-    #[arg(long, default_value_t = 1)]
-    threads: u64,
+    #[command(flatten)]
+    round: threads::RoundArgs,
     /// Items preloaded, 1 to 100 000 000 (and at least --threads).
     #[arg(long, default_value_t = 8_000_000)]
     keys: u64,
@@ -56,25 +50,13 @@ struct Cli {
     /// PUTs per 1000 requests, 0 to 1000.
     #[arg(long, default_value_t = 50)]
     puts_per_mille: u64,
-    /// Requests in flight per client Rpc, 1 to 1024.
-    #[arg(long, default_value_t = 64)]
-    window: u64,
     /// Fixed offered load in millions of requests per second, all threads
     /// together (default: 70 % of the per-request capacity of this run).
     #[arg(long)]
     rate: Option<f64>,
-    /// Seconds measured per point, 0.1 to 600.
-    #[arg(long, default_value_t = 2.0)]
-    secs: f64,
-    /// Seconds of warm-up per point, 0 to 60.
-    #[arg(long, default_value_t = 0.5)]
-    warmup: f64,
     /// Rounds (each handler kind once per round, alternating), 1 to 20.
     #[arg(long, default_value_t = 2)]
     rounds: u64,
-    /// per-request, burst or both.
-    #[arg(long, default_value = "both")]
-    handlers: String,
     /// Seed of the key choices.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -231,12 +213,12 @@ fn point<E: Endpoints>(
         Nexus::builder(&uris[1]).workers(0).build()?,
     ];
     let n = states.len();
-    let window = cli.window as usize;
+    let window = cli.round.window as usize;
     let inputs: Vec<_> = states.drain(..).map(|st| (e.clone(), st)).collect();
     let (outs, secs) = threads::run_round(
         inputs,
-        Duration::from_secs_f64(cli.warmup),
-        Duration::from_secs_f64(cli.secs),
+        Duration::from_secs_f64(cli.round.warmup),
+        Duration::from_secs_f64(cli.round.secs),
         |i, (e, st), phase| {
             let ctx = (i, n, round, window);
             thread_main(
@@ -297,17 +279,10 @@ struct Plan {
 }
 
 fn validate(cli: &Cli) -> Result<Plan, String> {
-    let net: Net = cli
-        .transport
-        .parse()
-        .map_err(|e| format!("--transport {e}"))?;
-    in_range("--threads", cli.threads, 1, 16)?;
-    in_range("--keys", cli.keys, cli.threads, 100_000_000)?;
+    let (net, handlers) = cli.round.check()?;
+    in_range("--keys", cli.keys, cli.round.threads, 100_000_000)?;
     in_range("--puts-per-mille", cli.puts_per_mille, 0, 1000)?;
-    in_range("--window", cli.window, 1, 1024)?;
     in_range("--rounds", cli.rounds, 1, 20)?;
-    secs_in_range("--secs", cli.secs, 0.1, 600.0)?;
-    secs_in_range("--warmup", cli.warmup, 0.0, 60.0)?;
     if !(cli.zipf.is_finite() && cli.zipf > 0.0 && cli.zipf <= 10.0) {
         return Err(format!(
             "--zipf {}: must be above 0 and at most 10",
@@ -326,12 +301,6 @@ fn validate(cli: &Cli) -> Result<Plan, String> {
         "zipf" => vec![KeyDist::Zipf(cli.zipf)],
         "both" => vec![KeyDist::Uniform, KeyDist::Zipf(cli.zipf)],
         d => return Err(format!("--dist {d:?}: uniform, zipf or both")),
-    };
-    let handlers = match cli.handlers.as_str() {
-        "per-request" => vec![Handlers::PerRequest],
-        "burst" => vec![Handlers::Burst],
-        "both" => vec![Handlers::PerRequest, Handlers::Burst],
-        h => return Err(format!("--handlers {h:?}: per-request, burst or both")),
     };
     Ok(Plan {
         net,
@@ -352,7 +321,7 @@ fn run(cli: &Cli, plan: &Plan) -> Res<bool> {
 }
 
 fn run_on<E: Endpoints>(e: &E, cli: &Cli, plan: &Plan) -> Res<bool> {
-    let n = cli.threads as usize;
+    let n = cli.round.threads as usize;
     println!(
         "herd-kv: {} items (16 B keys, 32 B values), {:.1} % GET / {:.1} % PUT; {}; {} thread(s), \
          thread i owns server Rpc i (key partition i) and client Rpc i; window {} per client; \
@@ -362,9 +331,9 @@ fn run_on<E: Endpoints>(e: &E, cli: &Cli, plan: &Plan) -> Res<bool> {
         cli.puts_per_mille as f64 / 10.0,
         plan.net,
         n,
-        cli.window,
-        cli.secs,
-        cli.warmup,
+        cli.round.window,
+        cli.round.secs,
+        cli.round.warmup,
         cli.rounds
     );
     println!(
@@ -393,7 +362,7 @@ fn run_on<E: Endpoints>(e: &E, cli: &Cli, plan: &Plan) -> Res<bool> {
                         keys: cli.keys,
                         dist,
                         puts_per_mille: cli.puts_per_mille,
-                        window: cli.window as usize,
+                        window: cli.round.window as usize,
                         rate: 0.0,
                         seed: cli.seed.wrapping_mul(1000).wrapping_add(i as u64),
                     },
@@ -451,7 +420,7 @@ fn run_on<E: Endpoints>(e: &E, cli: &Cli, plan: &Plan) -> Res<bool> {
         for (h, o) in &cap {
             row(
                 *h,
-                format!("closed, {} in flight", cli.window * n as u64),
+                format!("closed, {} in flight", cli.round.window * n as u64),
                 o,
             );
         }

@@ -22,9 +22,7 @@ use clap::Parser;
 use erpc::{Nexus, Rpc};
 use erpc_apps::sequencer::{self, Handlers, SeqClient, SeqServer};
 use erpc_apps::stats::Percentiles;
-use erpc_apps::threads::{
-    self, DevNet, Endpoints, Net, Phase, Res, UdpEndpoints, in_range, secs_in_range,
-};
+use erpc_apps::threads::{self, DevNet, Endpoints, Net, Phase, Res, UdpEndpoints, in_range};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -32,30 +30,14 @@ use erpc_apps::threads::{
     about = "Networked sequencer over eRPC: per-request vs burst handlers"
 )]
 struct Cli {
-    /// dev (the device model) or udp (kernel UDP on loopback).
-    #[arg(long, default_value = "dev")]
-    transport: String,
-    /// Threads (server and client Rpc each), 1 to 16.
-    #[arg(long, default_value_t = 1)]
-    threads: u64,
+    #[command(flatten)]
+    round: threads::RoundArgs,
     /// Sessions per client Rpc, 1 to 64.
     #[arg(long, default_value_t = 8)]
     sessions: u64,
-    /// Requests in flight per client Rpc, 1 to 1024.
-    #[arg(long, default_value_t = 64)]
-    window: u64,
-    /// Seconds measured per point, 0.1 to 600.
-    #[arg(long, default_value_t = 2.0)]
-    secs: f64,
-    /// Seconds of warm-up per point, 0 to 60.
-    #[arg(long, default_value_t = 0.5)]
-    warmup: f64,
     /// Rounds (each handler kind once per round, alternating), 1 to 20.
     #[arg(long, default_value_t = 3)]
     rounds: u64,
-    /// per-request, burst or both.
-    #[arg(long, default_value = "both")]
-    handlers: String,
 }
 
 struct ThreadOut {
@@ -142,7 +124,7 @@ struct Outcome {
 }
 
 fn point<E: Endpoints>(e: &E, h: Handlers, round: usize, cli: &Cli) -> Res<Outcome> {
-    let n = cli.threads as usize;
+    let n = cli.round.threads as usize;
     let uris = threads::uris();
     let nexus = [
         sequencer::register::<E::T>(Nexus::builder(&uris[0]), h)
@@ -151,12 +133,12 @@ fn point<E: Endpoints>(e: &E, h: Handlers, round: usize, cli: &Cli) -> Res<Outco
         Nexus::builder(&uris[1]).workers(0).build()?,
     ];
     let counter = sequencer::counter();
-    let (sessions, window) = (cli.sessions as usize, cli.window as usize);
+    let (sessions, window) = (cli.sessions as usize, cli.round.window as usize);
     let inputs: Vec<_> = (0..n).map(|_| (e.clone(), counter.clone())).collect();
     let (outs, secs) = threads::run_round(
         inputs,
-        Duration::from_secs_f64(cli.warmup),
-        Duration::from_secs_f64(cli.secs),
+        Duration::from_secs_f64(cli.round.warmup),
+        Duration::from_secs_f64(cli.round.secs),
         |i, (e, counter), phase| {
             let work = (counter, sessions, window);
             thread_main(
@@ -227,32 +209,19 @@ fn main() -> ExitCode {
 }
 
 fn validate(cli: &Cli) -> Result<(Net, Vec<Handlers>), String> {
-    let net: Net = cli
-        .transport
-        .parse()
-        .map_err(|e| format!("--transport {e}"))?;
-    in_range("--threads", cli.threads, 1, 16)?;
+    let (net, handlers) = cli.round.check()?;
     in_range("--sessions", cli.sessions, 1, 64)?;
-    in_range("--window", cli.window, 1, 1024)?;
     in_range("--rounds", cli.rounds, 1, 20)?;
-    secs_in_range("--secs", cli.secs, 0.1, 600.0)?;
-    secs_in_range("--warmup", cli.warmup, 0.0, 60.0)?;
-    let handlers = match cli.handlers.as_str() {
-        "per-request" => vec![Handlers::PerRequest],
-        "burst" => vec![Handlers::Burst],
-        "both" => vec![Handlers::PerRequest, Handlers::Burst],
-        h => return Err(format!("--handlers {h:?}: per-request, burst or both")),
-    };
     Ok((net, handlers))
 }
 
 fn run_on<E: Endpoints>(e: &E, cli: &Cli, plan: &(Net, Vec<Handlers>)) -> Res<bool> {
-    let n = cli.threads as usize;
+    let n = cli.round.threads as usize;
     println!(
         "sequencer: {}; {} thread(s), thread i owns server Rpc i and client Rpc i, one shared \
          counter; {} sessions and {} in flight per client; {:.1} s per point after {:.1} s \
          warm-up, {} round(s)",
-        plan.0, n, cli.sessions, cli.window, cli.secs, cli.warmup, cli.rounds
+        plan.0, n, cli.sessions, cli.round.window, cli.round.secs, cli.round.warmup, cli.rounds
     );
     let mut res: Vec<(Handlers, Outcome)> =
         plan.1.iter().map(|&h| (h, Outcome::default())).collect();
