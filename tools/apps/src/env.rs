@@ -264,27 +264,40 @@ impl DevWorld {
         ep: usize,
         port: u16,
     ) -> Result<(Mlx5Transport<SimBackend>, Allocator), Box<dyn std::error::Error>> {
-        let dev = &self.devices[ep];
-        let t = Mlx5Transport::new(
-            dev,
-            Mlx5Config::new(
-                Ipv4Addr::new(10, 40, 0, ep as u8 + 1),
-                QueueConfig {
-                    udp_port: port,
-                    ..Default::default()
-                },
-            ),
-        )?;
-        let a = Allocator::new(
-            dev.dma_mapper(),
-            AllocatorConfig {
-                initial_bytes: PROCESS_BYTES,
-                region: self.region,
+        let ip = Ipv4Addr::new(10, 40, 0, ep as u8 + 1);
+        queue_set_on(&self.devices[ep], ip, port, self.region, PROCESS_BYTES)
+            .map_err(|e| e as Box<dyn std::error::Error>)
+    }
+}
+
+/// A transport on a new queue set of `dev` (address `ip`, UDP port
+/// `port`) and an allocator of `bytes` registered with that NIC.
+pub fn queue_set_on(
+    dev: &Device<SimBackend>,
+    ip: Ipv4Addr,
+    port: u16,
+    region: RegionOptions,
+    bytes: usize,
+) -> Result<(Mlx5Transport<SimBackend>, Allocator), Box<dyn std::error::Error + Send + Sync>> {
+    let t = Mlx5Transport::new(
+        dev,
+        Mlx5Config::new(
+            ip,
+            QueueConfig {
+                udp_port: port,
                 ..Default::default()
             },
-        )?;
-        Ok((t, a))
-    }
+        ),
+    )?;
+    let a = Allocator::new(
+        dev.dma_mapper(),
+        AllocatorConfig {
+            initial_bytes: bytes,
+            region,
+            ..Default::default()
+        },
+    )?;
+    Ok((t, a))
 }
 
 impl World for DevWorld {

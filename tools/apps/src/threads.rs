@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 
 use crate::herd::Handlers;
 
-use mempool::{Allocator, AllocatorConfig, RegionOptions};
-use mlx5::{Device, DeviceConfig, QueueConfig};
+use mempool::{Allocator, RegionOptions};
+use mlx5::{Device, DeviceConfig};
 use mlx5_sim::{Fabric, FabricConfig, NicConfig, SimBackend, SimNic};
 use transport::Transport;
-use transport::mlx5::{Mlx5Config, Mlx5Transport};
+use transport::mlx5::Mlx5Transport;
 use transport::udp::{UdpConfig, UdpTransport};
 
 /// Errors of a benchmark run.
@@ -143,27 +143,9 @@ impl std::fmt::Debug for DevEndpoints {
 impl Endpoints for DevEndpoints {
     type T = Mlx5Transport<SimBackend>;
     fn make(&self, node: usize, thread: usize, round: usize) -> Res<(Self::T, Allocator)> {
-        let dev = &self.devs[node];
         let port = 34_000 + ((round % 64) * 256 + node * 128 + thread) as u16;
-        let t = Mlx5Transport::new(
-            dev,
-            Mlx5Config::new(
-                Ipv4Addr::new(10, 35, 0, node as u8 + 1),
-                QueueConfig {
-                    udp_port: port,
-                    ..Default::default()
-                },
-            ),
-        )?;
-        let a = Allocator::new(
-            dev.dma_mapper(),
-            AllocatorConfig {
-                initial_bytes: RPC_BYTES,
-                region: self.region,
-                ..Default::default()
-            },
-        )?;
-        Ok((t, a))
+        let ip = Ipv4Addr::new(10, 35, 0, node as u8 + 1);
+        crate::env::queue_set_on(&self.devs[node], ip, port, self.region, RPC_BYTES)
     }
 }
 
