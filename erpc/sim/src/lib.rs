@@ -860,3 +860,23 @@ use erpc::test_allocator_with;
 
 #[cfg(test)]
 mod tests;
+
+/// Runs a seeded test body `f` for each of `defaults`, or for the seed in
+/// `ERPC_SEED` alone when it is set; a failing seed prints the one-line
+/// command that replays it (`cargo test -p {package} --test {file} --
+/// {test} --exact` with that seed).
+pub fn with_seeds(package: &str, file: &str, test: &str, defaults: &[u64], f: impl Fn(u64)) {
+    let seeds: Vec<u64> = match std::env::var("ERPC_SEED").ok().and_then(|s| s.parse().ok()) {
+        Some(s) => vec![s],
+        None => defaults.to_vec(),
+    };
+    for seed in seeds {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(seed)));
+        if let Err(e) = r {
+            eprintln!(
+                "\n*** {test} failed with seed {seed}\n*** replay: ERPC_SEED={seed} cargo test -p {package} --test {file} -- {test} --exact\n"
+            );
+            std::panic::resume_unwind(e);
+        }
+    }
+}

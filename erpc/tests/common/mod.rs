@@ -247,22 +247,9 @@ pub fn seed_or(default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// Runs `f(seed)` for the seed from `ERPC_SEED`, or for each of
-/// `defaults`; on failure prints the seed and a one-line replay command.
+/// [`erpc_sim::with_seeds`] for this crate's tests.
 pub fn with_seeds(test: &str, file: &str, defaults: &[u64], f: impl Fn(u64)) {
-    let seeds: Vec<u64> = match std::env::var("ERPC_SEED").ok().and_then(|s| s.parse().ok()) {
-        Some(s) => vec![s],
-        None => defaults.to_vec(),
-    };
-    for seed in seeds {
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(seed)));
-        if let Err(e) = r {
-            eprintln!(
-                "\n*** {test} failed with seed {seed}\n*** replay: ERPC_SEED={seed} cargo test -p erpc --test {file} -- {test} --exact\n"
-            );
-            std::panic::resume_unwind(e);
-        }
-    }
+    erpc_sim::with_seeds("erpc", file, test, defaults, f)
 }
 
 /// Deterministic test bytes: byte `i` of a message with key `key`.
