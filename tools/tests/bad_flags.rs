@@ -6,7 +6,7 @@
 #[path = "support/bad_flags.rs"]
 mod support;
 
-use support::{Case, check};
+use support::{Case, case, check};
 
 const EXES: &[(&str, &str)] = &[
     ("erpc-bench", env!("CARGO_BIN_EXE_erpc-bench")),
@@ -17,14 +17,6 @@ const EXES: &[(&str, &str)] = &[
         env!("CARGO_BIN_EXE_erpc-vfio-guest-test"),
     ),
 ];
-
-const fn case(
-    bin: &'static str,
-    args: &'static [&'static str],
-    want: &'static [&'static str],
-) -> Case {
-    Case { bin, args, want }
-}
 
 const CASES: &[Case] = &[
     // Values out of range.

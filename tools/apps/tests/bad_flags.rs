@@ -9,7 +9,7 @@ mod support;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
-use support::{Case, check};
+use support::{Case, case, check};
 
 const EXES: &[(&str, &str)] = &[
     ("raft-kv", env!("CARGO_BIN_EXE_raft-kv")),
@@ -18,14 +18,6 @@ const EXES: &[(&str, &str)] = &[
     ("herd-kv", env!("CARGO_BIN_EXE_herd-kv")),
     ("sequencer", env!("CARGO_BIN_EXE_sequencer")),
 ];
-
-const fn case(
-    bin: &'static str,
-    args: &'static [&'static str],
-    want: &'static [&'static str],
-) -> Case {
-    Case { bin, args, want }
-}
 
 /// A replica and a client address, for the client subcommand's cases.
 const CLIENT: [&str; 5] = [

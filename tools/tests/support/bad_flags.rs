@@ -21,6 +21,15 @@ pub struct Case {
     pub want: &'static [&'static str],
 }
 
+/// A case, in a table.
+pub const fn case(
+    bin: &'static str,
+    args: &'static [&'static str],
+    want: &'static [&'static str],
+) -> Case {
+    Case { bin, args, want }
+}
+
 /// How long a refusal may take before it counts as a hang. Every case
 /// fails while parsing its flags, before any work, so this bound is about
 /// hangs only (a loaded 2-core machine takes well under a second).
