@@ -8,7 +8,8 @@ mod common;
 use std::sync::Arc;
 
 use common::app::{self, Ctx, DEFER, ECHO, Op, SIZED};
-use common::scenarios::{N, check_done, connect, nodes_with};
+use common::scenarios::{N, check_done, connect};
+use common::scenarios::{node_uri as uri, two_nodes as two};
 use common::{Node, SimWorld, World, run_until, with_seeds};
 use erpc::wire::{PktHdr, PktType};
 use erpc::{
@@ -19,16 +20,6 @@ const FILE: &str = "failure";
 const MS: u64 = 1_000_000;
 
 type W = SimWorld;
-
-fn uri(i: usize) -> String {
-    format!("node-{i}:31850")
-}
-
-fn two(seed: u64) -> (W, Vec<N<W>>) {
-    let mut w = W::new(seed);
-    let ns = nodes_with(&mut w, 2, seed, RpcConfig::default());
-    (w, ns)
-}
 
 /// Crashes node `i`: its data endpoint and its Nexus go silent, then the
 /// process (Rpc and Nexus) is dropped; whatever it tries to send on the

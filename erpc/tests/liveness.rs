@@ -7,22 +7,13 @@ mod common;
 
 use common::app::{self, DEFER, ECHO, Op};
 use common::scenarios::{N, connect, nodes_with};
+use common::scenarios::{node_uri as uri, two_nodes as two};
 use common::{SimWorld, World, run_until, with_seeds};
 use erpc::{RpcConfig, RpcError, SessionEventKind, Uri};
 
 const FILE: &str = "liveness";
 
 type W = SimWorld;
-
-fn uri(i: usize) -> String {
-    format!("node-{i}:31850")
-}
-
-fn two(seed: u64) -> (W, Vec<N<W>>) {
-    let mut w = W::new(seed);
-    let ns = nodes_with(&mut w, 2, seed, RpcConfig::default());
-    (w, ns)
-}
 
 fn ops(t: u8, n: usize, len: usize) -> Vec<Op> {
     vec![

@@ -9,24 +9,14 @@ mod common;
 use std::sync::Arc;
 
 use common::app::{self, ECHO, Op};
-use common::scenarios::{N, connect, nodes_with};
+use common::scenarios::{N, connect};
+use common::scenarios::{node_uri as uri, two_nodes as two};
 use common::{SimWorld, World, run_until, with_seeds};
-use erpc::RpcConfig;
 use erpc::wire::{PktHdr, PktType};
 
 const FILE: &str = "logs";
 
 type W = SimWorld;
-
-fn uri(i: usize) -> String {
-    format!("node-{i}:31850")
-}
-
-fn two(seed: u64) -> (W, Vec<N<W>>) {
-    let mut w = W::new(seed);
-    let ns = nodes_with(&mut w, 2, seed, RpcConfig::default());
-    (w, ns)
-}
 
 /// A request packet for session `session` (none exists: dropped).
 fn stray(session: u16) -> Vec<u8> {

@@ -9,11 +9,23 @@ use erpc::{RpcConfig, SessionEventKind};
 use netsim::Rng;
 
 use super::app::{self, Ctx, ECHO, NESTED, Op, SIZED};
-use super::{Node, World, run_until};
+use super::{Node, SimWorld, World, run_until};
 
 pub type N<W> = Node<<W as World>::T, Ctx>;
 
-/// `n` nodes, each in its own Nexus ("node-i:31850"), Rpc id `i`.
+/// The URI of node `i`'s Nexus.
+pub fn node_uri(i: usize) -> String {
+    format!("node-{i}:31850")
+}
+
+/// Two nodes with the default config on the simulated network of `seed`.
+pub fn two_nodes(seed: u64) -> (SimWorld, Vec<N<SimWorld>>) {
+    let mut w = SimWorld::new(seed);
+    let ns = nodes_with(&mut w, 2, seed, RpcConfig::default());
+    (w, ns)
+}
+
+/// `n` nodes, each in its own Nexus ([`node_uri`]), Rpc id `i`.
 pub fn nodes<W: World>(w: &mut W, n: usize, seed: u64) -> Vec<N<W>> {
     nodes_with(w, n, seed, RpcConfig::default())
 }
@@ -23,7 +35,7 @@ pub fn nodes<W: World>(w: &mut W, n: usize, seed: u64) -> Vec<N<W>> {
 pub fn nodes_with<W: World>(w: &mut W, n: usize, seed: u64, cfg: RpcConfig) -> Vec<N<W>> {
     (0..n)
         .map(|i| {
-            let nexus = app::register::<W::T>(w.nexus(&format!("node-{i}:31850")))
+            let nexus = app::register::<W::T>(w.nexus(&node_uri(i)))
                 .failure_timeout_ms(cfg.failure_timeout_ms)
                 .build()
                 .expect("nexus");
