@@ -38,6 +38,21 @@ pub mod sequencer;
 pub mod stats;
 pub mod threads;
 
+/// Installs the `tracing` subscriber every binary of this crate uses:
+/// events on stderr, filtered by `RUST_LOG` (default: warnings and
+/// errors), coloured only on a terminal (no escape codes in a log file).
+/// erpc-tools' binaries use its `init_tracing`, the same.
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::builder()
+        .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
+        .from_env_lossy();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
 /// A request and a response buffer of `req` and `resp` bytes, or `None`
 /// (with neither kept: a buffer allocated before the other failed is
 /// freed, not leaked).

@@ -219,15 +219,7 @@ enum Api {
 }
 
 fn main() -> ExitCode {
-    let filter = tracing_subscriber::EnvFilter::builder()
-        .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
-        .from_env_lossy();
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal: no escape codes in a log file.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    erpc_apps::init_tracing();
     // With ERPC_INSPECT=1, the endpoint's socket goes with the process
     // on SIGTERM/SIGINT/SIGHUP too.
     if let Err(e) = erpc::inspect::remove_socket_on_termination() {

@@ -178,13 +178,7 @@ fn point<E: Endpoints>(e: &E, h: Handlers, round: usize, cli: &Cli) -> Res<Outco
 }
 
 fn main() -> ExitCode {
-    let filter = tracing_subscriber::EnvFilter::builder()
-        .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
-        .from_env_lossy();
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    erpc_apps::init_tracing();
     let cli = Cli::parse();
     let plan = match validate(&cli) {
         Ok(p) => p,
