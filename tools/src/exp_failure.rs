@@ -13,7 +13,7 @@ use serde::Serialize;
 use transport::Transport;
 use transport::udp::{UdpConfig, UdpTransport};
 
-use crate::bench::{BenchError, Progress};
+use crate::bench::{BenchError, Progress, loopback_uri};
 use crate::cli::{JsonOut, Out, Quit, usage};
 
 /// Request type the failure-detection peer holds without answering.
@@ -85,13 +85,6 @@ fn client_cont<T: Transport>(rpc: &mut Rpc<T, Client>, c: &mut Client, comp: Com
     rpc.free_msg_buffer(comp.resp);
 }
 
-fn free_port() -> Result<u16, BenchError> {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| BenchError::setup("a free UDP port on 127.0.0.1", e))
-}
-
 /// Reads lines from the child until one starts with `want`.
 fn expect_line(
     lines: &mut impl Iterator<Item = std::io::Result<String>>,
@@ -125,7 +118,7 @@ pub fn failure_detection(
     let t_all = Instant::now();
     for trial in 0..trials {
         progress.tick(t_all.elapsed());
-        let peer_uri = format!("127.0.0.1:{}", free_port()?);
+        let peer_uri = loopback_uri()?;
         let mut child = Command::new(exe)
             .args(["failure-detection", "--peer", &peer_uri])
             .stdout(Stdio::piped())
@@ -144,7 +137,7 @@ pub fn failure_detection(
         let result = (|| {
             rx.recv_timeout(Duration::from_secs(30))
                 .map_err(|_| BenchError::Run("the peer did not start".into()))??;
-            let uri = format!("127.0.0.1:{}", free_port()?);
+            let uri = loopback_uri()?;
             let nexus = Nexus::builder(&uri)
                 .failure_timeout_ms(timeout_ms)
                 .build()

@@ -26,7 +26,7 @@ use transport::Transport;
 use transport::mlx5::{Mlx5Config, Mlx5Transport};
 use transport::udp::{UdpConfig, UdpTransport};
 
-use crate::bench::{BenchError, Ctx, Point, issue, new_ctx, register};
+use crate::bench::{BenchError, Ctx, Point, issue, loopback_uri, new_ctx, register};
 use crate::memory::{MemoryPlan, node_bytes};
 
 /// Which transport the threads run on.
@@ -142,16 +142,7 @@ fn pair_loop<T: Transport + 'static>(
 /// The two Nexuses of a run (SM over kernel UDP on loopback, the TSC
 /// clock: the threads run in wall time).
 fn nexuses<T: Transport + 'static>() -> Result<(Vec<Arc<Nexus>>, [String; 2]), BenchError> {
-    let free_port = || {
-        std::net::UdpSocket::bind("127.0.0.1:0")
-            .and_then(|s| s.local_addr())
-            .map(|a| a.port())
-            .map_err(|e| BenchError::setup("a free UDP port on 127.0.0.1", e))
-    };
-    let uris = [
-        format!("127.0.0.1:{}", free_port()?),
-        format!("127.0.0.1:{}", free_port()?),
-    ];
+    let uris = [loopback_uri()?, loopback_uri()?];
     let mut v = Vec::new();
     for (k, uri) in uris.iter().enumerate() {
         v.push(

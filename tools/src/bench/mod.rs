@@ -27,6 +27,7 @@ pub use raw_echo::{
 };
 pub use settings::{BenchError, MAX_NODE_BYTES, MAX_SECS, MAX_WINDOW, Settings, Stop, Which};
 pub use testbed::{DeviceModel, Testbed, Vfio};
+pub(crate) use udp::loopback_uri;
 pub use udp::{udp_erpc, udp_erpc_until, udp_erpc_with, udp_raw_echo};
 pub use workload::{
     Ctx, Latency, MAX_STRETCH, Outcome, Point, packets_per_direction, ratio_to_raw,

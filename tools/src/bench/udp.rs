@@ -80,16 +80,7 @@ pub fn udp_erpc_with(
     inspect: bool,
     cfg: RpcConfig,
 ) -> Result<Outcome, BenchError> {
-    let free_port = || {
-        std::net::UdpSocket::bind("127.0.0.1:0")
-            .and_then(|s| s.local_addr())
-            .map(|a| a.port())
-            .map_err(|e| BenchError::setup("a free UDP port on 127.0.0.1", e))
-    };
-    let uris = [
-        format!("127.0.0.1:{}", free_port()?),
-        format!("127.0.0.1:{}", free_port()?),
-    ];
+    let uris = [loopback_uri()?, loopback_uri()?];
     let mut nodes: Vec<(Rpc<UdpTransport, Ctx>, Ctx)> = Vec::new();
     for (i, uri) in uris.iter().enumerate() {
         let mut b = Nexus::builder(uri).inspect(inspect);
@@ -191,4 +182,13 @@ pub fn udp_raw_echo(
         progress,
         || {},
     )
+}
+
+/// A URI on 127.0.0.1 with a port that was free a moment ago (the OS's
+/// choice), for a Nexus's SM socket.
+pub(crate) fn loopback_uri() -> Result<String, BenchError> {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .map(|a| format!("127.0.0.1:{}", a.port()))
+        .map_err(|e| BenchError::setup("a free UDP port on 127.0.0.1", e))
 }
